@@ -1,0 +1,141 @@
+"""HDF5 activation files and atomic writing of every output.
+
+Layout of one activation file (one model, one image shard)::
+
+    /                      attrs: model_id, weights_sha256, weights_path, n_layers, n_heads,
+                                  head_dim, n_tokens, n_prefix_tokens, inputs (JSON list),
+                                  preprocessing (JSON), versions (JSON), shard, n_shards, ...
+    /sample_rank           (B,) int64   rank of each image in the sampled list
+    /dataset_index         (B,) int64   index of each image in the ordered dataset
+    /layers/<LL>/q|k|v|h   (B, H, N, d) float32, chunked (1, H, N, d)
+
+``q, k, v`` are the per-head outputs of the fused qkv projection; ``h`` is the per-head
+attention output before the output projection. Every dataset is written with
+``track_times=False`` so identical runs give identical files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+__all__ = ["atomic_output", "ActivationWriter", "ActivationFile", "CorruptActivationFileError", "TENSORS"]
+
+TENSORS = ("q", "k", "v", "h")
+
+
+class CorruptActivationFileError(OSError):
+    """An activation file is truncated, corrupt or lacks the expected layout."""
+
+
+@contextmanager
+def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary sibling path; rename it to ``path`` only if the block succeeds.
+
+    An interrupted or failed job therefore never leaves a file under the final name that a
+    rerun would trust. The temporary file is removed on failure.
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(final.name + ".partial")
+    if tmp.exists():
+        tmp.unlink()
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _layer_key(layer: int) -> str:
+    return f"layers/{layer:02d}"
+
+
+class ActivationWriter:
+    """Write per-layer q, k, v, h of one model and image shard into an open HDF5 file.
+
+    Args:
+        f: an ``h5py.File`` open for writing.
+        n_images, n_layers, n_heads, n_tokens, head_dim: the shape of the shard.
+        attrs: root attributes; non-string values are stored as JSON.
+    """
+
+    def __init__(self, f: h5py.File, n_images: int, n_layers: int, n_heads: int, n_tokens: int, head_dim: int, attrs: dict):
+        self.f = f
+        shape = (n_images, n_heads, n_tokens, head_dim)
+        for name, value in attrs.items():
+            f.attrs[name] = value if isinstance(value, (str, int, float, np.integer, np.floating)) else json.dumps(value, sort_keys=True)
+        for layer in range(n_layers):
+            grp = f.create_group(_layer_key(layer), track_order=False)
+            for t in TENSORS:
+                grp.create_dataset(t, shape=shape, dtype="float32", chunks=(1, *shape[1:]), track_times=False)
+
+    def write_index(self, name: str, values: np.ndarray) -> None:
+        """Store a per-image integer vector (``sample_rank``, ``dataset_index``)."""
+        self.f.create_dataset(name, data=np.asarray(values, dtype=np.int64), track_times=False)
+
+    def write_batch(self, layer: int, start: int, tensors: dict[str, np.ndarray]) -> None:
+        """Write ``tensors[t]`` of shape ``(b, H, N, d)`` for images ``start .. start+b``."""
+        grp = self.f[_layer_key(layer)]
+        for t in TENSORS:
+            arr = tensors[t]
+            grp[t][start : start + arr.shape[0]] = arr
+
+
+class ActivationFile:
+    """Read an activation file layer by layer.
+
+    Raises:
+        CorruptActivationFileError: on open, if the file is unreadable, truncated or lacks the
+            layout; the message names the file.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            self.f = h5py.File(self.path, "r")
+            self.attrs = {k: self.f.attrs[k] for k in self.f.attrs}
+            self.n_layers = int(self.attrs["n_layers"])
+            for layer in range(self.n_layers):
+                grp = self.f[_layer_key(layer)]
+                for t in TENSORS:
+                    _ = grp[t].shape
+            self.sample_rank = self.f["sample_rank"][:]
+            self.dataset_index = self.f["dataset_index"][:]
+        except (OSError, KeyError, ValueError) as exc:
+            raise CorruptActivationFileError(
+                f"activation file {self.path} is unreadable, truncated or incomplete ({exc}); "
+                "delete it and rerun the extraction rule"
+            ) from exc
+
+    def attr_json(self, name: str):
+        """A root attribute decoded from JSON."""
+        return json.loads(self.attrs[name])
+
+    def read(self, layer: int, names: tuple[str, ...] = TENSORS) -> dict[str, np.ndarray]:
+        """Arrays ``(B, H, N, d)`` float32 of one layer.
+
+        Raises:
+            CorruptActivationFileError: a chunk cannot be read; the message names the file.
+        """
+        try:
+            grp = self.f[_layer_key(layer)]
+            return {t: grp[t][:] for t in names}
+        except (OSError, KeyError, ValueError) as exc:
+            raise CorruptActivationFileError(f"activation file {self.path}: cannot read layer {layer} ({exc})") from exc
+
+    def close(self) -> None:
+        self.f.close()
+
+    def __enter__(self) -> "ActivationFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

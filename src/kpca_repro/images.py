@@ -1,0 +1,152 @@
+"""Vision inputs: the image list, the paper's sampling, preprocessing (method.md Section 1)."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+__all__ = [
+    "ImageRecord",
+    "list_images",
+    "sample_indices",
+    "sample_images",
+    "shard_slice",
+    "paper_transform",
+    "load_image",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "UnreadableImageError",
+]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class UnreadableImageError(OSError):
+    """An image file could not be decoded; the message names it."""
+
+
+@dataclass(frozen=True)
+class ImageRecord:
+    """One image of the ordered dataset: its index, path and class index."""
+
+    dataset_index: int
+    path: str
+    class_index: int
+
+
+def list_images(root: str | os.PathLike, layout: str) -> list[ImageRecord]:
+    """The images of ``root`` in the order the paper's code indexes them.
+
+    Args:
+        root: directory.
+        layout: ``"imagefolder"``: class sub-folders read with torchvision's ``ImageFolder``
+            (classes = sorted folder names, files sorted within a class; index = position);
+            ``"flat"``: a flat folder of ``<wnid>_<label>.JPEG`` files (the ImageNet sample),
+            ordered by sorted file name, which is ImageFolder's order for the same images in
+            class folders (method.md Section 1), class index = position.
+
+    Returns:
+        Records in dataset order.
+
+    Raises:
+        FileNotFoundError: ``root`` missing, no class folders (imagefolder) or no images (flat).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"image directory {root} does not exist")
+    if layout == "imagefolder":
+        from torchvision.datasets import ImageFolder
+
+        try:
+            ds = ImageFolder(str(root))
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(
+                f"{root} is not an ImageNet validation root: expected class sub-folders <root>/<wnid>/*.JPEG ({exc})"
+            ) from exc
+        return [ImageRecord(i, p, c) for i, (p, c) in enumerate(ds.samples)]
+    if layout == "flat":
+        exts = (".jpeg", ".jpg", ".png")
+        files = sorted(f for f in os.listdir(root) if f.lower().endswith(exts) and not f.startswith("."))
+        if not files:
+            raise FileNotFoundError(f"no images (*.JPEG, *.jpg, *.png) in {root}")
+        return [ImageRecord(i, str(root / f), i) for i, f in enumerate(files)]
+    raise ValueError(f"unknown image layout {layout!r}")
+
+
+def sample_indices(n_population: int, k: int, seed: int) -> list[int]:
+    """The paper's draw: ``random.seed(seed); random.sample(range(n_population), k)``.
+
+    A fresh stdlib RNG state per call, as each of the authors' scripts seeds and draws once
+    (method.md Section 1). The order of the returned list is the draw order.
+
+    Raises:
+        ValueError: ``k`` larger than the population or not positive.
+    """
+    if not 1 <= k <= n_population:
+        raise ValueError(f"cannot sample {k} images from a set of {n_population}")
+    state = random.getstate()
+    try:
+        random.seed(seed)
+        return random.sample(range(n_population), k)
+    finally:
+        random.setstate(state)
+
+
+def sample_images(records: list[ImageRecord], k: int, seed: int) -> pd.DataFrame:
+    """Table of the ``k`` sampled images: ``sample_rank, dataset_index, class_index, path``."""
+    idx = sample_indices(len(records), k, seed)
+    return pd.DataFrame(
+        {
+            "sample_rank": range(k),
+            "dataset_index": idx,
+            "class_index": [records[i].class_index for i in idx],
+            "path": [records[i].path for i in idx],
+        }
+    )
+
+
+def shard_slice(n_items: int, n_shards: int, shard: int) -> slice:
+    """Contiguous block ``shard`` (0-based) of ``n_items`` split into ``n_shards`` near-equal blocks.
+
+    Raises:
+        ValueError: ``shard`` out of range or more shards than items.
+    """
+    if not 0 <= shard < n_shards or n_shards > n_items:
+        raise ValueError(f"shard {shard} of {n_shards} is invalid for {n_items} items")
+    bounds = [n_items * s // n_shards for s in range(n_shards + 1)]
+    return slice(bounds[shard], bounds[shard + 1])
+
+
+def paper_transform(image_size: int | tuple[int, int] = 224):
+    """``Resize((224, 224))`` + ``ToTensor`` + ImageNet ``Normalize``, for every model.
+
+    method.md Section 1: direct resize to a square (aspect ratio not kept, no crop, PIL
+    bilinear with antialias), ImageNet mean/std even for the ViTs whose weights expect 0.5.
+    """
+    from torchvision import transforms
+
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    return transforms.Compose(
+        [transforms.Resize(size), transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    )
+
+
+def load_image(path: str | os.PathLike):
+    """Open an image as RGB, like torchvision's default loader.
+
+    Raises:
+        UnreadableImageError: the file cannot be read or decoded; the message names it.
+    """
+    from PIL import Image
+
+    try:
+        with open(path, "rb") as f:
+            img = Image.open(f)
+            return img.convert("RGB")
+    except Exception as exc:
+        raise UnreadableImageError(f"cannot read image {path}: {exc}") from exc

@@ -1,0 +1,542 @@
+"""The KPCA mathematics of the pipeline, shared by every rule script and every test.
+
+Everything here works on batches of heads: a tensor of shape ``(..., N, d)`` holds one
+``N x d`` matrix (tokens x head dimension) per leading index, so a whole layer of a whole
+image batch (``B * H`` heads) goes through one call, on the CPU or on a GPU.
+
+Two variants follow ``shared/docs/method.md``:
+
+``paper``
+    The authors' code to the letter (method.md Sections 0.2 and 2): float32, the exact order
+    of operations ``exp -> row sum -> g g^T + 1e-6 -> divide -> dense centering``, plain
+    ``exp`` (so float32 overflow is reproduced), eigenpairs sorted by ``|lambda|``
+    descending, token-row cosines, CKA on the raw matrices with ``+1e-10`` denominators and
+    the lower median as RBF bandwidth. A head whose centered Gram matrix is not finite is
+    *dropped* exactly as the reference's try/except drops it.
+
+``corrected``
+    method.md Section 15: float64, log-domain Gram matrix (nothing overflows), eigenpairs
+    sorted by signed eigenvalue with a deterministic sign, column-wise comparisons as the
+    paper's text describes them, CKA without epsilons, and random Gaussian baselines.
+
+Notation (method.md Section 0.1): ``N`` tokens, ``d`` head dimension, ``s = 1/sqrt(d)``,
+``K`` keys, ``V`` values, ``g_i = sum_j exp(s k_i . k_j)`` and
+``V_KPCA = G A - G 1_N A`` with ``G = diag(1/g)`` and ``A`` the top-``d`` eigenvectors of the
+centered Gram matrix (paper Eq. 5).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+
+__all__ = [
+    "PAPER",
+    "CORRECTED",
+    "VARIANTS",
+    "gram_paper",
+    "log_gram",
+    "center_dense",
+    "center",
+    "eigenpairs",
+    "v_kpca",
+    "row_normalize",
+    "direct_cosine",
+    "assignment_similarities",
+    "linear_cka",
+    "rbf_kernel",
+    "rbf_cka",
+    "kth_smallest_nonzero",
+    "head_metrics",
+]
+
+PAPER = "paper"
+CORRECTED = "corrected"
+VARIANTS = (PAPER, CORRECTED)
+
+#: Added to ``g_i g_j`` before dividing in the reference code (method.md 0.2 step 3).
+GRAM_EPS = 1e-6
+#: Added to row norms before dividing in the reference code (method.md 2, cosines).
+ROW_NORM_EPS = 1e-8
+#: Added to the CKA denominators in the reference code (method.md 2, CKA).
+CKA_EPS = 1e-10
+
+
+def _ones_over_n(n: int, like: torch.Tensor) -> torch.Tensor:
+    """The ``N x N`` matrix ``O = 1_N 1_N^T / N`` in ``like``'s dtype and device."""
+    return torch.full((n, n), 1.0 / n, dtype=like.dtype, device=like.device)
+
+
+# --------------------------------------------------------------------------------------
+# Gram matrices
+# --------------------------------------------------------------------------------------
+
+
+def gram_paper(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalised Gram matrix of the keys exactly as the reference computes it.
+
+    method.md Section 0.2 steps 1-3: ``Kraw = exp(K K^T / sqrt(d))``, ``g = Kraw 1``,
+    ``Kphi = Kraw / (g g^T + 1e-6)``. Computed in the dtype of ``k`` (float32 for the paper
+    variant), with plain ``exp``: keys with ``s k_i.k_j > ~88.7`` overflow to ``inf`` and give
+    ``NaN`` entries, and ``g_i g_j > ~3.4e38`` gives silent zeros, as in the reference.
+
+    Args:
+        k: keys, shape ``(..., N, d)``, floating point.
+
+    Returns:
+        ``(kphi, g)``: ``kphi`` of shape ``(..., N, N)`` and the row sums ``g`` of
+        ``Kraw``, shape ``(..., N)``, both in ``k``'s dtype. Never raises on overflow.
+    """
+    d = k.shape[-1]
+    kraw = torch.exp(k @ k.transpose(-1, -2) / math.sqrt(d))
+    g = kraw.sum(dim=-1)
+    kphi = kraw / (g[..., :, None] * g[..., None, :] + GRAM_EPS)
+    return kphi, g
+
+
+def log_gram(k: torch.Tensor, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-domain normalised Gram matrix (method.md Section 15.1).
+
+    ``log Kphi_ij = s k_i.k_j - LSE_m(s k_i.k_m) - LSE_m(s k_j.k_m)``; no epsilon, so
+    ``0 <= Kphi_ij <= 1`` and nothing overflows for any finite key magnitude.
+
+    Args:
+        k: keys, shape ``(..., N, d)``; use float64 for the corrected variant.
+        scale: the kernel scale ``s``; default ``1/sqrt(d)``.
+
+    Returns:
+        ``(log_kphi, log_g)`` with shapes ``(..., N, N)`` and ``(..., N)``, where
+        ``log_g_i = log sum_j exp(s k_i.k_j)`` is ``log g(k_i)`` of the paper.
+    """
+    s = 1.0 / math.sqrt(k.shape[-1]) if scale is None else scale
+    logits = (k @ k.transpose(-1, -2)) * s
+    log_g = torch.logsumexp(logits, dim=-1)
+    return logits - log_g[..., :, None] - log_g[..., None, :], log_g
+
+
+def center_dense(m: torch.Tensor) -> torch.Tensor:
+    """``M - O M - M O + O M O`` with three dense matmuls, as the reference centers Kphi.
+
+    method.md 0.2 step 4 (``O = 1_N 1_N^T / N``). Mathematically ``H M H`` with
+    ``H = I - O``; kept as dense products so float32 round-off and NaN propagation match.
+
+    Args:
+        m: shape ``(..., N, N)``.
+
+    Returns:
+        The centered matrix, same shape and dtype.
+    """
+    o = _ones_over_n(m.shape[-1], m)
+    om = o @ m
+    return m - om - m @ o + om @ o
+
+
+def _center_cka_paper(m: torch.Tensor) -> torch.Tensor:
+    """``(H M) H`` with an explicit ``H = I - 1 1^T / N``, the CKA helper's centering."""
+    n = m.shape[-1]
+    h = torch.eye(n, dtype=m.dtype, device=m.device) - torch.ones(n, n, dtype=m.dtype, device=m.device) / n
+    return (h @ m) @ h
+
+
+def center(m: torch.Tensor) -> torch.Tensor:
+    """Double centering ``H M H`` by mean subtraction (exact arithmetic equivalent of ``H M H``).
+
+    Used by the corrected variant: ``M_ij - mean_i - mean_j + mean``.
+
+    Args:
+        m: shape ``(..., N, N)``.
+
+    Returns:
+        The centered matrix, same shape and dtype.
+    """
+    row = m.mean(dim=-1, keepdim=True)
+    col = m.mean(dim=-2, keepdim=True)
+    return m - row - col + m.mean(dim=(-1, -2), keepdim=True)
+
+
+# --------------------------------------------------------------------------------------
+# Eigenpairs and V_KPCA
+# --------------------------------------------------------------------------------------
+
+
+def eigenpairs(
+    kc: torch.Tensor, n_components: int, order: str = "abs_desc", fix_signs: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top eigenpairs of symmetric matrices, batched, non-finite matrices handled.
+
+    ``torch.linalg.eigh`` on every matrix, then the selection rule of the script being
+    reproduced (method.md 0.2 step 6):
+
+    * ``"abs_desc"``: by ``|lambda|`` descending (Table 1, ``value_vectors.py``);
+    * ``"desc"``: by signed eigenvalue descending (Tables 2-3, Fig. 3; the corrected variant);
+    * ``"asc_top"``: the last ``n_components`` columns of ``eigh``'s ascending output, kept
+      in ascending order (Table 4, ``nlp_value_vectors.py``).
+
+    A matrix with a non-finite entry is not passed to the solver (LAPACK may silently return
+    NaN or raise for it); its eigenpairs are returned as NaN and ``finite`` is False, which
+    is how the reference ends up dropping such a head.
+
+    Args:
+        kc: symmetric matrices, shape ``(..., N, N)``.
+        n_components: number of eigenpairs kept (``d``), ``1 <= n_components <= N``.
+        order: one of ``"abs_desc"``, ``"desc"``, ``"asc_top"``.
+        fix_signs: make each eigenvector's entry of largest magnitude positive
+            (method.md 15.2), so the result does not depend on the LAPACK/cuSOLVER sign.
+
+    Returns:
+        ``(eigenvalues, eigenvectors, finite)`` with shapes ``(..., n)``, ``(..., N, n)``
+        and ``(...)`` (bool). No division by ``N``: these are eigenvalues of ``K~_phi``.
+
+    Raises:
+        ValueError: unknown ``order`` or ``n_components`` out of range.
+    """
+    n = kc.shape[-1]
+    if not 1 <= n_components <= n:
+        raise ValueError(f"n_components must be in [1, {n}], got {n_components}")
+    if order not in ("abs_desc", "desc", "asc_top"):
+        raise ValueError(f"unknown eigenpair order {order!r}")
+    finite = torch.isfinite(kc).all(dim=-1).all(dim=-1)
+    safe = torch.where(finite[..., None, None], kc, torch.zeros((), dtype=kc.dtype, device=kc.device))
+    try:
+        evals, evecs = torch.linalg.eigh(safe)
+    except torch.linalg.LinAlgError:  # one matrix did not converge: solve one by one
+        flat = safe.reshape(-1, n, n)
+        ok = finite.reshape(-1).clone()
+        evals = torch.full(flat.shape[:2], float("nan"), dtype=kc.dtype, device=kc.device)
+        evecs = torch.full(flat.shape, float("nan"), dtype=kc.dtype, device=kc.device)
+        for i in range(flat.shape[0]):
+            try:
+                evals[i], evecs[i] = torch.linalg.eigh(flat[i])
+            except torch.linalg.LinAlgError:
+                ok[i] = False
+        evals, evecs = evals.reshape(safe.shape[:-1]), evecs.reshape(safe.shape)
+        finite = ok.reshape(finite.shape)
+    if order == "asc_top":
+        evals, evecs = evals[..., -n_components:], evecs[..., -n_components:]
+    else:
+        key = evals.abs() if order == "abs_desc" else evals
+        idx = torch.argsort(key, dim=-1, descending=True, stable=True)[..., :n_components]
+        evals = torch.gather(evals, -1, idx)
+        evecs = torch.gather(evecs, -1, idx[..., None, :].expand(*evecs.shape[:-1], n_components))
+    if fix_signs:
+        pivot = evecs.abs().argmax(dim=-2, keepdim=True)
+        sign = torch.sign(torch.gather(evecs, -2, pivot))
+        evecs = evecs * torch.where(sign == 0, torch.ones_like(sign), sign)
+    nan = torch.tensor(float("nan"), dtype=kc.dtype, device=kc.device)
+    evals = torch.where(finite[..., None], evals, nan)
+    evecs = torch.where(finite[..., None, None], evecs, nan)
+    return evals, evecs, finite
+
+
+def v_kpca(a: torch.Tensor, inv_g: torch.Tensor) -> torch.Tensor:
+    """``V_KPCA = G A - G 1_N A`` (paper Eq. 5; method.md 0.2 step 8).
+
+    Row ``i`` is ``(A_i - mean_rows(A)) * inv_g_i``. ``inv_g`` is ``1/g`` for the paper's
+    vision code, ``1/(g + 1e-6)`` for its language code, or ``exp(log g_min - log g)`` in
+    the corrected variant (V_KPCA up to a global positive factor, to which every metric of
+    :func:`head_metrics` is invariant).
+
+    Args:
+        a: eigenvectors, shape ``(..., N, d)``.
+        inv_g: the diagonal of ``G``, shape ``(..., N)``.
+
+    Returns:
+        Shape ``(..., N, d)``, dtype of ``a``.
+    """
+    o_a = _ones_over_n(a.shape[-2], a) @ a
+    return inv_g[..., :, None] * a - inv_g[..., :, None] * o_a
+
+
+# --------------------------------------------------------------------------------------
+# Similarity metrics
+# --------------------------------------------------------------------------------------
+
+
+def row_normalize(x: torch.Tensor, eps: float | None = ROW_NORM_EPS, dim: int = -1) -> torch.Tensor:
+    """Divide vectors along ``dim`` by their L2 norm.
+
+    ``eps`` given (paper variant): ``x / (||x|| + eps)``. ``eps=None`` (corrected):
+    ``x / ||x||`` with zero vectors left at zero.
+
+    Args:
+        x: shape ``(..., N, d)``.
+        eps: additive guard in the denominator, or None for the exact division.
+        dim: ``-1`` normalises token rows, ``-2`` normalises feature columns.
+
+    Returns:
+        Same shape and dtype as ``x``.
+    """
+    norm = torch.linalg.vector_norm(x, dim=dim, keepdim=True)
+    if eps is not None:
+        return x / (norm + eps)
+    return torch.where(norm > 0, x / torch.where(norm > 0, norm, torch.ones_like(norm)), torch.zeros_like(x))
+
+
+def direct_cosine(xn: torch.Tensor, yn: torch.Tensor) -> torch.Tensor:
+    """Cosine of each token row of ``X`` with the same row of ``Y`` (vectors already normalised).
+
+    Args:
+        xn, yn: row-normalised matrices, shape ``(..., N, d)``.
+
+    Returns:
+        ``c_i = <xn_i, yn_i>``, shape ``(..., N)``.
+    """
+    return (xn * yn).sum(dim=-1)
+
+
+def assignment_similarities(sim: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Optimal one-to-one matching that maximises total similarity, per matrix.
+
+    ``scipy.optimize.linear_sum_assignment(-S)`` (Jonker-Volgenant) on each square
+    ``S``, on the CPU in float64 as the reference does; returns the matched similarities
+    ``o_i = S[i, pi(i)]`` in row order.
+
+    Args:
+        sim: similarity matrices, shape ``(..., n, n)``, any device.
+        valid: optional bool mask ``(...)``; matrices marked False are skipped and get NaN.
+
+    Returns:
+        float64 CPU tensor of shape ``(..., n)``.
+
+    Raises:
+        ValueError: from scipy, if a matrix that is marked valid contains NaN or inf.
+    """
+    s = sim.detach().to("cpu", torch.float64).numpy()
+    flat = s.reshape(-1, s.shape[-2], s.shape[-1])
+    ok = np.ones(flat.shape[0], bool) if valid is None else valid.detach().cpu().numpy().reshape(-1)
+    out = np.full(flat.shape[:2], np.nan)
+    for i in np.flatnonzero(ok):
+        rows, cols = linear_sum_assignment(-flat[i])
+        out[i, rows] = flat[i, rows, cols]
+    return torch.from_numpy(out.reshape(s.shape[:-1]))
+
+
+def _hsic(a_c: torch.Tensor, b_c: torch.Tensor) -> torch.Tensor:
+    """Unnormalised HSIC ``sum(A_c * B_c)`` of two centered kernel matrices, shape ``(...)``."""
+    return (a_c * b_c).sum(dim=(-1, -2))
+
+
+def _cka_from_kernels(kx: torch.Tensor, ky: torch.Tensor, paper: bool) -> torch.Tensor:
+    """CKA from two kernel matrices ``(..., N, N)``; see :func:`linear_cka`."""
+    if paper:
+        cx, cy = _center_cka_paper(kx), _center_cka_paper(ky)
+        return _hsic(cx, cy) / (torch.sqrt(_hsic(cx, cx)) * torch.sqrt(_hsic(cy, cy)) + CKA_EPS)
+    cx, cy = center(kx), center(ky)
+    return _hsic(cx, cy) / torch.sqrt(_hsic(cx, cx) * _hsic(cy, cy))
+
+
+def linear_cka(x: torch.Tensor, y: torch.Tensor, paper: bool = True) -> torch.Tensor:
+    """Linear CKA of the token representations ``X`` and ``Y`` (Kornblith et al. 2019).
+
+    ``CKA = HSIC(XX^T, YY^T) / sqrt(HSIC(XX^T, XX^T) HSIC(YY^T, YY^T))`` with
+    ``HSIC(K, L) = sum((HKH) * (HLH))`` (no ``1/(n-1)^2``, which cancels). With
+    ``paper=True`` the reference's form (method.md 2): explicit ``H`` matmuls and
+    ``sqrt(.)*sqrt(.) + 1e-10`` as denominator. Invariant to orthogonal transforms and
+    isotropic scaling of either argument; ``CKA(X, X) = 1``.
+
+    Args:
+        x, y: shape ``(..., N, d_x)`` and ``(..., N, d_y)``, same dtype, un-normalised.
+        paper: reference formula (True) or exact formula (False; NaN when a side is constant).
+
+    Returns:
+        Shape ``(...)``, in ``[0, 1]`` up to round-off.
+    """
+    return _cka_from_kernels(x @ x.transpose(-1, -2), y @ y.transpose(-1, -2), paper)
+
+
+def kth_smallest_nonzero(d: torch.Tensor, which: str) -> torch.Tensor:
+    """Median of the non-zero entries of each matrix, batched.
+
+    Args:
+        d: shape ``(..., N, N)``.
+        which: ``"lower"`` for ``torch.median``'s lower median (the reference's bandwidth),
+            ``"mean"`` for the usual median (average of the two middle values when even).
+
+    Returns:
+        Shape ``(...)``; NaN where a matrix has no non-zero entry (as ``torch.median`` of an
+        empty selection).
+    """
+    flat = d.reshape(-1, d.shape[-2] * d.shape[-1])
+    nonzero = flat != 0
+    count = nonzero.sum(dim=-1)
+    masked = torch.where(nonzero, flat, torch.tensor(float("inf"), dtype=d.dtype, device=d.device))
+    out = torch.full(count.shape, float("nan"), dtype=d.dtype, device=d.device)
+    for m in torch.unique(count).tolist():
+        if m == 0:
+            continue
+        rows = count == m
+        lo = torch.kthvalue(masked[rows], (m - 1) // 2 + 1, dim=-1).values
+        if which == "mean" and m % 2 == 0:
+            hi = torch.kthvalue(masked[rows], m // 2 + 1, dim=-1).values
+            lo = (lo + hi) / 2
+        out[rows] = lo
+    return out.reshape(d.shape[:-2])
+
+
+def rbf_kernel(x: torch.Tensor, paper: bool = True) -> torch.Tensor:
+    """RBF kernel matrix with the median heuristic, as the CKA helper builds it.
+
+    ``G = X X^T``, ``D_ij = G_jj - G_ij + G_ii - G_ji`` (squared distances, exactly 0 on the
+    diagonal), ``sigma^2 = median(D[D != 0])`` (the *lower* median when ``paper``),
+    ``K = exp(-D / (2 sigma^2))``. method.md Section 2, kernel CKA.
+
+    Args:
+        x: shape ``(..., N, d)``.
+        paper: lower median (True) or the usual median (False).
+
+    Returns:
+        Shape ``(..., N, N)``; all-NaN for a matrix with no non-zero distance.
+    """
+    gx = x @ x.transpose(-1, -2)
+    diag = torch.diagonal(gx, dim1=-2, dim2=-1)[..., None, :]
+    dist = diag - gx
+    dist = dist + dist.transpose(-1, -2)
+    sigma2 = kth_smallest_nonzero(dist, "lower" if paper else "mean")
+    factor = (-0.5 / sigma2.double()).to(x.dtype)
+    return torch.exp(dist * factor[..., None, None])
+
+
+def rbf_cka(x: torch.Tensor, y: torch.Tensor, paper: bool = True) -> torch.Tensor:
+    """Kernel (RBF) CKA of ``X`` and ``Y``, each with its own median bandwidth.
+
+    Same HSIC and denominators as :func:`linear_cka` (method.md 2, kernel CKA).
+
+    Args:
+        x, y: shape ``(..., N, d_x)``, ``(..., N, d_y)``.
+        paper: reference formula (lower median, ``+1e-10``) or the exact one.
+
+    Returns:
+        Shape ``(...)``.
+    """
+    return _cka_from_kernels(rbf_kernel(x, paper), rbf_kernel(y, paper), paper)
+
+
+# --------------------------------------------------------------------------------------
+# Per-head pipeline
+# --------------------------------------------------------------------------------------
+
+
+def _token_row_metrics(v: torch.Tensor, vk: torch.Tensor, valid: torch.Tensor, paper: bool, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Token-row cosines (direct and optimally matched) and CKAs of ``V`` against ``V_KPCA``."""
+    eps = ROW_NORM_EPS if paper else None
+    vn, vkn = row_normalize(v, eps), row_normalize(vk, eps)
+    direct = direct_cosine(vn, vkn)
+    matched = assignment_similarities(vn @ vkn.transpose(-1, -2), valid)
+    out = {
+        f"{prefix}direct_cos_mean": direct.mean(-1),
+        f"{prefix}direct_cos_max": direct.amax(-1),
+        f"{prefix}direct_cos_min": direct.amin(-1),
+        f"{prefix}direct_cos_frac_negative": (direct < 0).to(v.dtype).mean(-1),
+        f"{prefix}optimal_cos_mean": matched.mean(-1),
+        f"{prefix}optimal_cos_max": matched.amax(-1),
+        f"{prefix}optimal_cos_min": matched.amin(-1),
+        f"{prefix}linear_cka": linear_cka(v, vk, paper),
+        f"{prefix}rbf_cka": rbf_cka(v, vk, paper),
+    }
+    return out
+
+
+def _column_metrics(v: torch.Tensor, vk: torch.Tensor, valid: torch.Tensor, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Column-wise comparison the paper's text describes (method.md 15.3), sign-invariant.
+
+    Column ``c`` of ``V`` (one value dimension across the ``N`` tokens) against column ``c`` of
+    ``V_KPCA`` (one eigen-direction): mean over columns of ``|cos|``; and the optimal
+    ``d x d`` matching on ``|cos|``, mean of the matched ``|cos|``.
+    """
+    vc, vkc = row_normalize(v, None, dim=-2), row_normalize(vk, None, dim=-2)
+    abs_cos = (vc.transpose(-1, -2) @ vkc).abs()
+    direct = torch.diagonal(abs_cos, dim1=-2, dim2=-1)
+    matched = assignment_similarities(abs_cos, valid)
+    return {
+        f"{prefix}direct_abs_cos_columns": direct.mean(-1),
+        f"{prefix}optimal_abs_cos_columns": matched.mean(-1),
+    }
+
+
+def head_metrics(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    variant: str,
+    *,
+    order: str | None = None,
+    g_eps: float = 0.0,
+    baseline: torch.Tensor | None = None,
+) -> dict[str, np.ndarray]:
+    """Every per-head quantity of Table 1 (method.md 2) or its corrected form (method.md 15).
+
+    For each head: Gram matrix of the keys, centering, eigenpairs, ``A`` (top ``d``),
+    ``V_KPCA`` (Eq. 5), then ``V`` against ``V_KPCA``: the allclose test, direct and
+    optimal-matching token-row cosines (mean/max/min), linear CKA and RBF CKA. The corrected
+    variant adds column-wise ``|cos|`` metrics and, if ``baseline`` is given, every
+    similarity against that random Gaussian stand-in for ``V_KPCA`` (``baseline_*`` columns).
+
+    Args:
+        k: keys, shape ``(heads, N, d)``; cast to float32 (paper) or float64 (corrected).
+        v: values, shape ``(heads, N, d_v)``, same dtype handling.
+        variant: ``"paper"`` or ``"corrected"``.
+        order: eigenpair order; default ``"abs_desc"`` (paper, Table 1) or ``"desc"``.
+        g_eps: added to ``g`` in ``G = diag(1/(g + g_eps))`` (paper variant; 0 for vision,
+            1e-6 for the language-model script).
+        baseline: standard normal samples of ``V_KPCA``'s shape ``(heads, N, d)`` (corrected).
+
+    Returns:
+        Column name -> float64 numpy array of shape ``(heads,)`` (bool for flags). Flags:
+        ``finite`` (the centered Gram matrix is finite), ``dropped`` (the reference would drop
+        the head: non-finite Gram or V_KPCA), ``exp_overflow`` (some ``exp(s k.k)`` is inf),
+        ``outer_overflow`` (finite ``g`` but ``g_i g_j`` overflowed to inf, entries zeroed),
+        ``allclose`` (``|V - V_KPCA| <= 1e-5 + 1e-3 |V_KPCA|`` everywhere).
+
+    Raises:
+        ValueError: unknown variant, or ``k`` and ``v`` shapes that disagree.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+    if k.ndim != 3 or v.ndim != 3 or k.shape[:2] != v.shape[:2]:
+        raise ValueError(f"k and v must be (heads, N, d) with equal heads and N; got {tuple(k.shape)} and {tuple(v.shape)}")
+    paper = variant == PAPER
+    dtype = torch.float32 if paper else torch.float64
+    k, v = k.to(dtype), v.to(dtype)
+    d = v.shape[-1]
+    cols: dict[str, torch.Tensor] = {}
+    if paper:
+        kphi, g = gram_paper(k)
+        kc = center_dense(kphi)
+        _, a, finite = eigenpairs(kc, d, order or "abs_desc")
+        vk = v_kpca(a, 1.0 / (g + g_eps))
+        dropped = ~(finite & torch.isfinite(vk).all(-1).all(-1))
+        g_finite = torch.isfinite(g).all(-1)
+        cols["exp_overflow"] = ~g_finite
+        cols["outer_overflow"] = g_finite & torch.isinf(g[..., :, None] * g[..., None, :]).any(-1).any(-1)
+    else:
+        log_kphi, log_g = log_gram(k)
+        kc = center(torch.exp(log_kphi))
+        _, a, finite = eigenpairs(kc, d, order or "desc", fix_signs=True)
+        inv_g = torch.exp(log_g.amin(-1, keepdim=True) - log_g)
+        vk = v_kpca(a, inv_g)
+        dropped = ~(finite & torch.isfinite(vk).all(-1).all(-1))
+    vk_true = vk if paper else vk * torch.exp(-log_g.amin(-1))[..., None, None]
+    cols["finite"] = finite
+    cols["dropped"] = dropped
+    cols["allclose"] = (torch.abs(v - vk_true) <= 1e-5 + 1e-3 * torch.abs(vk_true)).all(-1).all(-1)
+    cols.update(_token_row_metrics(v, vk, ~dropped, paper))
+    if not paper:
+        cols.update(_column_metrics(v, vk, ~dropped))
+        if baseline is not None:
+            if baseline.shape != vk.shape:
+                raise ValueError(f"baseline must have V_KPCA's shape {tuple(vk.shape)}, got {tuple(baseline.shape)}")
+            z = baseline.to(dtype=dtype, device=vk.device)
+            everything = torch.ones_like(dropped)
+            cols.update(_token_row_metrics(v, z, everything, paper, prefix="baseline_"))
+            cols.update(_column_metrics(v, z, everything, prefix="baseline_"))
+    out = {}
+    for name, t in cols.items():
+        arr = t.detach().cpu().numpy()
+        out[name] = arr if arr.dtype == bool else arr.astype(np.float64)
+    # A dropped head contributes nothing (method.md 2 step 3): blank its similarities.
+    for name, arr in out.items():
+        if arr.dtype != bool and not name.startswith("baseline_"):
+            arr[out["dropped"]] = np.nan
+    return out

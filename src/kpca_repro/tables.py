@@ -1,0 +1,132 @@
+"""Aggregation of per-head records into the paper's tables, and their Markdown rendering."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["MODEL_NAMES", "display_name", "table1_paper", "table_corrected", "corrected_markdown", "CORRECTED_METRICS"]
+
+#: Short names used in the paper's tables.
+MODEL_NAMES = {
+    "vit_tiny_patch16_224": "ViT-Tiny",
+    "vit_small_patch16_224": "ViT-Small",
+    "vit_base_patch16_224": "ViT-Base",
+    "vit_large_patch16_224": "ViT-Large",
+    "deit_tiny_patch16_224": "DeiT-Tiny",
+    "deit_small_patch16_224": "DeiT-Small",
+    "deit_base_patch16_224": "DeiT-Base",
+    "deit_tiny_distilled_patch16_224": "DeiT-Tiny-D",
+    "deit_small_distilled_patch16_224": "DeiT-Small-D",
+    "deit_base_distilled_patch16_224": "DeiT-Base-D",
+}
+
+#: Corrected-variant metrics: (per-head column, label, the paper's statistic over heads).
+CORRECTED_METRICS = (
+    ("direct_cos_mean", "direct cosine (token rows)", "max"),
+    ("optimal_cos_mean", "optimal-matching cosine (token rows)", "max"),
+    ("direct_abs_cos_columns", "direct |cosine| (columns)", "max"),
+    ("optimal_abs_cos_columns", "optimal-matching |cosine| (columns)", "max"),
+    ("linear_cka", "linear CKA", "mean"),
+    ("rbf_cka", "RBF CKA", "mean"),
+)
+
+
+def display_name(model_id: str) -> str:
+    """The paper's short name of a model id, or the id itself."""
+    return MODEL_NAMES.get(model_id, model_id)
+
+
+def table1_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
+    """Table 1 with the reference's aggregation (method.md Section 2).
+
+    Over the heads the reference keeps (``dropped`` False): MDC = max of the per-head mean
+    direct cosine, MOC = max of the per-head mean matched cosine, LCKA and KCKA = plain means
+    (a NaN propagates, as ``np.mean`` does in the reference). Also the means over heads of the
+    two cosines, head counts and the weights' SHA-256.
+
+    Args:
+        heads: per-head records of the paper variant with a ``model`` column.
+        meta: model id -> metadata (``weights_sha256``, ``n_images``).
+
+    Returns:
+        One row per model, in the order of first appearance in ``heads``.
+    """
+    rows = []
+    for model, df in heads.groupby("model", sort=False):
+        kept = df[~df["dropped"].astype(bool)]
+        rows.append(
+            {
+                "model": display_name(model),
+                "timm_id": model,
+                "MDC": kept["direct_cos_mean"].max(),
+                "MOC": kept["optimal_cos_mean"].max(),
+                "LCKA": np.mean(kept["linear_cka"].to_numpy()),
+                "KCKA": np.mean(kept["rbf_cka"].to_numpy()),
+                "MDC_mean_over_heads": kept["direct_cos_mean"].mean(),
+                "MOC_mean_over_heads": kept["optimal_cos_mean"].mean(),
+                "n_images": meta[model]["n_images"],
+                "n_heads": len(df),
+                "n_heads_analysed": len(kept),
+                "n_heads_dropped": int(df["dropped"].astype(bool).sum()),
+                "n_exp_overflow": int(df["exp_overflow"].astype(bool).sum()),
+                "n_outer_overflow": int(df["outer_overflow"].astype(bool).sum()),
+                "n_allclose": int(df["allclose"].astype(bool).sum()),
+                "weights_sha256": meta[model]["weights_sha256"],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _stat(values: pd.Series, how: str) -> float:
+    return float(values.max()) if how == "max" else float(values.mean())
+
+
+def table_corrected(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
+    """The corrected variant's table (method.md Section 15), one row per (model, metric).
+
+    Columns: the paper's statistic over heads (``paper_statistic``: max or mean) and its
+    value, mean and standard deviation (ddof 1) over heads, the same three for the random
+    Gaussian baseline, the number of heads and of non-finite heads (never dropped silently:
+    a non-finite head is counted, and excluded from that metric's statistics).
+    """
+    rows = []
+    for model, df in heads.groupby("model", sort=False):
+        for col, label, how in CORRECTED_METRICS:
+            vals = df[col]
+            ok = vals[np.isfinite(vals)]
+            base = df.get(f"baseline_{col}", pd.Series(dtype=float))
+            base = base[np.isfinite(base)]
+            rows.append(
+                {
+                    "model": display_name(model),
+                    "timm_id": model,
+                    "metric": label,
+                    "column": col,
+                    "paper_statistic": f"{how} over heads",
+                    "paper_statistic_value": _stat(ok, how),
+                    "mean": float(ok.mean()),
+                    "std": float(ok.std(ddof=1)) if len(ok) > 1 else float("nan"),
+                    "baseline_paper_statistic_value": _stat(base, how) if len(base) else float("nan"),
+                    "baseline_mean": float(base.mean()) if len(base) else float("nan"),
+                    "baseline_std": float(base.std(ddof=1)) if len(base) > 1 else float("nan"),
+                    "n_heads": len(df),
+                    "n_nonfinite": int(len(vals) - len(ok)),
+                    "n_images": meta[model]["n_images"],
+                    "weights_sha256": meta[model]["weights_sha256"],
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def corrected_markdown(table: pd.DataFrame) -> str:
+    """Markdown: one row per model, one column per metric, ``mean ± std (random: mean)``."""
+    cells = table.assign(
+        cell=[f"{m:.3f} ± {s:.3f} (random {b:.3f})" for m, s, b in zip(table["mean"], table["std"], table["baseline_mean"])]
+    )
+    wide = cells.pivot(index="model", columns="metric", values="cell")
+    order = list(dict.fromkeys(table["model"]))
+    wide = wide.loc[order, [label for _, label, _ in CORRECTED_METRICS if label in wide.columns]]
+    counts = table.groupby("model", sort=False)[["n_heads", "n_nonfinite"]].max()
+    wide["heads (non-finite)"] = [f"{counts.loc[m, 'n_heads']} ({counts.loc[m, 'n_nonfinite']})" for m in wide.index]
+    return wide.reset_index().to_markdown(index=False) + "\n"

@@ -1,0 +1,98 @@
+# Shared helpers: configuration checks, paths, wildcard constraints.
+import os
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+
+RESOURCES = config["resources_dir"]
+VISION = config["vision"]
+ENV = "../../envs/pipeline.yaml"
+# Library modules each stage imports: listed as inputs so that changing them reruns the
+# stage (Snakemake tracks only the script file itself).
+LIB = Path(workflow.basedir) / "src" / "kpca_repro"
+LIB_EXTRACT = [str(LIB / m) for m in ("vision.py", "images.py", "h5io.py", "resources.py", "smk.py")]
+LIB_KPCA = [str(LIB / m) for m in ("kpca.py", "h5io.py", "smk.py")]
+LIB_TABLES = [str(LIB / m) for m in ("tables.py", "h5io.py", "smk.py")]
+
+
+wildcard_constraints:
+    model=r"[A-Za-z0-9_.\-]+",
+    variant="paper|corrected",
+    n=r"\d+",
+    shard=r"\d+of\d+",
+
+
+def _check_config():
+    """Checks a JSON schema cannot express; raise before any job runs."""
+    import timm
+
+    for i, model in enumerate(VISION["models"]):
+        if not timm.is_model(model):
+            raise WorkflowError(
+                f"config key vision.models[{i}]: {model!r} is not a timm model id "
+                f"(see timm.list_models()); the paper's ids are listed in config/config.yaml"
+            )
+    for key in list(VISION["model_kwargs"]) + list(config["checksums"]):
+        if key not in VISION["models"]:
+            raise WorkflowError(f"config keys vision.model_kwargs / checksums: {key!r} is not in vision.models")
+    if VISION["shards"] > VISION["n_images"]:
+        raise WorkflowError(
+            f"config key vision.shards: {VISION['shards']} shards for {VISION['n_images']} images (vision.n_images); use at most one shard per image"
+        )
+    root = VISION["imagenet_val_dir"]
+    if root is not None:
+        if not os.path.isdir(root):
+            raise WorkflowError(f"config key vision.imagenet_val_dir: {root} is not a directory")
+        if not any(e.is_dir() for e in os.scandir(root)):
+            raise WorkflowError(
+                f"config key vision.imagenet_val_dir: {root} has no class folders; expected <dir>/<wnid>/*.JPEG (the ImageNet validation set sorted into class folders)"
+            )
+
+
+_check_config()
+
+SHARDS = [f"{i}of{VISION['shards']}" for i in range(VISION["shards"])]
+N_IMAGES = VISION["n_images"]
+
+
+def image_source():
+    """(directory, layout) of the images sampled for the vision analyses."""
+    if VISION["imagenet_val_dir"] is not None:
+        return VISION["imagenet_val_dir"], "imagefolder"
+    return f"{RESOURCES}/images/imagenet-sample", "flat"
+
+
+def weights_path(model):
+    return f"{RESOURCES}/weights/timm/{model}.safetensors"
+
+
+def heads_files(variant, model, ext="csv"):
+    """Per-head records (ext csv) or their metadata (ext json) of one model, all shards."""
+    return expand(
+        "results/heads/{variant}/{model}/vision_{n}_{shard}." + ext,
+        variant=variant,
+        model=model,
+        n=N_IMAGES,
+        shard=SHARDS,
+    )
+
+
+def offline_guard(path, what, how):
+    """Input function for download rules: offline, a missing input stops DAG construction."""
+
+    def guard(wildcards):
+        target = path.format(**wildcards)
+        if config["offline"]:
+            raise WorkflowError(f"missing {what}: {target} does not exist (offline: true). {how}")
+        return []
+
+    return guard
+
+
+def all_targets():
+    targets = []
+    if "paper" in config["variants"]:
+        targets += ["results/table1.csv", "results/table1.md"]
+    if "corrected" in config["variants"]:
+        targets += ["results/table1_corrected.csv", "results/table1_corrected.md"]
+    return targets

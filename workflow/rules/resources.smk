@@ -1,0 +1,59 @@
+# Stage 0: external inputs in the resources directory.
+#
+# A download rule exists only for inputs that are missing when the workflow is parsed, so
+# files placed by hand (or a read-only directory such as ../shared/assets) are never
+# "regenerated". Offline (offline: true), a missing input stops DAG construction with the
+# exact path to fill; online, the rule fetches it and fails with the same path if it cannot.
+import re
+
+MISSING_WEIGHTS = [m for m in VISION["models"] if not os.path.exists(weights_path(m))]
+IMAGES_MISSING = VISION["imagenet_val_dir"] is None and not os.path.isdir(image_source()[0])
+
+
+if MISSING_WEIGHTS:
+
+    rule download_timm_weights:
+        input:
+            offline_guard(
+                RESOURCES + "/weights/timm/{model}.safetensors",
+                "pretrained weights",
+                "Place the timm state_dict of the model there as safetensors "
+                "(timm.create_model(id, pretrained=True).state_dict() saved with "
+                "safetensors.torch.save_file), or set offline: false to let timm download it.",
+            ),
+        output:
+            RESOURCES + "/weights/timm/{model}.safetensors",
+        wildcard_constraints:
+            model="|".join(re.escape(m) for m in MISSING_WEIGHTS),
+        log:
+            "logs/download_timm_weights/{model}.log",
+        benchmark:
+            "benchmarks/download_timm_weights/{model}.tsv"
+        conda:
+            ENV
+        script:
+            "../scripts/download_timm_weights.py"
+
+
+if IMAGES_MISSING:
+
+    rule download_imagenet_sample:
+        input:
+            offline_guard(
+                RESOURCES + "/images/imagenet-sample",
+                "ImageNet sample images",
+                "Put the 1000 files <wnid>_<label>.JPEG of the ImageNet sample there, "
+                "or set vision.imagenet_val_dir to an ImageNet validation root.",
+            ),
+        output:
+            directory(RESOURCES + "/images/imagenet-sample"),
+        params:
+            url=VISION["imagenet_sample_url"],
+        log:
+            "logs/download_imagenet_sample/download.log",
+        benchmark:
+            "benchmarks/download_imagenet_sample/download.tsv"
+        conda:
+            ENV
+        script:
+            "../scripts/download_imagenet_sample.py"

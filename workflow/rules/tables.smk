@@ -1,0 +1,41 @@
+# Stage 3: aggregate per-head records into the paper's tables (CSV + Markdown).
+
+
+rule table1:
+    input:
+        heads=lambda wc: [f for m in VISION["models"] for f in heads_files("paper", m)],
+        meta=lambda wc: [f for m in VISION["models"] for f in heads_files("paper", m, "json")],
+        code=LIB_TABLES,
+    output:
+        csv="results/table1.csv",
+        md="results/table1.md",
+    params:
+        variant="paper",
+    log:
+        "logs/table1/paper.log",
+    benchmark:
+        "benchmarks/table1/paper.tsv"
+    conda:
+        ENV
+    script:
+        "../scripts/table1.py"
+
+
+rule table1_corrected:
+    input:
+        heads=lambda wc: [f for m in VISION["models"] for f in heads_files("corrected", m)],
+        meta=lambda wc: [f for m in VISION["models"] for f in heads_files("corrected", m, "json")],
+        code=LIB_TABLES,
+    output:
+        csv="results/table1_corrected.csv",
+        md="results/table1_corrected.md",
+    params:
+        variant="corrected",
+    log:
+        "logs/table1/corrected.log",
+    benchmark:
+        "benchmarks/table1/corrected.tsv"
+    conda:
+        ENV
+    script:
+        "../scripts/table1.py"

@@ -1,0 +1,27 @@
+"""Rule kpca_vision: per-head KPCA records (paper or corrected variant) of one activation file."""
+
+import json
+
+import torch
+
+from kpca_repro.h5io import atomic_output
+from kpca_repro.records import kpca_records
+from kpca_repro.smk import setup_logging
+from kpca_repro.vision import resolve_device
+
+smk = snakemake  # noqa: F821 (injected by Snakemake)
+log = setup_logging(smk, "kpca_vision")
+torch.set_num_threads(smk.threads)
+device = resolve_device(smk.params.device)
+records, meta = kpca_records(
+    smk.input.activations,
+    smk.wildcards.variant,
+    device=device,
+    heads_per_chunk=smk.params.heads_per_chunk,
+    seed=smk.params.seed,
+)
+log.info("%d heads, %d dropped, on %s", len(records), int(records["dropped"].sum()), device)
+with atomic_output(smk.output.heads) as tmp:
+    records.to_csv(tmp, index=False)
+with atomic_output(smk.output.meta) as tmp:
+    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
