@@ -11,7 +11,8 @@ from snakemake.utils import min_version, validate
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# Defaults next to this Snakefile; `--configfile my.yaml` / `--config key=value` override them.
+configfile: f"{workflow.basedir}/config/config.yaml"
 
 
 validate(config, "workflow/schemas/config.schema.yaml")

@@ -499,7 +499,7 @@ def head_metrics(
     paper = variant == PAPER
     dtype = torch.float32 if paper else torch.float64
     k, v = k.to(dtype), v.to(dtype)
-    d = v.shape[-1]
+    d = min(v.shape[-1], v.shape[-2])  # fewer tokens than dimensions: at most N eigenvectors
     cols: dict[str, torch.Tensor] = {}
     if paper:
         kphi, g = gram_paper(k)
@@ -517,6 +517,8 @@ def head_metrics(
         inv_g = torch.exp(log_g.amin(-1, keepdim=True) - log_g)
         vk = v_kpca(a, inv_g)
         dropped = ~(finite & torch.isfinite(vk).all(-1).all(-1))
+    if vk.shape[-1] < v.shape[-1]:  # zero columns change no row cosine, X X^T or distance
+        vk = torch.nn.functional.pad(vk, (0, v.shape[-1] - vk.shape[-1]))
     vk_true = vk if paper else vk * torch.exp(-log_g.amin(-1))[..., None, None]
     cols["finite"] = finite
     cols["dropped"] = dropped

@@ -32,7 +32,7 @@ def _check_config():
                 f"config key vision.models[{i}]: {model!r} is not a timm model id "
                 f"(see timm.list_models()); the paper's ids are listed in config/config.yaml"
             )
-    for key in list(VISION["model_kwargs"]) + list(config["checksums"]):
+    for key in [*VISION["model_kwargs"], *config["checksums"]]:
         if key not in VISION["models"]:
             raise WorkflowError(f"config keys vision.model_kwargs / checksums: {key!r} is not in vision.models")
     if VISION["shards"] > VISION["n_images"]:
@@ -69,7 +69,7 @@ def weights_path(model):
 def heads_files(variant, model, ext="csv"):
     """Per-head records (ext csv) or their metadata (ext json) of one model, all shards."""
     return expand(
-        "results/heads/{variant}/{model}/vision_{n}_{shard}." + ext,
+        f"results/heads/{{variant}}/{{model}}/vision_{{n}}_{{shard}}.{ext}",
         variant=variant,
         model=model,
         n=N_IMAGES,

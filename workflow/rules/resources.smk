@@ -15,14 +15,14 @@ if MISSING_WEIGHTS:
     rule download_timm_weights:
         input:
             offline_guard(
-                RESOURCES + "/weights/timm/{model}.safetensors",
+                f"{RESOURCES}/weights/timm/{{model}}.safetensors",
                 "pretrained weights",
                 "Place the timm state_dict of the model there as safetensors "
                 "(timm.create_model(id, pretrained=True).state_dict() saved with "
                 "safetensors.torch.save_file), or set offline: false to let timm download it.",
             ),
         output:
-            RESOURCES + "/weights/timm/{model}.safetensors",
+            f"{RESOURCES}/weights/timm/{{model}}.safetensors",
         wildcard_constraints:
             model="|".join(re.escape(m) for m in MISSING_WEIGHTS),
         log:
@@ -40,13 +40,13 @@ if IMAGES_MISSING:
     rule download_imagenet_sample:
         input:
             offline_guard(
-                RESOURCES + "/images/imagenet-sample",
+                f"{RESOURCES}/images/imagenet-sample",
                 "ImageNet sample images",
                 "Put the 1000 files <wnid>_<label>.JPEG of the ImageNet sample there, "
                 "or set vision.imagenet_val_dir to an ImageNet validation root.",
             ),
         output:
-            directory(RESOURCES + "/images/imagenet-sample"),
+            directory(f"{RESOURCES}/images/imagenet-sample"),
         params:
             url=VISION["imagenet_sample_url"],
         log:

@@ -1,0 +1,64 @@
+"""Shared fixtures: repository paths, a tiny timm ViT, real photographs from scikit-image."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def resources_dir_for_real_weights() -> Path:
+    """The resources directory of the real-weights tests: $KPCA_RESOURCES or ../shared/assets."""
+    return Path(os.environ.get("KPCA_RESOURCES", REPO.parent / "shared" / "assets"))
+
+
+def run_snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the repository's Snakefile with ``workdir`` as working directory."""
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", "2", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def photos_dir(tmp_path_factory) -> Path:
+    """Five real photographs shipped by scikit-image, as a flat ImageNet-sample-like folder."""
+    from PIL import Image
+    from skimage import data
+
+    out = tmp_path_factory.mktemp("resources") / "images" / "imagenet-sample"
+    out.mkdir(parents=True)
+    for i, name in enumerate(["astronaut", "chelsea", "coffee", "rocket", "cat"]):
+        arr = getattr(data, name)()
+        Image.fromarray(arr).convert("RGB").save(out / f"n{i:08d}_{name}.JPEG", quality=90)
+    return out
+
+
+TINY_KWARGS = {
+    "vit_tiny_patch16_224": {"depth": 2, "img_size": 32, "patch_size": 8},
+    "deit_tiny_distilled_patch16_224": {"depth": 2, "img_size": 32, "patch_size": 8, "embed_dim": 96},
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_resources(photos_dir) -> Path:
+    """A resources directory with the photos and randomly initialised tiny timm ViT weights."""
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    root = photos_dir.parent.parent
+    (root / "weights" / "timm").mkdir(parents=True, exist_ok=True)
+    for i, (model_id, kwargs) in enumerate(TINY_KWARGS.items()):
+        torch.manual_seed(i)
+        model = timm.create_model(model_id, pretrained=False, **kwargs)
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(root / "weights" / "timm" / f"{model_id}.safetensors"))
+    return root

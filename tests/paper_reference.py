@@ -1,0 +1,91 @@
+"""An independent, per-head transcription of the authors' Table 1 code structure.
+
+This is a test oracle, not part of the pipeline: one head at a time, explicit ``G`` and ``O``
+matrices, ``torch.median`` on the boolean selection, the CKA helper's class structure
+(github.com/jayroxis/CKA-similarity as used by ``value_vectors.py``), and scipy's
+assignment per head, as ``shared/docs/method.md`` Sections 0.2 and 2 describe. The
+pipeline's batched :mod:`kpca_repro.kpca` must agree with it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+
+
+class CudaCKA:
+    """The CKA helper as the reference uses it, with its ``+1e-10`` denominators."""
+
+    def centering(self, k):
+        n = k.shape[0]
+        unit = torch.ones([n, n], dtype=k.dtype)
+        identity = torch.eye(n, dtype=k.dtype)
+        h = identity - unit / n
+        return torch.matmul(torch.matmul(h, k), h)
+
+    def rbf(self, x, sigma=None):
+        gx = torch.matmul(x, x.T)
+        kx = torch.diag(gx) - gx + (torch.diag(gx) - gx).T
+        if sigma is None:
+            mdist = torch.median(kx[kx != 0])
+            sigma = math.sqrt(mdist)
+        kx *= -0.5 / (sigma * sigma)
+        return torch.exp(kx)
+
+    def kernel_hsic(self, x, y, sigma):
+        return torch.sum(self.centering(self.rbf(x, sigma)) * self.centering(self.rbf(y, sigma)))
+
+    def linear_hsic(self, x, y):
+        return torch.sum(self.centering(x @ x.T) * self.centering(y @ y.T))
+
+    def linear_cka(self, x, y):
+        return self.linear_hsic(x, y) / (torch.sqrt(self.linear_hsic(x, x)) * torch.sqrt(self.linear_hsic(y, y)) + 1e-10)
+
+    def kernel_cka(self, x, y, sigma=None):
+        return self.kernel_hsic(x, y, sigma) / (
+            torch.sqrt(self.kernel_hsic(x, x, sigma)) * torch.sqrt(self.kernel_hsic(y, y, sigma)) + 1e-10
+        )
+
+
+def v_kpca_reference(k: torch.Tensor) -> torch.Tensor:
+    """Vhat of one head (N x d keys, float32) as ``value_vectors.py`` builds it."""
+    n, d = k.shape
+    kraw = torch.exp(k @ k.T / math.sqrt(d))
+    g = kraw.sum(dim=1)
+    kphi = kraw / (torch.outer(g, g) + 1e-6)
+    o = torch.ones(n, n) / n
+    kc = kphi - o @ kphi - kphi @ o + o @ kphi @ o
+    evals, evecs = torch.linalg.eigh(kc)
+    idx = torch.argsort(torch.abs(evals), descending=True)
+    a = evecs[:, idx][:, :d]
+    gm = torch.diag(1.0 / g)
+    return gm @ a - gm @ o @ a
+
+
+def head_metrics_reference(k: torch.Tensor, v: torch.Tensor) -> dict[str, float] | None:
+    """Per-head metrics of Table 1 for one head, or None where the reference drops the head."""
+    cka = CudaCKA()
+    try:
+        vhat = v_kpca_reference(k)
+        allclose = bool(torch.allclose(v, vhat, rtol=1e-3, atol=1e-5))
+        vn = v / (torch.norm(v, dim=1, keepdim=True) + 1e-8)
+        vhn = vhat / (torch.norm(vhat, dim=1, keepdim=True) + 1e-8)
+        direct = (vn * vhn).sum(dim=1)
+        sim = vn @ vhn.T
+        rows, cols = linear_sum_assignment(-sim.numpy())
+        matched = sim.numpy()[rows, cols]
+        return {
+            "allclose": allclose,
+            "direct_cos_mean": direct.mean().item(),
+            "direct_cos_max": direct.max().item(),
+            "direct_cos_min": direct.min().item(),
+            "optimal_cos_mean": float(np.mean(matched)),
+            "optimal_cos_max": float(np.max(matched)),
+            "linear_cka": cka.linear_cka(v, vhat).item(),
+            "rbf_cka": cka.kernel_cka(v, vhat).item(),
+        }
+    except ValueError:  # scipy on a NaN cost matrix: the head is dropped
+        return None

@@ -1,0 +1,139 @@
+"""Hooks, HDF5 activation files, image sampling and resources."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_KWARGS
+
+from kpca_repro import images, resources
+from kpca_repro.h5io import ActivationFile, CorruptActivationFileError, atomic_output
+from kpca_repro.records import extract_vision, kpca_records
+from kpca_repro.vision import AttentionRecorder, attention_modules, load_timm_model
+
+
+@pytest.mark.parametrize("model_id", sorted(TINY_KWARGS))
+def test_hooks_recompose_the_attention_output(model_id, tiny_resources):
+    """q, k, v, h from the hooks give back the block's attention output and the naive attention."""
+    model = load_timm_model(model_id, tiny_resources / "weights" / "timm" / f"{model_id}.safetensors", TINY_KWARGS[model_id])
+    attns = attention_modules(model)
+    outputs = {}
+    handles = [a.register_forward_hook(lambda m, i, o, layer=layer: outputs.__setitem__(layer, o)) for layer, a in enumerate(attns)]
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad(), AttentionRecorder(attns) as rec:
+        model(x)
+    for h in handles:
+        h.remove()
+    n_prefix = model.num_prefix_tokens
+    for layer, attn in enumerate(attns):
+        t = rec.captured[layer]
+        b, heads, n, d = t["q"].shape
+        assert (heads, d) == (attn.num_heads, attn.head_dim) and n == n_prefix + 16
+        naive = torch.softmax(t["q"] @ t["k"].transpose(-1, -2) / d**0.5, dim=-1) @ t["v"]
+        torch.testing.assert_close(t["h"], naive, atol=1e-5, rtol=1e-4)
+        recombined = attn.proj(t["h"].permute(0, 2, 1, 3).reshape(b, n, heads * d))
+        torch.testing.assert_close(recombined, outputs[layer], atol=1e-5, rtol=1e-4)
+
+
+def test_extract_and_read_back(tiny_resources, photos_dir, tmp_path):
+    model_id = "vit_tiny_patch16_224"
+    weights = tiny_resources / "weights" / "timm" / f"{model_id}.safetensors"
+    recs = images.list_images(photos_dir, "flat")
+    samples = images.sample_images(recs, 3, seed=0)
+    out = tmp_path / "act.h5"
+    sha = resources.sha256_file(weights)
+    extract_vision(model_id, weights, sha, samples, out, batch_size=2, device=torch.device("cpu"), model_kwargs=TINY_KWARGS[model_id], progress=False)
+    with ActivationFile(out) as af:
+        assert af.attrs["weights_sha256"] == sha and af.n_layers == 2
+        assert af.attr_json("inputs") == [p.split("/")[-1] for p in samples["path"]]
+        assert "torch" in af.attr_json("versions")
+        t = af.read(1)
+        assert t["k"].shape == (3, 3, 17, 64) and t["k"].dtype == np.float32
+        assert list(af.dataset_index) == list(samples["dataset_index"])
+    # the same images through the model directly give the stored tensors
+    model = load_timm_model(model_id, weights, TINY_KWARGS[model_id])
+    tf = images.paper_transform(32)
+    x = torch.stack([tf(images.load_image(p)) for p in samples["path"]])
+    with torch.no_grad(), AttentionRecorder(attention_modules(model)) as rec:
+        model(x)
+    np.testing.assert_allclose(rec.numpy_layer(1)["v"], t["v"], atol=1e-5)
+    records, meta = kpca_records(out, "paper", device=torch.device("cpu"), heads_per_chunk=4, progress=False)
+    assert len(records) == 3 * 2 * 3 and meta["n_images"] == 3
+    assert set(records["layer"]) == {0, 1} and set(records["head"]) == {0, 1, 2}
+
+
+def test_activation_files_are_deterministic(tiny_resources, photos_dir, tmp_path):
+    model_id = "vit_tiny_patch16_224"
+    weights = tiny_resources / "weights" / "timm" / f"{model_id}.safetensors"
+    samples = images.sample_images(images.list_images(photos_dir, "flat"), 2, seed=0)
+    paths = [tmp_path / "a.h5", tmp_path / "b.h5"]
+    for p in paths:
+        extract_vision(model_id, weights, "x", samples, p, batch_size=2, device=torch.device("cpu"), model_kwargs=TINY_KWARGS[model_id], progress=False)
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+
+
+def test_truncated_activation_file_is_reported_with_its_name(tmp_path):
+    bad = tmp_path / "broken.h5"
+    with h5py.File(bad, "w") as f:
+        f.attrs["n_layers"] = 2
+    with pytest.raises(CorruptActivationFileError, match="broken.h5"):
+        ActivationFile(bad)
+    bad.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 100)
+    with pytest.raises(CorruptActivationFileError, match="broken.h5"):
+        ActivationFile(bad)
+
+
+def test_atomic_output_leaves_nothing_on_failure(tmp_path):
+    target = tmp_path / "out.csv"
+    with pytest.raises(RuntimeError):
+        with atomic_output(target) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("killed")
+    assert not target.exists() and not list(tmp_path.iterdir())
+    with atomic_output(target) as tmp:
+        tmp.write_text("whole")
+    assert target.read_text() == "whole"
+
+
+def test_paper_sampling_of_the_1000_image_set():
+    # method.md Section 1: seed 0 on the 1000-image sample gives these k = 1 and k = 25 draws
+    assert images.sample_indices(1000, 1, 0) == [864]
+    assert images.sample_indices(1000, 25, 0)[:5] == [864, 394, 776, 911, 430]
+    with pytest.raises(ValueError):
+        images.sample_indices(10, 11, 0)
+
+
+def test_flat_folder_order_equals_imagefolder_order(photos_dir, tmp_path):
+    for f in sorted(photos_dir.iterdir()):
+        (tmp_path / f.name[:9]).mkdir()
+        (tmp_path / f.name[:9] / f.name).symlink_to(f)
+    flat = [r.path.split("/")[-1] for r in images.list_images(photos_dir, "flat")]
+    folder = [r.path.split("/")[-1] for r in images.list_images(tmp_path, "imagefolder")]
+    assert flat == folder
+
+
+def test_imagefolder_without_class_folders_fails_clearly(photos_dir):
+    with pytest.raises(FileNotFoundError, match="class sub-folders"):
+        images.list_images(photos_dir, "imagefolder")
+
+
+def test_unreadable_image_is_named(tmp_path):
+    bad = tmp_path / "n0_bad.JPEG"
+    bad.write_bytes(b"not an image")
+    with pytest.raises(images.UnreadableImageError, match="n0_bad.JPEG"):
+        images.load_image(bad)
+
+
+def test_shards_partition_the_sample():
+    parts = [images.shard_slice(10, 3, s) for s in range(3)]
+    assert sum((list(range(10))[p] for p in parts), []) == list(range(10))
+
+
+def test_checksum_mismatch_names_the_file(tmp_path):
+    f = tmp_path / "w.safetensors"
+    f.write_bytes(b"abc")
+    assert resources.check_checksum(f, None) == resources.sha256_file(f)
+    with pytest.raises(resources.ChecksumMismatchError, match="w.safetensors"):
+        resources.check_checksum(f, "0" * 64)

@@ -1,0 +1,203 @@
+"""The KPCA mathematics against closed forms, brute force and the per-head reference transcription."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from paper_reference import head_metrics_reference
+
+from kpca_repro import kpca
+
+
+def _keys(heads=4, n=23, d=8, scale=1.0, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(heads, n, d, generator=gen, dtype=torch.float64) * scale
+
+
+def test_gram_paper_matches_definition():
+    k = _keys().float()
+    kphi, g = kpca.gram_paper(k)
+    kraw = torch.exp(torch.einsum("hid,hjd->hij", k.double(), k.double()) / math.sqrt(k.shape[-1]))
+    g64 = kraw.sum(-1)
+    expected = kraw / (g64[..., :, None] * g64[..., None, :] + 1e-6)
+    torch.testing.assert_close(g.double(), g64, rtol=1e-5, atol=0)
+    torch.testing.assert_close(kphi.double(), expected, rtol=1e-4, atol=1e-12)
+
+
+def test_log_gram_equals_exp_domain_where_finite():
+    k = _keys()
+    log_kphi, log_g = kpca.log_gram(k)
+    kraw = torch.exp(k @ k.transpose(-1, -2) / math.sqrt(k.shape[-1]))
+    g = kraw.sum(-1)
+    torch.testing.assert_close(torch.exp(log_g), g)
+    torch.testing.assert_close(torch.exp(log_kphi), kraw / (g[..., :, None] * g[..., None, :]))
+
+
+@pytest.mark.parametrize("centering", [kpca.center, kpca.center_dense])
+def test_centering_is_h_m_h(centering):
+    m = torch.randn(3, 11, 11, dtype=torch.float64)
+    h = torch.eye(11, dtype=torch.float64) - torch.full((11, 11), 1 / 11, dtype=torch.float64)
+    torch.testing.assert_close(centering(m), h @ m @ h)
+    assert torch.allclose(centering(m).sum(-1), torch.zeros(3, 11, dtype=torch.float64), atol=1e-12)
+
+
+@pytest.mark.parametrize("order", ["abs_desc", "desc", "asc_top"])
+def test_eigenpairs_satisfy_eigen_equation(order):
+    k = _keys(n=31, d=6)
+    log_kphi, _ = kpca.log_gram(k)
+    kc = kpca.center(torch.exp(log_kphi))
+    evals, a, finite = kpca.eigenpairs(kc, 6, order, fix_signs=True)
+    assert finite.all()
+    torch.testing.assert_close(kc @ a, a * evals[..., None, :], rtol=0, atol=1e-12)  # K~ A = A Lambda
+    torch.testing.assert_close(a.transpose(-1, -2) @ a, torch.eye(6, dtype=torch.float64).expand(4, 6, 6), rtol=0, atol=1e-10)
+    full = torch.linalg.eigvalsh(kc)
+    if order == "desc":
+        torch.testing.assert_close(evals, full.flip(-1)[..., :6])
+    elif order == "asc_top":
+        torch.testing.assert_close(evals, full[..., -6:])
+    else:
+        expected = torch.gather(full, -1, torch.argsort(full.abs(), dim=-1, descending=True)[..., :6])
+        torch.testing.assert_close(evals, expected)
+    # sign fix: the entry of largest magnitude of every eigenvector is positive
+    pivot = torch.gather(a, -2, a.abs().argmax(-2, keepdim=True))
+    assert (pivot > 0).all()
+
+
+def test_eigenpairs_sign_fix_is_invariant_to_input_sign_flips():
+    k = _keys(n=17, d=4)
+    kc = kpca.center(torch.exp(kpca.log_gram(k)[0]))
+    _, a1, _ = kpca.eigenpairs(kc, 4, "desc", fix_signs=True)
+    evals, evecs = torch.linalg.eigh(kc)
+    flipped = evecs * torch.tensor([-1.0, 1.0] * (evecs.shape[-1] // 2) + [1.0] * (evecs.shape[-1] % 2), dtype=evecs.dtype)
+    rebuilt = flipped @ torch.diag_embed(evals) @ flipped.transpose(-1, -2)
+    _, a2, _ = kpca.eigenpairs(rebuilt, 4, "desc", fix_signs=True)
+    torch.testing.assert_close(a1, a2, atol=1e-8, rtol=0)
+
+
+def test_v_kpca_matches_equation_5_naively():
+    k = _keys(heads=1, n=13, d=5)[0]
+    kraw = torch.exp(k @ k.T / math.sqrt(5))
+    g = kraw.sum(1)
+    kc = kpca.center(kraw / torch.outer(g, g))
+    _, a, _ = kpca.eigenpairs(kc[None], 5, "desc")
+    a = a[0]
+    big_g = torch.diag(1 / g)
+    one_n = torch.full((13, 13), 1 / 13, dtype=torch.float64)
+    naive = big_g @ a - big_g @ one_n @ a  # Eq. 5: G A - G 1_N A
+    torch.testing.assert_close(kpca.v_kpca(a[None], 1 / g[None])[0], naive)
+    # the retained eigenvectors of a centered matrix are orthogonal to 1, so 1_N A ~ 0
+    torch.testing.assert_close(naive, big_g @ a, atol=1e-12, rtol=0)
+
+
+def test_cka_of_a_matrix_with_itself_is_one():
+    x = torch.randn(5, 40, 7, dtype=torch.float64)
+    for paper in (True, False):
+        torch.testing.assert_close(kpca.linear_cka(x, x, paper), torch.ones(5, dtype=torch.float64))
+        torch.testing.assert_close(kpca.rbf_cka(x, x, paper), torch.ones(5, dtype=torch.float64))
+
+
+def test_cka_invariant_to_orthogonal_transform_and_isotropic_scaling():
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 50, 6, generator=gen, dtype=torch.float64)
+    y = x @ torch.randn(3, 6, 6, generator=gen, dtype=torch.float64) + 0.5 * torch.randn(3, 50, 6, generator=gen, dtype=torch.float64)
+    q, _ = torch.linalg.qr(torch.randn(6, 6, generator=gen, dtype=torch.float64))
+    for fn in (kpca.linear_cka, kpca.rbf_cka):
+        base = fn(x, y, False)
+        assert (base > 0.05).all() and (base < 0.999).all()
+        torch.testing.assert_close(fn(x @ q, y, False), base)
+        torch.testing.assert_close(fn(x, 7.5 * y, False), base)
+        torch.testing.assert_close(fn(0.01 * x @ q, 3.0 * y, False), base)
+
+
+def test_linear_cka_matches_kornblith_feature_space_formula():
+    x = torch.randn(2, 30, 5, dtype=torch.float64)
+    y = torch.randn(2, 30, 4, dtype=torch.float64)
+    xc, yc = x - x.mean(-2, keepdim=True), y - y.mean(-2, keepdim=True)
+    fro = lambda m: (m**2).sum((-1, -2))  # noqa: E731
+    expected = fro(yc.transpose(-1, -2) @ xc) / torch.sqrt(fro(xc.transpose(-1, -2) @ xc) * fro(yc.transpose(-1, -2) @ yc))
+    torch.testing.assert_close(kpca.linear_cka(x, y, paper=False), expected)
+
+
+def test_lower_and_usual_median_of_nonzero_entries():
+    d = torch.tensor([[[0.0, 3.0], [1.0, 0.0]], [[0.0, 5.0], [5.0, 2.0]], [[0.0, 0.0], [0.0, 0.0]]])
+    lower = kpca.kth_smallest_nonzero(d, "lower")
+    usual = kpca.kth_smallest_nonzero(d, "mean")
+    assert lower[0] == 1.0 and usual[0] == 2.0  # {1, 3}
+    assert lower[1] == 5.0 and usual[1] == 5.0  # {2, 5, 5}
+    assert torch.isnan(lower[2]) and torch.isnan(usual[2])
+    x = torch.randn(6, 9, 9)
+    for i in range(6):
+        sel = x[i][x[i] != 0]
+        assert kpca.kth_smallest_nonzero(x[i : i + 1], "lower")[0] == torch.median(sel)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 6])
+def test_assignment_agrees_with_brute_force(n):
+    gen = torch.Generator().manual_seed(n)
+    sims = torch.randn(4, n, n, generator=gen, dtype=torch.float64)
+    matched = kpca.assignment_similarities(sims)
+    for b in range(4):
+        best = max(sum(sims[b, i, p[i]].item() for i in range(n)) for p in itertools.permutations(range(n)))
+        assert matched[b].sum().item() == pytest.approx(best, abs=1e-12)
+
+
+def test_paper_variant_reproduces_float32_overflow_and_corrected_has_none():
+    k = _keys(heads=3, n=80, d=64, scale=1.0).float()
+    k[0] *= 4.0  # s k.k ~ 64*16/8 = 128 > 88.7: exp overflows in float32
+    v = torch.randn(3, 80, 64)
+    paper = kpca.head_metrics(k, v, "paper")
+    assert paper["exp_overflow"][0] and paper["dropped"][0] and not paper["finite"][0]
+    assert np.isnan(paper["linear_cka"][0]) and np.isnan(paper["optimal_cos_mean"][0])
+    assert not paper["dropped"][1:].any() and np.isfinite(paper["linear_cka"][1:]).all()
+    corrected = kpca.head_metrics(k, v, "corrected", baseline=torch.randn(3, 80, 64, dtype=torch.float64))
+    assert not corrected["dropped"].any()
+    for name, col in corrected.items():
+        if col.dtype != bool:
+            assert np.isfinite(col).all(), name
+
+
+def test_outer_product_overflow_is_silent_in_the_paper_variant():
+    # g ~ N e^{s k.k} above ~1.8e19 overflows g_i g_j to inf without exp overflowing: Kphi
+    # entries become 0 and the head is kept, as in the reference (method.md 0.2).
+    k = torch.zeros(1, 30, 64)
+    k[0, :, 0] = 17.0  # s k.k = 289/8 = 36.1; g = 30 e^36.1 ~ 1.4e17 ... scale a few rows up
+    k[0, :3, 0] = 19.0  # s k.k up to 45.1: g ~ 3e19 -> g^2 overflows
+    v = torch.randn(1, 30, 64)
+    out = kpca.head_metrics(k, v, "paper")
+    assert out["outer_overflow"][0] and not out["exp_overflow"][0] and not out["dropped"][0]
+
+
+@pytest.mark.parametrize("scale", [0.3, 1.0, 2.0])
+def test_batched_paper_variant_equals_per_head_reference(scale):
+    """The batched implementation gives the reference structure's numbers, head by head."""
+    gen = torch.Generator().manual_seed(11)
+    k = (torch.randn(6, 50, 16, generator=gen) * scale).float()
+    v = torch.randn(6, 50, 16, generator=gen).float()
+    ours = kpca.head_metrics(k, v, "paper")
+    for h in range(6):
+        ref = head_metrics_reference(k[h], v[h])
+        for name, value in ref.items():
+            if name == "allclose":
+                assert bool(ours[name][h]) == value
+            else:
+                assert ours[name][h] == pytest.approx(value, abs=2e-5), name
+
+
+def test_head_metrics_rejects_bad_input():
+    with pytest.raises(ValueError, match="variant"):
+        kpca.head_metrics(torch.randn(1, 5, 2), torch.randn(1, 5, 2), "nope")
+    with pytest.raises(ValueError, match="heads, N, d"):
+        kpca.head_metrics(torch.randn(1, 5, 2), torch.randn(2, 5, 2), "paper")
+    with pytest.raises(ValueError, match="n_components"):
+        kpca.eigenpairs(torch.eye(3)[None], 4)
+
+
+def test_fewer_tokens_than_head_dimensions():
+    k, v = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+    for variant in kpca.VARIANTS:
+        out = kpca.head_metrics(k, v, variant, baseline=torch.randn(2, 5, 8, dtype=torch.float64) if variant == "corrected" else None)
+        assert not out["dropped"].any() and np.isfinite(out["linear_cka"]).all()

@@ -1,0 +1,130 @@
+"""The Snakemake DAG end to end: tiny models, configuration errors, real DeiT-Tiny weights."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from conftest import REPO, TINY_KWARGS, resources_dir_for_real_weights, run_snakemake
+
+pytestmark = pytest.mark.integration
+
+
+def _write_config(path, **overrides):
+    cfg = {
+        "offline": True,
+        "vision": {"models": sorted(TINY_KWARGS), "n_images": 4, "batch_size": 3, "shards": 2, "model_kwargs": TINY_KWARGS},
+        "kpca": {"heads_per_chunk": 8, "threads": 1},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+            cfg[key].update(value)
+        else:
+            cfg[key] = value
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_resources, tmp_path_factory):
+    work = tmp_path_factory.mktemp("work")
+    cfg = _write_config(work / "test.yaml", resources_dir=str(tiny_resources))
+    proc = run_snakemake(work, "results/table1.csv", "results/table1_corrected.csv", "--configfile", str(cfg))
+    return work, cfg, proc
+
+
+def test_table1_from_tiny_models(tiny_run, tiny_resources):
+    work, _, _ = tiny_run
+    table = pd.read_csv(work / "results" / "table1.csv")
+    assert list(table["timm_id"]) == sorted(TINY_KWARGS)
+    assert list(table.columns[:6]) == ["model", "timm_id", "MDC", "MOC", "LCKA", "KCKA"]
+    assert (table["n_heads"] == 4 * 2 * 3).all() and (table["n_images"] == 4).all()
+    assert (table["n_heads_analysed"] + table["n_heads_dropped"] == table["n_heads"]).all()
+    for col in ("MDC", "MOC", "LCKA", "KCKA"):
+        assert table[col].between(-1, 1).all()
+    for model_id in TINY_KWARGS:
+        weights = tiny_resources / "weights" / "timm" / f"{model_id}.safetensors"
+        row = table[table["timm_id"] == model_id].iloc[0]
+        assert row["weights_sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert (work / "results" / "table1.md").read_text().startswith("| model")
+    # the table is the paper's aggregation of the per-head records of both shards
+    heads = pd.concat(pd.read_csv(f) for f in sorted((work / "results" / "heads" / "paper").rglob("*.csv")))
+    first = heads[heads["model"] == sorted(TINY_KWARGS)[0]]
+    assert table.loc[0, "MOC"] == pytest.approx(first["optimal_cos_mean"].max())
+    assert table.loc[0, "LCKA"] == pytest.approx(first["linear_cka"].mean())
+    assert sorted(first["sample_rank"].unique()) == [0, 1, 2, 3]
+
+
+def test_corrected_table_from_tiny_models(tiny_run):
+    work, _, _ = tiny_run
+    table = pd.read_csv(work / "results" / "table1_corrected.csv")
+    assert set(table["column"]) >= {"linear_cka", "rbf_cka", "optimal_abs_cos_columns"}
+    assert (table["n_nonfinite"] == 0).all()
+    assert np.isfinite(table[["mean", "std", "baseline_mean"]].to_numpy()).all()
+    assert "random" in (work / "results" / "table1_corrected.md").read_text()
+
+
+def test_second_run_does_nothing(tiny_run):
+    work, cfg, _ = tiny_run
+    proc = run_snakemake(work, "-n", "results/table1.csv", "results/table1_corrected.csv", "--configfile", str(cfg))
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_lint_is_clean():
+    proc = run_snakemake(REPO, "--lint", check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Congratulations" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        ({"vision": {"n_imagse": 3}}, "n_imagse"),
+        ({"seed": "zero"}, "seed"),
+        ({"vision": {"models": ["vit_tiny_patch16_224", "not_a_model_xyz"]}}, "vision.models[1]"),
+        ({"vision": {"n_images": 0}}, "n_images"),
+        ({"resources_dir": "/nonexistent/resources"}, "/nonexistent/resources/weights/timm/"),
+        ({"vision": {"imagenet_val_dir": "IMAGES"}}, "class folders"),
+    ],
+)
+def test_bad_configuration_fails_before_any_job(overrides, needle, tmp_path, tiny_resources, photos_dir):
+    overrides.setdefault("resources_dir", str(tiny_resources))
+    if overrides.get("vision", {}).get("imagenet_val_dir") == "IMAGES":
+        overrides["vision"]["imagenet_val_dir"] = str(photos_dir)
+    cfg = _write_config(tmp_path / "bad.yaml", **overrides)
+    proc = run_snakemake(tmp_path, "results/table1.csv", "--configfile", str(cfg), check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert needle in out, out[-3000:]
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.realweights
+def test_real_deit_tiny_through_the_chain(tmp_path):
+    """DeiT-Tiny's real weights and real ImageNet images from the resources directory."""
+    res = resources_dir_for_real_weights()
+    weights = res / "weights" / "timm" / "deit_tiny_patch16_224.safetensors"
+    image_dir = res / "images" / "imagenet-sample"
+    if not weights.exists() or not image_dir.is_dir():
+        pytest.skip(f"real weights not available: {weights} or {image_dir} missing (set KPCA_RESOURCES to a resources directory)")
+    cfg = _write_config(
+        tmp_path / "real.yaml",
+        resources_dir=str(res),
+        vision={"models": ["deit_tiny_patch16_224"], "n_images": 3, "batch_size": 3, "shards": 1, "model_kwargs": {}},
+        kpca={"heads_per_chunk": 36, "threads": 2},
+    )
+    run_snakemake(tmp_path, "results/table1.csv", "--configfile", str(cfg))
+    table = pd.read_csv(tmp_path / "results" / "table1.csv")
+    row = table.iloc[0]
+    assert row["model"] == "DeiT-Tiny" and row["n_heads"] == 3 * 12 * 3
+    assert row["weights_sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert row["n_allclose"] == 0  # V is never V_KPCA (paper: 0 passes)
+    assert 0 < row["LCKA"] < 1 and 0 < row["KCKA"] < 1 and row["MOC"] > row["MDC"]
+    samples = pd.read_csv(tmp_path / "results" / "samples" / "vision_3.tsv", sep="\t")
+    assert samples["path"].str.endswith("n04461696_tow_truck.JPEG").iloc[0]  # method.md: seed 0 -> index 864
+    meta = json.loads(next((tmp_path / "results" / "heads" / "paper").rglob("*.json")).read_text())
+    assert meta["n_images"] == 3
