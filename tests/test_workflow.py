@@ -19,6 +19,7 @@ def _write_config(path, **overrides):
         "offline": True,
         "vision": {"models": sorted(TINY_KWARGS), "n_images": 4, "batch_size": 3, "shards": 2, "model_kwargs": TINY_KWARGS},
         "kpca": {"heads_per_chunk": 8, "threads": 1},
+        "spectra": {"n_images": 3, "n_components": 8},
     }
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(cfg.get(key), dict):
@@ -33,8 +34,11 @@ def _write_config(path, **overrides):
 def tiny_run(tiny_resources, tmp_path_factory):
     work = tmp_path_factory.mktemp("work")
     cfg = _write_config(work / "test.yaml", resources_dir=str(tiny_resources))
-    proc = run_snakemake(work, "results/table1.csv", "results/table1_corrected.csv", "--configfile", str(cfg))
+    proc = run_snakemake(work, *TARGETS, "--configfile", str(cfg))
     return work, cfg, proc
+
+
+TARGETS = ("results/table1.csv", "results/table1_corrected.csv", "results/table2.csv", "results/table3.csv", "results/table3_corrected.csv")
 
 
 def test_table1_from_tiny_models(tiny_run, tiny_resources):
@@ -68,9 +72,20 @@ def test_corrected_table_from_tiny_models(tiny_run):
     assert "random" in (work / "results" / "table1_corrected.md").read_text()
 
 
+def test_spectra_tables_from_tiny_models(tiny_run):
+    work, _, _ = tiny_run
+    t2 = pd.read_csv(work / "results" / "table2.csv")
+    t3 = pd.read_csv(work / "results" / "table3.csv")
+    assert list(t2["timm_id"]) == sorted(TINY_KWARGS) and (t2["n_images"] == 3).all()
+    assert (t2["n_heads"] == 3 * 2 * 3).all() and (t2["max_mean"] >= t2["median_mean"]).all()
+    pd.testing.assert_series_equal(t2["max_mean"], t3["max_mean"])
+    expected = (t3["mean_mean_raw"] / t3["mean_mean"] - 1) * 100
+    np.testing.assert_allclose(t3["mean_change_pct"], expected)
+
+
 def test_second_run_does_nothing(tiny_run):
     work, cfg, _ = tiny_run
-    proc = run_snakemake(work, "-n", "results/table1.csv", "results/table1_corrected.csv", "--configfile", str(cfg))
+    proc = run_snakemake(work, "-n", *TARGETS, "--configfile", str(cfg))
     assert "Nothing to be done" in proc.stdout + proc.stderr
 
 

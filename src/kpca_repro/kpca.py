@@ -51,6 +51,8 @@ __all__ = [
     "rbf_cka",
     "kth_smallest_nonzero",
     "head_metrics",
+    "standardize_tokens",
+    "top_eigenvalues",
 ]
 
 PAPER = "paper"
@@ -542,3 +544,61 @@ def head_metrics(
         if arr.dtype != bool and not name.startswith("baseline_"):
             arr[out["dropped"]] = np.nan
     return out
+
+
+# --------------------------------------------------------------------------------------
+# Spectra (Tables 2 and 3)
+# --------------------------------------------------------------------------------------
+
+
+def standardize_tokens(x: torch.Tensor, eps: float = ROW_NORM_EPS) -> torch.Tensor:
+    """Standardize each token vector over its ``d`` features (method.md Section 4 step 1).
+
+    ``x_j <- (x_j - mean_c x_jc) / (std_c x_jc + 1e-8)`` with the unbiased std, as the
+    reference does (the paper's text says "per dimension"; the code works per token), so
+    ``||x_j||^2 = d - 1`` up to the epsilon.
+
+    Args:
+        x: shape ``(..., N, d)``.
+        eps: added to the standard deviation.
+
+    Returns:
+        Same shape and dtype.
+    """
+    mean = x.mean(dim=-1, keepdim=True)
+    std = x.std(dim=-1, keepdim=True, unbiased=True)
+    return (x - mean) / (std + eps)
+
+
+def top_eigenvalues(k: torch.Tensor, n_components: int, variant: str, standardize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``n_components`` largest eigenvalues of the centered Gram matrix of the keys.
+
+    method.md Sections 4-5: optional per-token key standardization, Gram matrix, centering,
+    ``eigh``, signed-descending order, ``|lambda_r|`` for ranks ``r = 1..n`` (no division by
+    ``N``). ``paper``: float32, plain ``exp`` (NaN where it overflows without
+    standardization). ``corrected``: float64 log-domain Gram matrix (always finite).
+
+    Args:
+        k: keys, shape ``(heads, N, d)``.
+        n_components: number of ranks kept (64 in the paper), at most ``N``.
+        variant: ``"paper"`` or ``"corrected"``.
+        standardize: standardize each key vector first (Table 2) or not (Table 3's starred rows).
+
+    Returns:
+        ``(eigenvalues, finite)``: shape ``(heads, n_components)`` float64 with NaN rows for
+        non-finite heads, and ``(heads,)`` bool.
+
+    Raises:
+        ValueError: unknown variant or ``n_components`` out of range.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+    k = k.to(torch.float32 if variant == PAPER else torch.float64)
+    if standardize:
+        k = standardize_tokens(k)
+    if variant == PAPER:
+        kc = center_dense(gram_paper(k)[0])
+    else:
+        kc = center(torch.exp(log_gram(k)[0]))
+    evals, _, finite = eigenpairs(kc, n_components, "desc")
+    return evals.abs().double(), finite

@@ -16,11 +16,11 @@ import torch
 
 from . import images as img
 from .h5io import ActivationFile, ActivationWriter, atomic_output
-from .kpca import CORRECTED, head_metrics
+from .kpca import CORRECTED, head_metrics, top_eigenvalues
 from .smk import library_versions
 from .vision import AttentionRecorder, attention_modules, load_timm_model
 
-__all__ = ["extract_vision", "kpca_records", "baseline_noise"]
+__all__ = ["extract_vision", "kpca_records", "baseline_noise", "eigenvalue_records"]
 
 
 def extract_vision(
@@ -180,3 +180,47 @@ def kpca_records(
     records.insert(1, "variant", variant)
     return records, meta
 
+
+
+def eigenvalue_records(
+    activations: str | os.PathLike,
+    variant: str,
+    standardize: bool,
+    *,
+    n_components: int = 64,
+    device: torch.device,
+    heads_per_chunk: int = 64,
+) -> pd.DataFrame:
+    """Per-head top eigenvalues of one activation file (Tables 2 and 3, method.md 4-5).
+
+    Returns:
+        One row per (image, layer, head): ``sample_rank, dataset_index, layer, head,
+        finite`` and ``lambda_01 .. lambda_<n>`` (``|lambda_r|``, descending, NaN where the
+        paper variant overflows).
+
+    Raises:
+        kpca_repro.h5io.CorruptActivationFileError: the file is unreadable (named).
+    """
+    frames = []
+    with ActivationFile(activations) as af:
+        n_heads = int(af.attrs["n_heads"])
+        for layer in range(af.n_layers):
+            k = torch.from_numpy(af.read(layer, ("k",))["k"])
+            k = k.reshape(-1, *k.shape[2:])
+            for lo in range(0, k.shape[0], heads_per_chunk):
+                hi = min(lo + heads_per_chunk, k.shape[0])
+                evals, finite = top_eigenvalues(k[lo:hi].to(device), n_components, variant, standardize)
+                flat = np.arange(lo, hi)
+                frame = pd.DataFrame(evals.cpu().numpy(), columns=[f"lambda_{r + 1:02d}" for r in range(n_components)])
+                frame.insert(0, "finite", finite.cpu().numpy())
+                frame.insert(0, "head", flat % n_heads)
+                frame.insert(0, "layer", layer)
+                frame.insert(0, "dataset_index", af.dataset_index[flat // n_heads])
+                frame.insert(0, "sample_rank", af.sample_rank[flat // n_heads])
+                frames.append(frame)
+        model_id = str(af.attrs["model_id"])
+    out = pd.concat(frames, ignore_index=True)
+    out.insert(0, "keys", "standardized" if standardize else "raw")
+    out.insert(0, "variant", variant)
+    out.insert(0, "model", model_id)
+    return out

@@ -5,7 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["MODEL_NAMES", "display_name", "table1_paper", "table_corrected", "corrected_markdown", "CORRECTED_METRICS"]
+__all__ = [
+    "MODEL_NAMES",
+    "display_name",
+    "table1_paper",
+    "table_corrected",
+    "corrected_markdown",
+    "CORRECTED_METRICS",
+    "spectrum_statistics",
+    "eigenvalue_array",
+    "table_spectra",
+]
 
 #: Short names used in the paper's tables.
 MODEL_NAMES = {
@@ -130,3 +140,76 @@ def corrected_markdown(table: pd.DataFrame) -> str:
     counts = table.groupby("model", sort=False)[["n_heads", "n_nonfinite"]].max()
     wide["heads (non-finite)"] = [f"{counts.loc[m, 'n_heads']} ({counts.loc[m, 'n_nonfinite']})" for m in wide.index]
     return wide.reset_index().to_markdown(index=False) + "\n"
+
+
+SPECTRUM_STATS = ("max", "min", "mean", "median")
+
+
+def spectrum_statistics(eigenvalues: np.ndarray) -> dict[str, float]:
+    """Table 2/3 statistics of one model (method.md Section 4), in units of 1e-6.
+
+    Per image: the rank-wise mean of ``|lambda_r|`` over all (layer, head) pairs (a NaN head
+    makes that image's vector NaN, as ``np.mean`` does in the reference), then that vector's
+    max, min, mean and *lower* median (``torch.median``: element ``(R-1)//2`` of the sorted
+    vector). Across images: mean and unbiased standard deviation of each statistic.
+
+    Args:
+        eigenvalues: shape ``(images, layers * heads, R)``, float.
+
+    Returns:
+        ``{"max_mean": .., "max_std": .., ..., "median_std": ..}`` (x 1e6), plus
+        ``n_images``, ``n_heads`` and ``n_nonfinite_heads``.
+    """
+    per_image = eigenvalues.mean(axis=1)  # (images, R)
+    r = per_image.shape[1]
+    stats = {
+        "max": per_image.max(axis=1),
+        "min": per_image.min(axis=1),
+        "mean": per_image.mean(axis=1),
+        "median": np.sort(per_image, axis=1)[:, (r - 1) // 2],
+    }
+    out: dict[str, float] = {}
+    for name in SPECTRUM_STATS:
+        out[f"{name}_mean"] = float(stats[name].mean() * 1e6)
+        out[f"{name}_std"] = float(stats[name].std(ddof=1) * 1e6) if len(stats[name]) > 1 else float("nan")
+    heads = eigenvalues.reshape(-1, r)
+    out["n_images"] = int(eigenvalues.shape[0])
+    out["n_heads"] = int(heads.shape[0])
+    out["n_nonfinite_heads"] = int((~np.isfinite(heads).all(axis=1)).sum())
+    return out
+
+
+def eigenvalue_array(records: pd.DataFrame) -> np.ndarray:
+    """``(images, layers * heads, R)`` array from per-head eigenvalue records (``lambda_*`` columns)."""
+    cols = [c for c in records.columns if c.startswith("lambda_")]
+    ordered = records.sort_values(["sample_rank", "layer", "head"])
+    n_img = ordered["sample_rank"].nunique()
+    return ordered[cols].to_numpy(dtype=np.float64).reshape(n_img, -1, len(cols))
+
+
+def table_spectra(records: dict[tuple[str, str], pd.DataFrame]) -> pd.DataFrame:
+    """Table 2 (``keys == "standardized"``) or Table 3 rows from per-head eigenvalue records.
+
+    Args:
+        records: ``(model id, keys)`` -> records, ``keys`` in ``{"standardized", "raw"}``.
+
+    Returns:
+        One row per model. With both key treatments present (Table 3): the standardized
+        statistics, the unstandardized ones (suffix ``_raw``) and the percentage change
+        ``(raw / standardized - 1) * 100`` per statistic.
+    """
+    models = list(dict.fromkeys(m for m, _ in records))
+    rows = []
+    for model in models:
+        row: dict = {"model": display_name(model), "timm_id": model}
+        std = spectrum_statistics(eigenvalue_array(records[(model, "standardized")])) if (model, "standardized") in records else None
+        raw = spectrum_statistics(eigenvalue_array(records[(model, "raw")])) if (model, "raw") in records else None
+        if std:
+            row.update({k: v for k, v in std.items()})
+        if raw:
+            row.update({f"{k}_raw": v for k, v in raw.items()})
+        if std and raw:
+            for name in SPECTRUM_STATS:
+                row[f"{name}_change_pct"] = (raw[f"{name}_mean"] / std[f"{name}_mean"] - 1) * 100
+        rows.append(row)
+    return pd.DataFrame(rows)

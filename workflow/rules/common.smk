@@ -13,6 +13,7 @@ LIB = Path(workflow.basedir) / "src" / "kpca_repro"
 LIB_EXTRACT = [str(LIB / m) for m in ("vision.py", "images.py", "h5io.py", "resources.py", "smk.py")]
 LIB_KPCA = [str(LIB / m) for m in ("kpca.py", "h5io.py", "smk.py")]
 LIB_TABLES = [str(LIB / m) for m in ("tables.py", "h5io.py", "smk.py")]
+LIB_SPECTRA = [str(LIB / m) for m in ("kpca.py", "records.py", "h5io.py", "smk.py")]
 
 
 wildcard_constraints:
@@ -20,6 +21,7 @@ wildcard_constraints:
     variant="paper|corrected",
     n=r"\d+",
     shard=r"\d+of\d+",
+    keyset="standardized|raw",
 
 
 def _check_config():
@@ -35,10 +37,9 @@ def _check_config():
     for key in [*VISION["model_kwargs"], *config["checksums"]]:
         if key not in VISION["models"]:
             raise WorkflowError(f"config keys vision.model_kwargs / checksums: {key!r} is not in vision.models")
-    if VISION["shards"] > VISION["n_images"]:
-        raise WorkflowError(
-            f"config key vision.shards: {VISION['shards']} shards for {VISION['n_images']} images (vision.n_images); use at most one shard per image"
-        )
+    for key, n in (("vision.n_images", VISION["n_images"]), ("spectra.n_images", config["spectra"]["n_images"])):
+        if VISION["shards"] > n:
+            raise WorkflowError(f"config key vision.shards: {VISION['shards']} shards for {n} images ({key}); use at most one shard per image")
     root = VISION["imagenet_val_dir"]
     if root is not None:
         if not os.path.isdir(root):
@@ -77,6 +78,18 @@ def heads_files(variant, model, ext="csv"):
     )
 
 
+def spectra_files(variant, model, keys):
+    """Per-head eigenvalue records of one model for Tables 2 and 3, all shards."""
+    return expand(
+        "results/spectra/{variant}/{model}/vision_{n}_{shard}_{keyset}.csv",
+        variant=variant,
+        model=model,
+        n=config["spectra"]["n_images"],
+        shard=SHARDS,
+        keyset=keys,
+    )
+
+
 def offline_guard(path, what, how):
     """Input function for download rules: offline, a missing input stops DAG construction."""
 
@@ -92,7 +105,7 @@ def offline_guard(path, what, how):
 def all_targets():
     targets = []
     if "paper" in config["variants"]:
-        targets += ["results/table1.csv", "results/table1.md"]
+        targets += ["results/table1.csv", "results/table1.md", "results/table2.csv", "results/table3.csv"]
     if "corrected" in config["variants"]:
-        targets += ["results/table1_corrected.csv", "results/table1_corrected.md"]
+        targets += ["results/table1_corrected.csv", "results/table1_corrected.md", "results/table2_corrected.csv", "results/table3_corrected.csv"]
     return targets

@@ -1,0 +1,66 @@
+"""Tables 2 and 3: eigenvalues of the centered Gram matrix and their statistics."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from kpca_repro import kpca
+from kpca_repro.tables import spectrum_statistics
+
+
+def test_standardized_keys_have_norm_d_minus_one():
+    k = kpca.standardize_tokens(torch.randn(3, 20, 64, dtype=torch.float64) * 5 + 2)
+    torch.testing.assert_close((k**2).sum(-1), torch.full((3, 20), 63.0, dtype=torch.float64), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("standardize", [True, False])
+def test_top_eigenvalues_match_numpy_eigvalsh_in_float64(standardize):
+    gen = torch.Generator().manual_seed(1)
+    k = torch.randn(4, 60, 16, generator=gen, dtype=torch.float64)
+    evals, finite = kpca.top_eigenvalues(k, 16, "corrected", standardize)
+    assert finite.all()
+    for h in range(4):
+        kk = k[h].numpy()
+        if standardize:
+            kk = (kk - kk.mean(1, keepdims=True)) / (kk.std(1, ddof=1, keepdims=True) + 1e-8)
+        kraw = np.exp(kk @ kk.T / math.sqrt(16))
+        g = kraw.sum(1)
+        n = len(g)
+        hm = np.eye(n) - np.ones((n, n)) / n
+        expected = np.sort(np.linalg.eigvalsh(hm @ (kraw / np.outer(g, g)) @ hm))[::-1][:16]
+        np.testing.assert_allclose(evals[h].numpy(), np.abs(expected), rtol=1e-9, atol=1e-15)
+    paper, _ = kpca.top_eigenvalues(k.float(), 16, "paper", standardize)
+    np.testing.assert_allclose(paper.numpy(), evals.numpy(), rtol=1e-3, atol=1e-9)
+
+
+def test_corrected_spectrum_is_finite_where_the_paper_variant_overflows():
+    k = torch.randn(2, 50, 64) * 4  # s k.k ~ 128 > 88.7
+    paper, finite = kpca.top_eigenvalues(k, 8, "paper", standardize=False)
+    assert not finite.any() and torch.isnan(paper).all()
+    corrected, finite = kpca.top_eigenvalues(k, 8, "corrected", standardize=False)
+    assert finite.all() and torch.isfinite(corrected).all()
+    standardized, finite = kpca.top_eigenvalues(k, 8, "paper", standardize=True)  # standardizing removes overflow
+    assert finite.all() and torch.isfinite(standardized).all()
+
+
+def test_spectrum_statistics_on_a_hand_made_case():
+    # 2 images, 2 heads, 4 ranks; rank-wise mean over heads, then max/min/mean/lower median
+    ev = np.array(
+        [
+            [[4.0, 3.0, 2.0, 1.0], [6.0, 5.0, 2.0, 1.0]],  # mean over heads: 5, 4, 2, 1
+            [[8.0, 4.0, 4.0, 2.0], [8.0, 6.0, 2.0, 0.0]],  # mean over heads: 8, 5, 3, 1
+        ]
+    ) * 1e-6
+    s = spectrum_statistics(ev)
+    assert s["max_mean"] == pytest.approx(6.5) and s["max_std"] == pytest.approx(np.std([5, 8], ddof=1))
+    assert s["min_mean"] == pytest.approx(1.0) and s["min_std"] == pytest.approx(0.0)
+    assert s["mean_mean"] == pytest.approx((3.0 + 4.25) / 2)
+    assert s["median_mean"] == pytest.approx((2.0 + 3.0) / 2)  # lower median: 2nd of 4 sorted
+    assert s["n_nonfinite_heads"] == 0 and s["n_heads"] == 4
+    ev[0, 1, 2] = np.nan
+    s = spectrum_statistics(ev)
+    assert s["n_nonfinite_heads"] == 1 and np.isnan(s["max_mean"])  # NaN is reported, never dropped
