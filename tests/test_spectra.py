@@ -64,3 +64,36 @@ def test_spectrum_statistics_on_a_hand_made_case():
     ev[0, 1, 2] = np.nan
     s = spectrum_statistics(ev)
     assert s["n_nonfinite_heads"] == 1 and np.isnan(s["max_mean"])  # NaN is reported, never dropped
+
+
+def test_pairwise_spread_matches_a_loop_over_pairs():
+    gamma = torch.randn(2, 7, 3, dtype=torch.float64)
+    out = kpca.pairwise_spread(gamma)
+    for h in range(2):
+        for d in range(3):
+            g = gamma[h, :, d].tolist()
+            pairs = [(g[i], g[j]) for i in range(7) for j in range(i + 1, 7)]
+            diffs = np.array([abs(a - b) for a, b in pairs])
+            rel = np.array([abs(a - b) / (max(abs(a), abs(b)) + 1e-10) for a, b in pairs])
+            assert out["abs_mean"][h, d].item() == pytest.approx(diffs.mean())
+            assert out["abs_std"][h, d].item() == pytest.approx(diffs.std(ddof=1))
+            assert out["rel_mean"][h, d].item() == pytest.approx(rel.mean())
+            assert out["rel_std"][h, d].item() == pytest.approx(rel.std(ddof=1))
+
+
+def test_gamma_equals_eigenvalue_over_n_for_exact_eigenvectors():
+    k = torch.randn(2, 40, 8, dtype=torch.float64)
+    kc = kpca.center(torch.exp(kpca.log_gram(k)[0]))
+    evals, a, _ = kpca.eigenpairs(kc, 8, "desc")
+    torch.testing.assert_close(kpca.gamma_matrix(kc, a), (evals / 40)[..., None, :].expand(2, 40, 8), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("variant", ["paper", "corrected"])
+def test_gamma_spread_is_round_off_for_true_and_large_for_perturbed_eigenvectors(variant):
+    k = torch.randn(3, 60, 16) * 2
+    out = kpca.gamma_test(k, 16, variant, standardize=True, noise=0.1, generator=torch.Generator().manual_seed(0))
+    true_rel, pert_rel = out["true"]["rel_mean"], out["perturbed"]["rel_mean"]
+    tol = 1e-2 if variant == "paper" else 1e-8  # float32 vs float64 round-off
+    assert (true_rel < tol).all()
+    assert (pert_rel > 0.05).all()
+    assert (out["perturbed"]["abs_mean"] > 100 * out["true"]["abs_mean"]).all()

@@ -20,6 +20,7 @@ def _write_config(path, **overrides):
         "vision": {"models": sorted(TINY_KWARGS), "n_images": 4, "batch_size": 3, "shards": 2, "model_kwargs": TINY_KWARGS},
         "kpca": {"heads_per_chunk": 8, "threads": 1},
         "spectra": {"n_images": 3, "n_components": 8},
+        "figure3": {"model": "vit_tiny_patch16_224", "block": 1, "n_images": 1, "n_components": 8},
     }
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(cfg.get(key), dict):
@@ -38,7 +39,15 @@ def tiny_run(tiny_resources, tmp_path_factory):
     return work, cfg, proc
 
 
-TARGETS = ("results/table1.csv", "results/table1_corrected.csv", "results/table2.csv", "results/table3.csv", "results/table3_corrected.csv")
+TARGETS = (
+    "results/table1.csv",
+    "results/table1_corrected.csv",
+    "results/table2.csv",
+    "results/table3.csv",
+    "results/table3_corrected.csv",
+    "results/figure3.pdf",
+    "results/figure3_corrected.pdf",
+)
 
 
 def test_table1_from_tiny_models(tiny_run, tiny_resources):
@@ -81,6 +90,17 @@ def test_spectra_tables_from_tiny_models(tiny_run):
     pd.testing.assert_series_equal(t2["max_mean"], t3["max_mean"])
     expected = (t3["mean_mean_raw"] / t3["mean_mean"] - 1) * 100
     np.testing.assert_allclose(t3["mean_change_pct"], expected)
+
+
+def test_figure3_from_a_tiny_model(tiny_run):
+    work, _, _ = tiny_run
+    for suffix in ("", "_corrected"):
+        assert (work / "results" / f"figure3{suffix}.pdf").read_bytes()[:4] == b"%PDF"
+        assert (work / "results" / f"figure3{suffix}.png").stat().st_size > 10_000
+        stats = pd.read_csv(work / "results" / f"figure3{suffix}.csv")
+        assert set(stats["component"]) == set(range(8))
+        mean = stats.groupby(["eigenvectors", "measure"])["mean"].mean()
+        assert mean[("perturbed", "rel_mean")] > 100 * mean[("true", "rel_mean")]
 
 
 def test_second_run_does_nothing(tiny_run):

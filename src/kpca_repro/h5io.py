@@ -43,7 +43,7 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     """
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(final.name + ".partial")
+    tmp = final.with_name(f"{final.stem}.partial{final.suffix}")  # keeps the extension (matplotlib reads it)
     if tmp.exists():
         tmp.unlink()
     try:

@@ -53,6 +53,10 @@ __all__ = [
     "head_metrics",
     "standardize_tokens",
     "top_eigenvalues",
+    "perturb_eigenvectors",
+    "gamma_matrix",
+    "pairwise_spread",
+    "gamma_test",
 ]
 
 PAPER = "paper"
@@ -602,3 +606,94 @@ def top_eigenvalues(k: torch.Tensor, n_components: int, variant: str, standardiz
         kc = center(torch.exp(log_gram(k)[0]))
     evals, _, finite = eigenpairs(kc, n_components, "desc")
     return evals.abs().double(), finite
+
+
+# --------------------------------------------------------------------------------------
+# The gamma-constancy test (Figure 3)
+# --------------------------------------------------------------------------------------
+
+
+def perturb_eigenvectors(a: torch.Tensor, noise: float, generator: torch.Generator) -> torch.Tensor:
+    """Random near-eigenvectors: reduced QR of ``A + noise * N(0, 1)`` (method.md Section 10).
+
+    Args:
+        a: eigenvectors, shape ``(..., N, d)``.
+        noise: standard deviation of the Gaussian perturbation (0.1 in the paper).
+        generator: a CPU ``torch.Generator`` (the draw is made on the CPU, then moved).
+
+    Returns:
+        Orthonormal columns, shape ``(..., N, d)``, same dtype and device as ``a``.
+    """
+    z = torch.randn(a.shape, generator=generator, dtype=a.dtype).to(a.device)
+    q, _ = torch.linalg.qr(a + noise * z, mode="reduced")
+    return q
+
+
+def gamma_matrix(kc: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """``Gamma = (K~ A) / (N A)`` elementwise (method.md Section 10).
+
+    For an exact eigenvector ``a_d`` every entry of column ``d`` equals ``lambda_d / N``, the
+    eigenvalue of the covariance operator; spreads within a column measure how far ``A`` is
+    from being an eigenvector.
+
+    Args:
+        kc: centered Gram matrices ``(..., N, N)``.
+        a: candidate eigenvectors ``(..., N, d)``.
+
+    Returns:
+        Shape ``(..., N, d)``.
+    """
+    return (kc @ a) / (kc.shape[-1] * a)
+
+
+def pairwise_spread(gamma: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Spread of each column of ``Gamma`` over all token pairs ``i < j``, vectorised.
+
+    Absolute ``|g_i - g_j|`` and relative ``|g_i - g_j| / (max(|g_i|, |g_j|) + 1e-10)``;
+    mean and unbiased standard deviation over the ``N (N - 1) / 2`` pairs.
+
+    Args:
+        gamma: shape ``(..., N, d)``.
+
+    Returns:
+        ``abs_mean, abs_std, rel_mean, rel_std``, each of shape ``(..., d)``.
+    """
+    n = gamma.shape[-2]
+    i, j = torch.triu_indices(n, n, offset=1, device=gamma.device)
+    gi, gj = gamma[..., i, :], gamma[..., j, :]
+    diff = (gi - gj).abs()
+    rel = diff / (torch.maximum(gi.abs(), gj.abs()) + 1e-10)
+    return {
+        "abs_mean": diff.mean(-2),
+        "abs_std": diff.std(-2, unbiased=True),
+        "rel_mean": rel.mean(-2),
+        "rel_std": rel.std(-2, unbiased=True),
+    }
+
+
+def gamma_test(k: torch.Tensor, n_components: int, variant: str, standardize: bool, noise: float, generator: torch.Generator) -> dict[str, dict[str, torch.Tensor]]:
+    """The gamma-constancy test of one set of heads for true and perturbed eigenvectors.
+
+    Keys (optionally standardized per token) -> centered Gram matrix (paper: float32, plain
+    ``exp``; corrected: float64 log domain) -> top ``n_components`` eigenvectors in
+    signed-descending order -> :func:`gamma_matrix` -> :func:`pairwise_spread`, for ``A`` and
+    for :func:`perturb_eigenvectors` of ``A``.
+
+    Args:
+        k: keys ``(heads, N, d)``.
+
+    Returns:
+        ``{"true": spread, "perturbed": spread}`` with :func:`pairwise_spread`'s tensors of
+        shape ``(heads, n_components)``.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+    k = k.to(torch.float32 if variant == PAPER else torch.float64)
+    if standardize:
+        k = standardize_tokens(k)
+    kc = center_dense(gram_paper(k)[0]) if variant == PAPER else center(torch.exp(log_gram(k)[0]))
+    _, a, _ = eigenpairs(kc, n_components, "desc", fix_signs=variant != PAPER)
+    return {
+        "true": pairwise_spread(gamma_matrix(kc, a)),
+        "perturbed": pairwise_spread(gamma_matrix(kc, perturb_eigenvectors(a, noise, generator))),
+    }

@@ -16,11 +16,11 @@ import torch
 
 from . import images as img
 from .h5io import ActivationFile, ActivationWriter, atomic_output
-from .kpca import CORRECTED, head_metrics, top_eigenvalues
+from .kpca import CORRECTED, gamma_test, head_metrics, top_eigenvalues
 from .smk import library_versions
 from .vision import AttentionRecorder, attention_modules, load_timm_model
 
-__all__ = ["extract_vision", "kpca_records", "baseline_noise", "eigenvalue_records"]
+__all__ = ["extract_vision", "kpca_records", "baseline_noise", "eigenvalue_records", "gamma_records"]
 
 
 def extract_vision(
@@ -224,3 +224,49 @@ def eigenvalue_records(
     out.insert(0, "variant", variant)
     out.insert(0, "model", model_id)
     return out
+
+
+def gamma_records(
+    activations: str | os.PathLike,
+    layer: int,
+    variant: str,
+    *,
+    standardize: bool,
+    noise: float,
+    seed: int,
+    n_components: int,
+    device: torch.device,
+) -> pd.DataFrame:
+    """Figure 3's gamma-constancy statistics for every head of one layer (method.md Section 10).
+
+    Returns:
+        Long table: ``sample_rank, head, eigenvectors ("true" | "perturbed"), component,
+        abs_mean, abs_std, rel_mean, rel_std``; one row per (image, head, kind, component).
+
+    Raises:
+        ValueError: ``layer`` is not a layer of the model.
+        kpca_repro.h5io.CorruptActivationFileError: the file is unreadable (named).
+    """
+    with ActivationFile(activations) as af:
+        if not 0 <= layer < af.n_layers:
+            raise ValueError(f"figure3.block {layer} is out of range: {af.attrs['model_id']} has {af.n_layers} blocks")
+        k = torch.from_numpy(af.read(layer, ("k",))["k"])
+        ranks = af.sample_rank
+    n_img, n_heads = k.shape[:2]
+    result = gamma_test(k.reshape(-1, *k.shape[2:]).to(device), n_components, variant, standardize, noise, torch.Generator().manual_seed(seed))
+    frames = []
+    for kind, spread in result.items():
+        arrays = {name: t.detach().cpu().double().numpy() for name, t in spread.items()}
+        heads, comps = np.meshgrid(np.arange(n_img * n_heads), np.arange(n_components), indexing="ij")
+        frames.append(
+            pd.DataFrame(
+                {
+                    "sample_rank": ranks[heads.ravel() // n_heads],
+                    "head": heads.ravel() % n_heads,
+                    "eigenvectors": kind,
+                    "component": comps.ravel(),
+                    **{name: arr.ravel() for name, arr in arrays.items()},
+                }
+            )
+        )
+    return pd.concat(frames, ignore_index=True)

@@ -14,6 +14,7 @@ LIB_EXTRACT = [str(LIB / m) for m in ("vision.py", "images.py", "h5io.py", "reso
 LIB_KPCA = [str(LIB / m) for m in ("kpca.py", "h5io.py", "smk.py")]
 LIB_TABLES = [str(LIB / m) for m in ("tables.py", "h5io.py", "smk.py")]
 LIB_SPECTRA = [str(LIB / m) for m in ("kpca.py", "records.py", "h5io.py", "smk.py")]
+LIB_FIGURES = [str(LIB / m) for m in ("figures.py", "smk.py")]
 
 
 wildcard_constraints:
@@ -34,9 +35,12 @@ def _check_config():
                 f"config key vision.models[{i}]: {model!r} is not a timm model id "
                 f"(see timm.list_models()); the paper's ids are listed in config/config.yaml"
             )
+    if not timm.is_model(config["figure3"]["model"]):
+        raise WorkflowError(f"config key figure3.model: {config['figure3']['model']!r} is not a timm model id")
     for key in [*VISION["model_kwargs"], *config["checksums"]]:
         if key not in VISION["models"]:
-            raise WorkflowError(f"config keys vision.model_kwargs / checksums: {key!r} is not in vision.models")
+            if key != config["figure3"]["model"]:
+                raise WorkflowError(f"config keys vision.model_kwargs / checksums: {key!r} is not in vision.models or figure3.model")
     for key, n in (("vision.n_images", VISION["n_images"]), ("spectra.n_images", config["spectra"]["n_images"])):
         if VISION["shards"] > n:
             raise WorkflowError(f"config key vision.shards: {VISION['shards']} shards for {n} images ({key}); use at most one shard per image")
@@ -105,7 +109,7 @@ def offline_guard(path, what, how):
 def all_targets():
     targets = []
     if "paper" in config["variants"]:
-        targets += ["results/table1.csv", "results/table1.md", "results/table2.csv", "results/table3.csv"]
+        targets += ["results/table1.csv", "results/table1.md", "results/table2.csv", "results/table3.csv", "results/figure3.pdf"]
     if "corrected" in config["variants"]:
-        targets += ["results/table1_corrected.csv", "results/table1_corrected.md", "results/table2_corrected.csv", "results/table3_corrected.csv"]
+        targets += ["results/table1_corrected.csv", "results/table1_corrected.md", "results/table2_corrected.csv", "results/table3_corrected.csv", "results/figure3_corrected.pdf"]
     return targets

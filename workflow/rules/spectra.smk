@@ -50,3 +50,56 @@ rule table_spectra:
         ENV
     script:
         "../scripts/table_spectra.py"
+
+
+rule gamma_vision:
+    input:
+        activations=expand(
+            "results/activations/{model}/vision_{n}_0of1.h5",
+            model=config["figure3"]["model"],
+            n=config["figure3"]["n_images"],
+        ),
+        code=LIB_SPECTRA,
+    output:
+        "results/figure3/gamma_{variant}.csv",
+    params:
+        device=config["device"],
+        block=config["figure3"]["block"],
+        standardize=config["figure3"]["standardize"],
+        noise=config["figure3"]["noise"],
+        n_components=config["figure3"]["n_components"],
+        seed=config["seed"],
+    threads: config["kpca"]["threads"]
+    log:
+        "logs/gamma_vision/{variant}.log",
+    benchmark:
+        "benchmarks/gamma_vision/{variant}.tsv"
+    conda:
+        ENV
+    script:
+        "../scripts/gamma_vision.py"
+
+
+rule figure3:
+    input:
+        gamma=lambda wc: f"results/figure3/gamma_{'corrected' if wc.suffix else 'paper'}.csv",
+        code=LIB_FIGURES,
+    output:
+        pdf="results/figure3{suffix}.pdf",
+        png="results/figure3{suffix}.png",
+        csv="results/figure3{suffix}.csv",
+    wildcard_constraints:
+        suffix="|_corrected",
+    params:
+        title=lambda wc: (
+            f"{config['figure3']['model']}, block {config['figure3']['block']}, "
+            f"{'corrected' if wc.suffix else 'paper'} variant; perturbed = QR(A + {config['figure3']['noise']} N(0, 1))"
+        ),
+    log:
+        "logs/figure3/figure3{suffix}.log",
+    benchmark:
+        "benchmarks/figure3/figure3{suffix}.tsv"
+    conda:
+        ENV
+    script:
+        "../scripts/figure3.py"

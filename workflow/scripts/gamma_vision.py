@@ -1,0 +1,25 @@
+"""Rule gamma_vision: Figure 3's gamma-constancy statistics for the configured model and block."""
+
+import torch
+
+from kpca_repro.h5io import atomic_output
+from kpca_repro.records import gamma_records
+from kpca_repro.smk import setup_logging
+from kpca_repro.vision import resolve_device
+
+smk = snakemake  # noqa: F821 (injected by Snakemake)
+log = setup_logging(smk, "gamma_vision")
+torch.set_num_threads(smk.threads)
+records = gamma_records(
+    smk.input.activations[0],
+    smk.params.block,
+    smk.wildcards.variant,
+    standardize=smk.params.standardize,
+    noise=smk.params.noise,
+    seed=smk.params.seed,
+    n_components=smk.params.n_components,
+    device=resolve_device(smk.params.device),
+)
+log.info("%d rows", len(records))
+with atomic_output(smk.output[0]) as tmp:
+    records.to_csv(tmp, index=False)
