@@ -205,7 +205,7 @@ def table_spectra(records: dict[tuple[str, str], pd.DataFrame]) -> pd.DataFrame:
         std = spectrum_statistics(eigenvalue_array(records[(model, "standardized")])) if (model, "standardized") in records else None
         raw = spectrum_statistics(eigenvalue_array(records[(model, "raw")])) if (model, "raw") in records else None
         if std:
-            row.update({k: v for k, v in std.items()})
+            row.update(std)
         if raw:
             row.update({f"{k}_raw": v for k, v in raw.items()})
         if std and raw:
