@@ -18,6 +18,9 @@ configfile: f"{workflow.basedir}/config/config.yaml"
 validate(config, "workflow/schemas/config.schema.yaml")
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 
 
@@ -32,3 +35,4 @@ include: "workflow/rules/extract.smk"
 include: "workflow/rules/kpca.smk"
 include: "workflow/rules/tables.smk"
 include: "workflow/rules/spectra.smk"
+include: "workflow/rules/report.smk"

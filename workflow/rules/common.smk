@@ -15,6 +15,7 @@ LIB_KPCA = [str(LIB / m) for m in ("records.py", "kpca.py", "h5io.py", "smk.py")
 LIB_TABLES = [str(LIB / m) for m in ("tables.py", "h5io.py", "smk.py")]
 LIB_SPECTRA = [str(LIB / m) for m in ("kpca.py", "records.py", "h5io.py", "smk.py")]
 LIB_FIGURES = [str(LIB / m) for m in ("figures.py", "smk.py")]
+LIB_COMPARISON = [str(LIB / m) for m in ("comparison.py", "h5io.py", "smk.py")]
 
 
 wildcard_constraints:
@@ -44,6 +45,12 @@ def _check_config():
     for key, n in (("vision.n_images", VISION["n_images"]), ("spectra.n_images", config["spectra"]["n_images"])):
         if VISION["shards"] > n:
             raise WorkflowError(f"config key vision.shards: {VISION['shards']} shards for {n} images ({key}); use at most one shard per image")
+    published = config["comparison"]["published_tables"]
+    if published is not None and not os.path.isdir(published):
+        raise WorkflowError(
+            f"config key comparison.published_tables: {published} is not a directory; point it at the paper's "
+            "published tables as CSV (for example ../shared/reference/paper_tables) or set it to null"
+        )
     root = VISION["imagenet_val_dir"]
     if root is not None:
         if not os.path.isdir(root):
@@ -106,10 +113,19 @@ def offline_guard(path, what, how):
     return guard
 
 
+def comparison_tables():
+    """Table number -> (paper-variant CSV, corrected CSV or None) for the tables this run builds."""
+    out = {"1": "results/table1.csv", "2": "results/table2.csv", "3": "results/table3.csv"}
+    corrected = "corrected" in config["variants"]
+    return {t: (p, p.replace(".csv", "_corrected.csv") if corrected else None) for t, p in out.items()}
+
+
 def all_targets():
     targets = []
     if "paper" in config["variants"]:
         targets += ["results/table1.csv", "results/table1.md", "results/table2.csv", "results/table3.csv", "results/figure3.pdf"]
     if "corrected" in config["variants"]:
         targets += ["results/table1_corrected.csv", "results/table1_corrected.md", "results/table2_corrected.csv", "results/table3_corrected.csv", "results/figure3_corrected.pdf"]
+    # last: the comparison of every published number with the reproduced ones
+    targets += ["results/paper_comparison.csv"]
     return targets

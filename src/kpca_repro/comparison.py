@@ -1,0 +1,261 @@
+"""Every published number of Tables 1-4 beside the reproduced one (the reproduction report).
+
+The published numbers are read from a directory of CSV files (config key
+``comparison.published_tables``), one per table of the paper, as laid out in
+``shared/reference/paper_tables``::
+
+    table1_vision_similarity.csv          model, timm_id, MDC, MOC, LCKA, KCKA
+    table2_eigenvalues_standardized.csv   model, timm_id, max_mean, max_std, ..., median_std
+    table3_eigenvalues_unstandardized.csv model, timm_id, max_mean, ... (the starred, raw-key rows)
+    table4_nlp_similarity.csv             model, hf_id, MDC, MOC, LCKA, KCKA
+
+An empty cell is a number the source does not give (unreadable). The number of decimals
+of each published cell sets the rounding used to decide whether the reproduction matches.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "PublishedTable",
+    "PUBLISHED_TABLES",
+    "MATCH",
+    "DIFFERS",
+    "read_published",
+    "published_model_ids",
+    "not_run_reason",
+    "decimals",
+    "status",
+    "compare_table",
+    "comparison_table",
+    "comparison_markdown",
+]
+
+MATCH = "matches within rounding"
+DIFFERS = "differs"
+
+
+@dataclass(frozen=True)
+class PublishedTable:
+    """Where one published table lives and how its columns map onto the pipeline's tables.
+
+    Attributes:
+        table: ``"1"`` .. ``"4"``.
+        file: CSV file name inside the published-tables directory.
+        id_column: the column holding the model id (``timm_id`` or ``hf_id``).
+        columns: published column -> column of the reproduced (paper variant) table.
+        corrected: published column -> ``column`` value of the corrected table's long rows
+            (Tables 1 and 4, read from ``paper_statistic_value``), or the wide column of the
+            corrected table (Tables 2 and 3).
+    """
+
+    table: str
+    file: str
+    id_column: str
+    columns: dict[str, str]
+    corrected: dict[str, str]
+
+
+_SIMILARITY = {"MDC": "MDC", "MOC": "MOC", "LCKA": "LCKA", "KCKA": "KCKA"}
+_SPECTRUM = [f"{s}_{m}" for s in ("max", "min", "mean", "median") for m in ("mean", "std")]
+
+PUBLISHED_TABLES = (
+    PublishedTable(
+        "1",
+        "table1_vision_similarity.csv",
+        "timm_id",
+        _SIMILARITY,
+        {"MDC": "direct_cos_mean", "MOC": "optimal_cos_mean", "LCKA": "linear_cka", "KCKA": "rbf_cka"},
+    ),
+    PublishedTable("2", "table2_eigenvalues_standardized.csv", "timm_id", {c: c for c in _SPECTRUM}, {c: c for c in _SPECTRUM}),
+    PublishedTable("3", "table3_eigenvalues_unstandardized.csv", "timm_id", {c: f"{c}_raw" for c in _SPECTRUM}, {c: f"{c}_raw" for c in _SPECTRUM}),
+    PublishedTable(
+        "4",
+        "table4_nlp_similarity.csv",
+        "hf_id",
+        _SIMILARITY,
+        {"MDC": "direct_cos_max", "MOC": "optimal_cos_max", "LCKA": "linear_cka", "KCKA": "rbf_cka"},
+    ),
+)
+
+
+def read_published(directory: str | os.PathLike, spec: PublishedTable) -> pd.DataFrame | None:
+    """One published table with every cell as text (so its decimals are kept), or None if absent."""
+    path = Path(directory) / spec.file
+    if not path.is_file():
+        return None
+    return pd.read_csv(path, dtype=str, keep_default_na=False)
+
+
+def published_model_ids(directory: str | os.PathLike | None) -> dict[str, str]:
+    """Model id -> ``"vision"`` (a ``timm_id`` column) or ``"text"`` (``hf_id``), over all published tables."""
+    out: dict[str, str] = {}
+    for spec in PUBLISHED_TABLES:
+        frame = read_published(directory, spec) if directory else None
+        if frame is not None:
+            for model_id in frame[spec.id_column]:
+                out.setdefault(model_id, "vision" if spec.id_column == "timm_id" else "text")
+    return out
+
+
+def not_run_reason(model_id: str, kind: str, configured: list[str], weights_file: str | os.PathLike | None) -> str:
+    """Why a published model has no reproduced row: not configured, and whether its weights are missing.
+
+    Args:
+        model_id: timm or Hugging Face id.
+        kind: ``"vision"`` or ``"text"`` (names the config key ``vision.models`` / ``text.models``).
+        configured: the model ids of that config key.
+        weights_file: where the weights would be read offline, or None if unknown.
+    """
+    if model_id in configured:
+        return "configured, but its table has no row for it"
+    reason = f"not in config {kind}.models"
+    if weights_file is not None and not os.path.exists(weights_file):
+        reason += f"; weights unavailable ({weights_file} missing)"
+    return reason
+
+
+def decimals(cell: str) -> int:
+    """Number of decimals a published cell is printed with (``"0.09"`` -> 2, ``"147"`` -> 0)."""
+    cell = cell.strip()
+    return len(cell.split(".", 1)[1]) if "." in cell else 0
+
+
+def status(published: str, reproduced: float) -> str:
+    """``matches within rounding`` when ``reproduced`` rounds to the published cell, else ``differs``.
+
+    Rounding tolerance: half a unit of the published cell's last decimal (``|diff| <= 0.005``
+    for ``"0.31"``, ``<= 0.5`` for ``"325"``), plus 1e-9 for binary round-off.
+
+    Raises:
+        ValueError: ``published`` is empty or ``reproduced`` is not finite (callers give those
+            rows their own status).
+    """
+    if not published.strip() or not math.isfinite(reproduced):
+        raise ValueError("status needs a published cell and a finite reproduced value")
+    tolerance = 0.5 * 10.0 ** (-decimals(published)) + 1e-9
+    return MATCH if abs(reproduced - float(published)) <= tolerance else DIFFERS
+
+
+def _lookup(frame: pd.DataFrame | None, id_column: str, model_id: str, column: str) -> float:
+    if frame is None or id_column not in frame or column not in frame:
+        return float("nan")
+    hit = frame.loc[frame[id_column] == model_id, column]
+    return float(hit.iloc[0]) if len(hit) else float("nan")
+
+
+def _lookup_long(frame: pd.DataFrame | None, id_column: str, model_id: str, column: str) -> float:
+    if frame is None or "column" not in frame:
+        return _lookup(frame, id_column, model_id, column)
+    hit = frame.loc[(frame[id_column] == model_id) & (frame["column"] == column), "paper_statistic_value"]
+    return float(hit.iloc[0]) if len(hit) else float("nan")
+
+
+def compare_table(
+    spec: PublishedTable,
+    published: pd.DataFrame | None,
+    reproduced: pd.DataFrame | None,
+    corrected: pd.DataFrame | None,
+    not_run: dict[str, str],
+    source: str,
+) -> pd.DataFrame:
+    """Rows ``table, model, model_id, column, published, reproduced, corrected, difference, status``.
+
+    Args:
+        spec: which table and how its columns map.
+        published: the published table as text (:func:`read_published`), or None.
+        reproduced: the pipeline's paper-variant table (``results/table<N>.csv``), or None.
+        corrected: the corrected table (``results/table<N>_corrected.csv``), or None.
+        not_run: model id -> why it was not run (for example ``"weights unavailable: <path>"``);
+            used for models absent from ``reproduced``.
+        source: where the published numbers come from (recorded in every row).
+
+    Returns:
+        One row per published cell. ``difference`` = reproduced - published. ``status`` is
+        :data:`MATCH`, :data:`DIFFERS`, ``"not run: <reason>"``, ``"not published: ..."`` or
+        ``"reproduced value is not finite"``.
+    """
+    if published is None:
+        return pd.DataFrame()
+    rows = []
+    for _, pub in published.iterrows():
+        model_id = pub[spec.id_column]
+        ran = reproduced is not None and spec.id_column in reproduced and (reproduced[spec.id_column] == model_id).any()
+        for col, rep_col in spec.columns.items():
+            cell = pub.get(col, "")
+            rep = _lookup(reproduced, spec.id_column, model_id, rep_col)
+            cor_col = spec.corrected[col]
+            cor = _lookup_long(corrected, spec.id_column, model_id, cor_col)
+            pub_value = float(cell) if cell.strip() else float("nan")
+            if not cell.strip():
+                st = "not published: cell unreadable in the source"
+            elif not ran:
+                st = f"not run: {not_run.get(model_id, 'model not configured')}"
+            elif not math.isfinite(rep):
+                st = "reproduced value is not finite"
+            else:
+                st = status(cell, rep)
+            rows.append(
+                {
+                    "table": f"Table {spec.table}",
+                    "model": pub["model"],
+                    "model_id": model_id,
+                    "column": col,
+                    "published": pub_value,
+                    "reproduced": rep,
+                    "corrected": cor,
+                    "difference": rep - pub_value,
+                    "status": st,
+                    "source": source,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def comparison_table(
+    published_dir: str | os.PathLike | None,
+    results: dict[str, tuple[str | None, str | None]],
+    not_run: dict[str, str],
+) -> pd.DataFrame:
+    """The whole comparison: every published number of Tables 1-4 (Issue: reproduction report).
+
+    Args:
+        published_dir: directory of the published CSVs (module docstring), or None.
+        results: table number (``"1"`` .. ``"4"``) -> (paper-variant CSV path or None,
+            corrected CSV path or None); a missing or None path counts as "not run".
+        not_run: model id -> reason it was not run.
+
+    Returns:
+        The concatenated rows of :func:`compare_table`; empty (with the columns) when no
+        published table is available.
+    """
+    frames = []
+    for spec in PUBLISHED_TABLES:
+        published = read_published(published_dir, spec) if published_dir else None
+        paper_csv, corrected_csv = results.get(spec.table, (None, None))
+        reproduced = pd.read_csv(paper_csv) if paper_csv and os.path.exists(paper_csv) else None
+        corrected = pd.read_csv(corrected_csv) if corrected_csv and os.path.exists(corrected_csv) else None
+        source = f"arXiv:2505.07908 Table {spec.table} ({Path(published_dir) / spec.file if published_dir else 'not configured'})"
+        frames.append(compare_table(spec, published, reproduced, corrected, not_run, source))
+    frames = [f for f in frames if len(f)]
+    columns = ["table", "model", "model_id", "column", "published", "reproduced", "corrected", "difference", "status", "source"]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
+def comparison_markdown(table: pd.DataFrame) -> str:
+    """Markdown of the comparison (no source column), numbers to 3 significant decimals."""
+    if not len(table):
+        return "No published tables were available (config key comparison.published_tables).\n"
+    shown = table.drop(columns=["source"]).copy()
+    for col in ("published", "reproduced", "corrected", "difference"):
+        shown[col] = [("" if not np.isfinite(x) else f"{x:.3f}" if abs(x) < 10 else f"{x:.1f}") for x in shown[col]]
+    counts = table["status"].str.replace(r":.*", "", regex=True).value_counts()
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items())
+    return f"{len(table)} published numbers: {summary}.\n\n" + shown.to_markdown(index=False) + "\n"

@@ -1,0 +1,22 @@
+"""Rule paper_comparison: every published number of Tables 1-4 beside the reproduced one."""
+
+import os
+
+from kpca_repro.comparison import comparison_markdown, comparison_table, not_run_reason, published_model_ids
+from kpca_repro.h5io import atomic_output
+from kpca_repro.smk import setup_logging
+
+smk = snakemake  # noqa: F821 (injected by Snakemake)
+log = setup_logging(smk, "paper_comparison")
+configured = {"vision": list(smk.params.vision_models)}
+weights = {"vision": lambda m: os.path.join(smk.params.weights_dir, f"{m}.safetensors")}
+not_run = {
+    m: not_run_reason(m, kind, configured.get(kind, []), weights[kind](m) if kind in weights else None)
+    for m, kind in published_model_ids(smk.params.published).items()
+}
+table = comparison_table(smk.params.published, {k: tuple(v) for k, v in smk.params.tables.items()}, not_run)
+log.info("%d published numbers compared: %s", len(table), table["status"].value_counts().to_dict() if len(table) else {})
+with atomic_output(smk.output.csv) as tmp:
+    table.to_csv(tmp, index=False)
+with atomic_output(smk.output.md) as tmp:
+    tmp.write_text(comparison_markdown(table))
