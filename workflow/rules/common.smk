@@ -16,6 +16,9 @@ LIB_TABLES = [str(LIB / m) for m in ("tables.py", "h5io.py", "smk.py")]
 LIB_SPECTRA = [str(LIB / m) for m in ("kpca.py", "records.py", "h5io.py", "smk.py")]
 LIB_FIGURES = [str(LIB / m) for m in ("figures.py", "smk.py")]
 LIB_COMPARISON = [str(LIB / m) for m in ("comparison.py", "h5io.py", "smk.py")]
+LIB_REPORT = [str(LIB / m) for m in ("report.py", "h5io.py", "smk.py")]
+# Result tables rendered as HTML for `snakemake --report` (caption: workflow/report/tables.rst).
+REPORT_TABLES = ["table1", "table2", "table3", "table1_corrected", "table2_corrected", "table3_corrected", "paper_comparison"]
 
 
 wildcard_constraints:
@@ -126,6 +129,8 @@ def all_targets():
         targets += ["results/table1.csv", "results/table1.md", "results/table2.csv", "results/table3.csv", "results/figure3.pdf"]
     if "corrected" in config["variants"]:
         targets += ["results/table1_corrected.csv", "results/table1_corrected.md", "results/table2_corrected.csv", "results/table3_corrected.csv", "results/figure3_corrected.pdf"]
-    # last: the comparison of every published number with the reproduced ones
+    # the tables as HTML for `snakemake --report`; last, the comparison with the paper
+    built = [t for t in REPORT_TABLES if f"results/{t}.csv" in targets]
+    targets += [f"results/html/{t}.html" for t in built + ["paper_comparison"]]
     targets += ["results/paper_comparison.csv"]
     return targets

@@ -26,3 +26,26 @@ rule paper_comparison:
         ENV
     script:
         "../scripts/paper_comparison.py"
+
+
+rule table_html:
+    input:
+        csv="results/{table}.csv",
+        code=LIB_REPORT,
+    output:
+        report(
+            "results/html/{table}.html",
+            caption="../report/tables.rst",
+            category="Tables",
+            labels=lambda wc: {"table": wc.table},
+        ),
+    wildcard_constraints:
+        table="|".join(REPORT_TABLES),
+    log:
+        "logs/table_html/{table}.log",
+    benchmark:
+        "benchmarks/table_html/{table}.tsv"
+    conda:
+        ENV
+    script:
+        "../scripts/table_html.py"

@@ -86,7 +86,12 @@ rule figure3:
         code=LIB_FIGURES,
     output:
         pdf="results/figure3{suffix}.pdf",
-        png="results/figure3{suffix}.png",
+        png=report(
+            "results/figure3{suffix}.png",
+            caption="../report/figure3.rst",
+            category="Figures",
+            labels=lambda wc: {"figure": "Figure 3", "variant": "corrected" if wc.suffix else "paper"},
+        ),
         csv="results/figure3{suffix}.csv",
     wildcard_constraints:
         suffix="|_corrected",
