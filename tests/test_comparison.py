@@ -70,3 +70,12 @@ def test_missing_published_directory_gives_an_empty_table(tmp_path):
     out = cmp.comparison_table(tmp_path / "nowhere", {}, {})
     assert out.empty and "status" in out.columns
     assert "comparison.published_tables" in cmp.comparison_markdown(out)
+
+
+def test_table_html_renders_every_row_and_blanks_nan(tmp_path):
+    from kpca_repro.report import table_html
+
+    csv = _write(tmp_path / "t.csv", "model,MDC,weights_sha256\nA,0.1234,b2e17235172c1dcddacb55aa8914e2f8b4b95eb9bb7d7782f333bcbef77151b8\nB,,x\n")
+    page = table_html(csv, "table1")
+    assert page.count("<tr") == 3 and "<td>0.123</td>" in page and "<td></td>" in page
+    assert "b2e17235172c…" in page and "b2e17235172c1dcd" not in page
