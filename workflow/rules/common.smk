@@ -15,6 +15,7 @@ LIB_KPCA = [str(LIB / m) for m in ("records.py", "kpca.py", "h5io.py", "smk.py")
 LIB_TABLES = [str(LIB / m) for m in ("tables.py", "h5io.py", "smk.py")]
 LIB_SPECTRA = [str(LIB / m) for m in ("kpca.py", "records.py", "h5io.py", "smk.py")]
 LIB_FIGURES = [str(LIB / m) for m in ("figures.py", "smk.py")]
+LIB_NORMS = [str(LIB / m) for m in ("norms.py", "kpca.py", "h5io.py", "smk.py")]
 
 
 wildcard_constraints:
@@ -109,7 +110,7 @@ def offline_guard(path, what, how):
 def all_targets():
     targets = []
     if "paper" in config["variants"]:
-        targets += ["results/table1.csv", "results/table1.md", "results/table2.csv", "results/table3.csv", "results/figure3.pdf"]
+        targets += ["results/table1.csv", "results/table1.md", "results/table2.csv", "results/table3.csv", "results/figure3.pdf", "results/figure2.pdf"]
     if "corrected" in config["variants"]:
-        targets += ["results/table1_corrected.csv", "results/table1_corrected.md", "results/table2_corrected.csv", "results/table3_corrected.csv", "results/figure3_corrected.pdf"]
+        targets += ["results/table1_corrected.csv", "results/table1_corrected.md", "results/table2_corrected.csv", "results/table3_corrected.csv", "results/figure3_corrected.pdf", "results/figure2_corrected.pdf"]
     return targets
