@@ -114,3 +114,51 @@ def all_targets():
     if "corrected" in config["variants"]:
         targets += ["results/table1_corrected.csv", "results/table1_corrected.md", "results/table2_corrected.csv", "results/table3_corrected.csv", "results/figure3_corrected.pdf", "results/figure2_corrected.pdf"]
     return targets
+
+
+# --------------------------------------------------------------------------------------
+# Figures 2 and 5 (norms.smk): squared norms, vision and language models
+# --------------------------------------------------------------------------------------
+
+FIGURE2 = config["figure2"]
+FIGURE5 = config["figure5"]
+# Table 4's text settings (config section `text`, added with the language-model extraction);
+# read with defaults so that these rules parse without it.
+TEXT = config.get("text") or {}
+FIGURE5_MODELS = FIGURE5["models"] if FIGURE5["models"] is not None else list(TEXT.get("models", []))
+TEXT_ROWS = TEXT.get("n_rows", 100)
+TEXT_SHARDS = [f"{i}of{TEXT.get('shards', 1)}" for i in range(TEXT.get("shards", 1))]
+
+
+def _check_norms_config():
+    """Checks of figure2 / figure5 a JSON schema cannot express; raise before any job runs."""
+    if FIGURE5["models"] is not None and "models" in TEXT:
+        for i, model in enumerate(FIGURE5["models"]):
+            if model not in TEXT["models"]:
+                raise WorkflowError(f"config key figure5.models[{i}]: {model!r} is not in text.models (its extraction is configured there)")
+
+
+_check_norms_config()
+
+
+def text_slug(hf_id):
+    """Path component of a Hugging Face model id: each slash replaced by "--"."""
+    return "--".join(hf_id.split("/"))
+
+
+def norm_activations(domain, variant, model):
+    """Activation files behind one model's squared-norm statistics (norms.smk header)."""
+    if domain == "vision":
+        if variant == "paper":
+            return [f"results/activations/{model}/vision_{FIGURE2['n_images']}_0of1.h5"]
+        return expand("results/activations/{model}/vision_{n}_{shard}.h5", model=model, n=N_IMAGES, shard=SHARDS)
+    if variant == "paper":
+        return [f"results/activations/{model}/text_sentences_0of1.h5"]
+    return expand("results/activations/{model}/text_{n}_{shard}.h5", model=model, n=TEXT_ROWS, shard=TEXT_SHARDS)
+
+
+def figure5_models(wildcards):
+    """Path slugs of the Figure 5 models (figure5.models, else text.models)."""
+    if not FIGURE5_MODELS:
+        raise WorkflowError("config keys figure5.models / text.models: no language model configured for Figure 5")
+    return [text_slug(m) for m in FIGURE5_MODELS]

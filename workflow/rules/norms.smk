@@ -6,49 +6,6 @@
 #   corrected  every image / row of the Table 1 / Table 4 extraction, all shards
 
 
-FIGURE2 = config["figure2"]
-FIGURE5 = config["figure5"]
-# Table 4's text settings (config section `text`, added with the language-model extraction);
-# read with defaults so that these rules parse without it.
-TEXT = config.get("text") or {}
-FIGURE5_MODELS = FIGURE5["models"] if FIGURE5["models"] is not None else list(TEXT.get("models", []))
-TEXT_ROWS = TEXT.get("n_rows", 100)
-TEXT_SHARDS = [f"{i}of{TEXT.get('shards', 1)}" for i in range(TEXT.get("shards", 1))]
-
-
-def _check_norms_config():
-    """Checks of figure2 / figure5 a JSON schema cannot express; raise before any job runs."""
-    if FIGURE5["models"] is not None and "models" in TEXT:
-        for i, model in enumerate(FIGURE5["models"]):
-            if model not in TEXT["models"]:
-                raise WorkflowError(f"config key figure5.models[{i}]: {model!r} is not in text.models (its extraction is configured there)")
-
-
-_check_norms_config()
-
-
-def text_slug(hf_id):
-    """Path component of a Hugging Face model id: "/" replaced by "--"."""
-    return hf_id.replace("/", "--")
-
-
-def norm_activations(domain, variant, model):
-    """Activation files behind one model's squared-norm statistics (see the header)."""
-    if domain == "vision":
-        if variant == "paper":
-            return [f"results/activations/{model}/vision_{FIGURE2['n_images']}_0of1.h5"]
-        return expand("results/activations/{model}/vision_{n}_{shard}.h5", model=model, n=N_IMAGES, shard=SHARDS)
-    if variant == "paper":
-        return [f"results/activations/{model}/text_sentences_0of1.h5"]
-    return expand("results/activations/{model}/text_{n}_{shard}.h5", model=model, n=TEXT_ROWS, shard=TEXT_SHARDS)
-
-
-def figure5_models(wildcards):
-    if not FIGURE5_MODELS:
-        raise WorkflowError("config keys figure5.models / text.models: no language model configured for Figure 5")
-    return [text_slug(m) for m in FIGURE5_MODELS]
-
-
 rule text_sentences:
     output:
         "results/samples/text_sentences.tsv",
