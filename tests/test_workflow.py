@@ -143,6 +143,7 @@ def test_lint_is_clean():
         ({"vision": {"n_images": 0}}, "n_images"),
         ({"resources_dir": "/nonexistent/resources"}, "/nonexistent/resources/weights/timm/"),
         ({"vision": {"imagenet_val_dir": "IMAGES"}}, "class folders"),
+        ({"figure5": {"sentences": []}}, "sentences"),
     ],
 )
 def test_bad_configuration_fails_before_any_job(overrides, needle, tmp_path, tiny_resources, photos_dir):
