@@ -47,6 +47,8 @@ TARGETS = (
     "results/table3_corrected.csv",
     "results/figure3.pdf",
     "results/figure3_corrected.pdf",
+    "results/figure2.pdf",
+    "results/figure2_corrected.pdf",
 )
 
 
@@ -103,6 +105,23 @@ def test_figure3_from_a_tiny_model(tiny_run):
         assert mean[("perturbed", "rel_mean")] > 100 * mean[("true", "rel_mean")]
 
 
+def test_figure2_from_tiny_models(tiny_run):
+    """Paper: the k = 1 draw, s = 1/8; corrected: all images of both shards, the file's own head_dim."""
+    work, _, _ = tiny_run
+    tokens = {"vit_tiny_patch16_224": 17, "deit_tiny_distilled_patch16_224": 18}
+    head_dim = {"vit_tiny_patch16_224": 64, "deit_tiny_distilled_patch16_224": 32}
+    for suffix, n_images in (("", 1), ("_corrected", 4)):
+        assert (work / "results" / f"figure2{suffix}.pdf").read_bytes()[:4] == b"%PDF"
+        assert (work / "results" / f"figure2{suffix}.png").stat().st_size > 10_000
+        stats = pd.read_csv(work / "results" / f"figure2{suffix}.csv")
+        assert list(dict.fromkeys(stats["model"])) == sorted(TINY_KWARGS) and len(stats) == 2 * 2 * 2
+        for model, df in stats.groupby("model"):
+            assert (df["n_values"] == n_images * 3 * tokens[model]).all() and (df["head_dim"] == head_dim[model]).all()
+            assert np.allclose(df["scale"], 1 / 8 if not suffix else head_dim[model] ** -0.5)
+        assert (stats["band_lower"] <= stats["median"]).all() and (stats["median"] <= stats["band_upper"]).all()
+        assert (stats["n_kept"] < stats["n_values"]).all() if not suffix else (stats["n_kept"] == stats["n_values"]).all()
+
+
 def test_second_run_does_nothing(tiny_run):
     work, cfg, _ = tiny_run
     proc = run_snakemake(work, "-n", *TARGETS, "--configfile", str(cfg))
@@ -124,6 +143,7 @@ def test_lint_is_clean():
         ({"vision": {"n_images": 0}}, "n_images"),
         ({"resources_dir": "/nonexistent/resources"}, "/nonexistent/resources/weights/timm/"),
         ({"vision": {"imagenet_val_dir": "IMAGES"}}, "class folders"),
+        ({"figure5": {"sentences": []}}, "sentences"),
     ],
 )
 def test_bad_configuration_fails_before_any_job(overrides, needle, tmp_path, tiny_resources, photos_dir):

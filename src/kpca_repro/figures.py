@@ -6,7 +6,7 @@ import os
 
 import pandas as pd
 
-__all__ = ["plot_gamma"]
+__all__ = ["plot_gamma", "plot_norms"]
 
 
 def plot_gamma(records: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLike, title: str) -> pd.DataFrame:
@@ -45,3 +45,63 @@ def plot_gamma(records: pd.DataFrame, pdf: str | os.PathLike, png: str | os.Path
     fig.savefig(png, dpi=150)
     plt.close(fig)
     return stats
+
+
+#: Figures 2 and 5: marker and colour per quantity (method.md 8: phi blue 'o', h red 's').
+NORM_STYLE = {
+    "phi": ("tab:blue", "o", r"$\|\varphi(q_i)\|^2$"),
+    "h": ("tab:red", "s", r"$\|h_i\|^2$"),
+}
+
+
+def plot_norms(stats: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLike, title: str, band_label: str, names: dict[str, str] | None = None) -> None:
+    """Figures 2 and 5: layer-wise ``||phi(q_i)||^2`` against ``||h_i||^2``, one panel per model.
+
+    Per panel (in the order models first appear in ``stats``): for each quantity the median
+    over the pooled (sequence, head, token) values of each layer as a line with markers
+    (phi blue ``o``, h red ``s``) and a shaded band from ``band_lower`` to ``band_upper``;
+    log y-axis, x = layer index, the model's short name in a box bottom-right (method.md 8).
+
+    Args:
+        stats: rows of :func:`kpca_repro.norms.norm_statistics` (``model, layer, quantity,
+            median, band_lower, band_upper``) for one variant.
+        title: figure title (which variant, which inputs).
+        band_label: what the band is, shown in the legend (e.g. ``"IQR after 95th-percentile trim"``).
+        names: model id -> short name for the panels; default the id after its last ``/``.
+    """
+    import math
+    import textwrap
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(stats["model"]))
+    ncols = min(5, len(models))
+    nrows = math.ceil(len(models) / ncols)
+    width = max(7.0, 3.6 * ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, 3.2 * nrows + 1.4), squeeze=False, constrained_layout=True)
+    for ax, model in zip(axes.flat, models):
+        df = stats[stats["model"] == model]
+        for quantity, (color, marker, label) in NORM_STYLE.items():
+            s = df[df["quantity"] == quantity].sort_values("layer")
+            ax.plot(s["layer"], s["median"], color=color, marker=marker, ms=4, lw=1.2, label=f"{label} median")
+            ax.fill_between(s["layer"], s["band_lower"], s["band_upper"], color=color, alpha=0.2, lw=0, label=f"{label} {band_label}")
+        ax.set_yscale("log")
+        ax.set_xticks(sorted(df["layer"].unique()))
+        ax.grid(alpha=0.3, which="major")
+        short = (names or {}).get(model, model.split("/")[-1])
+        ax.text(0.97, 0.05, short, transform=ax.transAxes, ha="right", va="bottom", fontsize=9, bbox={"boxstyle": "round", "fc": "white", "ec": "0.6"})
+    for ax in axes.flat[len(models) :]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("layer")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("squared norm")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=2 if ncols < 3 else 4, fontsize=8, frameon=False)
+    fig.suptitle(textwrap.fill(title, int(width * 13)), fontsize=10)
+    fig.savefig(pdf)
+    fig.savefig(png, dpi=150)
+    plt.close(fig)

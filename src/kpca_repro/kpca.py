@@ -62,6 +62,11 @@ __all__ = [
     "attention_output",
     "output_norm_sq",
     "projection_errors",
+    "PAPER_NORMS_SCALE",
+    "PAPER_NORMS_TRIM",
+    "PAPER_NORMS_BAND",
+    "CORRECTED_NORMS_BAND",
+    "layer_norm_statistics",
 ]
 
 PAPER = "paper"
@@ -749,6 +754,7 @@ def feature_norm_sq(
     scale: float | None = None,
     key_mask: torch.Tensor | None = None,
     log_domain: bool = True,
+    log_of_sum: bool = False,
 ) -> torch.Tensor:
     """``||phi(q_i)||^2 = exp(s ||q_i||^2) / (sum_j exp(s q_i . k_j))^2`` (method.md 0.3).
 
@@ -757,10 +763,15 @@ def feature_norm_sq(
     ``log_domain=False``: the direct formula with plain ``exp`` in ``q``'s dtype, as
     ``nlp_norms.py`` and the training code compute it; ``inf/inf`` gives NaN and an
     overflowing denominator gives 0, as there.
+    ``log_domain=False, log_of_sum=True``: ``nlp_norms.py``'s order of operations
+    (method.md 0.3 and 9), ``exp(s ||q_i||^2 - 2 log(sum_j exp(s q_i . k_j)))`` with plain
+    ``exp`` and ``log`` of the plain sum in ``q``'s dtype; where that log-denominator is
+    not finite (the sum overflowed) the value is set to 0, as there.
 
     Args:
         q, k, scale, key_mask: as in :func:`log_feature_norm_sq`.
         log_domain: see above.
+        log_of_sum: with ``log_domain=False``, the ``nlp_norms.py`` form above.
 
     Returns:
         Shape ``(..., N)``, dtype of ``q``.
@@ -771,6 +782,10 @@ def feature_norm_sq(
     e = torch.exp((q @ k.transpose(-1, -2)) * s)
     if key_mask is not None:
         e = e * key_mask.to(e.dtype)[..., None, :]
+    if log_of_sum:
+        log_den = torch.log(e.sum(-1))
+        value = torch.exp(s * (q * q).sum(-1) - 2.0 * log_den)
+        return torch.where(torch.isfinite(log_den), value, torch.zeros((), dtype=value.dtype, device=value.device))
     return torch.exp(s * (q * q).sum(-1)) / e.sum(-1) ** 2
 
 
@@ -828,4 +843,72 @@ def projection_errors(phi_sq: torch.Tensor, h_sq: torch.Tensor, mask: torch.Tens
         "rel_error_wrt_phiq": (e / (phi_sq + eps)).mean(),
         "h_ave": h_sq.mean(),
         "phi_ave": phi_sq.mean(),
+    }
+
+
+# --------------------------------------------------------------------------------------
+# Figures 2 and 5: per-layer statistics of the squared norms
+# --------------------------------------------------------------------------------------
+
+#: ``s`` of ``norms.py`` / ``nlp_norms.py``: ``sqrt(d) = 8`` hard-coded (method.md 0.3, 8, 9).
+PAPER_NORMS_SCALE = 1.0 / 8.0
+#: Values above this percentile are dropped per layer before the statistics (method.md 8).
+PAPER_NORMS_TRIM = 95.0
+#: The paper's shaded band: 25th-75th percentiles of the trimmed values (method.md 8).
+PAPER_NORMS_BAND = (25.0, 75.0)
+#: The band the captions promise ("95% percentiles"): the central 95 % of all values.
+CORRECTED_NORMS_BAND = (2.5, 97.5)
+
+
+def layer_norm_statistics(values: np.ndarray, trim: float | None = None, band: tuple[float, float] = PAPER_NORMS_BAND) -> dict[str, float]:
+    """Per-layer statistics of one squared-norm quantity (Figures 2 and 5, method.md 8-9).
+
+    The paper's recipe (``norms.py``, ``nlp_norms.py``): drop the values above the
+    ``trim``-th percentile (``np.percentile``, linear interpolation; values equal to it are
+    kept), then the median and the ``band`` percentiles of what is left. With
+    ``trim=None`` (corrected variant) nothing is dropped. Non-finite values are counted and
+    left out (the reference has none after its own overflow handling).
+
+    Args:
+        values: ``||phi(q_i)||^2`` or ``||h_i||^2`` of one layer pooled over images, heads
+            and tokens, any shape, float.
+        trim: percentile in ``(0, 100]`` above which values are dropped, or None.
+        band: ``(lower, upper)`` percentiles of the shaded band, ``0 <= lower <= upper <= 100``.
+
+    Returns:
+        ``n_values`` (finite values), ``n_nonfinite``, ``n_kept`` (after the trim),
+        ``trim_threshold`` (NaN without trim), and over the kept values ``median``, ``q25``,
+        ``q75``, ``band_lower``, ``band_upper``, ``mean``, ``min``, ``max``; also
+        ``mean_all``, the mean of every finite value before the trim.
+
+    Raises:
+        ValueError: no finite value, or ``trim``/``band`` out of range.
+    """
+    if trim is not None and not 0 < trim <= 100:
+        raise ValueError(f"trim must be a percentile in (0, 100], got {trim}")
+    lo, hi = band
+    if not 0 <= lo <= hi <= 100:
+        raise ValueError(f"band must be percentiles 0 <= lower <= upper <= 100, got {band}")
+    x = np.asarray(values, dtype=np.float64).ravel()
+    finite = np.isfinite(x)
+    x, n_nonfinite = x[finite], int((~finite).sum())
+    if x.size == 0:
+        raise ValueError(f"no finite value among {n_nonfinite} values")
+    threshold = float(np.percentile(x, trim)) if trim is not None else float("nan")
+    kept = x[x <= threshold] if trim is not None else x
+    q = np.percentile(kept, [50.0, 25.0, 75.0, lo, hi])
+    return {
+        "n_values": int(x.size),
+        "n_nonfinite": n_nonfinite,
+        "n_kept": int(kept.size),
+        "trim_threshold": threshold,
+        "median": float(q[0]),
+        "q25": float(q[1]),
+        "q75": float(q[2]),
+        "band_lower": float(q[3]),
+        "band_upper": float(q[4]),
+        "mean": float(kept.mean()),
+        "min": float(kept.min()),
+        "max": float(kept.max()),
+        "mean_all": float(x.mean()),
     }

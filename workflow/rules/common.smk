@@ -19,6 +19,7 @@ LIB_COMPARISON = [str(LIB / m) for m in ("comparison.py", "h5io.py", "smk.py")]
 LIB_REPORT = [str(LIB / m) for m in ("report.py", "h5io.py", "smk.py")]
 # Result tables rendered as HTML for `snakemake --report` (caption: workflow/report/tables.rst).
 REPORT_TABLES = ["table1", "table2", "table3", "table1_corrected", "table2_corrected", "table3_corrected", "paper_comparison"]
+LIB_NORMS = [str(LIB / m) for m in ("norms.py", "kpca.py", "h5io.py", "smk.py")]
 
 
 wildcard_constraints:
@@ -124,13 +125,63 @@ def comparison_tables():
 
 
 def all_targets():
+    """Every table and figure the configuration asks for, then their HTML and the comparison."""
+    suffixes = {"paper": "", "corrected": "_corrected"}
     targets = []
-    if "paper" in config["variants"]:
-        targets += ["results/table1.csv", "results/table1.md", "results/table2.csv", "results/table3.csv", "results/figure3.pdf"]
-    if "corrected" in config["variants"]:
-        targets += ["results/table1_corrected.csv", "results/table1_corrected.md", "results/table2_corrected.csv", "results/table3_corrected.csv", "results/figure3_corrected.pdf"]
+    for variant in config["variants"]:
+        sfx = suffixes[variant]
+        targets += [f"results/table{t}{sfx}.csv" for t in (1, 2, 3)] + [f"results/table1{sfx}.md"]
+        targets += [f"results/figure{f}{sfx}.pdf" for f in (2, 3)]
     # the tables as HTML for `snakemake --report`; last, the comparison with the paper
     built = [t for t in REPORT_TABLES if f"results/{t}.csv" in targets]
     targets += [f"results/html/{t}.html" for t in built + ["paper_comparison"]]
     targets += ["results/paper_comparison.csv"]
     return targets
+
+
+# --------------------------------------------------------------------------------------
+# Figures 2 and 5 (norms.smk): squared norms, vision and language models
+# --------------------------------------------------------------------------------------
+
+FIGURE2 = config["figure2"]
+FIGURE5 = config["figure5"]
+# Table 4's text settings (config section `text`, added with the language-model extraction);
+# read with defaults so that these rules parse without it.
+TEXT = config.get("text") or {}
+FIGURE5_MODELS = FIGURE5["models"] if FIGURE5["models"] is not None else list(TEXT.get("models", []))
+TEXT_ROWS = TEXT.get("n_rows", 100)
+TEXT_SHARDS = [f"{i}of{TEXT.get('shards', 1)}" for i in range(TEXT.get("shards", 1))]
+
+
+def _check_norms_config():
+    """Checks of figure2 / figure5 a JSON schema cannot express; raise before any job runs."""
+    if FIGURE5["models"] is not None and "models" in TEXT:
+        for i, model in enumerate(FIGURE5["models"]):
+            if model not in TEXT["models"]:
+                raise WorkflowError(f"config key figure5.models[{i}]: {model!r} is not in text.models (its extraction is configured there)")
+
+
+_check_norms_config()
+
+
+def text_slug(hf_id):
+    """Path component of a Hugging Face model id: each slash replaced by "--"."""
+    return "--".join(hf_id.split("/"))
+
+
+def norm_activations(domain, variant, model):
+    """Activation files behind one model's squared-norm statistics (norms.smk header)."""
+    if domain == "vision":
+        if variant == "paper":
+            return [f"results/activations/{model}/vision_{FIGURE2['n_images']}_0of1.h5"]
+        return expand("results/activations/{model}/vision_{n}_{shard}.h5", model=model, n=N_IMAGES, shard=SHARDS)
+    if variant == "paper":
+        return [f"results/activations/{model}/text_sentences_0of1.h5"]
+    return expand("results/activations/{model}/text_{n}_{shard}.h5", model=model, n=TEXT_ROWS, shard=TEXT_SHARDS)
+
+
+def figure5_models(wildcards):
+    """Path slugs of the Figure 5 models (figure5.models, else text.models)."""
+    if not FIGURE5_MODELS:
+        raise WorkflowError("config keys figure5.models / text.models: no language model configured for Figure 5")
+    return [text_slug(m) for m in FIGURE5_MODELS]

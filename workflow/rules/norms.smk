@@ -1,0 +1,137 @@
+# Figures 2 and 5: layer-wise ||phi(q_i)||^2 against ||h_i||^2 (method.md 0.3, 0.4, 8, 9, 15),
+# from the stored q, k, v, h of the extraction rules; nothing is recomputed from the model.
+#
+#   paper      Figure 2: the k = 1 image draw (results/activations/<model>/vision_1_0of1.h5);
+#              Figure 5: the two figure5.sentences (text_sentences_0of1.h5)
+#   corrected  every image / row of the Table 1 / Table 4 extraction, all shards
+
+
+rule text_sentences:
+    output:
+        "results/samples/text_sentences.tsv",
+    params:
+        sentences=FIGURE5["sentences"],
+    log:
+        "logs/text_sentences/text_sentences.log",
+    benchmark:
+        "benchmarks/text_sentences/text_sentences.tsv"
+    conda:
+        ENV
+    script:
+        "../scripts/text_sentences.py"
+
+
+rule norms_vision:
+    input:
+        activations=lambda wc: norm_activations("vision", wc.variant, wc.model),
+        code=LIB_NORMS,
+    output:
+        "results/norms/{variant}/{model}/vision.csv",
+    params:
+        language=False,
+    threads: config["kpca"]["threads"]
+    resources:
+        mem_mb=4000,
+    log:
+        "logs/norms_vision/{variant}/{model}.log",
+    benchmark:
+        "benchmarks/norms_vision/{variant}/{model}.tsv"
+    conda:
+        ENV
+    script:
+        "../scripts/norm_stats.py"
+
+
+rule norms_text:
+    input:
+        activations=lambda wc: norm_activations("text", wc.variant, wc.model),
+        code=LIB_NORMS,
+    output:
+        "results/norms/{variant}/{model}/text.csv",
+    params:
+        language=True,
+    threads: config["kpca"]["threads"]
+    resources:
+        mem_mb=4000,
+    log:
+        "logs/norms_text/{variant}/{model}.log",
+    benchmark:
+        "benchmarks/norms_text/{variant}/{model}.tsv"
+    conda:
+        ENV
+    script:
+        "../scripts/norm_stats.py"
+
+
+rule figure2:
+    input:
+        stats=lambda wc: expand(
+            "results/norms/{variant}/{model}/vision.csv",
+            variant="corrected" if wc.suffix else "paper",
+            model=VISION["models"],
+        ),
+        code=LIB_FIGURES + [str(LIB / "tables.py")],
+    output:
+        pdf="results/figure2{suffix}.pdf",
+        png=report(
+            "results/figure2{suffix}.png",
+            caption="../report/figure2.rst",
+            category="Figures",
+            labels=lambda wc: {"figure": "Figure 2", "variant": "corrected" if wc.suffix else "paper"},
+        ),
+        csv="results/figure2{suffix}.csv",
+    wildcard_constraints:
+        suffix="|_corrected",
+    params:
+        title=lambda wc: (
+            f"Figure 2, corrected: all {N_IMAGES} images of Table 1, s = 1/sqrt(head_dim), log domain (float64), no trim"
+            if wc.suffix
+            else f"Figure 2, paper variant: {FIGURE2['n_images']} image (seed {config['seed']}), s = 1/8 hard-coded, "
+            "values above the 95th percentile dropped per layer"
+        ),
+        band_label=lambda wc: "2.5-97.5th percentile (central 95 %)" if wc.suffix else "25-75th percentile after trim",
+    log:
+        "logs/figure2/figure2{suffix}.log",
+    benchmark:
+        "benchmarks/figure2/figure2{suffix}.tsv"
+    conda:
+        ENV
+    script:
+        "../scripts/figure_norms.py"
+
+
+rule figure5:
+    input:
+        stats=lambda wc: expand(
+            "results/norms/{variant}/{model}/text.csv",
+            variant="corrected" if wc.suffix else "paper",
+            model=figure5_models(wc),
+        ),
+        code=LIB_FIGURES + [str(LIB / "tables.py")],
+    output:
+        pdf="results/figure5{suffix}.pdf",
+        png=report(
+            "results/figure5{suffix}.png",
+            caption="../report/figure5.rst",
+            category="Figures",
+            labels=lambda wc: {"figure": "Figure 5", "variant": "corrected" if wc.suffix else "paper"},
+        ),
+        csv="results/figure5{suffix}.csv",
+    wildcard_constraints:
+        suffix="|_corrected",
+    params:
+        title=lambda wc: (
+            f"Figure 5, corrected: all {TEXT_ROWS} WikiText rows, padding excluded, s = 1/sqrt(head_dim), log domain (float64), no trim"
+            if wc.suffix
+            else f"Figure 5, paper variant: the {len(FIGURE5['sentences'])} figure5.sentences, every padded position, "
+            "s = 1/8 hard-coded, h without attention mask, values above the 95th percentile dropped per layer"
+        ),
+        band_label=lambda wc: "2.5-97.5th percentile (central 95 %)" if wc.suffix else "25-75th percentile after trim",
+    log:
+        "logs/figure5/figure5{suffix}.log",
+    benchmark:
+        "benchmarks/figure5/figure5{suffix}.tsv"
+    conda:
+        ENV
+    script:
+        "../scripts/figure_norms.py"

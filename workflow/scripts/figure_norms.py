@@ -1,0 +1,18 @@
+"""Rules figure2, figure5: plot the per-layer squared norms (PDF, PNG, and the plotted numbers as CSV)."""
+
+import pandas as pd
+
+from kpca_repro.figures import plot_norms
+from kpca_repro.h5io import atomic_output
+from kpca_repro.smk import setup_logging
+from kpca_repro.tables import display_name
+
+smk = snakemake  # noqa: F821 (injected by Snakemake)
+log = setup_logging(smk, "figure_norms")
+stats = pd.concat([pd.read_csv(f) for f in smk.input.stats], ignore_index=True)
+names = {m: display_name(m).split("/")[-1] for m in stats["model"].unique()}
+with atomic_output(smk.output.pdf) as pdf, atomic_output(smk.output.png) as png:
+    plot_norms(stats, pdf, png, smk.params.title, smk.params.band_label, names)
+with atomic_output(smk.output.csv) as tmp:
+    stats.to_csv(tmp, index=False)
+log.info("wrote %s", smk.output.pdf)

@@ -1,0 +1,15 @@
+"""Rules norms_vision, norms_text: per-layer statistics of ||phi(q_i)||^2 and ||h_i||^2 of one model."""
+
+import torch
+
+from kpca_repro.h5io import atomic_output
+from kpca_repro.norms import norm_statistics
+from kpca_repro.smk import setup_logging
+
+smk = snakemake  # noqa: F821 (injected by Snakemake)
+log = setup_logging(smk, "norm_stats")
+torch.set_num_threads(smk.threads)
+stats = norm_statistics(list(smk.input.activations), smk.wildcards.variant, language=smk.params.language)
+log.info("%s: %d layers from %d file(s)", smk.wildcards.model, stats["layer"].nunique(), len(smk.input.activations))
+with atomic_output(smk.output[0]) as tmp:
+    stats.to_csv(tmp, index=False)
