@@ -34,7 +34,11 @@ def _write_config(path, **overrides):
 @pytest.fixture(scope="module")
 def tiny_run(tiny_resources, tmp_path_factory):
     work = tmp_path_factory.mktemp("work")
-    cfg = _write_config(work / "test.yaml", resources_dir=str(tiny_resources))
+    published = work / "published"  # a stand-in for the paper's tables: one row per tiny model id
+    published.mkdir()
+    rows = "".join(f"{m},{m},0.10,0.30,0.06,0.28\n" for m in sorted(TINY_KWARGS))
+    (published / "table1_vision_similarity.csv").write_text("model,timm_id,MDC,MOC,LCKA,KCKA\n" + rows + "ViT-Large,vit_large_patch16_224,0.13,0.30,0.06,0.25\n")
+    cfg = _write_config(work / "test.yaml", resources_dir=str(tiny_resources), comparison={"published_tables": str(published)})
     proc = run_snakemake(work, *TARGETS, "--configfile", str(cfg))
     return work, cfg, proc
 
@@ -49,6 +53,9 @@ TARGETS = (
     "results/figure3_corrected.pdf",
     "results/figure2.pdf",
     "results/figure2_corrected.pdf",
+    "results/paper_comparison.csv",
+    "results/html/table1.html",
+    "results/html/table1_corrected.html",
 )
 
 
@@ -126,6 +133,25 @@ def test_second_run_does_nothing(tiny_run):
     work, cfg, _ = tiny_run
     proc = run_snakemake(work, "-n", *TARGETS, "--configfile", str(cfg))
     assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_comparison_and_report(tiny_run, tmp_path):
+    work, cfg, _ = tiny_run
+    comparison = pd.read_csv(work / "results" / "paper_comparison.csv")
+    table1 = pd.read_csv(work / "results" / "table1.csv").set_index("timm_id")
+    assert len(comparison) == 3 * 4  # every published cell has a row
+    for _, row in comparison[comparison["model_id"].isin(TINY_KWARGS)].iterrows():
+        assert row["reproduced"] == pytest.approx(table1.loc[row["model_id"], row["column"]])
+        assert row["difference"] == pytest.approx(row["reproduced"] - row["published"])
+        assert row["status"] in ("matches within rounding", "differs")
+    large = comparison[comparison["model_id"] == "vit_large_patch16_224"]
+    assert large["status"].str.startswith("not run: not in config vision.models; weights unavailable").all()
+    assert "<table" in (work / "results" / "html" / "table1.html").read_text()
+    report = tmp_path / "report.html"
+    run_snakemake(work, *TARGETS, "--configfile", str(cfg), "--report", str(report))
+    text = report.read_text()
+    for name in ("table1.html", "table1_corrected.html", "figure3.png", "figure2_corrected.png", "paper_comparison.csv"):
+        assert name in text, name
 
 
 def test_lint_is_clean():
