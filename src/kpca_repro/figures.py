@@ -6,7 +6,11 @@ import os
 
 import pandas as pd
 
-__all__ = ["plot_gamma"]
+__all__ = ["plot_gamma", "PDF_METADATA"]
+
+#: ``savefig(..., metadata=PDF_METADATA)``: no creation date in PDFs, so identical runs give
+#: identical bytes (PNG files carry no timestamp).
+PDF_METADATA = {"CreationDate": None}
 
 
 def plot_gamma(records: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLike, title: str) -> pd.DataFrame:
@@ -41,7 +45,7 @@ def plot_gamma(records: pd.DataFrame, pdf: str | os.PathLike, png: str | os.Path
             if r == 1:
                 ax.set_xlabel("principal component")
     fig.suptitle(title, fontsize=11)
-    fig.savefig(pdf)
+    fig.savefig(pdf, metadata=PDF_METADATA)
     fig.savefig(png, dpi=150)
     plt.close(fig)
     return stats
