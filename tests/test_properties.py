@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from kpca_repro.kpca import eigenpairs, gamma_test, head_metrics, top_eigenvalues
 from kpca_repro.tables import TABLE1_COLUMNS, table1_paper, table_corrected
 
-PROPS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # (variant, keyword arguments of head_metrics): Table 1's vision settings; Table 4 adds
 # ("paper", {"order": "asc_top", "g_eps": 1e-6}).

@@ -35,10 +35,12 @@ def _validate_config():
         if err.validator == "additionalProperties":
             allowed = list(err.schema.get("properties", {}))
             unknown = sorted(set(err.instance) - set(allowed))
+            prefix = f"{where}." if where else ""
             hints = []
             for key in unknown:
                 close = difflib.get_close_matches(key, allowed, n=1)
-                hints.append(f"{where + '.' if where else ''}{key}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                hints.append(f"{prefix}{key}{hint}")
             what = f"unknown config key {', '.join(hints)}; allowed here: {', '.join(allowed)}"
         else:
             what = f"config key {where or '(top level)'}: {err.message}"
