@@ -105,11 +105,11 @@ def _check_config():
 
 def _check_image_counts():
     """Every configured image count fits the image set (when it exists; offline, a missing
-    set is reported by the download rule's guard)."""
+    set is reported by the download rule's guard). Main Snakemake process only."""
     from kpca_repro.images import list_images
 
     root, layout = image_source()
-    if not os.path.isdir(root):
+    if not workflow.is_main_process or not os.path.isdir(root):
         return
     available = len(list_images(root, layout))
     for key, n in (("vision.n_images", VISION["n_images"]), ("spectra.n_images", config["spectra"]["n_images"]), ("figure3.n_images", config["figure3"]["n_images"])):
