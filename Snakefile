@@ -6,7 +6,7 @@
 #
 # Specification of every number: shared/docs/method.md. Mathematics: src/kpca_repro/kpca.py.
 
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("9.0")
 
@@ -15,12 +15,10 @@ min_version("9.0")
 configfile: f"{workflow.basedir}/config/config.yaml"
 
 
-validate(config, "workflow/schemas/config.schema.yaml")
-
-
 report: "workflow/report/workflow.rst"
 
 
+# Validates the configuration against workflow/schemas/config.schema.yaml, then checks it.
 include: "workflow/rules/common.smk"
 
 

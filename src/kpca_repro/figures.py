@@ -6,7 +6,11 @@ import os
 
 import pandas as pd
 
-__all__ = ["plot_gamma", "plot_norms"]
+__all__ = ["plot_gamma", "plot_norms", "PDF_METADATA"]
+
+#: ``savefig(..., metadata=PDF_METADATA)``: no creation date in PDFs, so identical runs give
+#: identical bytes (PNG files carry no timestamp).
+PDF_METADATA = {"CreationDate": None}
 
 
 def plot_gamma(records: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLike, title: str) -> pd.DataFrame:
@@ -41,7 +45,7 @@ def plot_gamma(records: pd.DataFrame, pdf: str | os.PathLike, png: str | os.Path
             if r == 1:
                 ax.set_xlabel("principal component")
     fig.suptitle(title, fontsize=11)
-    fig.savefig(pdf)
+    fig.savefig(pdf, metadata=PDF_METADATA)
     fig.savefig(png, dpi=150)
     plt.close(fig)
     return stats
@@ -102,6 +106,6 @@ def plot_norms(stats: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLi
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=2 if ncols < 3 else 4, fontsize=8, frameon=False)
     fig.suptitle(textwrap.fill(title, int(width * 13)), fontsize=10)
-    fig.savefig(pdf)
+    fig.savefig(pdf, metadata=PDF_METADATA)
     fig.savefig(png, dpi=150)
     plt.close(fig)

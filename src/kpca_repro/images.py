@@ -17,6 +17,7 @@ __all__ = [
     "shard_slice",
     "paper_transform",
     "load_image",
+    "check_images",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "UnreadableImageError",
@@ -150,3 +151,22 @@ def load_image(path: str | os.PathLike):
             return img.convert("RGB")
     except Exception as exc:
         raise UnreadableImageError(f"cannot read image {path}: {exc}") from exc
+
+
+def check_images(paths) -> None:
+    """Decode every image in ``paths`` fully, as extraction will; fail on the first bad one.
+
+    The sample rule calls this on the images it has just drawn, so an unreadable file stops
+    the run before any model is loaded, and the sample table is never written.
+
+    Raises:
+        UnreadableImageError: a file cannot be read or decoded (also a truncated JPEG); the
+            message names it and what to do.
+    """
+    for path in paths:
+        try:
+            load_image(path)
+        except UnreadableImageError as exc:
+            raise UnreadableImageError(
+                f"{exc}. Replace the file with a readable copy (removing it changes the seeded draw)"
+            ) from exc

@@ -47,13 +47,19 @@ def display_name(model_id: str) -> str:
     return MODEL_NAMES.get(model_id, model_id)
 
 
+#: The per-head columns behind Table 1's four statistics (MDC, MOC, LCKA, KCKA).
+TABLE1_COLUMNS = ("direct_cos_mean", "optimal_cos_mean", "linear_cka", "rbf_cka")
+
+
 def table1_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
     """Table 1 with the reference's aggregation (method.md Section 2).
 
     Over the heads the reference keeps (``dropped`` False): MDC = max of the per-head mean
     direct cosine, MOC = max of the per-head mean matched cosine, LCKA and KCKA = plain means
     (a NaN propagates, as ``np.mean`` does in the reference). Also the means over heads of the
-    two cosines, head counts and the weights' SHA-256.
+    two cosines, head counts and the weights' SHA-256. Every head with a non-finite
+    statistic is counted: ``n_heads_dropped`` (dropped as the reference drops them) and
+    ``n_heads_nonfinite`` (kept by the reference with a NaN statistic).
 
     Args:
         heads: per-head records of the paper variant with a ``model`` column.
@@ -79,6 +85,9 @@ def table1_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
                 "n_heads": len(df),
                 "n_heads_analysed": len(kept),
                 "n_heads_dropped": int(df["dropped"].astype(bool).sum()),
+                # kept by the reference, yet a statistic is not finite (e.g. V_KPCA underflows
+                # to 0 and KCKA is NaN, method.md 2 step 3): counted, and it poisons the mean
+                "n_heads_nonfinite": int((~np.isfinite(kept[list(TABLE1_COLUMNS)].to_numpy(float))).any(axis=1).sum()),
                 "n_exp_overflow": int(df["exp_overflow"].astype(bool).sum()),
                 "n_outer_overflow": int(df["outer_overflow"].astype(bool).sum()),
                 "n_allclose": int(df["allclose"].astype(bool).sum()),

@@ -3,6 +3,53 @@ import os
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
+
+
+def _validate_config():
+    """Validate ``config`` against the schema (filling defaults); one short message per error.
+
+    Snakemake's own message dumps the whole sub-schema; this one names the key (dotted
+    path), what is wrong, the closest allowed key for a misspelling, and what to do.
+    """
+    import difflib
+
+    import jsonschema
+    import yaml
+
+    try:
+        validate(config, str(SCHEMA))
+    except WorkflowError:
+        # Snakemake's error keeps only text: find the error again with plain jsonschema.
+        # Defaults are filled only partly when validation stops, so "required" errors are
+        # reported only when there is nothing else.
+        schema = yaml.safe_load(SCHEMA.read_text())
+        errors = list(jsonschema.Draft202012Validator(schema).iter_errors(config))
+        errors = [e for e in errors if e.validator != "required"] or errors
+        if not errors:
+            raise
+        err = min(errors, key=lambda e: len(e.absolute_path))
+        where = ".".join(str(p) for p in err.absolute_path)
+        if err.validator == "additionalProperties":
+            allowed = list(err.schema.get("properties", {}))
+            unknown = sorted(set(err.instance) - set(allowed))
+            prefix = f"{where}." if where else ""
+            hints = []
+            for key in unknown:
+                close = difflib.get_close_matches(key, allowed, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                hints.append(f"{prefix}{key}{hint}")
+            what = f"unknown config key {', '.join(hints)}; allowed here: {', '.join(allowed)}"
+        else:
+            what = f"config key {where or '(top level)'}: {err.message}"
+        raise WorkflowError(
+            f"{what}. Fix it in your --configfile / --config; every key, type and range is in {SCHEMA.relative_to(workflow.basedir)}."
+        ) from None
+
+
+_validate_config()
 
 RESOURCES = config["resources_dir"]
 VISION = config["vision"]
@@ -63,9 +110,47 @@ def _check_config():
             raise WorkflowError(
                 f"config key vision.imagenet_val_dir: {root} has no class folders; expected <dir>/<wnid>/*.JPEG (the ImageNet validation set sorted into class folders)"
             )
+    _check_image_counts()
+    _check_weights_checksums()
 
 
-_check_config()
+def _check_image_counts():
+    """Every configured image count fits the image set (when it exists; offline, a missing
+    set is reported by the download rule's guard). Main Snakemake process only."""
+    from kpca_repro.images import list_images
+
+    root, layout = image_source()
+    if not workflow.is_main_process or not os.path.isdir(root):
+        return
+    available = len(list_images(root, layout))
+    for key, n in (("vision.n_images", VISION["n_images"]), ("spectra.n_images", config["spectra"]["n_images"]), ("figure3.n_images", config["figure3"]["n_images"])):
+        if n > available:
+            raise WorkflowError(
+                f"config key {key}: {n} images requested, but {root} holds {available}; "
+                f"lower {key} or set vision.imagenet_val_dir to a larger image set"
+            )
+
+
+_SHA256 = {}
+
+
+def _check_weights_checksums():
+    """The weights of every configured model that has an entry in ``checksums`` and exists
+    must have that SHA-256; checked once per file in the main Snakemake process (cluster
+    jobs re-parse the workflow and skip it; extract_vision checks again before use)."""
+    from kpca_repro.resources import ChecksumMismatchError, check_checksum
+
+    if not workflow.is_main_process:
+        return
+    for model in dict.fromkeys([*VISION["models"], config["figure3"]["model"]]):
+        expected = config["checksums"].get(model)
+        path = weights_path(model)
+        if not expected or path in _SHA256 or not os.path.exists(path):
+            continue
+        try:
+            _SHA256[path] = check_checksum(path, expected)
+        except ChecksumMismatchError as exc:
+            raise WorkflowError(f"config key checksums.{model}: {exc}") from None
 
 SHARDS = [f"{i}of{VISION['shards']}" for i in range(VISION["shards"])]
 N_IMAGES = VISION["n_images"]
@@ -185,3 +270,4 @@ def figure5_models(wildcards):
     if not FIGURE5_MODELS:
         raise WorkflowError("config keys figure5.models / text.models: no language model configured for Figure 5")
     return [text_slug(m) for m in FIGURE5_MODELS]
+_check_config()

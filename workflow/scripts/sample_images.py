@@ -8,6 +8,7 @@ smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "sample_images")
 records = images.list_images(smk.input.images, smk.params.layout)
 table = images.sample_images(records, int(smk.wildcards.n), smk.params.seed)
+images.check_images(table["path"])  # an unreadable image stops here, naming its path
 log.info("sampled %d of %d images from %s (seed %d)", len(table), len(records), smk.input.images, smk.params.seed)
 with atomic_output(smk.output[0]) as tmp:
     table.to_csv(tmp, sep="\t", index=False)
