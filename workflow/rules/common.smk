@@ -1,11 +1,17 @@
 # Shared helpers: configuration checks, paths, wildcard constraints.
 import os
+import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
+# The repository's own library (paths, slugs, model sources) for the workflow itself.
+sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+from kpca_repro.text import LOCAL_MODELS_KEY, MissingModelError, model_id_from_slug, model_slug, model_source, resolve_local_dir
+
 RESOURCES = config["resources_dir"]
 VISION = config["vision"]
+TEXT = config["text"]
 ENV = "../../envs/pipeline.yaml"
 # Library modules each stage imports: listed as inputs so that changing them reruns the
 # stage (Snakemake tracks only the script file itself).
@@ -15,6 +21,9 @@ LIB_KPCA = [str(LIB / m) for m in ("records.py", "kpca.py", "h5io.py", "smk.py")
 LIB_TABLES = [str(LIB / m) for m in ("tables.py", "h5io.py", "smk.py")]
 LIB_SPECTRA = [str(LIB / m) for m in ("kpca.py", "records.py", "h5io.py", "smk.py")]
 LIB_FIGURES = [str(LIB / m) for m in ("figures.py", "smk.py")]
+LIB_SAMPLE_TEXT = [str(LIB / m) for m in ("text.py", "images.py", "h5io.py", "smk.py")]
+LIB_EXTRACT_TEXT = [str(LIB / m) for m in ("text.py", "vision.py", "images.py", "h5io.py", "resources.py", "smk.py")]
+LIB_KPCA_TEXT = LIB_KPCA + [str(LIB / "text.py")]
 
 
 wildcard_constraints:
@@ -23,6 +32,8 @@ wildcard_constraints:
     n=r"\d+",
     shard=r"\d+of\d+",
     keyset="standardized|raw",
+    slug=r"[A-Za-z0-9_.\-]+",
+    sample=r"\d+|sentences",
 
 
 def _check_config():
@@ -38,12 +49,20 @@ def _check_config():
     if not timm.is_model(config["figure3"]["model"]):
         raise WorkflowError(f"config key figure3.model: {config['figure3']['model']!r} is not a timm model id")
     for key in [*VISION["model_kwargs"], *config["checksums"]]:
-        if key not in VISION["models"]:
+        if key not in VISION["models"] and key not in TEXT["models"]:
             if key != config["figure3"]["model"]:
-                raise WorkflowError(f"config keys vision.model_kwargs / checksums: {key!r} is not in vision.models or figure3.model")
+                raise WorkflowError(f"config keys vision.model_kwargs / checksums: {key!r} is not in vision.models, text.models or figure3.model")
     for key, n in (("vision.n_images", VISION["n_images"]), ("spectra.n_images", config["spectra"]["n_images"])):
         if VISION["shards"] > n:
             raise WorkflowError(f"config key vision.shards: {VISION['shards']} shards for {n} images ({key}); use at most one shard per image")
+    if TEXT["shards"] > TEXT["n_rows"]:
+        raise WorkflowError(f"config key text.shards: {TEXT['shards']} shards for {TEXT['n_rows']} rows (text.n_rows); use at most one shard per row")
+    for model_id, spec in TEXT["local_models"].items():
+        if model_id in TEXT["models"]:
+            try:
+                resolve_local_dir(spec)
+            except MissingModelError as exc:
+                raise WorkflowError(f"config key {LOCAL_MODELS_KEY}[{model_id}]: {exc}") from None
     root = VISION["imagenet_val_dir"]
     if root is not None:
         if not os.path.isdir(root):
@@ -94,6 +113,29 @@ def spectra_files(variant, model, keys):
     )
 
 
+def text_activation_files(model_id, ext="h5", variant=None):
+    """Activation files (ext h5) or per-head records (ext csv/json, with variant) of one language model on the Table 4 sample, all shards."""
+    stem = f"text_{TEXT['n_rows']}_{{shard}}.{ext}"
+    prefix = "results/activations" if ext == "h5" else f"results/heads/{variant}"
+    return expand(f"{prefix}/{model_slug(model_id)}/{stem}", shard=[f"{i}of{TEXT['shards']}" for i in range(TEXT["shards"])])
+
+
+def text_model_source(wildcards):
+    """A language model's directory (text.local_models) or hub id; offline and unavailable, stop the DAG naming the key."""
+    try:
+        return model_source(model_id_from_slug(wildcards.slug), TEXT["local_models"], config["offline"])
+    except MissingModelError as exc:
+        raise WorkflowError(str(exc)) from None
+
+
+def text_model_files(wildcards):
+    """Input files of a local language model (config.json and weights, so a change reruns extraction); none for the hub."""
+    source = text_model_source(wildcards)
+    if not os.path.isdir(source):
+        return []
+    return [str(p) for p in sorted(Path(source).iterdir()) if p.name in ("config.json", "model.safetensors", "pytorch_model.bin")]
+
+
 def offline_guard(path, what, how):
     """Input function for download rules: offline, a missing input stops DAG construction."""
 
@@ -112,4 +154,6 @@ def all_targets():
         targets += ["results/table1.csv", "results/table1.md", "results/table2.csv", "results/table3.csv", "results/figure3.pdf"]
     if "corrected" in config["variants"]:
         targets += ["results/table1_corrected.csv", "results/table1_corrected.md", "results/table2_corrected.csv", "results/table3_corrected.csv", "results/figure3_corrected.pdf"]
+    if TEXT["models"]:  # text.models: [] (a vision-only configuration) leaves Table 4 out
+        targets += [f"results/table4{suffix}.{ext}" for suffix, v in (("", "paper"), ("_corrected", "corrected")) if v in config["variants"] for ext in ("csv", "md")]
     return targets
