@@ -432,3 +432,22 @@ def test_real_minilm_through_the_metrics(tmp_path):
     # each head's maximum matched cosine of random unit vectors in d = 32: far from 0
     assert corrected["baseline_optimal_cos_max"].mean() > 0.3
     assert math.isfinite(table4_paper(paper, {MINILM: {"n_sentences": 3, "weights_sha256": ""}}).loc[0, "KCKA"])
+
+
+@pytest.mark.parametrize("arch", ["bert", "roberta", "electra", "xlm-roberta", "camembert", "luke"])
+def test_hooks_fit_every_bert_style_architecture_of_table4(arch):
+    """Random tiny configurations of each architecture: the modules are found by structure and the hooks agree."""
+    from transformers import AutoConfig, AutoModel
+
+    extra = {"entity_vocab_size": 10, "entity_emb_size": 16} if arch == "luke" else {}
+    if arch == "electra":
+        extra["embedding_size"] = 16
+    cfg = AutoConfig.for_model(arch, vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, max_position_embeddings=64, **extra)
+    torch.manual_seed(0)
+    model = AutoModel.from_config(cfg).eval()
+    ids = torch.randint(5, 40, (3, 9))
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[0, 6:] = 0
+    ids[0, 6:] = cfg.pad_token_id or 0
+    rec = _check_hooks(model, {"input_ids": ids, "attention_mask": mask})
+    assert len(rec.captured) == 2 and set(rec.layouts) == {"batch_first"}

@@ -111,9 +111,9 @@ def resolve_local_dir(spec: str) -> Path:
 def _missing_message(model_id: str, why: str) -> str:
     return (
         f"language model {model_id!r} is not available ({why}). Set config key "
-        f"{LOCAL_MODELS_KEY} to map it to a directory saved with save_pretrained "
-        f"(e.g. --config 'text={{local_models: {{{model_id}: /path/to/dir}}}}' or a "
-        f"'pkg:<package>/<subdir>' entry), put it in the Hugging Face cache, or set offline: false."
+        f"{LOCAL_MODELS_KEY} to map it to a directory saved with save_pretrained (in a "
+        f"--configfile: 'text: {{local_models: {{{model_id}: /path/to/dir}}}}', or a "
+        f"'pkg:<package>/<subdir>' value), put it in the Hugging Face cache, or set offline: false."
     )
 
 
