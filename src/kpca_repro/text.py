@@ -219,8 +219,8 @@ def download_wikitext(out_path: str | os.PathLike) -> None:
     """Fetch the WikiText-103 raw test split with ``datasets`` and save one row per line.
 
     Raises:
-        MissingModelError: never; :class:`kpca_repro.resources.MissingResourceError` when
-            the download fails, naming the path to fill by hand.
+        kpca_repro.resources.MissingResourceError: the download failed; the message names
+            the path to fill by hand.
     """
     from .resources import MissingResourceError, missing_message
 

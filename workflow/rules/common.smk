@@ -113,7 +113,7 @@ def spectra_files(variant, model, keys):
     )
 
 
-def text_activation_files(model_id, ext="h5", variant=None):
+def text_stage_files(model_id, ext="h5", variant=None):
     """Activation files (ext h5) or per-head records (ext csv/json, with variant) of one language model on the Table 4 sample, all shards."""
     stem = f"text_{TEXT['n_rows']}_{{shard}}.{ext}"
     prefix = "results/activations" if ext == "h5" else f"results/heads/{variant}"

@@ -46,8 +46,8 @@ rule table1_corrected:
 
 rule table4:
     input:
-        heads=lambda wc: [f for m in TEXT["models"] for f in text_activation_files(m, "csv", "paper")],
-        meta=lambda wc: [f for m in TEXT["models"] for f in text_activation_files(m, "json", "paper")],
+        heads=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "csv", "paper")],
+        meta=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "json", "paper")],
         code=LIB_TABLES,
     output:
         csv="results/table4.csv",
@@ -66,8 +66,8 @@ rule table4:
 
 rule table4_corrected:
     input:
-        heads=lambda wc: [f for m in TEXT["models"] for f in text_activation_files(m, "csv", "corrected")],
-        meta=lambda wc: [f for m in TEXT["models"] for f in text_activation_files(m, "json", "corrected")],
+        heads=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "csv", "corrected")],
+        meta=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "json", "corrected")],
         code=LIB_TABLES,
     output:
         csv="results/table4_corrected.csv",
