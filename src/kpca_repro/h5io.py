@@ -8,6 +8,8 @@ Layout of one activation file (one model, one image shard)::
     /sample_rank           (B,) int64   rank of each image in the sampled list
     /dataset_index         (B,) int64   index of each image in the ordered dataset
     /layers/<LL>/q|k|v|h   (B, H, N, d) float32, chunked (1, H, N, d)
+    /attention_mask        (B, N) int64, 1 = real token (language models only; N = the
+                           padded length the attention modules see)
 
 ``q, k, v`` are the per-head outputs of the fused qkv projection; ``h`` is the per-head
 attention output before the output projection. Every dataset is written with
@@ -81,6 +83,10 @@ class ActivationWriter:
         """Store a per-image integer vector (``sample_rank``, ``dataset_index``)."""
         self.f.create_dataset(name, data=np.asarray(values, dtype=np.int64), track_times=False)
 
+    def write_attention_mask(self, mask: np.ndarray) -> None:
+        """Store the ``(B, N)`` attention mask of a language-model shard (1 = real token, 0 = padding)."""
+        self.f.create_dataset("attention_mask", data=np.asarray(mask, dtype=np.int64), track_times=False)
+
     def write_batch(self, layer: int, start: int, tensors: dict[str, np.ndarray]) -> None:
         """Write ``tensors[t]`` of shape ``(b, H, N, d)`` for images ``start .. start+b``."""
         grp = self.f[_layer_key(layer)]
@@ -109,6 +115,8 @@ class ActivationFile:
                     _ = grp[t].shape
             self.sample_rank = self.f["sample_rank"][:]
             self.dataset_index = self.f["dataset_index"][:]
+            #: ``(B, N)`` int64 attention mask of a language-model file; None for vision files.
+            self.attention_mask = self.f["attention_mask"][:] if "attention_mask" in self.f else None
         except (OSError, KeyError, ValueError) as exc:
             raise CorruptActivationFileError(
                 f"activation file {self.path} is unreadable, truncated or incomplete ({exc}); "

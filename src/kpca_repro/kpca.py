@@ -303,7 +303,7 @@ def direct_cosine(xn: torch.Tensor, yn: torch.Tensor) -> torch.Tensor:
     return (xn * yn).sum(dim=-1)
 
 
-def assignment_similarities(sim: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+def assignment_similarities(sim: torch.Tensor, valid: torch.Tensor | None = None, nan_to_zero: bool = False) -> torch.Tensor:
     """Optimal one-to-one matching that maximises total similarity, per matrix.
 
     ``scipy.optimize.linear_sum_assignment(-S)`` (Jonker-Volgenant) on each square
@@ -313,6 +313,10 @@ def assignment_similarities(sim: torch.Tensor, valid: torch.Tensor | None = None
     Args:
         sim: similarity matrices, shape ``(..., n, n)``, any device.
         valid: optional bool mask ``(...)``; matrices marked False are skipped and get NaN.
+        nan_to_zero: replace NaN entries of ``S`` by 0 before matching and read the matched
+            values from the cleaned matrix, as ``nlp_value_vectors.py`` does with
+            ``nan_to_num(cost, nan=0)`` (method.md 3): an all-NaN head gets matched
+            similarities 0 instead of raising.
 
     Returns:
         float64 CPU tensor of shape ``(..., n)``.
@@ -321,6 +325,8 @@ def assignment_similarities(sim: torch.Tensor, valid: torch.Tensor | None = None
         ValueError: from scipy, if a matrix that is marked valid contains NaN or inf.
     """
     s = sim.detach().to("cpu", torch.float64).numpy()
+    if nan_to_zero:
+        s = np.nan_to_num(s, nan=0.0)
     flat = s.reshape(-1, s.shape[-2], s.shape[-1])
     ok = np.ones(flat.shape[0], bool) if valid is None else valid.detach().cpu().numpy().reshape(-1)
     out = np.full(flat.shape[:2], np.nan)
@@ -335,16 +341,18 @@ def _hsic(a_c: torch.Tensor, b_c: torch.Tensor) -> torch.Tensor:
     return (a_c * b_c).sum(dim=(-1, -2))
 
 
-def _cka_from_kernels(kx: torch.Tensor, ky: torch.Tensor, paper: bool) -> torch.Tensor:
+def _cka_from_kernels(kx: torch.Tensor, ky: torch.Tensor, paper: bool, sqrt_of_product: bool = False) -> torch.Tensor:
     """CKA from two kernel matrices ``(..., N, N)``; see :func:`linear_cka`."""
     if paper:
         cx, cy = _center_cka_paper(kx), _center_cka_paper(ky)
+        if sqrt_of_product:  # nlp_value_vectors.py: sqrt(HSIC_xx * HSIC_yy) + 1e-10
+            return _hsic(cx, cy) / (torch.sqrt(_hsic(cx, cx) * _hsic(cy, cy)) + CKA_EPS)
         return _hsic(cx, cy) / (torch.sqrt(_hsic(cx, cx)) * torch.sqrt(_hsic(cy, cy)) + CKA_EPS)
     cx, cy = center(kx), center(ky)
     return _hsic(cx, cy) / torch.sqrt(_hsic(cx, cx) * _hsic(cy, cy))
 
 
-def linear_cka(x: torch.Tensor, y: torch.Tensor, paper: bool = True) -> torch.Tensor:
+def linear_cka(x: torch.Tensor, y: torch.Tensor, paper: bool = True, sqrt_of_product: bool = False) -> torch.Tensor:
     """Linear CKA of the token representations ``X`` and ``Y`` (Kornblith et al. 2019).
 
     ``CKA = HSIC(XX^T, YY^T) / sqrt(HSIC(XX^T, XX^T) HSIC(YY^T, YY^T))`` with
@@ -356,11 +364,14 @@ def linear_cka(x: torch.Tensor, y: torch.Tensor, paper: bool = True) -> torch.Te
     Args:
         x, y: shape ``(..., N, d_x)`` and ``(..., N, d_y)``, same dtype, un-normalised.
         paper: reference formula (True) or exact formula (False; NaN when a side is constant).
+        sqrt_of_product: with ``paper``, the language-model script's denominator
+            ``sqrt(HSIC(X,X) HSIC(Y,Y)) + 1e-10`` (product before the square root, so it can
+            overflow in float32; method.md 3) instead of ``sqrt(.) sqrt(.) + 1e-10``.
 
     Returns:
         Shape ``(...)``, in ``[0, 1]`` up to round-off.
     """
-    return _cka_from_kernels(x @ x.transpose(-1, -2), y @ y.transpose(-1, -2), paper)
+    return _cka_from_kernels(x @ x.transpose(-1, -2), y @ y.transpose(-1, -2), paper, sqrt_of_product)
 
 
 def kth_smallest_nonzero(d: torch.Tensor, which: str) -> torch.Tensor:
@@ -415,7 +426,7 @@ def rbf_kernel(x: torch.Tensor, paper: bool = True) -> torch.Tensor:
     return torch.exp(dist * factor[..., None, None])
 
 
-def rbf_cka(x: torch.Tensor, y: torch.Tensor, paper: bool = True) -> torch.Tensor:
+def rbf_cka(x: torch.Tensor, y: torch.Tensor, paper: bool = True, sqrt_of_product: bool = False) -> torch.Tensor:
     """Kernel (RBF) CKA of ``X`` and ``Y``, each with its own median bandwidth.
 
     Same HSIC and denominators as :func:`linear_cka` (method.md 2, kernel CKA).
@@ -423,11 +434,12 @@ def rbf_cka(x: torch.Tensor, y: torch.Tensor, paper: bool = True) -> torch.Tenso
     Args:
         x, y: shape ``(..., N, d_x)``, ``(..., N, d_y)``.
         paper: reference formula (lower median, ``+1e-10``) or the exact one.
+        sqrt_of_product: as in :func:`linear_cka`.
 
     Returns:
         Shape ``(...)``.
     """
-    return _cka_from_kernels(rbf_kernel(x, paper), rbf_kernel(y, paper), paper)
+    return _cka_from_kernels(rbf_kernel(x, paper), rbf_kernel(y, paper), paper, sqrt_of_product)
 
 
 # --------------------------------------------------------------------------------------
@@ -435,12 +447,20 @@ def rbf_cka(x: torch.Tensor, y: torch.Tensor, paper: bool = True) -> torch.Tenso
 # --------------------------------------------------------------------------------------
 
 
-def _token_row_metrics(v: torch.Tensor, vk: torch.Tensor, valid: torch.Tensor, paper: bool, prefix: str = "") -> dict[str, torch.Tensor]:
+def _token_row_metrics(
+    v: torch.Tensor,
+    vk: torch.Tensor,
+    valid: torch.Tensor | None,
+    paper: bool,
+    prefix: str = "",
+    nan_cost_to_zero: bool = False,
+    cka_sqrt_of_product: bool = False,
+) -> dict[str, torch.Tensor]:
     """Token-row cosines (direct and optimally matched) and CKAs of ``V`` against ``V_KPCA``."""
     eps = ROW_NORM_EPS if paper else None
     vn, vkn = row_normalize(v, eps), row_normalize(vk, eps)
     direct = direct_cosine(vn, vkn)
-    matched = assignment_similarities(vn @ vkn.transpose(-1, -2), valid)
+    matched = assignment_similarities(vn @ vkn.transpose(-1, -2), valid, nan_to_zero=nan_cost_to_zero)
     out = {
         f"{prefix}direct_cos_mean": direct.mean(-1),
         f"{prefix}direct_cos_max": direct.amax(-1),
@@ -449,8 +469,8 @@ def _token_row_metrics(v: torch.Tensor, vk: torch.Tensor, valid: torch.Tensor, p
         f"{prefix}optimal_cos_mean": matched.mean(-1),
         f"{prefix}optimal_cos_max": matched.amax(-1),
         f"{prefix}optimal_cos_min": matched.amin(-1),
-        f"{prefix}linear_cka": linear_cka(v, vk, paper),
-        f"{prefix}rbf_cka": rbf_cka(v, vk, paper),
+        f"{prefix}linear_cka": linear_cka(v, vk, paper, cka_sqrt_of_product),
+        f"{prefix}rbf_cka": rbf_cka(v, vk, paper, cka_sqrt_of_product),
     }
     return out
 
@@ -480,6 +500,8 @@ def head_metrics(
     order: str | None = None,
     g_eps: float = 0.0,
     baseline: torch.Tensor | None = None,
+    nan_cost_to_zero: bool = False,
+    cka_sqrt_of_product: bool = False,
 ) -> dict[str, np.ndarray]:
     """Every per-head quantity of Table 1 (method.md 2) or its corrected form (method.md 15).
 
@@ -497,6 +519,14 @@ def head_metrics(
         g_eps: added to ``g`` in ``G = diag(1/(g + g_eps))`` (paper variant; 0 for vision,
             1e-6 for the language-model script).
         baseline: standard normal samples of ``V_KPCA``'s shape ``(heads, N, d)`` (corrected).
+        nan_cost_to_zero: reproduce ``nlp_value_vectors.py`` (method.md 3), which has no
+            try/except: no head is dropped, every head goes through the assignment with
+            NaN similarities replaced by 0 (a non-finite head gets matched cosines 0 while
+            its other similarities stay NaN, to be skipped by a NaN-skipping mean).
+            Default: the vision reference, where a non-finite head is dropped (all its
+            similarities NaN).
+        cka_sqrt_of_product: CKA denominators ``sqrt(HSIC_xx HSIC_yy) + 1e-10`` of the
+            language-model script (paper variant only; see :func:`linear_cka`).
 
     Returns:
         Column name -> float64 numpy array of shape ``(heads,)`` (bool for flags). Flags:
@@ -539,7 +569,11 @@ def head_metrics(
     cols["finite"] = finite
     cols["dropped"] = dropped
     cols["allclose"] = (torch.abs(v - vk_true) <= 1e-5 + 1e-3 * torch.abs(vk_true)).all(-1).all(-1)
-    cols.update(_token_row_metrics(v, vk, ~dropped, paper))
+    cols.update(
+        _token_row_metrics(
+            v, vk, None if nan_cost_to_zero else ~dropped, paper, nan_cost_to_zero=nan_cost_to_zero, cka_sqrt_of_product=cka_sqrt_of_product
+        )
+    )
     if not paper:
         cols.update(_column_metrics(v, vk, ~dropped))
         if baseline is not None:
@@ -554,8 +588,9 @@ def head_metrics(
         arr = t.detach().cpu().numpy()
         out[name] = arr if arr.dtype == bool else arr.astype(np.float64)
     # A dropped head contributes nothing (method.md 2 step 3): blank its similarities.
+    # Without try/except (nan_cost_to_zero, method.md 3) nothing is dropped.
     for name, arr in out.items():
-        if arr.dtype != bool and not name.startswith("baseline_"):
+        if arr.dtype != bool and not name.startswith("baseline_") and not nan_cost_to_zero:
             arr[out["dropped"]] = np.nan
     return out
 

@@ -16,11 +16,11 @@ import torch
 
 from . import images as img
 from .h5io import ActivationFile, ActivationWriter, atomic_output
-from .kpca import CORRECTED, gamma_test, head_metrics, top_eigenvalues
+from .kpca import CORRECTED, PAPER, gamma_test, head_metrics, top_eigenvalues
 from .smk import library_versions
 from .vision import AttentionRecorder, attention_modules, load_timm_model
 
-__all__ = ["extract_vision", "kpca_records", "baseline_noise", "eigenvalue_records", "gamma_records"]
+__all__ = ["extract_vision", "kpca_records", "TEXT_PAPER_OPTIONS", "baseline_noise", "eigenvalue_records", "gamma_records"]
 
 
 def extract_vision(
@@ -109,6 +109,57 @@ def baseline_noise(seed: int, dataset_index: int, layer: int, shape: tuple[int, 
     return torch.randn(shape, generator=gen, dtype=torch.float64)
 
 
+#: ``head_metrics`` options of the language-model script ``nlp_value_vectors.py`` (method.md 3):
+#: top-d eigenvectors in ascending order, ``G = diag(1/(g + 1e-6))``, NaN costs set to 0 before
+#: the assignment (no try/except, nothing dropped), CKA denominators ``sqrt(xx * yy) + 1e-10``.
+TEXT_PAPER_OPTIONS = {"order": "asc_top", "g_eps": 1e-6, "nan_cost_to_zero": True, "cka_sqrt_of_product": True}
+
+
+def _head_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str, layer: int, seed: int, transposed: bool):
+    """Heads of one layer in groups with a common token count ``N``.
+
+    Yields ``(k, v, sample_rank, dataset_index, head, baseline)``: ``k, v`` float32 tensors
+    ``(heads, N, d)``, per-head index arrays, and the random baseline (corrected variant) or
+    None. Three readings of the file:
+
+    * vision, and language models in the paper variant: every (input, head) with all ``N``
+      stored positions (padding included, method.md 3);
+    * ``transposed`` (Longformer, paper variant): the reference's misreading of Longformer's
+      ``(sequence, batch, hidden)`` projections (method.md 3): each "head matrix" is the
+      ``B`` inputs at one position ``p``, so ``sample_rank`` holds ``p`` and
+      ``dataset_index`` is -1;
+    * language models, corrected variant (method.md 15 item 4): each input keeps only its
+      real tokens (``attention_mask == 1``); inputs of equal length are grouped.
+    """
+    k, v = t["k"], t["v"]
+    n_in, n_heads = k.shape[:2]
+    corrected = variant == CORRECTED
+
+    def base(index, shape):
+        return torch.cat([baseline_noise(seed, di, layer, shape) for di in index]) if corrected else None
+
+    if transposed:
+        k, v = k.transpose(2, 1, 0, 3), v.transpose(2, 1, 0, 3)
+        n_pos = k.shape[0]
+        ranks = np.repeat(np.arange(n_pos), n_heads)
+        yield (torch.from_numpy(np.ascontiguousarray(k)).reshape(-1, *k.shape[2:]), torch.from_numpy(np.ascontiguousarray(v)).reshape(-1, *v.shape[2:]),
+               ranks, np.full(len(ranks), -1), np.tile(np.arange(n_heads), n_pos), None)
+    elif corrected and af.attention_mask is not None:
+        mask = af.attention_mask.astype(bool)
+        lengths = mask.sum(axis=1)
+        for n in sorted(set(lengths.tolist())):
+            sel = np.flatnonzero(lengths == n)
+            kk = np.stack([k[i][:, mask[i]] for i in sel])
+            vv = np.stack([v[i][:, mask[i]] for i in sel])
+            yield (torch.from_numpy(kk).reshape(-1, n, kk.shape[-1]), torch.from_numpy(vv).reshape(-1, n, vv.shape[-1]),
+                   np.repeat(af.sample_rank[sel], n_heads), np.repeat(af.dataset_index[sel], n_heads), np.tile(np.arange(n_heads), len(sel)),
+                   base(af.dataset_index[sel], (n_heads, n, vv.shape[-1])))
+    else:
+        yield (torch.from_numpy(k).reshape(-1, *k.shape[2:]), torch.from_numpy(v).reshape(-1, *v.shape[2:]),
+               np.repeat(af.sample_rank, n_heads), np.repeat(af.dataset_index, n_heads), np.tile(np.arange(n_heads), n_in),
+               base(af.dataset_index, tuple(v.shape[1:])))
+
+
 def kpca_records(
     activations: str | os.PathLike,
     variant: str,
@@ -119,67 +170,74 @@ def kpca_records(
     layers: Sequence[int] | None = None,
     progress: bool = True,
 ) -> tuple[pd.DataFrame, dict]:
-    """Per-head records of one activation file: every (image, layer, head) through KPCA.
+    """Per-head records of one activation file: every (input, layer, head) through KPCA.
 
     Reads one layer at a time (memory does not grow with depth), batches ``heads_per_chunk``
-    heads per :func:`kpca_repro.kpca.head_metrics` call on ``device``.
+    heads per :func:`kpca_repro.kpca.head_metrics` call on ``device``. Vision files (Table 1,
+    method.md 2) and language-model files (Table 4, method.md 3; recognised by their
+    ``attention_mask``) go through the same code: the paper variant of a language model uses
+    :data:`TEXT_PAPER_OPTIONS` and all padded positions (Longformer read transposed, as the
+    reference reads it); the corrected variant drops padding per sequence (method.md 15).
 
     Returns:
         ``(records, meta)``: a DataFrame with one row per head (``sample_rank``,
         ``dataset_index``, ``layer``, ``head``, ``n_tokens``, ``head_dim`` and the metric
-        columns) in (layer, image, head) order, and the file's metadata (model id, weights
-        SHA-256, number of images).
+        columns) in layer order, and the file's metadata (model id, weights SHA-256, number of
+        images or sentences; for text also ``padding`` and ``longformer_transposed``).
 
     Raises:
         kpca_repro.h5io.CorruptActivationFileError: the file is unreadable (named).
     """
     from tqdm import tqdm
 
+    from .text import SEQUENCE_FIRST
+
     frames = []
     with ActivationFile(activations) as af:
         model_id = str(af.attrs["model_id"])
-        n_img, n_heads = len(af.sample_rank), int(af.attrs["n_heads"])
+        text = af.attention_mask is not None
+        transposed = text and variant == PAPER and str(af.attrs.get("hooked_layout", "")) == SEQUENCE_FIRST
+        options = TEXT_PAPER_OPTIONS if text and variant == PAPER else {}
         for layer in tqdm(list(layers if layers is not None else range(af.n_layers)), desc=f"kpca {variant} {model_id}", unit="layer", disable=not progress, mininterval=5):
             t = af.read(layer, ("k", "v"))
-            k = torch.from_numpy(t["k"]).reshape(-1, *t["k"].shape[2:])
-            v = torch.from_numpy(t["v"]).reshape(-1, *t["v"].shape[2:])
-            if variant == CORRECTED:
-                base = torch.cat([baseline_noise(seed, di, layer, tuple(t["v"].shape[1:])) for di in af.dataset_index])
-            for lo in range(0, k.shape[0], heads_per_chunk):
-                hi = min(lo + heads_per_chunk, k.shape[0])
-                cols = head_metrics(
-                    k[lo:hi].to(device),
-                    v[lo:hi].to(device),
-                    variant,
-                    baseline=base[lo:hi].to(device) if variant == CORRECTED else None,
-                )
-                flat = np.arange(lo, hi)
-                frames.append(
-                    pd.DataFrame(
-                        {
-                            "sample_rank": af.sample_rank[flat // n_heads],
-                            "dataset_index": af.dataset_index[flat // n_heads],
-                            "layer": layer,
-                            "head": flat % n_heads,
-                            "n_tokens": k.shape[1],
-                            "head_dim": v.shape[2],
-                            **cols,
-                        }
+            for k, v, ranks, index, head, base in _head_groups(af, t, variant, layer, seed, transposed):
+                for lo in range(0, k.shape[0], heads_per_chunk):
+                    hi = min(lo + heads_per_chunk, k.shape[0])
+                    cols = head_metrics(
+                        k[lo:hi].to(device),
+                        v[lo:hi].to(device),
+                        variant,
+                        baseline=base[lo:hi].to(device) if base is not None else None,
+                        **options,
                     )
-                )
+                    frames.append(
+                        pd.DataFrame(
+                            {
+                                "sample_rank": ranks[lo:hi],
+                                "dataset_index": index[lo:hi],
+                                "layer": layer,
+                                "head": head[lo:hi],
+                                "n_tokens": k.shape[1],
+                                "head_dim": v.shape[2],
+                                **cols,
+                            }
+                        )
+                    )
         meta = {
             "model_id": model_id,
             "weights_sha256": str(af.attrs["weights_sha256"]),
-            "n_images": n_img,
+            "n_sentences" if text else "n_images": len(af.sample_rank),
             "variant": variant,
             "shard": int(af.attrs["shard"]),
             "n_shards": int(af.attrs["n_shards"]),
         }
+        if text:
+            meta["padding"] = "included" if variant == PAPER else "excluded"
+            meta["longformer_transposed"] = bool(transposed)
     records = pd.concat(frames, ignore_index=True)
     records.insert(0, "model", model_id)
     records.insert(1, "variant", variant)
     return records, meta
-
 
 
 def eigenvalue_records(

@@ -9,6 +9,8 @@ __all__ = [
     "MODEL_NAMES",
     "display_name",
     "table1_paper",
+    "table4_paper",
+    "TEXT_CORRECTED_METRICS",
     "table_corrected",
     "corrected_markdown",
     "CORRECTED_METRICS",
@@ -29,6 +31,15 @@ MODEL_NAMES = {
     "deit_tiny_distilled_patch16_224": "DeiT-Tiny-D",
     "deit_small_distilled_patch16_224": "DeiT-Small-D",
     "deit_base_distilled_patch16_224": "DeiT-Base-D",
+    "bert-base-uncased": "BERT-Base",
+    "roberta-base": "RoBERTa-Base",
+    "google/electra-base-discriminator": "ELECTRA-Base",
+    "google/electra-small-discriminator": "ELECTRA-Small",
+    "xlm-roberta-base": "XLM-RoBERTa",
+    "allenai/longformer-base-4096": "Longformer",
+    "sentence-transformers/all-MiniLM-L6-v2": "MiniLM",
+    "camembert-base": "CamemBERT",
+    "studio-ousia/luke-base": "LUKE",
 }
 
 #: Corrected-variant metrics: (per-head column, label, the paper's statistic over heads).
@@ -37,6 +48,20 @@ CORRECTED_METRICS = (
     ("optimal_cos_mean", "optimal-matching cosine (token rows)", "max"),
     ("direct_abs_cos_columns", "direct |cosine| (columns)", "max"),
     ("optimal_abs_cos_columns", "optimal-matching |cosine| (columns)", "max"),
+    ("linear_cka", "linear CKA", "mean"),
+    ("rbf_cka", "RBF CKA", "mean"),
+)
+
+
+#: Table 4's corrected metrics: the paper's statistic is the mean over heads (method.md 3),
+#: of per-head token maxima for the cosines (MDC, MOC) and of the token means beside them.
+TEXT_CORRECTED_METRICS = (
+    ("direct_cos_max", "MDC: max direct cosine over tokens", "mean"),
+    ("optimal_cos_max", "MOC: max optimal-matching cosine over tokens", "mean"),
+    ("direct_cos_mean", "direct cosine (token rows)", "mean"),
+    ("optimal_cos_mean", "optimal-matching cosine (token rows)", "mean"),
+    ("direct_abs_cos_columns", "direct |cosine| (columns)", "mean"),
+    ("optimal_abs_cos_columns", "optimal-matching |cosine| (columns)", "mean"),
     ("linear_cka", "linear CKA", "mean"),
     ("rbf_cka", "RBF CKA", "mean"),
 )
@@ -97,12 +122,65 @@ def table1_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def table4_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
+    """Table 4 with the language-model reference's aggregation (method.md 3).
+
+    ``df.mean(numeric_only=True)`` over all head rows, NaN-skipping per column: MDC = mean
+    over heads of the per-head *maximum* over tokens of the direct cosine, MOC = mean over
+    heads of the per-head maximum matched cosine (a non-finite head contributes 0 there,
+    because its NaN costs were set to 0), LCKA and KCKA = means over heads. Beside them,
+    Table 1's statistics of the same records (max over heads of the token means) and head
+    counts (non-finite heads are skipped, not dropped, by the reference).
+
+    Args:
+        heads: per-head records of the paper variant with a ``model`` column.
+        meta: HF id -> metadata (``weights_sha256``, ``n_sentences``, ``longformer_transposed``).
+
+    Returns:
+        One row per model, in the order of first appearance in ``heads``.
+    """
+    rows = []
+    for model, df in heads.groupby("model", sort=False):
+        rows.append(
+            {
+                "model": display_name(model),
+                "hf_id": model,
+                "MDC": df["direct_cos_max"].mean(),
+                "MOC": df["optimal_cos_max"].mean(),
+                "LCKA": df["linear_cka"].mean(),
+                "KCKA": df["rbf_cka"].mean(),
+                "MDC_table1_statistic": df["direct_cos_mean"].max(),
+                "MOC_table1_statistic": df["optimal_cos_mean"].max(),
+                "n_sentences": meta[model]["n_sentences"],
+                "n_heads": len(df),
+                "n_heads_nonfinite": int(df["dropped"].astype(bool).sum()),
+                "n_exp_overflow": int(df["exp_overflow"].astype(bool).sum()),
+                "n_outer_overflow": int(df["outer_overflow"].astype(bool).sum()),
+                "n_allclose": int(df["allclose"].astype(bool).sum()),
+                "n_tokens": int(df["n_tokens"].max()),
+                "longformer_transposed": bool(meta[model].get("longformer_transposed", False)),
+                "weights_sha256": meta[model]["weights_sha256"],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 def _stat(values: pd.Series, how: str) -> float:
     return float(values.max()) if how == "max" else float(values.mean())
 
 
-def table_corrected(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
+def table_corrected(
+    heads: pd.DataFrame,
+    meta: dict[str, dict],
+    metrics: tuple = CORRECTED_METRICS,
+    id_column: str = "timm_id",
+    count_key: str = "n_images",
+) -> pd.DataFrame:
     """The corrected variant's table (method.md Section 15), one row per (model, metric).
+
+    ``metrics``: (per-head column, label, paper statistic) triples, :data:`CORRECTED_METRICS`
+    for Table 1 or :data:`TEXT_CORRECTED_METRICS` for Table 4 (with ``id_column="hf_id"`` and
+    ``count_key="n_sentences"``).
 
     Columns: the paper's statistic over heads (``paper_statistic``: max or mean) and its
     value, mean and standard deviation (ddof 1) over heads, the same three for the random
@@ -111,7 +189,7 @@ def table_corrected(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
     """
     rows = []
     for model, df in heads.groupby("model", sort=False):
-        for col, label, how in CORRECTED_METRICS:
+        for col, label, how in metrics:
             vals = df[col]
             ok = vals[np.isfinite(vals)]
             base = df.get(f"baseline_{col}", pd.Series(dtype=float))
@@ -119,7 +197,7 @@ def table_corrected(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
             rows.append(
                 {
                     "model": display_name(model),
-                    "timm_id": model,
+                    id_column: model,
                     "metric": label,
                     "column": col,
                     "paper_statistic": f"{how} over heads",
@@ -131,21 +209,21 @@ def table_corrected(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
                     "baseline_std": float(base.std(ddof=1)) if len(base) > 1 else float("nan"),
                     "n_heads": len(df),
                     "n_nonfinite": int(len(vals) - len(ok)),
-                    "n_images": meta[model]["n_images"],
+                    count_key: meta[model][count_key],
                     "weights_sha256": meta[model]["weights_sha256"],
                 }
             )
     return pd.DataFrame(rows)
 
 
-def corrected_markdown(table: pd.DataFrame) -> str:
+def corrected_markdown(table: pd.DataFrame, metrics: tuple = CORRECTED_METRICS) -> str:
     """Markdown: one row per model, one column per metric, ``mean ± std (random: mean)``."""
     cells = table.assign(
         cell=[f"{m:.3f} ± {s:.3f} (random {b:.3f})" for m, s, b in zip(table["mean"], table["std"], table["baseline_mean"])]
     )
     wide = cells.pivot(index="model", columns="metric", values="cell")
     order = list(dict.fromkeys(table["model"]))
-    wide = wide.loc[order, [label for _, label, _ in CORRECTED_METRICS if label in wide.columns]]
+    wide = wide.loc[order, [label for _, label, _ in metrics if label in wide.columns]]
     counts = table.groupby("model", sort=False)[["n_heads", "n_nonfinite"]].max()
     wide["heads (non-finite)"] = [f"{counts.loc[m, 'n_heads']} ({counts.loc[m, 'n_nonfinite']})" for m in wide.index]
     return wide.reset_index().to_markdown(index=False) + "\n"

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["UnsupportedArchitectureError", "resolve_device", "load_timm_model", "attention_modules", "AttentionRecorder"]
+__all__ = ["UnsupportedArchitectureError", "resolve_device", "load_timm_model", "attention_modules", "HeadRecorder", "AttentionRecorder"]
 
 
 class UnsupportedArchitectureError(TypeError):
@@ -76,17 +76,42 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
     return mods
 
 
-class AttentionRecorder:
+class HeadRecorder:
+    """Base of the hook recorders (vision and language models): a context manager whose
+    hooks fill ``captured[layer]`` with ``"q" | "k" | "v" | "h"`` -> ``(B, H, N, d)`` tensors.
+
+    Subclasses implement :meth:`_register`, returning the hook handles; leaving the context
+    removes them.
+    """
+
+    def __init__(self, attns: Iterable):
+        self.attns = list(attns)
+        self.captured: list[dict[str, torch.Tensor]] = [{} for _ in self.attns]
+        self.handles: list = []
+
+    def _register(self) -> list:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self.handles.extend(self._register())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+    def numpy_layer(self, layer: int) -> dict[str, np.ndarray]:
+        """Captured tensors of one layer as contiguous float32 numpy arrays on the CPU."""
+        return {t: np.ascontiguousarray(x.detach().float().cpu().numpy()) for t, x in self.captured[layer].items()}
+
+
+class AttentionRecorder(HeadRecorder):
     """Context manager that records per-head q, k, v, h of every layer during a forward pass.
 
     After ``model(x)``, ``recorder.captured[layer]`` maps ``"q" | "k" | "v" | "h"`` to float32
     tensors of shape ``(B, H, N, d)`` on the model's device.
     """
-
-    def __init__(self, attns: Iterable[nn.Module]):
-        self.attns = list(attns)
-        self.captured: list[dict[str, torch.Tensor]] = [{} for _ in self.attns]
-        self.handles: list = []
 
     def _qkv_hook(self, layer: int):
         attn = self.attns[layer]
@@ -108,17 +133,9 @@ class AttentionRecorder:
 
         return hook
 
-    def __enter__(self) -> "AttentionRecorder":
+    def _register(self) -> list:
+        handles = []
         for layer, attn in enumerate(self.attns):
-            self.handles.append(attn.qkv.register_forward_hook(self._qkv_hook(layer)))
-            self.handles.append(attn.proj.register_forward_pre_hook(self._proj_pre_hook(layer)))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
-
-    def numpy_layer(self, layer: int) -> dict[str, np.ndarray]:
-        """Captured tensors of one layer as contiguous float32 numpy arrays on the CPU."""
-        return {t: np.ascontiguousarray(x.detach().float().cpu().numpy()) for t, x in self.captured[layer].items()}
+            handles.append(attn.qkv.register_forward_hook(self._qkv_hook(layer)))
+            handles.append(attn.proj.register_forward_pre_hook(self._proj_pre_hook(layer)))
+        return handles

@@ -1,5 +1,6 @@
 # Shared helpers: configuration checks, paths, wildcard constraints.
 import os
+import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -51,8 +52,13 @@ def _validate_config():
 
 _validate_config()
 
+# The repository's own library (paths, slugs, model sources) for the workflow itself.
+sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+from kpca_repro.text import LOCAL_MODELS_KEY, MissingModelError, model_id_from_slug, model_slug, model_source, resolve_local_dir
+
 RESOURCES = config["resources_dir"]
 VISION = config["vision"]
+TEXT = config["text"]
 ENV = "../../envs/pipeline.yaml"
 # Library modules each stage imports: listed as inputs so that changing them reruns the
 # stage (Snakemake tracks only the script file itself).
@@ -65,8 +71,11 @@ LIB_FIGURES = [str(LIB / m) for m in ("figures.py", "smk.py")]
 LIB_COMPARISON = [str(LIB / m) for m in ("comparison.py", "h5io.py", "smk.py")]
 LIB_REPORT = [str(LIB / m) for m in ("report.py", "h5io.py", "smk.py")]
 # Result tables rendered as HTML for `snakemake --report` (caption: workflow/report/tables.rst).
-REPORT_TABLES = ["table1", "table2", "table3", "table1_corrected", "table2_corrected", "table3_corrected", "paper_comparison"]
+REPORT_TABLES = [f"table{t}{sfx}" for sfx in ("", "_corrected") for t in (1, 2, 3, 4)] + ["paper_comparison"]
 LIB_NORMS = [str(LIB / m) for m in ("norms.py", "kpca.py", "h5io.py", "smk.py")]
+LIB_SAMPLE_TEXT = [str(LIB / m) for m in ("text.py", "images.py", "h5io.py", "smk.py")]
+LIB_EXTRACT_TEXT = [str(LIB / m) for m in ("text.py", "vision.py", "images.py", "h5io.py", "resources.py", "smk.py")]
+LIB_KPCA_TEXT = LIB_KPCA + [str(LIB / "text.py")]
 
 
 wildcard_constraints:
@@ -75,6 +84,8 @@ wildcard_constraints:
     n=r"\d+",
     shard=r"\d+of\d+",
     keyset="standardized|raw",
+    slug=r"[A-Za-z0-9_.\-]+",
+    sample=r"\d+|sentences",
 
 
 def _check_config():
@@ -90,9 +101,9 @@ def _check_config():
     if not timm.is_model(config["figure3"]["model"]):
         raise WorkflowError(f"config key figure3.model: {config['figure3']['model']!r} is not a timm model id")
     for key in [*VISION["model_kwargs"], *config["checksums"]]:
-        if key not in VISION["models"]:
+        if key not in VISION["models"] and key not in TEXT["models"]:
             if key != config["figure3"]["model"]:
-                raise WorkflowError(f"config keys vision.model_kwargs / checksums: {key!r} is not in vision.models or figure3.model")
+                raise WorkflowError(f"config keys vision.model_kwargs / checksums: {key!r} is not in vision.models, text.models or figure3.model")
     for key, n in (("vision.n_images", VISION["n_images"]), ("spectra.n_images", config["spectra"]["n_images"])):
         if VISION["shards"] > n:
             raise WorkflowError(f"config key vision.shards: {VISION['shards']} shards for {n} images ({key}); use at most one shard per image")
@@ -102,6 +113,14 @@ def _check_config():
             f"config key comparison.published_tables: {published} is not a directory; point it at the paper's "
             "published tables as CSV (for example ../shared/reference/paper_tables) or set it to null"
         )
+    if TEXT["shards"] > TEXT["n_rows"]:
+        raise WorkflowError(f"config key text.shards: {TEXT['shards']} shards for {TEXT['n_rows']} rows (text.n_rows); use at most one shard per row")
+    for model_id, spec in TEXT["local_models"].items():
+        if model_id in TEXT["models"]:
+            try:
+                resolve_local_dir(spec)
+            except MissingModelError as exc:
+                raise WorkflowError(f"config key {LOCAL_MODELS_KEY}[{model_id}]: {exc}") from None
     root = VISION["imagenet_val_dir"]
     if root is not None:
         if not os.path.isdir(root):
@@ -190,6 +209,29 @@ def spectra_files(variant, model, keys):
     )
 
 
+def text_stage_files(model_id, ext="h5", variant=None):
+    """Activation files (ext h5) or per-head records (ext csv/json, with variant) of one language model on the Table 4 sample, all shards."""
+    stem = f"text_{TEXT['n_rows']}_{{shard}}.{ext}"
+    prefix = "results/activations" if ext == "h5" else f"results/heads/{variant}"
+    return expand(f"{prefix}/{model_slug(model_id)}/{stem}", shard=[f"{i}of{TEXT['shards']}" for i in range(TEXT["shards"])])
+
+
+def text_model_source(wildcards):
+    """A language model's directory (text.local_models) or hub id; offline and unavailable, stop the DAG naming the key."""
+    try:
+        return model_source(model_id_from_slug(wildcards.slug), TEXT["local_models"], config["offline"])
+    except MissingModelError as exc:
+        raise WorkflowError(str(exc)) from None
+
+
+def text_model_files(wildcards):
+    """Input files of a local language model (config.json and weights, so a change reruns extraction); none for the hub."""
+    source = text_model_source(wildcards)
+    if not os.path.isdir(source):
+        return []
+    return [str(p) for p in sorted(Path(source).iterdir()) if p.name in ("config.json", "model.safetensors", "pytorch_model.bin")]
+
+
 def offline_guard(path, what, how):
     """Input function for download rules: offline, a missing input stops DAG construction."""
 
@@ -205,6 +247,8 @@ def offline_guard(path, what, how):
 def comparison_tables():
     """Table number -> (paper-variant CSV, corrected CSV or None) for the tables this run builds."""
     out = {"1": "results/table1.csv", "2": "results/table2.csv", "3": "results/table3.csv"}
+    if TEXT["models"]:
+        out["4"] = "results/table4.csv"
     corrected = "corrected" in config["variants"]
     return {t: (p, p.replace(".csv", "_corrected.csv") if corrected else None) for t, p in out.items()}
 
@@ -217,6 +261,8 @@ def all_targets():
         sfx = suffixes[variant]
         targets += [f"results/table{t}{sfx}.csv" for t in (1, 2, 3)] + [f"results/table1{sfx}.md"]
         targets += [f"results/figure{f}{sfx}.pdf" for f in (2, 3)]
+        if TEXT["models"]:  # text.models: [] (a vision-only configuration) leaves Table 4 and Figure 5 out
+            targets += [f"results/table4{sfx}.csv", f"results/table4{sfx}.md", f"results/figure5{sfx}.pdf"]
     # the tables as HTML for `snakemake --report`; last, the comparison with the paper
     built = [t for t in REPORT_TABLES if f"results/{t}.csv" in targets]
     targets += [f"results/html/{t}.html" for t in built + ["paper_comparison"]]
@@ -230,28 +276,20 @@ def all_targets():
 
 FIGURE2 = config["figure2"]
 FIGURE5 = config["figure5"]
-# Table 4's text settings (config section `text`, added with the language-model extraction);
-# read with defaults so that these rules parse without it.
-TEXT = config.get("text") or {}
-FIGURE5_MODELS = FIGURE5["models"] if FIGURE5["models"] is not None else list(TEXT.get("models", []))
-TEXT_ROWS = TEXT.get("n_rows", 100)
-TEXT_SHARDS = [f"{i}of{TEXT.get('shards', 1)}" for i in range(TEXT.get("shards", 1))]
+FIGURE5_MODELS = FIGURE5["models"] if FIGURE5["models"] is not None else list(TEXT["models"])
+TEXT_ROWS = TEXT["n_rows"]
+TEXT_SHARDS = [f"{i}of{TEXT['shards']}" for i in range(TEXT["shards"])]
 
 
 def _check_norms_config():
     """Checks of figure2 / figure5 a JSON schema cannot express; raise before any job runs."""
-    if FIGURE5["models"] is not None and "models" in TEXT:
+    if FIGURE5["models"] is not None:
         for i, model in enumerate(FIGURE5["models"]):
             if model not in TEXT["models"]:
                 raise WorkflowError(f"config key figure5.models[{i}]: {model!r} is not in text.models (its extraction is configured there)")
 
 
 _check_norms_config()
-
-
-def text_slug(hf_id):
-    """Path component of a Hugging Face model id: each slash replaced by "--"."""
-    return "--".join(hf_id.split("/"))
 
 
 def norm_activations(domain, variant, model):
@@ -269,5 +307,7 @@ def figure5_models(wildcards):
     """Path slugs of the Figure 5 models (figure5.models, else text.models)."""
     if not FIGURE5_MODELS:
         raise WorkflowError("config keys figure5.models / text.models: no language model configured for Figure 5")
-    return [text_slug(m) for m in FIGURE5_MODELS]
+    return [model_slug(m) for m in FIGURE5_MODELS]
+
+
 _check_config()

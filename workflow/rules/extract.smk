@@ -45,3 +45,54 @@ rule extract_vision:
         ENV
     script:
         "../scripts/extract_vision.py"
+
+
+# Language models (Table 4, method.md Section 3): the text sample, one forward per batch of rows.
+
+
+rule sample_text:
+    input:
+        rows=f"{RESOURCES}/text/wikitext-103/wiki.test.raw",
+        code=LIB_SAMPLE_TEXT,
+    output:
+        "results/samples/text_{n}.tsv",
+    params:
+        seed=config["seed"],
+        min_chars=TEXT["min_chars"],
+    log:
+        "logs/sample_text/text_{n}.log",
+    benchmark:
+        "benchmarks/sample_text/text_{n}.tsv"
+    conda:
+        ENV
+    script:
+        "../scripts/sample_text.py"
+
+
+rule extract_text:
+    input:
+        samples="results/samples/text_{sample}.tsv",
+        model=text_model_files,
+        code=LIB_EXTRACT_TEXT,
+    output:
+        "results/activations/{slug}/text_{sample}_{shard}.h5",
+    params:
+        model_id=lambda wc: model_id_from_slug(wc.slug),
+        source=text_model_source,
+        batch_size=TEXT["batch_size"],
+        max_length=TEXT["max_length"],
+        device=config["device"],
+        offline=config["offline"],
+        checksum=lambda wc: config["checksums"].get(model_id_from_slug(wc.slug)),
+    threads: config["kpca"]["threads"]
+    resources:
+        gpu=1 if config["device"] != "cpu" else 0,
+        mem_mb=8000,
+    log:
+        "logs/extract_text/{slug}/text_{sample}_{shard}.log",
+    benchmark:
+        "benchmarks/extract_text/{slug}/text_{sample}_{shard}.tsv"
+    conda:
+        ENV
+    script:
+        "../scripts/extract_text.py"

@@ -1,13 +1,17 @@
-# Stage 2: per (image, layer, head): Gram matrix, centering, eigenpairs, V_KPCA, metrics.
+# Stage 2: per (input, layer, head): Gram matrix, centering, eigenpairs, V_KPCA, metrics.
+# One rule for vision (vision_<n>_<shard>) and language-model (text_<sample>_<shard>) files;
+# the records module reads the kind of file from its layout (attention_mask for text).
 
 
-rule kpca_vision:
+rule kpca_heads:
     input:
-        activations="results/activations/{model}/vision_{n}_{shard}.h5",
-        code=LIB_KPCA,
+        activations="results/activations/{model}/{stem}.h5",
+        code=lambda wc: LIB_KPCA_TEXT if wc.stem.startswith("text_") else LIB_KPCA,
     output:
-        heads="results/heads/{variant}/{model}/vision_{n}_{shard}.csv",
-        meta="results/heads/{variant}/{model}/vision_{n}_{shard}.json",
+        heads="results/heads/{variant}/{model}/{stem}.csv",
+        meta="results/heads/{variant}/{model}/{stem}.json",
+    wildcard_constraints:
+        stem=r"(vision_\d+|text_(\d+|sentences))_\d+of\d+",
     params:
         device=config["device"],
         seed=config["seed"],
@@ -17,10 +21,10 @@ rule kpca_vision:
         gpu=1 if config["device"] != "cpu" else 0,
         mem_mb=8000,
     log:
-        "logs/kpca_vision/{variant}/{model}/vision_{n}_{shard}.log",
+        "logs/kpca_heads/{variant}/{model}/{stem}.log",
     benchmark:
-        "benchmarks/kpca_vision/{variant}/{model}/vision_{n}_{shard}.tsv"
+        "benchmarks/kpca_heads/{variant}/{model}/{stem}.tsv"
     conda:
         ENV
     script:
-        "../scripts/kpca_vision.py"
+        "../scripts/kpca_heads.py"

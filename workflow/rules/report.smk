@@ -17,6 +17,7 @@ rule paper_comparison:
         published=config["comparison"]["published_tables"],
         tables=comparison_tables(),
         vision_models=VISION["models"],
+        text_models=TEXT["models"],
         weights_dir=f"{RESOURCES}/weights/timm",
     log:
         "logs/paper_comparison/paper_comparison.log",

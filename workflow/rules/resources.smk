@@ -57,3 +57,28 @@ if IMAGES_MISSING:
             ENV
         script:
             "../scripts/download_imagenet_sample.py"
+
+
+WIKITEXT_MISSING = not os.path.exists(f"{RESOURCES}/text/wikitext-103/wiki.test.raw")
+
+
+if WIKITEXT_MISSING:
+
+    rule download_wikitext:
+        input:
+            offline_guard(
+                f"{RESOURCES}/text/wikitext-103/wiki.test.raw",
+                "WikiText-103 raw test split",
+                "Put the file wiki.test.raw of wikitext-103-raw-v1 there (one dataset row per line), "
+                "or set offline: false to fetch it with datasets.load_dataset('wikitext', 'wikitext-103-raw-v1', split='test').",
+            ),
+        output:
+            f"{RESOURCES}/text/wikitext-103/wiki.test.raw",
+        log:
+            "logs/download_wikitext/download.log",
+        benchmark:
+            "benchmarks/download_wikitext/download.tsv"
+        conda:
+            ENV
+        script:
+            "../scripts/download_wikitext.py"

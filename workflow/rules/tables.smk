@@ -39,3 +39,46 @@ rule table1_corrected:
         ENV
     script:
         "../scripts/table1.py"
+
+
+# Table 4: language models (method.md Section 3; corrected: Section 15).
+
+
+rule table4:
+    input:
+        heads=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "csv", "paper")],
+        meta=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "json", "paper")],
+        code=LIB_TABLES,
+    output:
+        csv="results/table4.csv",
+        md="results/table4.md",
+    params:
+        variant="paper",
+    log:
+        "logs/table4/paper.log",
+    benchmark:
+        "benchmarks/table4/paper.tsv"
+    conda:
+        ENV
+    script:
+        "../scripts/table4.py"
+
+
+rule table4_corrected:
+    input:
+        heads=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "csv", "corrected")],
+        meta=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "json", "corrected")],
+        code=LIB_TABLES,
+    output:
+        csv="results/table4_corrected.csv",
+        md="results/table4_corrected.md",
+    params:
+        variant="corrected",
+    log:
+        "logs/table4/corrected.log",
+    benchmark:
+        "benchmarks/table4/corrected.tsv"
+    conda:
+        ENV
+    script:
+        "../scripts/table4.py"

@@ -1,4 +1,4 @@
-"""Rule kpca_vision: per-head KPCA records (paper or corrected variant) of one activation file."""
+"""Rule kpca_heads: per-head KPCA records (paper or corrected variant) of one activation file (vision or text)."""
 
 import json
 
@@ -10,7 +10,7 @@ from kpca_repro.smk import setup_logging
 from kpca_repro.vision import resolve_device
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
-log = setup_logging(smk, "kpca_vision")
+log = setup_logging(smk, "kpca_heads")
 torch.set_num_threads(smk.threads)
 device = resolve_device(smk.params.device)
 records, meta = kpca_records(

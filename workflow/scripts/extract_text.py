@@ -1,0 +1,27 @@
+"""Rule extract_text: one language model, one shard of a text sample -> HDF5 of per-head q, k, v, h and the mask."""
+
+import torch
+
+from kpca_repro.smk import setup_logging
+from kpca_repro.text import extract_text, read_samples
+from kpca_repro.vision import resolve_device
+
+smk = snakemake  # noqa: F821 (injected by Snakemake)
+log = setup_logging(smk, "extract_text")
+torch.set_num_threads(smk.threads)
+shard, n_shards = (int(x) for x in smk.wildcards.shard.split("of"))
+samples = read_samples(smk.input.samples)
+device = resolve_device(smk.params.device)
+log.info("%s from %s: %d rows (shard %d of %d) on %s", smk.params.model_id, smk.params.source, len(samples), shard, n_shards, device)
+extract_text(
+    smk.params.model_id,
+    smk.params.source,
+    samples,
+    smk.output[0],
+    shard=(shard, n_shards),
+    batch_size=smk.params.batch_size,
+    max_length=smk.params.max_length,
+    device=device,
+    offline=smk.params.offline,
+    checksum=smk.params.checksum,
+)
