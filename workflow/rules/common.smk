@@ -15,6 +15,14 @@ LIB_KPCA = [str(LIB / m) for m in ("records.py", "kpca.py", "h5io.py", "smk.py")
 LIB_TABLES = [str(LIB / m) for m in ("tables.py", "h5io.py", "smk.py")]
 LIB_SPECTRA = [str(LIB / m) for m in ("kpca.py", "records.py", "h5io.py", "smk.py")]
 LIB_FIGURES = [str(LIB / m) for m in ("figures.py", "smk.py")]
+LIB_TRAINING = [str(LIB / m) for m in ("training.py", "kpca.py", "h5io.py", "vision.py", "smk.py")]
+LIB_TRAINING_FIGURES = [str(LIB / m) for m in ("training.py", "figures.py", "h5io.py", "smk.py")]
+TRAINING = config["training"]
+FIGURE1 = config["figure1"]
+FASHION_MNIST = [
+    f"{RESOURCES}/datasets/fashion-mnist/{f}"
+    for f in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+]
 
 
 wildcard_constraints:
@@ -52,9 +60,49 @@ def _check_config():
             raise WorkflowError(
                 f"config key vision.imagenet_val_dir: {root} has no class folders; expected <dir>/<wnid>/*.JPEG (the ImageNet validation set sorted into class folders)"
             )
+    _check_training_config()
+
+
+def run_model_scale(run):
+    """``"<model>_<scale>"`` (a figure1.runs entry) -> (model, scale)."""
+    model, _, scale = run.rpartition("_")
+    return model, scale
+
+
+def _check_training_config():
+    """Figure 1/4 runs name configured models and scales; the paper scale needs ImageNet."""
+    import timm
+
+    for i, run in enumerate(FIGURE1["runs"]):
+        model, scale = run_model_scale(run)
+        if model not in TRAINING["models"] or scale not in TRAINING["scales"]:
+            raise WorkflowError(
+                f"config key figure1.runs[{i}]: {run!r} is not <model>_<scale> with a model of training.models "
+                f"({', '.join(TRAINING['models'])}) and a scale of training.scales ({', '.join(TRAINING['scales'])})"
+            )
+        sc = TRAINING["scales"][scale]
+        if sc["dataset"] == "imagenet":
+            root = sc["imagenet_root"]
+            if root is None or not all(os.path.isdir(os.path.join(root, s)) for s in ("train", "val")):
+                raise WorkflowError(f"config key training.scales.{scale}.imagenet_root: {root} must hold train/ and val/ class folders (ImageNet-1k) for run {run}")
+        if sc["img_size"] % sc["patch_size"]:
+            raise WorkflowError(f"config key training.scales.{scale}.patch_size: {sc['patch_size']} does not divide img_size {sc['img_size']}")
+    for name, m in TRAINING["models"].items():
+        if not timm.is_model(m["timm_id"]):
+            raise WorkflowError(f"config key training.models.{name}.timm_id: {m['timm_id']!r} is not a timm model id")
+    ref = FIGURE1["reference_logs"]
+    if FIGURE1["use_reference"] and ref is not None and not os.path.isdir(ref):
+        raise WorkflowError(f"config key figure1.reference_logs: {ref} is not a directory (the authors' W&B CSV exports)")
 
 
 _check_config()
+
+
+def reference_logs_input():
+    """The authors' W&B logs folder of Figures 1 and 4 ([] when figure1.use_reference is false)."""
+    if not FIGURE1["use_reference"]:
+        return []
+    return [FIGURE1["reference_logs"] or f"{RESOURCES}/training_logs"]
 
 SHARDS = [f"{i}of{VISION['shards']}" for i in range(VISION["shards"])]
 N_IMAGES = VISION["n_images"]
@@ -112,4 +160,6 @@ def all_targets():
         targets += ["results/table1.csv", "results/table1.md", "results/table2.csv", "results/table3.csv", "results/figure3.pdf"]
     if "corrected" in config["variants"]:
         targets += ["results/table1_corrected.csv", "results/table1_corrected.md", "results/table2_corrected.csv", "results/table3_corrected.csv", "results/figure3_corrected.pdf"]
+    if FIGURE1["runs"] or FIGURE1["use_reference"]:
+        targets += ["results/figure1.pdf", "results/figure4.pdf"]
     return targets
