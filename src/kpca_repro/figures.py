@@ -6,7 +6,7 @@ import os
 
 import pandas as pd
 
-__all__ = ["plot_gamma", "plot_norms", "PDF_METADATA"]
+__all__ = ["plot_gamma", "plot_norms", "plot_figure1", "plot_figure4", "PDF_METADATA"]
 
 #: ``savefig(..., metadata=PDF_METADATA)``: no creation date in PDFs, so identical runs give
 #: identical bytes (PNG files carry no timestamp).
@@ -76,6 +76,44 @@ def plot_norms(stats: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLi
     import math
     import textwrap
 
+# --------------------------------------------------------------------------------------
+# Figures 1 and 4: training curves (method.md Sections 6.3 and 7)
+# --------------------------------------------------------------------------------------
+
+#: Colours of the authors' scripts: (train = light, test = dark) per model.
+TRAINING_COLOURS = {"vit_tiny": ("#99CCFF", "#0066CC"), "deit_tiny": ("#FF9999", "#CC0000")}
+_OTHER_COLOURS = [("#B3E6B3", "#2E8B2E"), ("#FFD699", "#CC7A00"), ("#D9B3FF", "#7A29CC")]
+MODEL_NAMES = {"vit_tiny": "ViT-Tiny", "deit_tiny": "DeiT-Tiny"}
+
+
+def _colours(model: str, i: int) -> tuple[str, str]:
+    return TRAINING_COLOURS.get(model, _OTHER_COLOURS[i % len(_OTHER_COLOURS)])
+
+
+def _keep(curves: pd.DataFrame, skip_epochs: dict[str, float]) -> pd.DataFrame:
+    """Points with ``x >= skip_epochs[source]`` (the authors drop the first 10 epochs)."""
+    skip = curves["source"].map(lambda s: skip_epochs.get(s, 0.0))
+    return curves[curves["x"] >= skip]
+
+
+def plot_figure1(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLike, skip_epochs: dict[str, float]) -> pd.DataFrame:
+    """Figure 1: J_proj of the train and test batch, with ||h||^2 (circles) and ||phi(q)||^2 (triangles).
+
+    method.md 6.3: per model, train J_proj as a light line and test as a dark line (ViT
+    blue, DeiT red), ``h_norms_ave`` as circles and ``phiq_norms_ave`` as triangles on every
+    k-th kept point (k = 3 for ~130 epochs; about 40 markers per series), points with
+    ``x >= skip_epochs[source]``, linear y with limits ``(-0.5, ymax + 0.1 (ymax - ymin))``.
+    One column per source (the authors' logs, this pipeline's runs); the second row shows the
+    same series on a log y-axis, where ``||phi(q)||^2`` is visible.
+
+    Args:
+        curves: tidy frame of :func:`kpca_repro.training.read_wandb_logs` /
+            :func:`kpca_repro.training.read_training_log` rows.
+        skip_epochs: per source, the first x kept.
+
+    Returns:
+        The plotted points (``curves`` rows of the metrics error, h_norms_ave, phiq_norms_ave).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,3 +147,88 @@ def plot_norms(stats: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLi
     fig.savefig(pdf, metadata=PDF_METADATA)
     fig.savefig(png, dpi=150)
     plt.close(fig)
+    data = _keep(curves[curves["metric"].isin(["error", "h_norms_ave", "phiq_norms_ave"])], skip_epochs)
+    sources = list(dict.fromkeys(data["source"]))
+    fig, axes = plt.subplots(2, len(sources), figsize=(6.5 * len(sources), 8), squeeze=False, constrained_layout=True)
+    for c, source in enumerate(sources):
+        sd = data[data["source"] == source]
+        for row, log_y in enumerate((False, True)):
+            ax = axes[row, c]
+            for i, model in enumerate(dict.fromkeys(sd["model"])):
+                md = sd[sd["model"] == model]
+                name = MODEL_NAMES.get(model, model)
+                for split, colour in zip(("train", "test"), _colours(model, i)):
+                    s = md[md["split"] == split]
+                    err = s[s["metric"] == "error"].sort_values("x")
+                    every = max(1, round(len(err) / 40))
+                    ax.plot(err["x"], err["value"], color=colour, lw=1.5, label=f"{name} {split} $J_{{proj}}$")
+                    for metric, marker, size, label in (("h_norms_ave", "o", 6, r"$\|h\|^2$"), ("phiq_norms_ave", "^", 15, r"$\|\varphi(q)\|^2$")):
+                        pts = s[s["metric"] == metric].sort_values("x").iloc[::every]
+                        ax.scatter(pts["x"], pts["value"], marker=marker, s=size, color=colour, alpha=0.7, label=f"{name} {split} {label}")
+            if log_y:
+                ax.set_yscale("log")
+                ax.set_xlabel("epoch")
+            else:
+                v = sd["value"][pd.notna(sd["value"]) & (sd["value"].abs() < float("inf"))]
+                if len(v):
+                    ax.set_ylim(-0.5, v.max() + 0.1 * (v.max() - v.min()))
+                ax.set_title(f"Reconstruction loss: {source}", fontsize=10)
+            ax.set_ylabel(r"$J_{proj}$ and squared norms" + (" (log)" if log_y else ""))
+            ax.grid(alpha=0.3)
+        axes[0, c].legend(fontsize=6, ncol=2)
+    fig.savefig(pdf, metadata=PDF_METADATA)
+    fig.savefig(png, dpi=150)
+    plt.close(fig)
+    return data.reset_index(drop=True)
+
+
+def plot_figure4(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLike, skip_epochs: dict[str, float]) -> pd.DataFrame:
+    """Figure 4: the relative errors ``rel_error_wrt_h`` (top) and ``rel_error_wrt_phiq`` (bottom).
+
+    method.md 7, one column per (source, model): train (blue #0066CC) and test (red #CC0000)
+    points. Top: points with ``x >= skip_epochs[source]`` (the code drops the first 10 epochs
+    here), y-limits [0.9, 1.1] when every point lies inside, else automatic. Bottom: every
+    epoch, divided by 1e6 (1e3) when the largest |value| reaches 1e6 (1e3), with the factor
+    in the y label.
+
+    Returns:
+        The plotted points (``curves`` rows), with ``panel`` (``rel_h`` or ``rel_phi``) and
+        ``plotted`` (the value as drawn, after the 1e6/1e3 division).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rel = curves[curves["metric"].isin(["rel_error_wrt_h", "rel_error_wrt_phiq"])]
+    runs = list(dict.fromkeys(zip(rel["source"], rel["model"])))
+    fig, axes = plt.subplots(2, len(runs), figsize=(5.5 * len(runs), 6.5), squeeze=False, constrained_layout=True)
+    out = []
+    for c, (source, model) in enumerate(runs):
+        rd = rel[(rel["source"] == source) & (rel["model"] == model)]
+        top = _keep(rd[rd["metric"] == "rel_error_wrt_h"], skip_epochs).assign(panel="rel_h")
+        top["plotted"] = top["value"]
+        bottom = rd[rd["metric"] == "rel_error_wrt_phiq"].assign(panel="rel_phi")
+        big = bottom["value"].abs().max() if len(bottom) else 0.0
+        factor, suffix = (1e6, r" ($\times 10^{-6}$)") if big >= 1e6 else (1e3, r" ($\times 10^{-3}$)") if big >= 1e3 else (1.0, "")
+        bottom["plotted"] = bottom["value"] / factor
+        for r, (panel, label) in enumerate(((top, r"rel. error w.r.t. $\|h\|^2$"), (bottom, r"rel. error w.r.t. $\|\varphi(q)\|^2$" + suffix))):
+            ax = axes[r, c]
+            for split, colour in (("train", "#0066CC"), ("test", "#CC0000")):
+                s = panel[panel["split"] == split].sort_values("x")
+                ax.plot(s["x"], s["plotted"], "o-", ms=2.5, lw=0.8, color=colour, label=split)
+            if r == 0:
+                v = panel["plotted"]
+                if len(v) and v.between(0.9, 1.1).all():
+                    ax.set_ylim(0.9, 1.1)
+                ax.set_title(f"{MODEL_NAMES.get(model, model)}: {source}", fontsize=10)
+            else:
+                ax.set_xlabel("epoch")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+            out.append(panel)
+    fig.savefig(pdf, metadata=PDF_METADATA)
+    fig.savefig(png, dpi=150)
+    plt.close(fig)
+    return pd.concat(out, ignore_index=True) if out else rel.assign(panel=[], plotted=[])

@@ -76,6 +76,14 @@ LIB_NORMS = [str(LIB / m) for m in ("norms.py", "kpca.py", "h5io.py", "smk.py")]
 LIB_SAMPLE_TEXT = [str(LIB / m) for m in ("text.py", "images.py", "h5io.py", "smk.py")]
 LIB_EXTRACT_TEXT = [str(LIB / m) for m in ("text.py", "vision.py", "images.py", "h5io.py", "resources.py", "smk.py")]
 LIB_KPCA_TEXT = LIB_KPCA + [str(LIB / "text.py")]
+LIB_TRAINING = [str(LIB / m) for m in ("training.py", "kpca.py", "h5io.py", "vision.py", "smk.py")]
+LIB_TRAINING_FIGURES = [str(LIB / m) for m in ("training.py", "figures.py", "h5io.py", "smk.py")]
+TRAINING = config["training"]
+FIGURE1 = config["figure1"]
+FASHION_MNIST = [
+    f"{RESOURCES}/datasets/fashion-mnist/{f}"
+    for f in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+]
 
 
 wildcard_constraints:
@@ -131,6 +139,39 @@ def _check_config():
             )
     _check_image_counts()
     _check_weights_checksums()
+    _check_training_config()
+
+
+def run_model_scale(run):
+    """``"<model>_<scale>"`` (a figure1.runs entry) -> (model, scale)."""
+    model, _, scale = run.rpartition("_")
+    return model, scale
+
+
+def _check_training_config():
+    """Figure 1/4 runs name configured models and scales; the paper scale needs ImageNet."""
+    import timm
+
+    for i, run in enumerate(FIGURE1["runs"]):
+        model, scale = run_model_scale(run)
+        if model not in TRAINING["models"] or scale not in TRAINING["scales"]:
+            raise WorkflowError(
+                f"config key figure1.runs[{i}]: {run!r} is not <model>_<scale> with a model of training.models "
+                f"({', '.join(TRAINING['models'])}) and a scale of training.scales ({', '.join(TRAINING['scales'])})"
+            )
+        sc = TRAINING["scales"][scale]
+        if sc["dataset"] == "imagenet":
+            root = sc["imagenet_root"]
+            if root is None or not all(os.path.isdir(os.path.join(root, s)) for s in ("train", "val")):
+                raise WorkflowError(f"config key training.scales.{scale}.imagenet_root: {root} must hold train/ and val/ class folders (ImageNet-1k) for run {run}")
+        if sc["img_size"] % sc["patch_size"]:
+            raise WorkflowError(f"config key training.scales.{scale}.patch_size: {sc['patch_size']} does not divide img_size {sc['img_size']}")
+    for name, m in TRAINING["models"].items():
+        if not timm.is_model(m["timm_id"]):
+            raise WorkflowError(f"config key training.models.{name}.timm_id: {m['timm_id']!r} is not a timm model id")
+    ref = FIGURE1["reference_logs"]
+    if FIGURE1["use_reference"] and ref is not None and not os.path.isdir(ref):
+        raise WorkflowError(f"config key figure1.reference_logs: {ref} is not a directory (the authors' W&B CSV exports)")
 
 
 def _check_image_counts():
@@ -170,6 +211,13 @@ def _check_weights_checksums():
             _SHA256[path] = check_checksum(path, expected)
         except ChecksumMismatchError as exc:
             raise WorkflowError(f"config key checksums.{model}: {exc}") from None
+
+
+def reference_logs_input():
+    """The authors' W&B logs folder of Figures 1 and 4 ([] when figure1.use_reference is false)."""
+    if not FIGURE1["use_reference"]:
+        return []
+    return [FIGURE1["reference_logs"] or f"{RESOURCES}/training_logs"]
 
 SHARDS = [f"{i}of{VISION['shards']}" for i in range(VISION["shards"])]
 N_IMAGES = VISION["n_images"]
@@ -257,6 +305,8 @@ def all_targets():
     """Every table and figure the configuration asks for, then their HTML and the comparison."""
     suffixes = {"paper": "", "corrected": "_corrected"}
     targets = []
+    if FIGURE1["runs"] or FIGURE1["use_reference"]:  # training curves: no variants
+        targets += ["results/figure1.pdf", "results/figure4.pdf"]
     for variant in config["variants"]:
         sfx = suffixes[variant]
         targets += [f"results/table{t}{sfx}.csv" for t in (1, 2, 3)] + [f"results/table1{sfx}.md"]

@@ -1,0 +1,124 @@
+# Figures 1 and 4: train a ViT from scratch while logging J_proj (method.md 6-7).
+#
+# The checkpoint results/training/<arch>_<scale>/checkpoint.pt is deliberately NOT an output:
+# Snakemake deletes the outputs of a failed or interrupted job (and of an incomplete one on
+# --rerun-incomplete), but leaves undeclared files alone. A rerun of `train` therefore resumes
+# from the last completed epoch; the log is rewritten from the checkpoint's rows, so no row is
+# lost or duplicated. A checkpoint of another configuration (fingerprint) is ignored.
+
+
+# Download rules exist only for inputs missing when the workflow is parsed (as in
+# resources.smk), so files placed by hand or a read-only ../shared/assets are never rebuilt.
+FASHION_MNIST_MISSING = not all(os.path.exists(f) for f in FASHION_MNIST)
+TRAINING_LOGS_MISSING = FIGURE1["use_reference"] and FIGURE1["reference_logs"] is None and not os.path.isdir(f"{RESOURCES}/training_logs")
+
+
+if FASHION_MNIST_MISSING:
+
+    rule download_fashion_mnist:
+        input:
+            offline_guard(
+                f"{RESOURCES}/datasets/fashion-mnist",
+                "Fashion-MNIST",
+                "Place train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz and "
+                "t10k-labels-idx1-ubyte.gz there (https://github.com/zalandoresearch/fashion-mnist), or run online.",
+            ),
+        output:
+            FASHION_MNIST,
+        params:
+            root=lambda wc, output: os.path.dirname(output[0]),
+        log:
+            "logs/download_fashion_mnist.log",
+        benchmark:
+            "benchmarks/download_fashion_mnist.tsv"
+        conda:
+            ENV
+        script:
+            "../scripts/download_fashion_mnist.py"
+
+
+if TRAINING_LOGS_MISSING:
+
+    rule download_training_logs:
+        input:
+            offline_guard(
+                f"{RESOURCES}/training_logs",
+                "the authors' W&B training logs",
+                "Set figure1.reference_logs to a folder holding vit_tiny/*.csv and deit_tiny/*.csv "
+                "(scripts/wandb_data of KarahanS/Reproduction-Study-KPCA), or figure1.use_reference: false.",
+            ),
+        output:
+            directory(f"{RESOURCES}/training_logs"),
+        params:
+            url=FIGURE1["reference_url"],
+        log:
+            "logs/download_training_logs.log",
+        benchmark:
+            "benchmarks/download_training_logs.tsv"
+        conda:
+            ENV
+        script:
+            "../scripts/download_training_logs.py"
+
+
+rule train:
+    input:
+        data=lambda wc: FASHION_MNIST if TRAINING["scales"][wc.scale]["dataset"] == "fashion_mnist" else [],
+        code=LIB_TRAINING,
+    output:
+        log="results/training/{arch}_{scale}/log.csv",
+    wildcard_constraints:
+        arch="|".join(TRAINING["models"]),
+        scale="|".join(TRAINING["scales"]),
+    params:
+        model=lambda wc: TRAINING["models"][wc.arch],
+        scale=lambda wc: TRAINING["scales"][wc.scale],
+        checkpoint=lambda wc: f"results/training/{wc.arch}_{wc.scale}/checkpoint.pt",
+        seed=config["seed"],
+        device=config["device"],
+        resources_dir=RESOURCES,
+        offline=config["offline"],
+        num_workers=TRAINING["num_workers"],
+    threads: TRAINING["threads"]
+    resources:
+        gpu=1 if config["device"] != "cpu" else 0,
+        mem_mb=8000,
+    log:
+        "logs/train/{arch}_{scale}.log",
+    benchmark:
+        "benchmarks/train/{arch}_{scale}.tsv"
+    conda:
+        ENV
+    script:
+        "../scripts/train.py"
+
+
+rule figure_training:
+    input:
+        logs=[f"results/training/{run}/log.csv" for run in FIGURE1["runs"]],
+        reference=reference_logs_input(),
+        code=LIB_TRAINING_FIGURES,
+    output:
+        pdf="results/figure{fig}.pdf",
+        png=report(
+            "results/figure{fig}.png",
+            caption="../report/figure_training.rst",
+            category="Figures",
+            labels=lambda wc: {"figure": f"Figure {wc.fig}", "variant": "training logs"},
+        ),
+        csv="results/figure{fig}.csv",
+    wildcard_constraints:
+        fig="1|4",
+    params:
+        runs=[(run, *run_model_scale(run)) for run in FIGURE1["runs"]],
+        epoch_axis=FIGURE1["epoch_axis"],
+        skip_epochs_reference=FIGURE1["skip_epochs_reference"],
+        skip_epochs_runs=FIGURE1["skip_epochs_runs"],
+    log:
+        "logs/figure_training/figure{fig}.log",
+    benchmark:
+        "benchmarks/figure_training/figure{fig}.tsv"
+    conda:
+        ENV
+    script:
+        "../scripts/figure_training.py"

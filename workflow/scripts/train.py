@@ -1,0 +1,40 @@
+"""Rule train: train one model at one scale from scratch, logging J_proj after every epoch."""
+
+import torch
+
+from kpca_repro.smk import setup_logging
+from kpca_repro.training import build_datasets, build_model, config_fingerprint, train_run
+from kpca_repro.vision import resolve_device
+
+smk = snakemake  # noqa: F821 (injected by Snakemake)
+log = setup_logging(smk, "train")
+torch.set_num_threads(smk.threads)
+model_cfg, scale, seed = dict(smk.params.model), dict(smk.params.scale), smk.params.seed
+device = resolve_device(smk.params.device)
+train_set, val_set, num_classes, in_chans = build_datasets(scale, smk.params.resources_dir, download=not smk.params.offline)
+torch.manual_seed(seed)
+model = build_model(
+    model_cfg["timm_id"],
+    num_heads=model_cfg["num_heads"],
+    standardize_qk=model_cfg["standardize_qk"],
+    num_classes=num_classes,
+    img_size=scale["img_size"],
+    patch_size=scale["patch_size"],
+    in_chans=in_chans,
+    drop_path=scale["drop_path"],
+    depth=scale["depth"],
+    embed_dim=scale["embed_dim"],
+)
+log.info("%s at scale %s on %s: %d training / %d validation images, %d epochs", smk.wildcards.arch, smk.wildcards.scale, device, len(train_set), len(val_set), scale["epochs"])
+train_run(
+    model,
+    train_set,
+    val_set,
+    scale,
+    smk.output.log,
+    smk.params.checkpoint,
+    seed=seed,
+    device=device,
+    fingerprint=config_fingerprint(model_cfg, scale, seed, str(device)),
+    num_workers=smk.params.num_workers,
+)
