@@ -76,6 +76,41 @@ def plot_norms(stats: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLi
     import math
     import textwrap
 
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(stats["model"]))
+    ncols = min(5, len(models))
+    nrows = math.ceil(len(models) / ncols)
+    width = max(7.0, 3.6 * ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, 3.2 * nrows + 1.4), squeeze=False, constrained_layout=True)
+    for ax, model in zip(axes.flat, models):
+        df = stats[stats["model"] == model]
+        for quantity, (color, marker, label) in NORM_STYLE.items():
+            s = df[df["quantity"] == quantity].sort_values("layer")
+            ax.plot(s["layer"], s["median"], color=color, marker=marker, ms=4, lw=1.2, label=f"{label} median")
+            ax.fill_between(s["layer"], s["band_lower"], s["band_upper"], color=color, alpha=0.2, lw=0, label=f"{label} {band_label}")
+        ax.set_yscale("log")
+        ax.set_xticks(sorted(df["layer"].unique()))
+        ax.grid(alpha=0.3, which="major")
+        short = (names or {}).get(model, model.split("/")[-1])
+        ax.text(0.97, 0.05, short, transform=ax.transAxes, ha="right", va="bottom", fontsize=9, bbox={"boxstyle": "round", "fc": "white", "ec": "0.6"})
+    for ax in axes.flat[len(models) :]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("layer")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("squared norm")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=2 if ncols < 3 else 4, fontsize=8, frameon=False)
+    fig.suptitle(textwrap.fill(title, int(width * 13)), fontsize=10)
+    fig.savefig(pdf, metadata=PDF_METADATA)
+    fig.savefig(png, dpi=150)
+    plt.close(fig)
+
+
 # --------------------------------------------------------------------------------------
 # Figures 1 and 4: training curves (method.md Sections 6.3 and 7)
 # --------------------------------------------------------------------------------------
@@ -119,34 +154,6 @@ def plot_figure1(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    models = list(dict.fromkeys(stats["model"]))
-    ncols = min(5, len(models))
-    nrows = math.ceil(len(models) / ncols)
-    width = max(7.0, 3.6 * ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width, 3.2 * nrows + 1.4), squeeze=False, constrained_layout=True)
-    for ax, model in zip(axes.flat, models):
-        df = stats[stats["model"] == model]
-        for quantity, (color, marker, label) in NORM_STYLE.items():
-            s = df[df["quantity"] == quantity].sort_values("layer")
-            ax.plot(s["layer"], s["median"], color=color, marker=marker, ms=4, lw=1.2, label=f"{label} median")
-            ax.fill_between(s["layer"], s["band_lower"], s["band_upper"], color=color, alpha=0.2, lw=0, label=f"{label} {band_label}")
-        ax.set_yscale("log")
-        ax.set_xticks(sorted(df["layer"].unique()))
-        ax.grid(alpha=0.3, which="major")
-        short = (names or {}).get(model, model.split("/")[-1])
-        ax.text(0.97, 0.05, short, transform=ax.transAxes, ha="right", va="bottom", fontsize=9, bbox={"boxstyle": "round", "fc": "white", "ec": "0.6"})
-    for ax in axes.flat[len(models) :]:
-        ax.set_visible(False)
-    for ax in axes[-1]:
-        ax.set_xlabel("layer")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("squared norm")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=2 if ncols < 3 else 4, fontsize=8, frameon=False)
-    fig.suptitle(textwrap.fill(title, int(width * 13)), fontsize=10)
-    fig.savefig(pdf, metadata=PDF_METADATA)
-    fig.savefig(png, dpi=150)
-    plt.close(fig)
     data = _keep(curves[curves["metric"].isin(["error", "h_norms_ave", "phiq_norms_ave"])], skip_epochs)
     sources = list(dict.fromkeys(data["source"]))
     fig, axes = plt.subplots(2, len(sources), figsize=(6.5 * len(sources), 8), squeeze=False, constrained_layout=True)
