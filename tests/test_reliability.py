@@ -31,7 +31,7 @@ MODEL = "vit_tiny_patch16_224"
 # extraction and KPCA jobs take seconds, so a test can kill them mid-write.
 KWARGS = {MODEL: {"depth": 2}}
 ACTIVATIONS = f"results/activations/{MODEL}/vision_4_0of1.h5"
-KPCA_LOG = f"logs/kpca_vision/corrected/{MODEL}/vision_4_0of1.log"
+KPCA_LOG = f"logs/kpca_heads/corrected/{MODEL}/vision_4_0of1.log"
 KPCA_OUT = [f"results/heads/corrected/{MODEL}/vision_4_0of1.{ext}" for ext in ("csv", "json")]
 # One target per stage of the vision chain: Table 1 in both variants (sampling, extraction,
 # both KPCA variants), Table 3 corrected (eigenvalues with and without standardization) and
@@ -190,6 +190,7 @@ def interrupted_run(big_resources, workflow_copy, tmp_path_factory):
 # 1. bad input fails before any job runs, naming the key or file and what to do
 # --------------------------------------------------------------------------------------
 
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 BAD_INPUT = [
     pytest.param({"sed": 0}, "unknown config key sed (did you mean 'seed'?)", id="misspelt-top-level-key"),
     pytest.param({"vision": {"batch_sise": 3}}, "unknown config key vision.batch_sise (did you mean 'batch_size'?)", id="misspelt-nested-key"),
@@ -199,6 +200,14 @@ BAD_INPUT = [
     pytest.param({"spectra": {"n_images": 1}}, "config key spectra.n_images: 1 is less than the minimum of 2", id="too-few-spectra-images"),
     pytest.param({"checksums": {"vit_tiny_patch16_224": "0" * 64}}, "config key checksums.vit_tiny_patch16_224: ", id="checksum-mismatch"),
     pytest.param("NO_IMAGES", "missing ImageNet sample images: ", id="resources-without-images"),
+    # the language models (Table 4): row counts and local model directories
+    pytest.param({"text": {"models": [MINILM], "n_rows": 0}}, "config key text.n_rows: 0 is less than the minimum of 1", id="text-rows-out-of-range"),
+    pytest.param({"text": {"models": [MINILM], "n_rows": 3, "shards": 5}}, "config key text.shards: 5 shards for 3 rows", id="text-more-shards-than-rows"),
+    pytest.param(
+        {"text": {"models": [MINILM], "local_models": {MINILM: "/nonexistent/minilm"}}},
+        "config key text.local_models[sentence-transformers/all-MiniLM-L6-v2]: ",
+        id="text-local-model-missing",
+    ),
 ]
 
 
@@ -297,7 +306,7 @@ RERUN_CASES = [
     pytest.param({"figure3": {"noise": 0.2}}, {"gamma_vision": 1, "figure3": 1}, id="figure-3-parameter"),
     pytest.param(
         {"vision": {"n_images": 3}},
-        {"sample_images": 1, "extract_vision": 1, "kpca_vision": 2, "table1": 1, "table1_corrected": 1},
+        {"sample_images": 1, "extract_vision": 1, "kpca_heads": 2, "table1": 1, "table1_corrected": 1},
         id="image-count",
     ),
     pytest.param({}, {}, id="nothing-changed"),
@@ -315,7 +324,7 @@ def test_a_changed_parameter_reruns_only_the_jobs_that_use_it(overrides, expecte
 CODE_CHANGES = [
     pytest.param(
         "src/kpca_repro/kpca.py",
-        {"kpca_vision": 2, "eigenvalues_vision": 2, "gamma_vision": 1, "table1": 1, "table1_corrected": 1, "table_spectra": 1, "figure3": 1},
+        {"kpca_heads": 2, "eigenvalues_vision": 2, "gamma_vision": 1, "table1": 1, "table1_corrected": 1, "table_spectra": 1, "figure3": 1},
         id="kpca-module",
     ),
     pytest.param("src/kpca_repro/tables.py", {"table1": 1, "table1_corrected": 1, "table_spectra": 1}, id="tables-module"),
