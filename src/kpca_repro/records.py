@@ -7,7 +7,9 @@ Rule scripts call these; tests call them too. The mathematics itself lives in
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import h5py
 import numpy as np
@@ -20,7 +22,7 @@ from .kpca import CORRECTED, gamma_test, head_metrics, top_eigenvalues
 from .smk import library_versions
 from .vision import AttentionRecorder, attention_modules, load_timm_model
 
-__all__ = ["extract_vision", "kpca_records", "baseline_noise", "eigenvalue_records", "gamma_records"]
+__all__ = ["extract_vision", "kpca_records", "baseline_noise", "eigenvalue_records", "gamma_records", "ordered_map", "layer_chunks"]
 
 
 def extract_vision(
@@ -109,6 +111,63 @@ def baseline_noise(seed: int, dataset_index: int, layer: int, shape: tuple[int, 
     return torch.randn(shape, generator=gen, dtype=torch.float64)
 
 
+def ordered_map(fn: Callable, items: Iterable, *, workers: int = 1, max_pending: int | None = None) -> Iterator:
+    """``fn(item)`` for each item, in order, computed on ``workers`` threads.
+
+    The KPCA stage's work releases the GIL (torch kernels, LAPACK ``eigh``, scipy's
+    ``linear_sum_assignment``), so threads run chunks truly in parallel: on the CPU one
+    chunk's assignments overlap the next chunk's ``eigh``; on a GPU the assignments of
+    several chunks run on CPU threads while the GPU computes. ``items`` is consumed lazily and
+    at most ``max_pending`` (default ``2 * workers``) results are in flight, so memory stays
+    bounded by a few chunks whatever the number of items.
+
+    Args:
+        fn: called as ``fn(item)`` on a worker thread.
+        items: any iterable (a generator reading the activation file, for example).
+        workers: threads; ``1`` runs everything on the calling thread.
+        max_pending: in-flight bound.
+
+    Yields:
+        ``fn(item)`` in the order of ``items``. An exception in ``fn`` is raised here.
+    """
+    if workers <= 1:
+        for item in items:
+            yield fn(item)
+        return
+    bound = max_pending or 2 * workers
+    pending: deque = deque()
+    with ThreadPoolExecutor(workers, thread_name_prefix="kpca") as pool:
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            while len(pending) >= bound:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def layer_chunks(af: ActivationFile, layers: Sequence[int], heads_per_chunk: int, names: tuple[str, ...] = ("k", "v")) -> Iterator[tuple[int, np.ndarray, dict[str, torch.Tensor]]]:
+    """Stream an activation file as chunks of at most ``max(heads_per_chunk, H)`` heads.
+
+    Reads each layer in blocks of ``max(1, heads_per_chunk // H)`` images, so host memory
+    depends on the chunk size, not on the number of images in the file.
+
+    Yields:
+        ``(layer, flat, tensors)``: the chunk's flat head indices ``image * H + head`` within
+        the layer (``(heads,)`` int64) and ``name -> (heads, N, d)`` float32 CPU tensors.
+    """
+    n_img, n_heads = len(af.sample_rank), int(af.attrs["n_heads"])
+    per_read = max(1, heads_per_chunk // n_heads)
+    for layer in layers:
+        for i0 in range(0, n_img, per_read):
+            i1 = min(i0 + per_read, n_img)
+            t = af.read(layer, names, images=slice(i0, i1))
+            flat_t = {name: torch.from_numpy(a).reshape(-1, *a.shape[2:]) for name, a in t.items()}
+            heads = (i1 - i0) * n_heads
+            for lo in range(0, heads, heads_per_chunk):
+                hi = min(lo + heads_per_chunk, heads)
+                yield layer, np.arange(i0 * n_heads + lo, i0 * n_heads + hi), {name: x[lo:hi] for name, x in flat_t.items()}
+
+
 def kpca_records(
     activations: str | os.PathLike,
     variant: str,
@@ -118,11 +177,16 @@ def kpca_records(
     seed: int = 0,
     layers: Sequence[int] | None = None,
     progress: bool = True,
+    workers: int = 1,
 ) -> tuple[pd.DataFrame, dict]:
     """Per-head records of one activation file: every (image, layer, head) through KPCA.
 
-    Reads one layer at a time (memory does not grow with depth), batches ``heads_per_chunk``
-    heads per :func:`kpca_repro.kpca.head_metrics` call on ``device``.
+    Streams the file by layer and image block (:func:`layer_chunks`; memory grows with
+    neither depth nor the number of images) and runs chunks of ``heads_per_chunk`` heads
+    through :func:`kpca_repro.kpca.head_metrics` on ``device``, ``workers`` chunks at a time
+    (:func:`ordered_map`). Each head's numbers do not depend on the chunking, the number of
+    workers or the sharding (per-matrix ``eigh`` on the CPU, :func:`kpca_repro.kpca.eigenpairs`);
+    for bit-identical CPU runs keep torch's intra-op threads fixed (the rule uses 1).
 
     Returns:
         ``(records, meta)``: a DataFrame with one row per head (``sample_rank``,
@@ -139,34 +203,32 @@ def kpca_records(
     with ActivationFile(activations) as af:
         model_id = str(af.attrs["model_id"])
         n_img, n_heads = len(af.sample_rank), int(af.attrs["n_heads"])
-        for layer in tqdm(list(layers if layers is not None else range(af.n_layers)), desc=f"kpca {variant} {model_id}", unit="layer", disable=not progress, mininterval=5):
-            t = af.read(layer, ("k", "v"))
-            k = torch.from_numpy(t["k"]).reshape(-1, *t["k"].shape[2:])
-            v = torch.from_numpy(t["v"]).reshape(-1, *t["v"].shape[2:])
+        layer_list = list(layers if layers is not None else range(af.n_layers))
+
+        def work(chunk):
+            layer, flat, t = chunk
+            k, v = t["k"], t["v"]
+            base = None
             if variant == CORRECTED:
-                base = torch.cat([baseline_noise(seed, di, layer, tuple(t["v"].shape[1:])) for di in af.dataset_index])
-            for lo in range(0, k.shape[0], heads_per_chunk):
-                hi = min(lo + heads_per_chunk, k.shape[0])
-                cols = head_metrics(
-                    k[lo:hi].to(device),
-                    v[lo:hi].to(device),
-                    variant,
-                    baseline=base[lo:hi].to(device) if variant == CORRECTED else None,
-                )
-                flat = np.arange(lo, hi)
-                frames.append(
-                    pd.DataFrame(
-                        {
-                            "sample_rank": af.sample_rank[flat // n_heads],
-                            "dataset_index": af.dataset_index[flat // n_heads],
-                            "layer": layer,
-                            "head": flat % n_heads,
-                            "n_tokens": k.shape[1],
-                            "head_dim": v.shape[2],
-                            **cols,
-                        }
-                    )
-                )
+                noise = {int(i): baseline_noise(seed, af.dataset_index[i], layer, (n_heads, *v.shape[1:])) for i in np.unique(flat // n_heads)}
+                base = torch.stack([noise[int(f // n_heads)][f % n_heads] for f in flat]).to(device)
+            cols = head_metrics(k.to(device), v.to(device), variant, baseline=base)
+            return pd.DataFrame(
+                {
+                    "sample_rank": af.sample_rank[flat // n_heads],
+                    "dataset_index": af.dataset_index[flat // n_heads],
+                    "layer": layer,
+                    "head": flat % n_heads,
+                    "n_tokens": k.shape[1],
+                    "head_dim": v.shape[2],
+                    **cols,
+                }
+            )
+
+        with tqdm(total=n_img * n_heads * len(layer_list), desc=f"kpca {variant} {model_id}", unit="head", disable=not progress, mininterval=5) as bar:
+            for frame in ordered_map(work, layer_chunks(af, layer_list, heads_per_chunk), workers=workers):
+                frames.append(frame)
+                bar.update(len(frame))
         meta = {
             "model_id": model_id,
             "weights_sha256": str(af.attrs["weights_sha256"]),
@@ -190,8 +252,11 @@ def eigenvalue_records(
     n_components: int = 64,
     device: torch.device,
     heads_per_chunk: int = 64,
+    workers: int = 1,
 ) -> pd.DataFrame:
     """Per-head top eigenvalues of one activation file (Tables 2 and 3, method.md 4-5).
+
+    Streamed and parallel as :func:`kpca_records` (``workers`` chunks at a time).
 
     Returns:
         One row per (image, layer, head): ``sample_rank, dataset_index, layer, head,
@@ -201,23 +266,21 @@ def eigenvalue_records(
     Raises:
         kpca_repro.h5io.CorruptActivationFileError: the file is unreadable (named).
     """
-    frames = []
     with ActivationFile(activations) as af:
         n_heads = int(af.attrs["n_heads"])
-        for layer in range(af.n_layers):
-            k = torch.from_numpy(af.read(layer, ("k",))["k"])
-            k = k.reshape(-1, *k.shape[2:])
-            for lo in range(0, k.shape[0], heads_per_chunk):
-                hi = min(lo + heads_per_chunk, k.shape[0])
-                evals, finite = top_eigenvalues(k[lo:hi].to(device), n_components, variant, standardize)
-                flat = np.arange(lo, hi)
-                frame = pd.DataFrame(evals.cpu().numpy(), columns=[f"lambda_{r + 1:02d}" for r in range(n_components)])
-                frame.insert(0, "finite", finite.cpu().numpy())
-                frame.insert(0, "head", flat % n_heads)
-                frame.insert(0, "layer", layer)
-                frame.insert(0, "dataset_index", af.dataset_index[flat // n_heads])
-                frame.insert(0, "sample_rank", af.sample_rank[flat // n_heads])
-                frames.append(frame)
+
+        def work(chunk):
+            layer, flat, t = chunk
+            evals, finite = top_eigenvalues(t["k"].to(device), n_components, variant, standardize)
+            frame = pd.DataFrame(evals.cpu().numpy(), columns=[f"lambda_{r + 1:02d}" for r in range(n_components)])
+            frame.insert(0, "finite", finite.cpu().numpy())
+            frame.insert(0, "head", flat % n_heads)
+            frame.insert(0, "layer", layer)
+            frame.insert(0, "dataset_index", af.dataset_index[flat // n_heads])
+            frame.insert(0, "sample_rank", af.sample_rank[flat // n_heads])
+            return frame
+
+        frames = list(ordered_map(work, layer_chunks(af, range(af.n_layers), heads_per_chunk, ("k",)), workers=workers))
         model_id = str(af.attrs["model_id"])
     out = pd.concat(frames, ignore_index=True)
     out.insert(0, "keys", "standardized" if standardize else "raw")
