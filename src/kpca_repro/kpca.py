@@ -404,10 +404,10 @@ def kth_smallest_nonzero(d: torch.Tensor, which: str, *, symmetric: bool = False
     """
     if symmetric:
         n = d.shape[-1]
+        if n < 2:  # no off-diagonal entry
+            return torch.full(d.shape[:-2], float("nan"), dtype=d.dtype, device=d.device)
         iu = torch.triu_indices(n, n, offset=1, device=d.device)
         flat = d[..., iu[0], iu[1]].reshape(-1, iu.shape[1])
-        if flat.shape[-1] == 0:  # N = 1: no off-diagonal entry
-            return torch.full(d.shape[:-2], float("nan"), dtype=d.dtype, device=d.device)
     else:
         flat = d.reshape(-1, d.shape[-2] * d.shape[-1])
     nonzero = flat != 0

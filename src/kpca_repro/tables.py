@@ -47,6 +47,12 @@ def display_name(model_id: str) -> str:
     return MODEL_NAMES.get(model_id, model_id)
 
 
+def _head_order(df: pd.DataFrame) -> pd.DataFrame:
+    """One model's records in (layer, image, head) order, so that sums over heads (means,
+    standard deviations) add the same floats in the same order however the images were sharded."""
+    return df.sort_values(["layer", "sample_rank", "head"], kind="stable")
+
+
 def table1_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
     """Table 1 with the reference's aggregation (method.md Section 2).
 
@@ -64,6 +70,7 @@ def table1_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
     """
     rows = []
     for model, df in heads.groupby("model", sort=False):
+        df = _head_order(df)
         kept = df[~df["dropped"].astype(bool)]
         rows.append(
             {
@@ -102,6 +109,7 @@ def table_corrected(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
     """
     rows = []
     for model, df in heads.groupby("model", sort=False):
+        df = _head_order(df)
         for col, label, how in CORRECTED_METRICS:
             vals = df[col]
             ok = vals[np.isfinite(vals)]
