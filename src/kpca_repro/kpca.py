@@ -534,6 +534,7 @@ def head_metrics(
     order: str | None = None,
     g_eps: float = 0.0,
     baseline: torch.Tensor | None = None,
+    eigh_per_matrix: bool | None = None,
 ) -> dict[str, np.ndarray]:
     """Every per-head quantity of Table 1 (method.md 2) or its corrected form (method.md 15).
 
@@ -551,6 +552,9 @@ def head_metrics(
         g_eps: added to ``g`` in ``G = diag(1/(g + g_eps))`` (paper variant; 0 for vision,
             1e-6 for the language-model script).
         baseline: standard normal samples of ``V_KPCA``'s shape ``(heads, N, d)`` (corrected).
+        eigh_per_matrix: :func:`eigenpairs`'s ``per_matrix`` (default: one matrix at a time on
+            the CPU, so each head's numbers do not depend on the batch; one batched solver
+            call on CUDA).
 
     Returns:
         Column name -> float64 numpy array of shape ``(heads,)`` (bool for flags). Flags:
@@ -574,7 +578,7 @@ def head_metrics(
     if paper:
         kphi, g = gram_paper(k)
         kc = center_dense(kphi)
-        _, a, finite = eigenpairs(kc, d, order or "abs_desc")
+        _, a, finite = eigenpairs(kc, d, order or "abs_desc", per_matrix=eigh_per_matrix)
         vk = v_kpca(a, 1.0 / (g + g_eps))
         dropped = ~(finite & torch.isfinite(vk).all(-1).all(-1))
         g_finite = torch.isfinite(g).all(-1)
@@ -583,7 +587,7 @@ def head_metrics(
     else:
         log_kphi, log_g = log_gram(k)
         kc = center(torch.exp(log_kphi))
-        _, a, finite = eigenpairs(kc, d, order or "desc", fix_signs=True)
+        _, a, finite = eigenpairs(kc, d, order or "desc", fix_signs=True, per_matrix=eigh_per_matrix)
         inv_g = torch.exp(log_g.amin(-1, keepdim=True) - log_g)
         vk = v_kpca(a, inv_g)
         dropped = ~(finite & torch.isfinite(vk).all(-1).all(-1))

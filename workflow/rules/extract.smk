@@ -2,6 +2,7 @@
 
 
 rule sample_images:
+    localrule: True
     input:
         images=image_source()[0],
         code=str(LIB / "images.py"),

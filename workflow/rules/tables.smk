@@ -2,6 +2,7 @@
 
 
 rule table1:
+    localrule: True
     input:
         heads=lambda wc: [f for m in VISION["models"] for f in heads_files("paper", m)],
         meta=lambda wc: [f for m in VISION["models"] for f in heads_files("paper", m, "json")],
@@ -22,6 +23,7 @@ rule table1:
 
 
 rule table1_corrected:
+    localrule: True
     input:
         heads=lambda wc: [f for m in VISION["models"] for f in heads_files("corrected", m)],
         meta=lambda wc: [f for m in VISION["models"] for f in heads_files("corrected", m, "json")],
