@@ -340,8 +340,9 @@ def cmd_chain(args) -> dict:
         cfg = Path(args.configfile).resolve()
         text = cfg.read_text().replace("../shared", str((REPO / ".." / "shared").resolve()))
         (Path(tmp) / "bench.yaml").write_text(text)
-        cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", tmp, "--cores", str(args.cores), *args.targets, "--configfile", str(Path(tmp) / "bench.yaml")]
-        env = dict(os.environ, PYTHONPATH=f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        tree = Path(args.tree).resolve() if args.tree else REPO  # another checkout: compare versions
+        cmd = [sys.executable, "-m", "snakemake", "-s", str(tree / "Snakefile"), "-d", tmp, "--cores", str(args.cores), *args.targets, "--configfile", str(Path(tmp) / "bench.yaml")]
+        env = dict(os.environ, PYTHONPATH=f"{tree / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp)
         wall = time.perf_counter() - t0
@@ -353,7 +354,7 @@ def cmd_chain(args) -> dict:
                 rec = next(csv.DictReader(fh, delimiter="\t"))
             rules[str(tsv.relative_to(Path(tmp, "benchmarks")))] = {"seconds": float(rec["s"]), "max_rss_mb": float(rec["max_rss"])}
         tables = {t: Path(tmp, t).read_text() for t in args.targets if t.endswith(".csv")}
-    out = {"command": "chain", "targets": args.targets, "cores": args.cores, "wall_seconds": wall, "rules": rules, "tables": tables}
+    out = {"command": "chain", "tree": str(args.tree or REPO), "targets": args.targets, "cores": args.cores, "wall_seconds": wall, "rules": rules, "tables": tables}
     print(json.dumps({"wall_seconds": wall}), flush=True)
     return out
 
@@ -433,6 +434,7 @@ def main(argv=None) -> None:
     s.add_argument("--configfile", default=str(REPO / "config" / "offline_deit_tiny.yaml"))
     s.add_argument("--cores", type=int, default=2)
     s.add_argument("--targets", nargs="+", default=["results/table1.csv"])
+    s.add_argument("--tree", default=None, help="run another checkout's Snakefile and src/ (default: this one)")
     s.add_argument("--tmpdir", default=None)
     for s in sub.choices.values():
         s.add_argument("--out", type=Path, default=None, help="write the results as JSON here")

@@ -31,7 +31,7 @@ if sys.argv[4]:
 (work / "workload.yaml").write_text(yaml.safe_dump(over))
 PY
 SMK=(python -m snakemake -s "$REPO/Snakefile" -d "$WORK" --profile "$REPO/profiles/slurm" --workflow-profile none --configfile "$WORK/workload.yaml")
-"${SMK[@]}" -n --quiet rules > "$OUT/dryrun_jobs.txt" 2>&1
+"${SMK[@]}" -n --quiet rules 2>&1 | sed "s#$WORK#<workdir>#g" > "$OUT/dryrun_jobs.txt"
 "${SMK[@]}" -n > "$WORK/dryrun_full.txt" 2>&1
 python - "$WORK/dryrun_full.txt" "$WORK/outputs.json" <<'PY'
 import json, re, sys
@@ -53,6 +53,7 @@ export STANDIN_LOG="$WORK/sbatch_calls.txt" STANDIN_OUTPUTS="$WORK/outputs.json"
 # which is expected; every job for SLURM has been submitted by then.
 PATH="$REPO/perf/slurm_standin:$PATH" "${SMK[@]}" --keep-going --latency-wait 5 --slurm-init-seconds-before-status-checks 1 --seconds-between-status-checks 1 ${EXTRA:-} > "$WORK/run.log" 2>&1 || true
 sed "s#$WORK#<workdir>#g" "$STANDIN_LOG" > "$OUT/sbatch_calls.txt"
+sed "s#$WORK#<workdir>#g; s#$REPO#<repo>#g" "$STANDIN_LOG.example_wrap" > "$OUT/example_job_command.txt"
 python - "$OUT/sbatch_calls.txt" "$OUT/dryrun_jobs.txt" <<'PY' | tee "$OUT/summary.txt"
 import collections, re, sys
 calls = [l for l in open(sys.argv[1]) if l.startswith("sbatch")]
