@@ -105,16 +105,17 @@ def _per_head(k, v, base, variant):
     return {c: np.concatenate([r[c] for r in rows]) for c in rows[0]}
 
 
-def _batched(k, v, base, variant, device, chunk, workers):
+def _batched(k, v, base, variant, device, chunk, workers, eigh_device=None, streams=False):
     import numpy as np
 
     from kpca_repro.kpca import head_metrics
-    from kpca_repro.records import ordered_map
+    from kpca_repro.records import device_stream, ordered_map
 
     def work(lo):
         hi = min(lo + chunk, k.shape[0])
-        b = base[lo:hi].to(device) if variant == "corrected" else None
-        return head_metrics(k[lo:hi].to(device), v[lo:hi].to(device), variant, baseline=b)
+        with device_stream(device, streams):
+            b = base[lo:hi].to(device) if variant == "corrected" else None
+            return head_metrics(k[lo:hi].to(device), v[lo:hi].to(device), variant, baseline=b, eigh_device=eigh_device)
 
     parts = list(ordered_map(work, range(0, k.shape[0], chunk), workers=workers))
     return {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
@@ -161,7 +162,7 @@ def _run_method(spec, device, k, v, base):
         # the oracle builds its constant matrices on the CPU: on CUDA the per-head baseline is
         # head_metrics on one head at a time (same per-head structure: one eigh, CKA, assignment)
         return _per_head(k.to(device), v.to(device), base.to(device), spec["variant"])
-    return _batched(k, v, base, spec["variant"], device, spec["chunk"], spec["workers"])
+    return _batched(k, v, base, spec["variant"], device, spec["chunk"], spec["workers"], spec.get("eigh_device"), spec.get("streams", False))
 
 
 def _read_file(path, variant, seed):
@@ -285,7 +286,9 @@ def cmd_table1(args) -> dict:
                 "method": "batched",
                 "chunk": args.chunk,
                 "workers": args.threads,
-                "torch_threads": 1 if args.device == "cpu" else 2,
+                "torch_threads": 1,
+                "eigh_device": args.eigh_device,
+                "streams": args.streams,
             }
             res, _ = _measure(spec, Path(tmp))
             total_heads += res["heads"]
@@ -293,7 +296,7 @@ def cmd_table1(args) -> dict:
             row = {"model": model, **res}
             print(json.dumps(row), flush=True)
             rows.append(row)
-    return {"command": "table1", "images": args.images, "device": args.device, "total_heads": total_heads, "total_seconds": total_s, "rows": rows}
+    return {"command": "table1", "images": args.images, "device": args.device, "eigh_device": args.eigh_device, "streams": args.streams, "threads": args.threads, "chunk": args.chunk, "total_heads": total_heads, "total_seconds": total_s, "rows": rows}
 
 
 def _rss_of(cmd: list[str], env: dict) -> tuple[float, float]:
@@ -424,6 +427,8 @@ def main(argv=None) -> None:
             s.add_argument("--baseline-threads", type=int, default=None, help="torch threads of the per-head baseline (default: 1 and --threads)")
         if name == "table1":
             s.add_argument("--images", type=int, default=1)
+            s.add_argument("--eigh-device", default=None, help="cpu: eigh on the CPU for CUDA inputs")
+            s.add_argument("--streams", action="store_true", help="one CUDA stream per worker thread")
     s = sub.add_parser("memory")
     s.add_argument("--model", default="vit_large_patch16_224")
     s.add_argument("--images", type=int, nargs="+", default=[4, 16])

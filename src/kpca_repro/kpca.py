@@ -174,7 +174,12 @@ def center(m: torch.Tensor) -> torch.Tensor:
 
 
 def eigenpairs(
-    kc: torch.Tensor, n_components: int, order: str = "abs_desc", fix_signs: bool = False, per_matrix: bool | None = None
+    kc: torch.Tensor,
+    n_components: int,
+    order: str = "abs_desc",
+    fix_signs: bool = False,
+    per_matrix: bool | None = None,
+    solver_device: str | torch.device | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top eigenpairs of symmetric matrices, batched, non-finite matrices handled.
 
@@ -202,7 +207,11 @@ def eigenpairs(
             near-degenerate eigenvalues a different eigenvector sign, depending on the head's
             position in the batch. One matrix at a time, every head gets the result a per-head
             loop gives, whatever the batch size or sharding (docs/performance.md). ``False``
-            keeps one batched call (the default on CUDA, where the batch is the speed-up).
+            keeps one batched call (the default on CUDA).
+        solver_device: where ``eigh`` runs (default: ``kc``'s device). ``"cpu"`` for CUDA
+            inputs moves the matrices to the CPU for the solver (one matrix at a time there)
+            and the eigenpairs back: cuSOLVER solves a batch of 197 x 197 matrices one after
+            another, slower than a CPU core per worker thread (docs/performance.md).
 
     Returns:
         ``(eigenvalues, eigenvectors, finite)`` with shapes ``(..., n)``, ``(..., N, n)``
@@ -216,6 +225,9 @@ def eigenpairs(
         raise ValueError(f"n_components must be in [1, {n}], got {n_components}")
     if order not in ("abs_desc", "desc", "asc_top"):
         raise ValueError(f"unknown eigenpair order {order!r}")
+    home = kc.device
+    if solver_device is not None and torch.device(solver_device) != home:
+        kc = kc.to(solver_device)
     finite = torch.isfinite(kc).all(dim=-1).all(dim=-1)
     safe = torch.where(finite[..., None, None], kc, torch.zeros((), dtype=kc.dtype, device=kc.device))
     if per_matrix is None:
@@ -254,7 +266,7 @@ def eigenpairs(
     nan = torch.tensor(float("nan"), dtype=kc.dtype, device=kc.device)
     evals = torch.where(finite[..., None], evals, nan)
     evecs = torch.where(finite[..., None, None], evecs, nan)
-    return evals, evecs, finite
+    return evals.to(home), evecs.to(home), finite.to(home)
 
 
 def v_kpca(a: torch.Tensor, inv_g: torch.Tensor) -> torch.Tensor:
@@ -535,6 +547,7 @@ def head_metrics(
     g_eps: float = 0.0,
     baseline: torch.Tensor | None = None,
     eigh_per_matrix: bool | None = None,
+    eigh_device: str | torch.device | None = None,
 ) -> dict[str, np.ndarray]:
     """Every per-head quantity of Table 1 (method.md 2) or its corrected form (method.md 15).
 
@@ -555,6 +568,7 @@ def head_metrics(
         eigh_per_matrix: :func:`eigenpairs`'s ``per_matrix`` (default: one matrix at a time on
             the CPU, so each head's numbers do not depend on the batch; one batched solver
             call on CUDA).
+        eigh_device: :func:`eigenpairs`'s ``solver_device`` (default: the inputs' device).
 
     Returns:
         Column name -> float64 numpy array of shape ``(heads,)`` (bool for flags). Flags:
@@ -578,7 +592,7 @@ def head_metrics(
     if paper:
         kphi, g = gram_paper(k)
         kc = center_dense(kphi)
-        _, a, finite = eigenpairs(kc, d, order or "abs_desc", per_matrix=eigh_per_matrix)
+        _, a, finite = eigenpairs(kc, d, order or "abs_desc", per_matrix=eigh_per_matrix, solver_device=eigh_device)
         vk = v_kpca(a, 1.0 / (g + g_eps))
         dropped = ~(finite & torch.isfinite(vk).all(-1).all(-1))
         g_finite = torch.isfinite(g).all(-1)
@@ -587,7 +601,7 @@ def head_metrics(
     else:
         log_kphi, log_g = log_gram(k)
         kc = center(torch.exp(log_kphi))
-        _, a, finite = eigenpairs(kc, d, order or "desc", fix_signs=True, per_matrix=eigh_per_matrix)
+        _, a, finite = eigenpairs(kc, d, order or "desc", fix_signs=True, per_matrix=eigh_per_matrix, solver_device=eigh_device)
         inv_g = torch.exp(log_g.amin(-1, keepdim=True) - log_g)
         vk = v_kpca(a, inv_g)
         dropped = ~(finite & torch.isfinite(vk).all(-1).all(-1))

@@ -6,7 +6,9 @@ Rule scripts call these; tests call them too. The mathematics itself lives in
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +24,7 @@ from .kpca import CORRECTED, gamma_test, head_metrics, top_eigenvalues
 from .smk import library_versions
 from .vision import AttentionRecorder, attention_modules, load_timm_model
 
-__all__ = ["extract_vision", "kpca_records", "baseline_noise", "eigenvalue_records", "gamma_records", "ordered_map", "layer_chunks"]
+__all__ = ["extract_vision", "kpca_records", "baseline_noise", "eigenvalue_records", "gamma_records", "ordered_map", "layer_chunks", "device_stream"]
 
 
 def extract_vision(
@@ -109,6 +111,23 @@ def baseline_noise(seed: int, dataset_index: int, layer: int, shape: tuple[int, 
     ss = np.random.SeedSequence([seed, int(dataset_index), int(layer)])
     gen = torch.Generator().manual_seed(int(ss.generate_state(1, dtype=np.uint64)[0] >> 1))
     return torch.randn(shape, generator=gen, dtype=torch.float64)
+
+
+_THREAD_STREAMS = threading.local()
+
+
+def device_stream(device: torch.device, enabled: bool = True):
+    """A context that runs the calling thread's CUDA work on its own stream (else a no-op).
+
+    Worker threads of :func:`ordered_map` then overlap their kernels and their host syncs
+    instead of queueing on the default stream.
+    """
+    if not enabled or torch.device(device).type != "cuda":
+        return contextlib.nullcontext()
+    stream = getattr(_THREAD_STREAMS, "stream", None)
+    if stream is None:
+        stream = _THREAD_STREAMS.stream = torch.cuda.Stream(device=device)
+    return torch.cuda.stream(stream)
 
 
 def ordered_map(fn: Callable, items: Iterable, *, workers: int = 1, max_pending: int | None = None) -> Iterator:
