@@ -74,7 +74,7 @@ def test_head_metrics_never_raise_and_flag_every_nonfinite_head(variant, kwargs,
             assert np.isnan(blank).all()
         assert not (cols["exp_overflow"] & ~cols["dropped"]).any()
     # the tables count every head with a non-finite statistic
-    records = pd.DataFrame({"model": "m", **cols})
+    records = pd.DataFrame({"model": "m", "layer": 0, "sample_rank": np.arange(n_heads), "head": 0, **cols})
     meta = {"m": {"n_images": 1, "weights_sha256": "x"}}
     if variant == "paper":
         row = table1_paper(records, meta).iloc[0]

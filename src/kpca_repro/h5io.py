@@ -127,15 +127,20 @@ class ActivationFile:
         """A root attribute decoded from JSON."""
         return json.loads(self.attrs[name])
 
-    def read(self, layer: int, names: tuple[str, ...] = TENSORS) -> dict[str, np.ndarray]:
+    def read(self, layer: int, names: tuple[str, ...] = TENSORS, images: slice | None = None) -> dict[str, np.ndarray]:
         """Arrays ``(B, H, N, d)`` float32 of one layer.
+
+        ``images`` (a slice over the file's images) reads only those images, so a reader can
+        stream a layer in image blocks (one HDF5 chunk per image) and keep its memory
+        independent of the number of images.
 
         Raises:
             CorruptActivationFileError: a chunk cannot be read; the message names the file.
         """
+        sel = slice(None) if images is None else images
         try:
             grp = self.f[_layer_key(layer)]
-            return {t: grp[t][:] for t in names}
+            return {t: grp[t][sel] for t in names}
         except (OSError, KeyError, ValueError) as exc:
             raise CorruptActivationFileError(f"activation file {self.path}: cannot read layer {layer} ({exc})") from exc
 

@@ -179,7 +179,12 @@ def center(m: torch.Tensor) -> torch.Tensor:
 
 
 def eigenpairs(
-    kc: torch.Tensor, n_components: int, order: str = "abs_desc", fix_signs: bool = False
+    kc: torch.Tensor,
+    n_components: int,
+    order: str = "abs_desc",
+    fix_signs: bool = False,
+    per_matrix: bool | None = None,
+    solver_device: str | torch.device | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top eigenpairs of symmetric matrices, batched, non-finite matrices handled.
 
@@ -201,6 +206,17 @@ def eigenpairs(
         order: one of ``"abs_desc"``, ``"desc"``, ``"asc_top"``.
         fix_signs: make each eigenvector's entry of largest magnitude positive
             (method.md 15.2), so the result does not depend on the LAPACK/cuSOLVER sign.
+        per_matrix: call the solver on one freshly allocated matrix at a time (default: on
+            the CPU). LAPACK (MKL) picks its code path by the memory alignment of each matrix
+            in a batch, so batched CPU ``eigh`` gives a head different round-off, and at
+            near-degenerate eigenvalues a different eigenvector sign, depending on the head's
+            position in the batch. One matrix at a time, every head gets the result a per-head
+            loop gives, whatever the batch size or sharding (docs/performance.md). ``False``
+            keeps one batched call (the default on CUDA).
+        solver_device: where ``eigh`` runs (default: ``kc``'s device). ``"cpu"`` for CUDA
+            inputs moves the matrices to the CPU for the solver (one matrix at a time there)
+            and the eigenpairs back: cuSOLVER solves a batch of 197 x 197 matrices one after
+            another, slower than a CPU core per worker thread (docs/performance.md).
 
     Returns:
         ``(eigenvalues, eigenvectors, finite)`` with shapes ``(..., n)``, ``(..., N, n)``
@@ -214,10 +230,21 @@ def eigenpairs(
         raise ValueError(f"n_components must be in [1, {n}], got {n_components}")
     if order not in ("abs_desc", "desc", "asc_top"):
         raise ValueError(f"unknown eigenpair order {order!r}")
+    home = kc.device
+    if solver_device is not None and torch.device(solver_device) != home:
+        kc = kc.to(solver_device)
     finite = torch.isfinite(kc).all(dim=-1).all(dim=-1)
     safe = torch.where(finite[..., None, None], kc, torch.zeros((), dtype=kc.dtype, device=kc.device))
+    if per_matrix is None:
+        per_matrix = kc.device.type == "cpu"
     try:
-        evals, evecs = torch.linalg.eigh(safe)
+        if per_matrix:
+            flat = safe.reshape(-1, n, n)
+            pairs = [torch.linalg.eigh(flat[i]) for i in range(flat.shape[0])]
+            evals = torch.stack([p[0] for p in pairs]).reshape(safe.shape[:-1]) if pairs else safe.new_empty(safe.shape[:-1])
+            evecs = torch.stack([p[1] for p in pairs]).reshape(safe.shape) if pairs else safe.new_empty(safe.shape)
+        else:
+            evals, evecs = torch.linalg.eigh(safe)
     except torch.linalg.LinAlgError:  # one matrix did not converge: solve one by one
         flat = safe.reshape(-1, n, n)
         ok = finite.reshape(-1).clone()
@@ -244,7 +271,7 @@ def eigenpairs(
     nan = torch.tensor(float("nan"), dtype=kc.dtype, device=kc.device)
     evals = torch.where(finite[..., None], evals, nan)
     evecs = torch.where(finite[..., None, None], evecs, nan)
-    return evals, evecs, finite
+    return evals.to(home), evecs.to(home), finite.to(home)
 
 
 def v_kpca(a: torch.Tensor, inv_g: torch.Tensor) -> torch.Tensor:
@@ -341,15 +368,27 @@ def _hsic(a_c: torch.Tensor, b_c: torch.Tensor) -> torch.Tensor:
     return (a_c * b_c).sum(dim=(-1, -2))
 
 
+def _cka_side(kx: torch.Tensor, paper: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One side of a CKA: the centered kernel ``HKH`` and its self-HSIC, reusable across pairs."""
+    cx = _center_cka_paper(kx) if paper else center(kx)
+    return cx, _hsic(cx, cx)
+
+
+def _cka_from_sides(
+    sx: tuple[torch.Tensor, torch.Tensor], sy: tuple[torch.Tensor, torch.Tensor], paper: bool, sqrt_of_product: bool = False
+) -> torch.Tensor:
+    """CKA from two :func:`_cka_side` results (denominators: see :func:`linear_cka`)."""
+    (cx, hxx), (cy, hyy) = sx, sy
+    if paper:
+        if sqrt_of_product:  # nlp_value_vectors.py: sqrt(HSIC_xx * HSIC_yy) + 1e-10
+            return _hsic(cx, cy) / (torch.sqrt(hxx * hyy) + CKA_EPS)
+        return _hsic(cx, cy) / (torch.sqrt(hxx) * torch.sqrt(hyy) + CKA_EPS)
+    return _hsic(cx, cy) / torch.sqrt(hxx * hyy)
+
+
 def _cka_from_kernels(kx: torch.Tensor, ky: torch.Tensor, paper: bool, sqrt_of_product: bool = False) -> torch.Tensor:
     """CKA from two kernel matrices ``(..., N, N)``; see :func:`linear_cka`."""
-    if paper:
-        cx, cy = _center_cka_paper(kx), _center_cka_paper(ky)
-        if sqrt_of_product:  # nlp_value_vectors.py: sqrt(HSIC_xx * HSIC_yy) + 1e-10
-            return _hsic(cx, cy) / (torch.sqrt(_hsic(cx, cx) * _hsic(cy, cy)) + CKA_EPS)
-        return _hsic(cx, cy) / (torch.sqrt(_hsic(cx, cx)) * torch.sqrt(_hsic(cy, cy)) + CKA_EPS)
-    cx, cy = center(kx), center(ky)
-    return _hsic(cx, cy) / torch.sqrt(_hsic(cx, cx) * _hsic(cy, cy))
+    return _cka_from_sides(_cka_side(kx, paper), _cka_side(ky, paper), paper, sqrt_of_product)
 
 
 def linear_cka(x: torch.Tensor, y: torch.Tensor, paper: bool = True, sqrt_of_product: bool = False) -> torch.Tensor:
@@ -374,19 +413,33 @@ def linear_cka(x: torch.Tensor, y: torch.Tensor, paper: bool = True, sqrt_of_pro
     return _cka_from_kernels(x @ x.transpose(-1, -2), y @ y.transpose(-1, -2), paper, sqrt_of_product)
 
 
-def kth_smallest_nonzero(d: torch.Tensor, which: str) -> torch.Tensor:
+def kth_smallest_nonzero(d: torch.Tensor, which: str, *, symmetric: bool = False) -> torch.Tensor:
     """Median of the non-zero entries of each matrix, batched.
 
     Args:
         d: shape ``(..., N, N)``.
         which: ``"lower"`` for ``torch.median``'s lower median (the reference's bandwidth),
             ``"mean"`` for the usual median (average of the two middle values when even).
+        symmetric: ``d`` is exactly symmetric with a zero diagonal (squared distances), so
+            only its strict upper triangle is searched, half the entries. Same value: the
+            ``2p`` non-zero off-diagonal entries are the ``p`` upper ones each taken twice, so
+            the sorted full list is ``u1, u1, u2, u2, ...`` and its ``p``-th entry (the lower
+            median of ``2p``) is ``u_ceil(p/2)``, the lower median of the ``p`` upper entries;
+            the mean of its entries ``p`` and ``p+1`` is the usual median of ``u``
+            (``tests/test_performance.py`` checks both against the full search).
 
     Returns:
         Shape ``(...)``; NaN where a matrix has no non-zero entry (as ``torch.median`` of an
         empty selection).
     """
-    flat = d.reshape(-1, d.shape[-2] * d.shape[-1])
+    if symmetric:
+        n = d.shape[-1]
+        if n < 2:  # no off-diagonal entry
+            return torch.full(d.shape[:-2], float("nan"), dtype=d.dtype, device=d.device)
+        iu = torch.triu_indices(n, n, offset=1, device=d.device)
+        flat = d[..., iu[0], iu[1]].reshape(-1, iu.shape[1])
+    else:
+        flat = d.reshape(-1, d.shape[-2] * d.shape[-1])
     nonzero = flat != 0
     count = nonzero.sum(dim=-1)
     masked = torch.where(nonzero, flat, torch.tensor(float("inf"), dtype=d.dtype, device=d.device))
@@ -403,7 +456,7 @@ def kth_smallest_nonzero(d: torch.Tensor, which: str) -> torch.Tensor:
     return out.reshape(d.shape[:-2])
 
 
-def rbf_kernel(x: torch.Tensor, paper: bool = True) -> torch.Tensor:
+def rbf_kernel(x: torch.Tensor, paper: bool = True, *, gram: torch.Tensor | None = None) -> torch.Tensor:
     """RBF kernel matrix with the median heuristic, as the CKA helper builds it.
 
     ``G = X X^T``, ``D_ij = G_jj - G_ij + G_ii - G_ji`` (squared distances, exactly 0 on the
@@ -413,15 +466,18 @@ def rbf_kernel(x: torch.Tensor, paper: bool = True) -> torch.Tensor:
     Args:
         x: shape ``(..., N, d)``.
         paper: lower median (True) or the usual median (False).
+        gram: ``X X^T`` when the caller already has it (linear CKA), shape ``(..., N, N)``.
 
     Returns:
         Shape ``(..., N, N)``; all-NaN for a matrix with no non-zero distance.
     """
-    gx = x @ x.transpose(-1, -2)
+    gx = x @ x.transpose(-1, -2) if gram is None else gram
     diag = torch.diagonal(gx, dim1=-2, dim2=-1)[..., None, :]
     dist = diag - gx
+    # D_ij = (G_jj - G_ij) + (G_ii - G_ji) and D_ji add the same two floats in the other
+    # order: D is exactly symmetric with an exactly zero diagonal, whatever round-off G has.
     dist = dist + dist.transpose(-1, -2)
-    sigma2 = kth_smallest_nonzero(dist, "lower" if paper else "mean")
+    sigma2 = kth_smallest_nonzero(dist, "lower" if paper else "mean", symmetric=True)
     factor = (-0.5 / sigma2.double()).to(x.dtype)
     return torch.exp(dist * factor[..., None, None])
 
@@ -447,6 +503,12 @@ def rbf_cka(x: torch.Tensor, y: torch.Tensor, paper: bool = True, sqrt_of_produc
 # --------------------------------------------------------------------------------------
 
 
+def _cka_kernel_sides(x: torch.Tensor, paper: bool) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`_cka_side` of the linear and the RBF kernel of ``x``, sharing one ``X X^T``."""
+    gx = x @ x.transpose(-1, -2)
+    return {"linear": _cka_side(gx, paper), "rbf": _cka_side(rbf_kernel(x, paper, gram=gx), paper)}
+
+
 def _token_row_metrics(
     v: torch.Tensor,
     vk: torch.Tensor,
@@ -455,12 +517,22 @@ def _token_row_metrics(
     prefix: str = "",
     nan_cost_to_zero: bool = False,
     cka_sqrt_of_product: bool = False,
+    cache: dict | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Token-row cosines (direct and optimally matched) and CKAs of ``V`` against ``V_KPCA``."""
+    """Token-row cosines (direct and optimally matched) and CKAs of ``V`` against ``V_KPCA``.
+
+    ``cache`` (a dict, empty at first) keeps ``V``'s centered kernels between calls with the
+    same ``V`` (``V_KPCA`` and then the baseline): the same operations, computed once.
+    """
     eps = ROW_NORM_EPS if paper else None
     vn, vkn = row_normalize(v, eps), row_normalize(vk, eps)
     direct = direct_cosine(vn, vkn)
     matched = assignment_similarities(vn @ vkn.transpose(-1, -2), valid, nan_to_zero=nan_cost_to_zero)
+    if cache is None:
+        cache = {}
+    if "v" not in cache:
+        cache["v"] = _cka_kernel_sides(v, paper)
+    sx, sy = cache["v"], _cka_kernel_sides(vk, paper)
     out = {
         f"{prefix}direct_cos_mean": direct.mean(-1),
         f"{prefix}direct_cos_max": direct.amax(-1),
@@ -469,8 +541,8 @@ def _token_row_metrics(
         f"{prefix}optimal_cos_mean": matched.mean(-1),
         f"{prefix}optimal_cos_max": matched.amax(-1),
         f"{prefix}optimal_cos_min": matched.amin(-1),
-        f"{prefix}linear_cka": linear_cka(v, vk, paper, cka_sqrt_of_product),
-        f"{prefix}rbf_cka": rbf_cka(v, vk, paper, cka_sqrt_of_product),
+        f"{prefix}linear_cka": _cka_from_sides(sx["linear"], sy["linear"], paper, cka_sqrt_of_product),
+        f"{prefix}rbf_cka": _cka_from_sides(sx["rbf"], sy["rbf"], paper, cka_sqrt_of_product),
     }
     return out
 
@@ -502,6 +574,8 @@ def head_metrics(
     baseline: torch.Tensor | None = None,
     nan_cost_to_zero: bool = False,
     cka_sqrt_of_product: bool = False,
+    eigh_per_matrix: bool | None = None,
+    eigh_device: str | torch.device | None = None,
 ) -> dict[str, np.ndarray]:
     """Every per-head quantity of Table 1 (method.md 2) or its corrected form (method.md 15).
 
@@ -527,6 +601,10 @@ def head_metrics(
             similarities NaN).
         cka_sqrt_of_product: CKA denominators ``sqrt(HSIC_xx HSIC_yy) + 1e-10`` of the
             language-model script (paper variant only; see :func:`linear_cka`).
+        eigh_per_matrix: :func:`eigenpairs`'s ``per_matrix`` (default: one matrix at a time on
+            the CPU, so each head's numbers do not depend on the batch; one batched solver
+            call on CUDA).
+        eigh_device: :func:`eigenpairs`'s ``solver_device`` (default: the inputs' device).
 
     Returns:
         Column name -> float64 numpy array of shape ``(heads,)`` (bool for flags). Flags:
@@ -550,7 +628,7 @@ def head_metrics(
     if paper:
         kphi, g = gram_paper(k)
         kc = center_dense(kphi)
-        _, a, finite = eigenpairs(kc, d, order or "abs_desc")
+        _, a, finite = eigenpairs(kc, d, order or "abs_desc", per_matrix=eigh_per_matrix, solver_device=eigh_device)
         vk = v_kpca(a, 1.0 / (g + g_eps))
         dropped = ~(finite & torch.isfinite(vk).all(-1).all(-1))
         g_finite = torch.isfinite(g).all(-1)
@@ -559,7 +637,7 @@ def head_metrics(
     else:
         log_kphi, log_g = log_gram(k)
         kc = center(torch.exp(log_kphi))
-        _, a, finite = eigenpairs(kc, d, order or "desc", fix_signs=True)
+        _, a, finite = eigenpairs(kc, d, order or "desc", fix_signs=True, per_matrix=eigh_per_matrix, solver_device=eigh_device)
         inv_g = torch.exp(log_g.amin(-1, keepdim=True) - log_g)
         vk = v_kpca(a, inv_g)
         dropped = ~(finite & torch.isfinite(vk).all(-1).all(-1))
@@ -569,9 +647,16 @@ def head_metrics(
     cols["finite"] = finite
     cols["dropped"] = dropped
     cols["allclose"] = (torch.abs(v - vk_true) <= 1e-5 + 1e-3 * torch.abs(vk_true)).all(-1).all(-1)
+    cache: dict = {}
     cols.update(
         _token_row_metrics(
-            v, vk, None if nan_cost_to_zero else ~dropped, paper, nan_cost_to_zero=nan_cost_to_zero, cka_sqrt_of_product=cka_sqrt_of_product
+            v,
+            vk,
+            None if nan_cost_to_zero else ~dropped,
+            paper,
+            nan_cost_to_zero=nan_cost_to_zero,
+            cka_sqrt_of_product=cka_sqrt_of_product,
+            cache=cache,
         )
     )
     if not paper:
@@ -581,7 +666,7 @@ def head_metrics(
                 raise ValueError(f"baseline must have V_KPCA's shape {tuple(vk.shape)}, got {tuple(baseline.shape)}")
             z = baseline.to(dtype=dtype, device=vk.device)
             everything = torch.ones_like(dropped)
-            cols.update(_token_row_metrics(v, z, everything, paper, prefix="baseline_"))
+            cols.update(_token_row_metrics(v, z, everything, paper, prefix="baseline_", cache=cache))
             cols.update(_column_metrics(v, z, everything, prefix="baseline_"))
     out = {}
     for name, t in cols.items():

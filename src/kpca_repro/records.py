@@ -6,8 +6,12 @@ Rule scripts call these; tests call them too. The mathematics itself lives in
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import h5py
 import numpy as np
@@ -20,7 +24,7 @@ from .kpca import CORRECTED, PAPER, gamma_test, head_metrics, top_eigenvalues
 from .smk import library_versions
 from .vision import AttentionRecorder, attention_modules, load_timm_model
 
-__all__ = ["extract_vision", "kpca_records", "TEXT_PAPER_OPTIONS", "baseline_noise", "eigenvalue_records", "gamma_records"]
+__all__ = ["extract_vision", "kpca_records", "TEXT_PAPER_OPTIONS", "baseline_noise", "eigenvalue_records", "gamma_records", "ordered_map", "layer_chunks", "device_stream"]
 
 
 def extract_vision(
@@ -160,6 +164,80 @@ def _head_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str, lay
                base(af.dataset_index, tuple(v.shape[1:])))
 
 
+_THREAD_STREAMS = threading.local()
+
+
+def device_stream(device: torch.device, enabled: bool = True):
+    """A context that runs the calling thread's CUDA work on its own stream (else a no-op).
+
+    Worker threads of :func:`ordered_map` then overlap their kernels and their host syncs
+    instead of queueing on the default stream.
+    """
+    if not enabled or torch.device(device).type != "cuda":
+        return contextlib.nullcontext()
+    stream = getattr(_THREAD_STREAMS, "stream", None)
+    if stream is None:
+        stream = _THREAD_STREAMS.stream = torch.cuda.Stream(device=device)
+    return torch.cuda.stream(stream)
+
+
+def ordered_map(fn: Callable, items: Iterable, *, workers: int = 1, max_pending: int | None = None) -> Iterator:
+    """``fn(item)`` for each item, in order, computed on ``workers`` threads.
+
+    The KPCA stage's work releases the GIL (torch kernels, LAPACK ``eigh``, scipy's
+    ``linear_sum_assignment``), so threads run chunks truly in parallel: on the CPU one
+    chunk's assignments overlap the next chunk's ``eigh``; on a GPU the assignments of
+    several chunks run on CPU threads while the GPU computes. ``items`` is consumed lazily and
+    at most ``max_pending`` (default ``2 * workers``) results are in flight, so memory stays
+    bounded by a few chunks whatever the number of items.
+
+    Args:
+        fn: called as ``fn(item)`` on a worker thread.
+        items: any iterable (a generator reading the activation file, for example).
+        workers: threads; ``1`` runs everything on the calling thread.
+        max_pending: in-flight bound.
+
+    Yields:
+        ``fn(item)`` in the order of ``items``. An exception in ``fn`` is raised here.
+    """
+    if workers <= 1:
+        for item in items:
+            yield fn(item)
+        return
+    bound = max_pending or 2 * workers
+    pending: deque = deque()
+    with ThreadPoolExecutor(workers, thread_name_prefix="kpca") as pool:
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            while len(pending) >= bound:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def layer_chunks(af: ActivationFile, layers: Sequence[int], heads_per_chunk: int, names: tuple[str, ...] = ("k", "v")) -> Iterator[tuple[int, np.ndarray, dict[str, torch.Tensor]]]:
+    """Stream an activation file as chunks of at most ``max(heads_per_chunk, H)`` heads.
+
+    Reads each layer in blocks of ``max(1, heads_per_chunk // H)`` images, so host memory
+    depends on the chunk size, not on the number of images in the file.
+
+    Yields:
+        ``(layer, flat, tensors)``: the chunk's flat head indices ``image * H + head`` within
+        the layer (``(heads,)`` int64) and ``name -> (heads, N, d)`` float32 CPU tensors.
+    """
+    n_img, n_heads = len(af.sample_rank), int(af.attrs["n_heads"])
+    per_read = max(1, heads_per_chunk // n_heads)
+    for layer in layers:
+        for i0 in range(0, n_img, per_read):
+            i1 = min(i0 + per_read, n_img)
+            t = af.read(layer, names, images=slice(i0, i1))
+            flat_t = {name: torch.from_numpy(a).reshape(-1, *a.shape[2:]) for name, a in t.items()}
+            heads = (i1 - i0) * n_heads
+            for lo in range(0, heads, heads_per_chunk):
+                hi = min(lo + heads_per_chunk, heads)
+                yield layer, np.arange(i0 * n_heads + lo, i0 * n_heads + hi), {name: x[lo:hi] for name, x in flat_t.items()}
+
+
 def kpca_records(
     activations: str | os.PathLike,
     variant: str,
@@ -169,21 +247,28 @@ def kpca_records(
     seed: int = 0,
     layers: Sequence[int] | None = None,
     progress: bool = True,
+    workers: int = 1,
 ) -> tuple[pd.DataFrame, dict]:
     """Per-head records of one activation file: every (input, layer, head) through KPCA.
 
-    Reads one layer at a time (memory does not grow with depth), batches ``heads_per_chunk``
-    heads per :func:`kpca_repro.kpca.head_metrics` call on ``device``. Vision files (Table 1,
-    method.md 2) and language-model files (Table 4, method.md 3; recognised by their
-    ``attention_mask``) go through the same code: the paper variant of a language model uses
+    Vision files (Table 1, method.md 2) are streamed by layer and image block
+    (:func:`layer_chunks`; memory grows with neither depth nor the number of images).
+    Language-model files (Table 4, method.md 3; recognised by their ``attention_mask``) are
+    read a layer at a time and grouped by :func:`_head_groups`: the paper variant uses
     :data:`TEXT_PAPER_OPTIONS` and all padded positions (Longformer read transposed, as the
     reference reads it); the corrected variant drops padding per sequence (method.md 15).
+    Chunks of ``heads_per_chunk`` heads go through :func:`kpca_repro.kpca.head_metrics` on
+    ``device``, ``workers`` chunks at a time (:func:`ordered_map`). Each head's numbers do
+    not depend on the chunking, the number of workers or the sharding (per-matrix ``eigh``
+    on the CPU, :func:`kpca_repro.kpca.eigenpairs`); for bit-identical CPU runs keep torch's
+    intra-op threads fixed (the rule uses 1).
 
     Returns:
         ``(records, meta)``: a DataFrame with one row per head (``sample_rank``,
         ``dataset_index``, ``layer``, ``head``, ``n_tokens``, ``head_dim`` and the metric
-        columns) in layer order, and the file's metadata (model id, weights SHA-256, number of
-        images or sentences; for text also ``padding`` and ``longformer_transposed``).
+        columns) in (layer, input, head) order, and the file's metadata (model id, weights
+        SHA-256, number of images or sentences; for text, the padding treatment and whether
+        Longformer was read transposed).
 
     Raises:
         kpca_repro.h5io.CorruptActivationFileError: the file is unreadable (named).
@@ -195,38 +280,54 @@ def kpca_records(
     frames = []
     with ActivationFile(activations) as af:
         model_id = str(af.attrs["model_id"])
+        n_in, n_heads = len(af.sample_rank), int(af.attrs["n_heads"])
         text = af.attention_mask is not None
         transposed = text and variant == PAPER and str(af.attrs.get("hooked_layout", "")) == SEQUENCE_FIRST
         options = TEXT_PAPER_OPTIONS if text and variant == PAPER else {}
-        for layer in tqdm(list(layers if layers is not None else range(af.n_layers)), desc=f"kpca {variant} {model_id}", unit="layer", disable=not progress, mininterval=5):
-            t = af.read(layer, ("k", "v"))
-            for k, v, ranks, index, head, base in _head_groups(af, t, variant, layer, seed, transposed):
-                for lo in range(0, k.shape[0], heads_per_chunk):
-                    hi = min(lo + heads_per_chunk, k.shape[0])
-                    cols = head_metrics(
-                        k[lo:hi].to(device),
-                        v[lo:hi].to(device),
-                        variant,
-                        baseline=base[lo:hi].to(device) if base is not None else None,
-                        **options,
-                    )
-                    frames.append(
-                        pd.DataFrame(
-                            {
-                                "sample_rank": ranks[lo:hi],
-                                "dataset_index": index[lo:hi],
-                                "layer": layer,
-                                "head": head[lo:hi],
-                                "n_tokens": k.shape[1],
-                                "head_dim": v.shape[2],
-                                **cols,
-                            }
-                        )
-                    )
+        layer_list = list(layers if layers is not None else range(af.n_layers))
+
+        def chunks():
+            """``(layer, k, v, sample_rank, dataset_index, head, baseline or None)`` per chunk."""
+            if not text:
+                for layer, flat, t in layer_chunks(af, layer_list, heads_per_chunk):
+                    images = flat // n_heads
+                    base = None
+                    if variant == CORRECTED:
+                        noise = {int(i): baseline_noise(seed, af.dataset_index[i], layer, (n_heads, *t["v"].shape[1:])) for i in np.unique(images)}
+                        base = torch.stack([noise[int(f // n_heads)][f % n_heads] for f in flat])
+                    yield layer, t["k"], t["v"], af.sample_rank[images], af.dataset_index[images], flat % n_heads, base
+                return
+            for layer in layer_list:
+                t = af.read(layer, ("k", "v"))
+                for k, v, ranks, index, head, base in _head_groups(af, t, variant, layer, seed, transposed):
+                    for lo in range(0, k.shape[0], heads_per_chunk):
+                        hi = min(lo + heads_per_chunk, k.shape[0])
+                        yield layer, k[lo:hi], v[lo:hi], ranks[lo:hi], index[lo:hi], head[lo:hi], base[lo:hi] if base is not None else None
+
+        def work(chunk):
+            layer, k, v, ranks, index, head, base = chunk
+            cols = head_metrics(k.to(device), v.to(device), variant, baseline=base.to(device) if base is not None else None, **options)
+            return pd.DataFrame(
+                {
+                    "sample_rank": ranks,
+                    "dataset_index": index,
+                    "layer": layer,
+                    "head": head,
+                    "n_tokens": k.shape[1],
+                    "head_dim": v.shape[2],
+                    **cols,
+                }
+            )
+
+        total = (af.attention_mask.shape[1] if transposed else n_in) * n_heads * len(layer_list)
+        with tqdm(total=total, desc=f"kpca {variant} {model_id}", unit="head", disable=not progress, mininterval=5) as bar:
+            for frame in ordered_map(work, chunks(), workers=workers):
+                frames.append(frame)
+                bar.update(len(frame))
         meta = {
             "model_id": model_id,
             "weights_sha256": str(af.attrs["weights_sha256"]),
-            "n_sentences" if text else "n_images": len(af.sample_rank),
+            "n_sentences" if text else "n_images": n_in,
             "variant": variant,
             "shard": int(af.attrs["shard"]),
             "n_shards": int(af.attrs["n_shards"]),
@@ -248,8 +349,11 @@ def eigenvalue_records(
     n_components: int = 64,
     device: torch.device,
     heads_per_chunk: int = 64,
+    workers: int = 1,
 ) -> pd.DataFrame:
     """Per-head top eigenvalues of one activation file (Tables 2 and 3, method.md 4-5).
+
+    Streamed and parallel as :func:`kpca_records` (``workers`` chunks at a time).
 
     Returns:
         One row per (image, layer, head): ``sample_rank, dataset_index, layer, head,
@@ -259,23 +363,21 @@ def eigenvalue_records(
     Raises:
         kpca_repro.h5io.CorruptActivationFileError: the file is unreadable (named).
     """
-    frames = []
     with ActivationFile(activations) as af:
         n_heads = int(af.attrs["n_heads"])
-        for layer in range(af.n_layers):
-            k = torch.from_numpy(af.read(layer, ("k",))["k"])
-            k = k.reshape(-1, *k.shape[2:])
-            for lo in range(0, k.shape[0], heads_per_chunk):
-                hi = min(lo + heads_per_chunk, k.shape[0])
-                evals, finite = top_eigenvalues(k[lo:hi].to(device), n_components, variant, standardize)
-                flat = np.arange(lo, hi)
-                frame = pd.DataFrame(evals.cpu().numpy(), columns=[f"lambda_{r + 1:02d}" for r in range(n_components)])
-                frame.insert(0, "finite", finite.cpu().numpy())
-                frame.insert(0, "head", flat % n_heads)
-                frame.insert(0, "layer", layer)
-                frame.insert(0, "dataset_index", af.dataset_index[flat // n_heads])
-                frame.insert(0, "sample_rank", af.sample_rank[flat // n_heads])
-                frames.append(frame)
+
+        def work(chunk):
+            layer, flat, t = chunk
+            evals, finite = top_eigenvalues(t["k"].to(device), n_components, variant, standardize)
+            frame = pd.DataFrame(evals.cpu().numpy(), columns=[f"lambda_{r + 1:02d}" for r in range(n_components)])
+            frame.insert(0, "finite", finite.cpu().numpy())
+            frame.insert(0, "head", flat % n_heads)
+            frame.insert(0, "layer", layer)
+            frame.insert(0, "dataset_index", af.dataset_index[flat // n_heads])
+            frame.insert(0, "sample_rank", af.sample_rank[flat // n_heads])
+            return frame
+
+        frames = list(ordered_map(work, layer_chunks(af, range(af.n_layers), heads_per_chunk, ("k",)), workers=workers))
         model_id = str(af.attrs["model_id"])
     out = pd.concat(frames, ignore_index=True)
     out.insert(0, "keys", "standardized" if standardize else "raw")

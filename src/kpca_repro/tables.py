@@ -76,6 +76,12 @@ def display_name(model_id: str) -> str:
 TABLE1_COLUMNS = ("direct_cos_mean", "optimal_cos_mean", "linear_cka", "rbf_cka")
 
 
+def _head_order(df: pd.DataFrame) -> pd.DataFrame:
+    """One model's records in (layer, image, head) order, so that sums over heads (means,
+    standard deviations) add the same floats in the same order however the images were sharded."""
+    return df.sort_values(["layer", "sample_rank", "head"], kind="stable")
+
+
 def table1_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
     """Table 1 with the reference's aggregation (method.md Section 2).
 
@@ -95,6 +101,7 @@ def table1_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
     """
     rows = []
     for model, df in heads.groupby("model", sort=False):
+        df = _head_order(df)
         kept = df[~df["dropped"].astype(bool)]
         rows.append(
             {
@@ -189,6 +196,7 @@ def table_corrected(
     """
     rows = []
     for model, df in heads.groupby("model", sort=False):
+        df = _head_order(df)
         for col, label, how in metrics:
             vals = df[col]
             ok = vals[np.isfinite(vals)]

@@ -2,6 +2,7 @@
 
 
 rule sample_images:
+    localrule: True
     input:
         images=image_source()[0],
         code=str(LIB / "images.py"),
@@ -51,6 +52,7 @@ rule extract_vision:
 
 
 rule sample_text:
+    localrule: True
     input:
         rows=f"{RESOURCES}/text/wikitext-103/wiki.test.raw",
         code=LIB_SAMPLE_TEXT,

@@ -7,6 +7,7 @@
 
 
 rule text_sentences:
+    localrule: True
     output:
         "results/samples/text_sentences.tsv",
     params:
@@ -22,6 +23,7 @@ rule text_sentences:
 
 
 rule norms_vision:
+    localrule: True
     input:
         activations=lambda wc: norm_activations("vision", wc.variant, wc.model),
         code=LIB_NORMS,
@@ -43,6 +45,7 @@ rule norms_vision:
 
 
 rule norms_text:
+    localrule: True
     input:
         activations=lambda wc: norm_activations("text", wc.variant, wc.model),
         code=LIB_NORMS,
@@ -64,6 +67,7 @@ rule norms_text:
 
 
 rule figure2:
+    localrule: True
     input:
         stats=lambda wc: expand(
             "results/norms/{variant}/{model}/vision.csv",
@@ -101,6 +105,7 @@ rule figure2:
 
 
 rule figure5:
+    localrule: True
     input:
         stats=lambda wc: expand(
             "results/norms/{variant}/{model}/text.csv",

@@ -2,6 +2,7 @@
 
 
 rule paper_comparison:
+    localrule: True
     input:
         tables=lambda wc: [p for pair in comparison_tables().values() for p in pair if p],
         code=LIB_COMPARISON,
@@ -30,6 +31,7 @@ rule paper_comparison:
 
 
 rule table_html:
+    localrule: True
     input:
         csv="results/{table}.csv",
         code=LIB_REPORT,

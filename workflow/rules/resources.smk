@@ -13,6 +13,7 @@ IMAGES_MISSING = VISION["imagenet_val_dir"] is None and not os.path.isdir(image_
 if MISSING_WEIGHTS:
 
     rule download_timm_weights:
+        localrule: True
         input:
             offline_guard(
                 f"{RESOURCES}/weights/timm/{{model}}.safetensors",
@@ -38,6 +39,7 @@ if MISSING_WEIGHTS:
 if IMAGES_MISSING:
 
     rule download_imagenet_sample:
+        localrule: True
         input:
             offline_guard(
                 f"{RESOURCES}/images/imagenet-sample",
@@ -65,6 +67,7 @@ WIKITEXT_MISSING = not os.path.exists(f"{RESOURCES}/text/wikitext-103/wiki.test.
 if WIKITEXT_MISSING:
 
     rule download_wikitext:
+        localrule: True
         input:
             offline_guard(
                 f"{RESOURCES}/text/wikitext-103/wiki.test.raw",

@@ -26,6 +26,7 @@ rule eigenvalues_vision:
 
 
 rule table_spectra:
+    localrule: True
     input:
         records=lambda wc: [
             f
@@ -81,6 +82,7 @@ rule gamma_vision:
 
 
 rule figure3:
+    localrule: True
     input:
         gamma=lambda wc: f"results/figure3/gamma_{'corrected' if wc.suffix else 'paper'}.csv",
         code=LIB_FIGURES,

@@ -2,6 +2,7 @@
 
 
 rule table1:
+    localrule: True
     input:
         heads=lambda wc: [f for m in VISION["models"] for f in heads_files("paper", m)],
         meta=lambda wc: [f for m in VISION["models"] for f in heads_files("paper", m, "json")],
@@ -22,6 +23,7 @@ rule table1:
 
 
 rule table1_corrected:
+    localrule: True
     input:
         heads=lambda wc: [f for m in VISION["models"] for f in heads_files("corrected", m)],
         meta=lambda wc: [f for m in VISION["models"] for f in heads_files("corrected", m, "json")],
@@ -45,6 +47,7 @@ rule table1_corrected:
 
 
 rule table4:
+    localrule: True
     input:
         heads=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "csv", "paper")],
         meta=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "json", "paper")],
@@ -65,6 +68,7 @@ rule table4:
 
 
 rule table4_corrected:
+    localrule: True
     input:
         heads=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "csv", "corrected")],
         meta=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "json", "corrected")],

@@ -16,6 +16,7 @@ TRAINING_LOGS_MISSING = FIGURE1["use_reference"] and FIGURE1["reference_logs"] i
 if FASHION_MNIST_MISSING:
 
     rule download_fashion_mnist:
+        localrule: True
         input:
             offline_guard(
                 f"{RESOURCES}/datasets/fashion-mnist",
@@ -40,6 +41,7 @@ if FASHION_MNIST_MISSING:
 if TRAINING_LOGS_MISSING:
 
     rule download_training_logs:
+        localrule: True
         input:
             offline_guard(
                 f"{RESOURCES}/training_logs",
@@ -94,6 +96,7 @@ rule train:
 
 
 rule figure_training:
+    localrule: True
     input:
         logs=[f"results/training/{run}/log.csv" for run in FIGURE1["runs"]],
         reference=reference_logs_input(),

@@ -11,13 +11,16 @@ from kpca_repro.vision import resolve_device
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "kpca_heads")
-torch.set_num_threads(smk.threads)
+# One intra-op thread and `threads` worker threads, each on its own chunk of heads: every
+# head's numbers are then the same whatever threads, heads_per_chunk or shards say.
+torch.set_num_threads(1)
 device = resolve_device(smk.params.device)
 records, meta = kpca_records(
     smk.input.activations,
     smk.wildcards.variant,
     device=device,
     heads_per_chunk=smk.params.heads_per_chunk,
+    workers=smk.threads,
     seed=smk.params.seed,
 )
 log.info("%d heads, %d dropped, on %s", len(records), int(records["dropped"].sum()), device)

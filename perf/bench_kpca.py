@@ -1,0 +1,458 @@
+"""Benchmarks of the KPCA and metrics stage (not tests: nothing here asserts a time).
+
+    python perf/bench_kpca.py shapes  [--device cpu|cuda] [--threads 2] [--out perf/results/shapes_cpu.json]
+    python perf/bench_kpca.py stage   ACTIVATIONS.h5 [--threads 2] [--out ...]
+    python perf/bench_kpca.py table1  [--images 1] [--device cuda] [--threads 14] [--out ...]
+    python perf/bench_kpca.py memory  --images 4 16 100 [--model vit_large_patch16_224] [--out ...]
+    python perf/bench_kpca.py chain   --configfile config/offline_deit_tiny.yaml [--cores 2] [--out ...]
+
+Methods compared (each measurement runs in its own subprocess, so peak RSS is its own):
+
+``per_head`` (paper variant)
+    ``tests/paper_reference.py``: the per-head transcription of the authors' ``value_vectors.py``
+    (method.md Section 12): one ``eigh``, one CKA helper call per CKA, one assignment per head,
+    Python loops over heads. It is the test oracle of the batched code and is imported, not
+    copied, so the baseline stays independent of what it measures.
+``per_head`` (corrected variant)
+    :func:`kpca_repro.kpca.head_metrics` called on one head at a time.
+``batched``
+    What the ``kpca_vision`` rule runs: chunks of ``--chunk`` heads through ``head_metrics``,
+    ``--threads`` chunks at a time on worker threads (:func:`kpca_repro.records.ordered_map`),
+    one intra-op torch thread on the CPU.
+
+Every measurement also checks that the methods produce the same numbers (``max_abs_diff``:
+largest difference over the per-head columns both produce).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # paper_reference, the per-head oracle
+
+#: (tokens N, head dimension d, heads): Table 1's vision shapes (197 tokens, 198 with the
+#: distillation token; 384 heads = ViT-Large's 24 layers x 16 heads of one image) and the
+#: language models' 128-token windows with d = 32 (MiniLM) and d = 64.
+SHAPES = ((197, 64, 384), (198, 64, 384), (128, 32, 384), (128, 64, 384))
+
+#: Table 1's ten models: (tokens, head dim, layers, heads per layer); 1,140 heads per image.
+TABLE1_MODELS = {
+    "vit_tiny_patch16_224": (197, 64, 12, 3),
+    "vit_small_patch16_224": (197, 64, 12, 6),
+    "vit_base_patch16_224": (197, 64, 12, 12),
+    "vit_large_patch16_224": (197, 64, 24, 16),
+    "deit_tiny_patch16_224": (197, 64, 12, 3),
+    "deit_small_patch16_224": (197, 64, 12, 6),
+    "deit_base_patch16_224": (197, 64, 12, 12),
+    "deit_tiny_distilled_patch16_224": (198, 64, 12, 3),
+    "deit_small_distilled_patch16_224": (198, 64, 12, 6),
+    "deit_base_distilled_patch16_224": (198, 64, 12, 12),
+}
+
+PAPER_COLUMNS = ("direct_cos_mean", "direct_cos_max", "direct_cos_min", "optimal_cos_mean", "optimal_cos_max", "linear_cka", "rbf_cka")
+
+
+def _environment() -> dict:
+    import torch
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(), "loadavg_1min_at_start": os.getloadavg()[0]}
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name()
+    return out
+
+
+def _random_heads(n_heads: int, n: int, d: int, seed: int = 0, baseline: bool = True):
+    """Keys and values of ViT-like magnitude (``s k.k`` of order 1-10) and a baseline draw."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    k = torch.randn(n_heads, n, d, generator=gen) * 1.5 + torch.randn(n_heads, 1, d, generator=gen)
+    v = torch.randn(n_heads, n, d, generator=gen)
+    base = torch.randn(n_heads, n, d, generator=gen, dtype=torch.float64) if baseline else torch.zeros(n_heads, 0)
+    return k, v, base
+
+
+# --------------------------------------------------------------------------------------
+# One measurement (runs in a subprocess)
+# --------------------------------------------------------------------------------------
+
+
+def _per_head_paper(k, v):
+    import numpy as np
+    from paper_reference import head_metrics_reference
+
+    rows = [head_metrics_reference(k[h], v[h]) for h in range(k.shape[0])]
+    return {c: np.array([np.nan if r is None else r[c] for r in rows]) for c in PAPER_COLUMNS}
+
+
+def _per_head(k, v, base, variant):
+    import numpy as np
+
+    from kpca_repro.kpca import head_metrics
+
+    kw = lambda h: {"baseline": base[h : h + 1]} if variant == "corrected" else {}  # noqa: E731
+    rows = [head_metrics(k[h : h + 1], v[h : h + 1], variant, **kw(h)) for h in range(k.shape[0])]
+    return {c: np.concatenate([r[c] for r in rows]) for c in rows[0]}
+
+
+def _batched(k, v, base, variant, device, chunk, workers, eigh_device=None, streams=False):
+    import numpy as np
+
+    from kpca_repro.kpca import head_metrics
+    from kpca_repro.records import device_stream, ordered_map
+
+    def work(lo):
+        hi = min(lo + chunk, k.shape[0])
+        with device_stream(device, streams):
+            b = base[lo:hi].to(device) if variant == "corrected" else None
+            return head_metrics(k[lo:hi].to(device), v[lo:hi].to(device), variant, baseline=b, eigh_device=eigh_device)
+
+    parts = list(ordered_map(work, range(0, k.shape[0], chunk), workers=workers))
+    return {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
+
+
+def _one(spec: dict) -> dict:
+    """Run one (method, variant, shape, device) measurement; write its outputs to spec['npz']."""
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(spec["torch_threads"])
+    device = torch.device(spec["device"])
+    if spec.get("activations"):
+        k, v, base = _read_file(spec["activations"], spec["variant"], spec.get("seed", 0))
+    else:  # one draw of `draw` heads; the baseline takes its first `heads`
+        k, v, base = _random_heads(spec.get("draw", spec["heads"]), spec["n"], spec["d"], baseline=spec["variant"] == "corrected")
+    k, v, base = k[: spec.get("heads")], v[: spec.get("heads")], base[: spec.get("heads")]
+    run = lambda k, v, base: _run_method(spec, device, k, v, base)  # noqa: E731
+    run(k[:2], v[:2], base[:2])  # warm-up (first eigh/LAPACK workspace, scipy import), not timed
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    out = run(k, v, base)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    np.savez(spec["npz"], **out)
+    res = {
+        "seconds": wall,
+        "heads": int(k.shape[0]),
+        "heads_per_second": k.shape[0] / wall,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    if device.type == "cuda":
+        res["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return res
+
+
+def _run_method(spec, device, k, v, base):
+    if spec["method"] == "per_head":
+        if spec["variant"] == "paper" and device.type == "cpu":
+            return _per_head_paper(k, v)
+        # the oracle builds its constant matrices on the CPU: on CUDA the per-head baseline is
+        # head_metrics on one head at a time (same per-head structure: one eigh, CKA, assignment)
+        return _per_head(k.to(device), v.to(device), base.to(device), spec["variant"])
+    return _batched(k, v, base, spec["variant"], device, spec["chunk"], spec["workers"], spec.get("eigh_device"), spec.get("streams", False))
+
+
+def _read_file(path, variant, seed):
+    """Every head of an activation file as (heads, N, d) tensors, in (layer, image, head) order."""
+    import torch
+
+    from kpca_repro.h5io import ActivationFile
+    from kpca_repro.records import baseline_noise
+
+    ks, vs, bs = [], [], []
+    with ActivationFile(path) as af:
+        for layer in range(af.n_layers):
+            t = af.read(layer, ("k", "v"))
+            ks.append(torch.from_numpy(t["k"]).reshape(-1, *t["k"].shape[2:]))
+            vs.append(torch.from_numpy(t["v"]).reshape(-1, *t["v"].shape[2:]))
+            if variant == "corrected":
+                bs.append(torch.cat([baseline_noise(seed, di, layer, tuple(t["v"].shape[1:])) for di in af.dataset_index]))
+    k, v = torch.cat(ks), torch.cat(vs)
+    return k, v, (torch.cat(bs) if bs else torch.zeros(0))
+
+
+def _measure(spec: dict, tmp: Path) -> tuple[dict, dict]:
+    """Run ``spec`` in a fresh interpreter; return (timing, outputs)."""
+    import numpy as np
+
+    spec = dict(spec, npz=str(tmp / f"out_{os.getpid()}_{time.monotonic_ns()}.npz"))
+    env = dict(os.environ, PYTHONPATH=f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.run([sys.executable, __file__, "_one", json.dumps(spec)], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"measurement {spec} failed:\n{proc.stderr[-3000:]}")
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    with np.load(spec["npz"]) as z:
+        out = {c: z[c] for c in z.files}
+    return res, out
+
+
+def _max_abs_diff(a: dict, b: dict, columns=None) -> float:
+    import numpy as np
+
+    cols = [c for c in (columns or a) if c in a and c in b]
+    diffs = [np.nanmax(np.abs(a[c].astype(float) - b[c].astype(float)), initial=0.0) for c in cols]
+    return float(max(diffs)) if diffs else float("nan")
+
+
+def _compare(variant: str, base_out: dict, fast_out: dict) -> dict:
+    import numpy as np
+
+    if variant == "paper" and "dropped" not in base_out:  # the oracle: NaN where the reference drops a head
+        ok = np.isfinite(base_out["linear_cka"])
+        same_dropped = bool(np.array_equal(~ok, fast_out["dropped"].astype(bool)))
+        sub = lambda o: {c: o[c][ok] for c in PAPER_COLUMNS}  # noqa: E731
+        return {"max_abs_diff": _max_abs_diff(sub(base_out), sub(fast_out)), "same_dropped_heads": same_dropped}
+    identical = all(np.array_equal(base_out[c], fast_out[c], equal_nan=True) for c in base_out)
+    return {"max_abs_diff": _max_abs_diff(base_out, fast_out), "bit_identical": identical}
+
+
+# --------------------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------------------
+
+
+def cmd_shapes(args) -> dict:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n, d, heads in SHAPES:
+            heads = min(heads, args.max_heads)
+            for variant in args.variants:
+                common = {"variant": variant, "n": n, "d": d, "device": args.device, "draw": heads}
+                fast_spec = dict(common, method="batched", heads=heads, chunk=args.chunk, workers=args.threads, torch_threads=1 if args.device == "cpu" else args.threads)
+                fast_res, fast_out = _measure(fast_spec, Path(tmp))
+                fast_head = {c: a[: args.baseline_heads] for c, a in fast_out.items()}  # the baseline's heads
+                row = {"N": n, "d": d, "variant": variant, "device": args.device, "batched": fast_res}
+                for threads in sorted({1, args.threads}):
+                    base_res, base_out = _measure(dict(common, method="per_head", heads=args.baseline_heads, torch_threads=threads), Path(tmp))
+                    row[f"per_head_{threads}thr"] = {**base_res, "speedup_of_batched": fast_res["heads_per_second"] / base_res["heads_per_second"], **_compare(variant, base_out, fast_head)}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    return {"command": "shapes", "rows": rows}
+
+
+def cmd_stage(args) -> dict:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for variant in args.variants:
+            common = {"variant": variant, "device": args.device, "activations": str(args.activations), "seed": 0}
+            fast_res, fast_out = _measure(dict(common, method="batched", chunk=args.chunk, workers=args.threads, torch_threads=1), Path(tmp))
+            row = {"variant": variant, "batched": fast_res}
+            outs = {"batched": fast_out}
+            for threads in sorted({1, args.threads} if args.baseline_threads is None else {args.baseline_threads}):
+                base_res, base_out = _measure(dict(common, method="per_head", torch_threads=threads), Path(tmp))
+                row[f"per_head_{threads}thr"] = {**base_res, "speedup_of_batched": base_res["seconds"] / fast_res["seconds"], **_compare(variant, base_out, fast_out)}
+                outs[f"per_head_{threads}thr"] = base_out
+            if variant == "paper":  # the Table 1 numbers each gives
+                import numpy as np
+
+                kept = ~fast_out["dropped"].astype(bool)
+                for name, out in outs.items():
+                    row[f"table1_{name}"] = {
+                        "MDC": float(np.nanmax(out["direct_cos_mean"][kept])),
+                        "MOC": float(np.nanmax(out["optimal_cos_mean"][kept])),
+                        "LCKA": float(np.mean(out["linear_cka"][kept])),
+                        "KCKA": float(np.mean(out["rbf_cka"][kept])),
+                    }
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return {"command": "stage", "activations": str(args.activations), "rows": rows}
+
+
+def cmd_table1(args) -> dict:
+    """Table 1's whole workload (10 models x ``images``; 1,140 heads per image), random values."""
+    rows = []
+    total_heads, total_s = 0, 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        for model, (n, d, layers, heads) in TABLE1_MODELS.items():
+            spec = {
+                "variant": "paper",
+                "n": n,
+                "d": d,
+                "heads": layers * heads * args.images,
+                "device": args.device,
+                "method": "batched",
+                "chunk": args.chunk,
+                "workers": args.threads,
+                "torch_threads": 1,
+                "eigh_device": args.eigh_device,
+                "streams": args.streams,
+            }
+            res, _ = _measure(spec, Path(tmp))
+            total_heads += res["heads"]
+            total_s += res["seconds"]
+            row = {"model": model, **res}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return {"command": "table1", "images": args.images, "device": args.device, "eigh_device": args.eigh_device, "streams": args.streams, "threads": args.threads, "chunk": args.chunk, "total_heads": total_heads, "total_seconds": total_s, "rows": rows}
+
+
+def _rss_of(cmd: list[str], env: dict) -> tuple[float, float]:
+    """(seconds, peak RSS in MB) of a child process."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    return wall, json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_mb"]
+
+
+def cmd_memory(args) -> dict:
+    """Peak host memory of extraction and KPCA for one model and growing numbers of images."""
+    rows = []
+    env = dict(os.environ, PYTHONPATH=f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    with tempfile.TemporaryDirectory(dir=args.tmpdir) as tmp:
+        weights = Path(tmp) / f"{args.model}.safetensors"
+        subprocess.run([sys.executable, __file__, "_weights", args.model, str(weights)], check=True, env=env)
+        for n_img in args.images:
+            h5 = Path(tmp) / f"{args.model}_{n_img}.h5"
+            spec = {"model": args.model, "weights": str(weights), "images": n_img, "image_dir": args.image_dir, "out": str(h5), "batch_size": args.batch_size}
+            t_ext, rss_ext = _rss_of([sys.executable, __file__, "_extract", json.dumps(spec)], env)
+            kspec = {"activations": str(h5), "layers": args.kpca_layers, "chunk": args.chunk, "workers": args.threads}
+            t_kpca, rss_kpca = _rss_of([sys.executable, __file__, "_kpca", json.dumps(kspec)], env)
+            row = {
+                "model": args.model,
+                "images": n_img,
+                "extract_seconds": t_ext,
+                "extract_peak_rss_mb": rss_ext,
+                "kpca_layers": args.kpca_layers or "all",
+                "kpca_seconds": t_kpca,
+                "kpca_peak_rss_mb": rss_kpca,
+                "h5_mb": h5.stat().st_size / 2**20,
+            }
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            h5.unlink()
+    return {"command": "memory", "rows": rows}
+
+
+def cmd_chain(args) -> dict:
+    """Wall time of ``snakemake results/table1.csv`` from scratch in a fresh directory, per rule too."""
+    import csv
+
+    with tempfile.TemporaryDirectory(dir=args.tmpdir) as tmp:
+        cfg = Path(args.configfile).resolve()
+        text = cfg.read_text().replace("../shared", str((REPO / ".." / "shared").resolve()))
+        (Path(tmp) / "bench.yaml").write_text(text)
+        tree = Path(args.tree).resolve() if args.tree else REPO  # another checkout: compare versions
+        cmd = [sys.executable, "-m", "snakemake", "-s", str(tree / "Snakefile"), "-d", tmp, "--cores", str(args.cores), *args.targets, "--configfile", str(Path(tmp) / "bench.yaml")]
+        env = dict(os.environ, PYTHONPATH=f"{tree / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr[-4000:])
+        rules = {}
+        for tsv in sorted(Path(tmp, "benchmarks").rglob("*.tsv")):
+            with open(tsv) as fh:
+                rec = next(csv.DictReader(fh, delimiter="\t"))
+            rules[str(tsv.relative_to(Path(tmp, "benchmarks")))] = {"seconds": float(rec["s"]), "max_rss_mb": float(rec["max_rss"])}
+        tables = {t: Path(tmp, t).read_text() for t in args.targets if t.endswith(".csv")}
+    out = {"command": "chain", "tree": str(args.tree or REPO), "targets": args.targets, "cores": args.cores, "wall_seconds": wall, "rules": rules, "tables": tables}
+    print(json.dumps({"wall_seconds": wall}), flush=True)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Helpers run in subprocesses by `memory`
+# --------------------------------------------------------------------------------------
+
+
+def _make_weights(model: str, path: str) -> None:
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    m = timm.create_model(model, pretrained=False)
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, path)
+
+
+def _extract(spec: dict) -> dict:
+    import pandas as pd
+    import torch
+
+    from kpca_repro.records import extract_vision
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    files = sorted(Path(spec["image_dir"]).glob("*.JPEG"))[: spec["images"]]
+    samples = pd.DataFrame({"sample_rank": range(len(files)), "dataset_index": range(len(files)), "path": [str(f) for f in files]})
+    extract_vision(spec["model"], spec["weights"], "0" * 64, samples, spec["out"], batch_size=spec["batch_size"], device=torch.device("cpu"), progress=False)
+    return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _kpca(spec: dict) -> dict:
+    import torch
+
+    from kpca_repro.records import kpca_records
+
+    torch.set_num_threads(1)
+    kpca_records(spec["activations"], "paper", device=torch.device("cpu"), heads_per_chunk=spec["chunk"], layers=spec["layers"], workers=spec["workers"], progress=False)
+    return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main(argv=None) -> None:
+    if len(sys.argv) > 2 and sys.argv[1] in ("_one", "_extract", "_kpca"):
+        fn = {"_one": _one, "_extract": _extract, "_kpca": _kpca}[sys.argv[1]]
+        print(json.dumps(fn(json.loads(sys.argv[2]))))
+        return
+    if len(sys.argv) > 3 and sys.argv[1] == "_weights":
+        _make_weights(sys.argv[2], sys.argv[3])
+        return
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in ("shapes", "stage", "table1"):
+        s = sub.add_parser(name)
+        s.add_argument("--device", default="cpu")
+        s.add_argument("--threads", type=int, default=2, help="worker threads (batched) / torch threads (per-head baseline)")
+        s.add_argument("--chunk", type=int, default=16, help="heads per batched call")
+        s.add_argument("--variants", nargs="+", default=["paper", "corrected"])
+        if name == "shapes":
+            s.add_argument("--baseline-heads", type=int, default=48, help="heads the per-head baseline runs (it is slow)")
+            s.add_argument("--max-heads", type=int, default=384, help="cap on the batched heads per shape (smoke runs)")
+        if name == "stage":
+            s.add_argument("activations", type=Path)
+            s.add_argument("--baseline-threads", type=int, default=None, help="torch threads of the per-head baseline (default: 1 and --threads)")
+        if name == "table1":
+            s.add_argument("--images", type=int, default=1)
+            s.add_argument("--eigh-device", default=None, help="cpu: eigh on the CPU for CUDA inputs")
+            s.add_argument("--streams", action="store_true", help="one CUDA stream per worker thread")
+    s = sub.add_parser("memory")
+    s.add_argument("--model", default="vit_large_patch16_224")
+    s.add_argument("--images", type=int, nargs="+", default=[4, 16])
+    s.add_argument("--image-dir", default=str(REPO / ".." / "shared" / "assets" / "images" / "imagenet-sample"))
+    s.add_argument("--batch-size", type=int, default=25)
+    s.add_argument("--kpca-layers", type=int, nargs="*", default=None, help="layers the KPCA run covers (default: all)")
+    s.add_argument("--chunk", type=int, default=16)
+    s.add_argument("--threads", type=int, default=2)
+    s.add_argument("--tmpdir", default=None)
+    s = sub.add_parser("chain")
+    s.add_argument("--configfile", default=str(REPO / "config" / "offline_deit_tiny.yaml"))
+    s.add_argument("--cores", type=int, default=2)
+    s.add_argument("--targets", nargs="+", default=["results/table1.csv"])
+    s.add_argument("--tree", default=None, help="run another checkout's Snakefile and src/ (default: this one)")
+    s.add_argument("--tmpdir", default=None)
+    for s in sub.choices.values():
+        s.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    result = {"environment": _environment(), "argv": sys.argv[1:], **globals()[f"cmd_{args.command}"](args)}
+    result["environment"]["loadavg_1min_at_end"] = os.getloadavg()[0]
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Print the Markdown tables of docs/performance.md from perf/results/*.json.
+
+    python perf/report.py perf/results
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _f(x, nd=1):
+    return "–" if x is None else f"{x:.{nd}f}"
+
+
+def stage(r):
+    print(f"loadavg 1 min at start / end: {r['environment']['loadavg_1min_at_start']:.2f} / {r['environment']['loadavg_1min_at_end']:.2f}\n")
+    print("| variant | method | heads | seconds | heads/s | peak RSS MB | batched speed-up | max abs diff vs batched | same numbers |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in r["rows"]:
+        b = row["batched"]
+        print(f"| {row['variant']} | batched, 2 worker threads x 1 torch thread | {b['heads']} | {_f(b['seconds'])} | {_f(b['heads_per_second'])} | {_f(b['peak_rss_mb'], 0)} | – | – | – |")
+        for key, p in row.items():
+            if key.startswith("per_head_"):
+                same = p.get("bit_identical", p.get("same_dropped_heads"))
+                print(f"| {row['variant']} | per-head baseline, {key[9:].replace('thr', ' torch thread(s)')} | {p['heads']} | {_f(p['seconds'])} | {_f(p['heads_per_second'])} | {_f(p['peak_rss_mb'], 0)} | {p['speedup_of_batched']:.2f}x | {p['max_abs_diff']:.1e} | {same} |")
+        for key, t in row.items():
+            if key.startswith("table1_"):
+                print(f"\n{key}: " + ", ".join(f"{k} {v:.6f}" for k, v in t.items()))
+    print()
+
+
+def shapes(r):
+    print(f"loadavg 1 min at start / end: {r['environment']['loadavg_1min_at_start']:.2f} / {r['environment']['loadavg_1min_at_end']:.2f}\n")
+    print("| N | d | variant | batched heads/s (heads) | peak RSS MB | per-head 1 thr heads/s | speed-up | per-head 2 thr heads/s | speed-up | max abs diff (1 thr) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for row in r["rows"]:
+        b, p1, p2 = row["batched"], row.get("per_head_1thr", {}), row.get("per_head_2thr", {})
+        print(
+            f"| {row['N']} | {row['d']} | {row['variant']} | {_f(b['heads_per_second'])} ({b['heads']}) | {_f(b['peak_rss_mb'], 0)} | "
+            f"{_f(p1.get('heads_per_second'))} | {_f(p1.get('speedup_of_batched'), 2)}x | {_f(p2.get('heads_per_second'))} | {_f(p2.get('speedup_of_batched'), 2)}x | {p1.get('max_abs_diff', float('nan')):.1e} |"
+        )
+    print()
+
+
+def table1(r):
+    print(f"{r['total_heads']} heads in {r['total_seconds']:.1f} s on {r['device']} ({r['total_heads'] / r['total_seconds']:.1f} heads/s); loadavg {r['environment']['loadavg_1min_at_start']:.2f}\n")
+
+
+def chain(r):
+    print(f"{r['tree']}: {' '.join(r['targets'])} in {r['wall_seconds']:.1f} s (cores {r['cores']}); loadavg {r['environment']['loadavg_1min_at_start']:.2f} / {r['environment']['loadavg_1min_at_end']:.2f}\n")
+    print("| job | seconds | max RSS MB |\n|---|---|---|")
+    for name, v in r["rules"].items():
+        print(f"| {name} | {v['seconds']:.1f} | {v['max_rss_mb']:.0f} |")
+    print()
+
+
+def memory(r):
+    print("| model | images | extraction s | extraction peak RSS MB | KPCA layers | KPCA s | KPCA peak RSS MB | HDF5 MB |\n|---|---|---|---|---|---|---|---|")
+    for row in r["rows"]:
+        print(f"| {row['model']} | {row['images']} | {row['extract_seconds']:.0f} | {row['extract_peak_rss_mb']:.0f} | {row['kpca_layers']} | {row['kpca_seconds']:.0f} | {row['kpca_peak_rss_mb']:.0f} | {row['h5_mb']:.0f} |")
+    print()
+
+
+for path in sorted(Path(sys.argv[1]).glob("*.json")):
+    r = json.loads(path.read_text())
+    print(f"### {path.name}\n")
+    globals()[r["command"]](r)

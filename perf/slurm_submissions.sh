@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The SLURM submission lines of the paper's full vision workload, without a cluster
+# (docs/scaleout.md): 10 models x 100 images in SHARDS shards, Tables 1-3 and Figure 3.
+#
+#   bash perf/slurm_submissions.sh [SHARDS] [OUT_DIR]
+#
+# 1. a dry run with profiles/slurm lists every job;
+# 2. a run with the stand-in sbatch/sacct of perf/slurm_standin on PATH records every sbatch
+#    call Snakemake's SLURM executor makes. The stand-in runs each wrapped job with --touch,
+#    so outputs appear empty and the dependent jobs are submitted in turn: nothing is computed.
+# Weights are empty placeholder files (never read); images are the 1000-image sample.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+SHARDS=${1:-4}
+OUT=${2:-$REPO/docs/scaleout}
+MODELS=${MODELS:-}  # e.g. MODELS=deit_tiny_patch16_224 for a quick check
+WORK=${WORK:-$(mktemp -d)}
+[ -n "${KEEP:-}" ] || trap 'rm -rf "$WORK"' EXIT
+mkdir -p "$WORK/resources/weights/timm" "$WORK/resources/images" "$OUT"
+ln -s "$(cd "$REPO/../shared/assets/images/imagenet-sample" && pwd)" "$WORK/resources/images/imagenet-sample"
+python - "$REPO/config/config.yaml" "$WORK" "$SHARDS" "$MODELS" <<'PY'
+import sys, yaml, pathlib
+cfg = yaml.safe_load(open(sys.argv[1]))
+work = pathlib.Path(sys.argv[2])
+for m in cfg["vision"]["models"]:
+    (work / "resources/weights/timm" / f"{m}.safetensors").touch()
+over = {"resources_dir": str(work / "resources"), "offline": True, "vision": {"shards": int(sys.argv[3])}}
+if sys.argv[4]:
+    over["vision"]["models"] = sys.argv[4].split(",")
+    over["figure3"] = {"model": over["vision"]["models"][0]}
+(work / "workload.yaml").write_text(yaml.safe_dump(over))
+PY
+SMK=(python -m snakemake -s "$REPO/Snakefile" -d "$WORK" --profile "$REPO/profiles/slurm" --workflow-profile none --configfile "$WORK/workload.yaml")
+"${SMK[@]}" -n --quiet rules 2>&1 | sed "s#$WORK#<workdir>#g" > "$OUT/dryrun_jobs.txt"
+"${SMK[@]}" -n > "$WORK/dryrun_full.txt" 2>&1
+python - "$WORK/dryrun_full.txt" "$WORK/outputs.json" <<'PY'
+import json, re, sys
+jobs, cur = {}, None
+for line in open(sys.argv[1]):
+    if m := re.match(r"(?:local)?rule (\S+):", line):
+        cur = {"rule": m.group(1), "files": [], "wildcards": ""}
+        jobs[id(cur)] = cur
+    elif cur and (m := re.match(r"\s+(output|benchmark|wildcards): (.*)", line)):
+        if m.group(1) == "wildcards":
+            cur["wildcards"] = m.group(2).replace(", ", ",")
+        else:
+            cur["files"] += m.group(2).split(", ")
+out = {f"{j['rule']}:{j['wildcards']}" if j["wildcards"] else j["rule"]: j["files"] for j in jobs.values()}
+json.dump(out, open(sys.argv[2], "w"))
+PY
+export STANDIN_LOG="$WORK/sbatch_calls.txt" STANDIN_OUTPUTS="$WORK/outputs.json"
+# --keep-going: the local rules (tables, figures) then run here on the empty files and fail,
+# which is expected; every job for SLURM has been submitted by then.
+PATH="$REPO/perf/slurm_standin:$PATH" "${SMK[@]}" --keep-going --latency-wait 5 --slurm-init-seconds-before-status-checks 1 --seconds-between-status-checks 1 ${EXTRA:-} > "$WORK/run.log" 2>&1 || true
+sed "s#$WORK#<workdir>#g" "$STANDIN_LOG" > "$OUT/sbatch_calls.txt"
+sed "s#$WORK#<workdir>#g; s#$REPO#<repo>#g" "$STANDIN_LOG.example_wrap" > "$OUT/example_job_command.txt"
+python - "$OUT/sbatch_calls.txt" "$OUT/dryrun_jobs.txt" <<'PY' | tee "$OUT/summary.txt"
+import collections, re, sys
+calls = [l for l in open(sys.argv[1]) if l.startswith("sbatch")]
+per_rule = collections.Counter(re.search(r"--comment rule_(\w+?)_wildcards", l).group(1) for l in calls)
+planned = dict(re.findall(r"^(\w+)\s+(\d+)$", open(sys.argv[2]).read(), re.M))
+for rule, n in sorted(per_rule.items()):
+    print(f"{rule:20s} submitted {n:4d} of {planned.get(rule)} planned")
+print(f"{'total':20s} submitted {len(calls):4d}")
+PY

@@ -1,0 +1,240 @@
+"""The fast paths give the numbers of the slow ones: batched = per head, sharded = unsharded.
+
+Speed itself is measured by the benchmarks in perf/ (docs/performance.md), never here.
+"""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from conftest import TINY_KWARGS, run_snakemake
+from paper_reference import head_metrics_reference
+
+from kpca_repro import kpca
+from kpca_repro.h5io import ActivationFile, ActivationWriter
+from kpca_repro.records import kpca_records, layer_chunks, ordered_map
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread, as the KPCA rules run (torch's multi-threaded kernels split
+    reductions by batch size, so bit-for-bit claims hold for a fixed intra-op thread count)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _heads(n_heads=7, n=40, d=8, seed=0):
+    """Keys of growing magnitude (the last ones overflow float32 in the paper variant) and values."""
+    gen = torch.Generator().manual_seed(seed)
+    scale = torch.linspace(0.3, 9.0, n_heads)[:, None, None]
+    k = torch.randn(n_heads, n, d, generator=gen) * scale
+    v = torch.randn(n_heads, n, d, generator=gen)
+    base = torch.randn(n_heads, n, d, generator=gen, dtype=torch.float64)
+    return k, v, base
+
+
+def _assert_same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]):
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+@pytest.mark.parametrize("variant", ["paper", "corrected"])
+@pytest.mark.parametrize("shape", [(40, 8), (33, 16)])
+def test_batched_head_metrics_equal_the_per_head_path_bit_for_bit(variant, shape, one_thread):
+    k, v, base = _heads(n=shape[0], d=shape[1])
+    kwargs = lambda sl: {"baseline": base[sl]} if variant == "corrected" else {}  # noqa: E731
+    batched = kpca.head_metrics(k, v, variant, **kwargs(slice(None)))
+    singles = [kpca.head_metrics(k[h : h + 1], v[h : h + 1], variant, **kwargs(slice(h, h + 1))) for h in range(k.shape[0])]
+    per_head = {name: np.concatenate([s[name] for s in singles]) for name in batched}
+    _assert_same(batched, per_head)
+    if variant == "paper":
+        assert batched["dropped"].any() and not batched["dropped"].all()  # both kinds of head were exercised
+
+
+def test_batched_eigenpairs_equal_one_matrix_at_a_time(one_thread):
+    k = torch.randn(6, 37, 8, generator=torch.Generator().manual_seed(1))
+    kc = kpca.center_dense(kpca.gram_paper(k)[0])
+    evals, evecs, finite = kpca.eigenpairs(kc, 8, "abs_desc")
+    assert finite.all()
+    for h in range(kc.shape[0]):
+        e1, a1, _ = kpca.eigenpairs(kc[h : h + 1].clone(), 8, "abs_desc")
+        assert torch.equal(evals[h : h + 1], e1) and torch.equal(evecs[h : h + 1], a1)
+    # the batched solver (the CUDA default) gives the same eigenpairs up to round-off and sign
+    kc64 = kc.double()
+    kc64 = (kc64 + kc64.transpose(-1, -2)) / 2
+    e1, a1, _ = kpca.eigenpairs(kc64, 8, "abs_desc", per_matrix=True)
+    e2, a2, _ = kpca.eigenpairs(kc64, 8, "abs_desc", per_matrix=False)
+    torch.testing.assert_close(e2, e1, rtol=1e-10, atol=0)
+    torch.testing.assert_close((a1 * a2).sum(-2).abs(), torch.ones(6, 8, dtype=torch.float64), rtol=0, atol=1e-8)
+
+
+@pytest.mark.parametrize("variant", ["paper", "corrected"])
+def test_gpu_code_path_on_the_cpu(variant):
+    """What runs on CUDA (one batched eigh call, tensors moved with .to(device)) gives the
+    CPU path's numbers: CKA and flags always, and with fixed signs (corrected) every column."""
+    k, v, base = _heads(n_heads=6, n=45, d=8)
+    kw = {"baseline": base} if variant == "corrected" else {}
+    ref = kpca.head_metrics(k, v, variant, **kw)
+    batched = kpca.head_metrics(k, v, variant, eigh_per_matrix=False, **kw)
+    for name in ("finite", "dropped", "allclose", "exp_overflow", "outer_overflow"):
+        if name in ref:
+            np.testing.assert_array_equal(batched[name], ref[name], err_msg=name)
+    names = [n for n in ref if ref[n].dtype != bool] if variant == "corrected" else ["linear_cka", "rbf_cka"]
+    # the first four heads have a well-separated spectrum (the last ones' large keys make
+    # eigenvalues nearly degenerate, where any rotation of the eigenvectors is a valid answer)
+    for name in names:
+        np.testing.assert_allclose(batched[name][:4], ref[name][:4], rtol=0, atol=1e-5 if variant == "paper" else 1e-9, err_msg=name)
+
+
+def test_batched_paper_variant_agrees_with_the_authors_per_head_structure():
+    """The batched path against the per-head transcription of value_vectors.py (the baseline of perf/)."""
+    k, v, _ = _heads(n_heads=5, n=50, d=8)
+    ours = kpca.head_metrics(k, v, "paper")
+    for h in range(5):
+        ref = head_metrics_reference(k[h], v[h])
+        if ref is None:
+            assert ours["dropped"][h]
+            continue
+        for name, value in ref.items():
+            assert ours[name][h] == pytest.approx(value, abs=2e-5), name
+
+
+def _symmetric_distances(n_mats=6, n=15, seed=0, ties=False):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_mats, n, 3, generator=gen)
+    if ties:  # integer points: many equal distances; duplicated tokens: zero off-diagonal entries
+        x = torch.round(x * 2)
+        x[:, 1] = x[:, 0]
+        x[:, 5] = x[:, 2]
+    g = x @ x.transpose(-1, -2)
+    dist = torch.diagonal(g, dim1=-2, dim2=-1)[..., None, :] - g
+    return dist + dist.transpose(-1, -2)
+
+
+@pytest.mark.parametrize("which", ["lower", "mean"])
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("n", [2, 3, 15, 16])
+def test_median_from_the_upper_triangle_equals_the_full_search(which, ties, n):
+    d = _symmetric_distances(n=n, ties=ties and n > 5)
+    assert torch.equal(d, d.transpose(-1, -2)) and (torch.diagonal(d, dim1=-2, dim2=-1) == 0).all()
+    full = kpca.kth_smallest_nonzero(d, which)
+    upper = kpca.kth_smallest_nonzero(d, which, symmetric=True)
+    assert torch.equal(full, upper)
+    if which == "lower":  # and both are torch.median of the non-zero entries, as the reference takes it
+        for i in range(d.shape[0]):
+            assert upper[i] == torch.median(d[i][d[i] != 0])
+
+
+def test_median_of_a_matrix_without_nonzero_distance_is_nan():
+    d = torch.zeros(2, 4, 4)
+    assert torch.isnan(kpca.kth_smallest_nonzero(d, "lower", symmetric=True)).all()
+    assert torch.isnan(kpca.kth_smallest_nonzero(torch.zeros(1, 1, 1), "lower", symmetric=True)).all()
+
+
+def test_ordered_map_keeps_order_bounds_pending_and_raises():
+    started = []
+
+    def items():
+        for i in range(20):
+            started.append(i)
+            yield i
+
+    out = []
+    for r in ordered_map(lambda i: i * i, items(), workers=3, max_pending=4):
+        out.append(r)
+        assert len(started) <= len(out) + 4  # never more than max_pending items ahead
+    assert out == [i * i for i in range(20)]
+
+    def boom(i):
+        if i == 5:
+            raise ValueError("chunk 5")
+        return i
+
+    with pytest.raises(ValueError, match="chunk 5"):
+        list(ordered_map(boom, range(10), workers=2))
+
+
+def _activation_file(path, n_images=5, n_heads=3, n_layers=2, n=21, d=8):
+    gen = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        w = ActivationWriter(f, n_images, n_layers, n_heads, n, d, {"model_id": "toy", "weights_sha256": "0" * 64, "n_layers": n_layers, "n_heads": n_heads, "shard": 0, "n_shards": 1})
+        w.write_index("sample_rank", np.arange(n_images))
+        w.write_index("dataset_index", np.arange(n_images) * 7)
+        for layer in range(n_layers):
+            w.write_batch(layer, 0, {t: gen.standard_normal((n_images, n_heads, n, d)).astype(np.float32) * (1 + layer) for t in "qkvh"})
+    return path
+
+
+def test_streaming_reads_at_most_one_chunk_of_heads(tmp_path):
+    path = _activation_file(tmp_path / "a.h5")
+    with ActivationFile(path) as af:
+        seen = []
+        for layer, flat, t in layer_chunks(af, [0, 1], heads_per_chunk=4):
+            assert t["k"].shape[0] == len(flat) <= 4
+            seen.append((layer, flat))
+        full = af.read(1, ("k",))["k"].reshape(-1, 21, 8)
+        np.testing.assert_array_equal(t["k"].numpy(), full[flat])
+    for layer in (0, 1):
+        flats = np.concatenate([f for lay, f in seen if lay == layer])
+        np.testing.assert_array_equal(flats, np.arange(15))  # every head once, in order
+
+
+@pytest.mark.parametrize("variant", ["paper", "corrected"])
+def test_records_do_not_depend_on_chunks_or_workers(tmp_path, variant, one_thread):
+    path = _activation_file(tmp_path / "a.h5")
+    cpu = torch.device("cpu")
+    ref, _ = kpca_records(path, variant, device=cpu, heads_per_chunk=64, progress=False)
+    for chunk, workers in ((1, 1), (4, 2), (7, 3)):
+        got, _ = kpca_records(path, variant, device=cpu, heads_per_chunk=chunk, workers=workers, progress=False)
+        pd.testing.assert_frame_equal(got, ref, check_exact=True)
+
+
+@pytest.mark.integration
+def test_sharded_and_unsharded_runs_give_identical_tables(tiny_resources, tmp_path):
+    from test_workflow import _write_config
+
+    model = "vit_tiny_patch16_224"
+    targets = ("results/table1.csv", "results/table1_corrected.csv", "results/table3.csv")
+    tables = {}
+    for shards, chunk, threads in ((1, 64, 1), (2, 5, 2)):
+        work = tmp_path / f"shards{shards}"
+        work.mkdir()
+        cfg = _write_config(
+            work / "c.yaml",
+            resources_dir=str(tiny_resources),
+            vision={"models": [model], "model_kwargs": {model: TINY_KWARGS[model]}, "shards": shards},
+            kpca={"heads_per_chunk": chunk, "threads": threads},
+        )
+        run_snakemake(work, *targets, "--configfile", str(cfg))
+        assert len(list((work / "results" / "activations").rglob("*.h5"))) == 2 * shards  # 4 and 3 images
+        tables[shards] = {t: (work / t).read_bytes() for t in targets}
+    for t in targets:
+        assert tables[1][t] == tables[2][t], t
+
+
+def test_one_forward_pass_per_image_batch_captures_every_layer(tiny_resources, photos_dir, tmp_path, monkeypatch):
+    """The reference runs one full forward per layer; extraction runs one per image batch."""
+    from kpca_repro import images, records
+
+    model_id = "vit_tiny_patch16_224"
+    weights = tiny_resources / "weights" / "timm" / f"{model_id}.safetensors"
+    calls = []
+    real_load = records.load_timm_model
+
+    def counting_load(*args, **kwargs):
+        model = real_load(*args, **kwargs)
+        model.register_forward_pre_hook(lambda mod, inp: calls.append(inp[0].shape[0]))
+        return model
+
+    monkeypatch.setattr(records, "load_timm_model", counting_load)
+    samples = images.sample_images(images.list_images(photos_dir, "flat"), 5, seed=0)
+    records.extract_vision(model_id, weights, "x", samples, tmp_path / "a.h5", batch_size=2, device=torch.device("cpu"), model_kwargs=TINY_KWARGS[model_id], progress=False)
+    assert calls == [2, 2, 1]  # ceil(5 / 2) forward passes, for the model's 2 layers together
+    with ActivationFile(tmp_path / "a.h5") as af:
+        assert af.n_layers == 2 and all(np.abs(af.read(layer, ("k",))["k"]).sum() > 0 for layer in range(2))
