@@ -197,6 +197,7 @@ def kpca_records(
     layers: Sequence[int] | None = None,
     progress: bool = True,
     workers: int = 1,
+    eigh_device: str | torch.device | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """Per-head records of one activation file: every (image, layer, head) through KPCA.
 
@@ -206,6 +207,8 @@ def kpca_records(
     (:func:`ordered_map`). Each head's numbers do not depend on the chunking, the number of
     workers or the sharding (per-matrix ``eigh`` on the CPU, :func:`kpca_repro.kpca.eigenpairs`);
     for bit-identical CPU runs keep torch's intra-op threads fixed (the rule uses 1).
+    ``eigh_device`` is passed to :func:`kpca_repro.kpca.head_metrics` (the rule uses
+    ``"cpu"`` on CUDA, the faster placement measured on an H100, docs/performance.md).
 
     Returns:
         ``(records, meta)``: a DataFrame with one row per head (``sample_rank``,
@@ -231,7 +234,7 @@ def kpca_records(
             if variant == CORRECTED:
                 noise = {int(i): baseline_noise(seed, af.dataset_index[i], layer, (n_heads, *v.shape[1:])) for i in np.unique(flat // n_heads)}
                 base = torch.stack([noise[int(f // n_heads)][f % n_heads] for f in flat]).to(device)
-            cols = head_metrics(k.to(device), v.to(device), variant, baseline=base)
+            cols = head_metrics(k.to(device), v.to(device), variant, baseline=base, eigh_device=eigh_device)
             return pd.DataFrame(
                 {
                     "sample_rank": af.sample_rank[flat // n_heads],
