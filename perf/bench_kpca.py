@@ -235,7 +235,7 @@ def cmd_shapes(args) -> dict:
                 fast_res, fast_out = _measure(fast_spec, Path(tmp))
                 fast_head = {c: a[: args.baseline_heads] for c, a in fast_out.items()}  # the baseline's heads
                 row = {"N": n, "d": d, "variant": variant, "device": args.device, "batched": fast_res}
-                for threads in sorted({1, args.threads}):
+                for threads in sorted({1, args.threads} if args.baseline_threads is None else {args.baseline_threads}):
                     base_res, base_out = _measure(dict(common, method="per_head", heads=args.baseline_heads, torch_threads=threads), Path(tmp))
                     row[f"per_head_{threads}thr"] = {**base_res, "speedup_of_batched": fast_res["heads_per_second"] / base_res["heads_per_second"], **_compare(variant, base_out, fast_head)}
                 print(json.dumps(row), flush=True)
@@ -424,6 +424,7 @@ def main(argv=None) -> None:
             s.add_argument("--max-heads", type=int, default=384, help="cap on the batched heads per shape (smoke runs)")
         if name == "stage":
             s.add_argument("activations", type=Path)
+        if name in ("stage", "shapes"):
             s.add_argument("--baseline-threads", type=int, default=None, help="torch threads of the per-head baseline (default: 1 and --threads)")
         if name == "table1":
             s.add_argument("--images", type=int, default=1)

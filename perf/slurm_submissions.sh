@@ -24,7 +24,9 @@ cfg = yaml.safe_load(open(sys.argv[1]))
 work = pathlib.Path(sys.argv[2])
 for m in cfg["vision"]["models"]:
     (work / "resources/weights/timm" / f"{m}.safetensors").touch()
-over = {"resources_dir": str(work / "resources"), "offline": True, "vision": {"shards": int(sys.argv[3])}}
+# the vision workload only: language models and training runs have their own rules
+over = {"resources_dir": str(work / "resources"), "offline": True, "vision": {"shards": int(sys.argv[3])},
+        "text": {"models": []}, "figure1": {"runs": [], "use_reference": False}}
 if sys.argv[4]:
     over["vision"]["models"] = sys.argv[4].split(",")
     over["figure3"] = {"model": over["vision"]["models"][0]}

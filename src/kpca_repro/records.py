@@ -248,6 +248,7 @@ def kpca_records(
     layers: Sequence[int] | None = None,
     progress: bool = True,
     workers: int = 1,
+    eigh_device: str | torch.device | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """Per-head records of one activation file: every (input, layer, head) through KPCA.
 
@@ -262,6 +263,8 @@ def kpca_records(
     not depend on the chunking, the number of workers or the sharding (per-matrix ``eigh``
     on the CPU, :func:`kpca_repro.kpca.eigenpairs`); for bit-identical CPU runs keep torch's
     intra-op threads fixed (the rule uses 1).
+    ``eigh_device`` is passed to :func:`kpca_repro.kpca.head_metrics` (the rule uses
+    ``"cpu"`` on CUDA, the faster placement measured on an H100, docs/performance.md).
 
     Returns:
         ``(records, meta)``: a DataFrame with one row per head (``sample_rank``,
@@ -306,7 +309,9 @@ def kpca_records(
 
         def work(chunk):
             layer, k, v, ranks, index, head, base = chunk
-            cols = head_metrics(k.to(device), v.to(device), variant, baseline=base.to(device) if base is not None else None, **options)
+            cols = head_metrics(
+                k.to(device), v.to(device), variant, baseline=base.to(device) if base is not None else None, eigh_device=eigh_device, **options
+            )
             return pd.DataFrame(
                 {
                     "sample_rank": ranks,
