@@ -2,6 +2,7 @@
 
 import torch
 
+from kpca_repro.resources import sha256_file
 from kpca_repro.smk import setup_logging
 from kpca_repro.training import build_datasets, build_model, config_fingerprint, train_run
 from kpca_repro.vision import resolve_device
@@ -35,6 +36,8 @@ train_run(
     smk.params.checkpoint,
     seed=seed,
     device=device,
-    fingerprint=config_fingerprint(model_cfg, scale, seed, str(device)),
+    # the library code is part of the run's identity: when Snakemake reruns this job because
+    # training.py or kpca.py changed, an old checkpoint is not resumed
+    fingerprint=config_fingerprint(model_cfg, scale, seed, str(device), sorted(sha256_file(p) for p in smk.input.code)),
     num_workers=smk.params.num_workers,
 )
