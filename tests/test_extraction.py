@@ -97,6 +97,22 @@ def test_atomic_output_leaves_nothing_on_failure(tmp_path):
     assert target.read_text() == "whole"
 
 
+def test_atomic_directory_keeps_the_old_folder_until_complete(tmp_path):
+    from kpca_repro.h5io import atomic_directory
+
+    target = tmp_path / "downloads"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic_directory(target) as tmp:
+            (tmp / "half.txt").write_text("half")
+            raise RuntimeError("network")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["downloads"] and (target / "old.txt").exists()
+    with atomic_directory(target) as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert sorted(p.name for p in target.iterdir()) == ["new.txt"] and len(list(tmp_path.iterdir())) == 1
+
+
 def test_paper_sampling_of_the_1000_image_set():
     # method.md Section 1: seed 0 on the 1000-image sample gives these k = 1 and k = 25 draws
     assert images.sample_indices(1000, 1, 0) == [864]

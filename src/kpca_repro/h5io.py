@@ -27,7 +27,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-__all__ = ["atomic_output", "ActivationWriter", "ActivationFile", "CorruptActivationFileError", "TENSORS"]
+__all__ = ["atomic_output", "atomic_directory", "ActivationWriter", "ActivationFile", "CorruptActivationFileError", "TENSORS"]
 
 TENSORS = ("q", "k", "v", "h")
 
@@ -54,6 +54,29 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+@contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary sibling directory; it replaces ``path`` only if the block succeeds.
+
+    For downloads that fill a whole folder: an interrupted or failed download never leaves a
+    half-filled folder under the final name. The temporary folder is removed on failure.
+    """
+    import shutil
+    import tempfile
+
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".", dir=final.parent))
+    try:
+        yield tmp
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
 
 
 def _layer_key(layer: int) -> str:

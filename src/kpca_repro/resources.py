@@ -18,11 +18,11 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import shutil
-import tempfile
 import urllib.request
 import zipfile
 from pathlib import Path
+
+from .h5io import atomic_directory
 
 __all__ = [
     "MissingResourceError",
@@ -143,9 +143,7 @@ def download_imagenet_sample(url: str, out_dir: str | os.PathLike, expected_coun
             payload = resp.read()
     except Exception as exc:
         raise MissingResourceError(missing_message(out, "ImageNet sample images", f"Download failed ({exc}). {how}")) from exc
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
-    try:
+    with atomic_directory(out) as tmp:
         with zipfile.ZipFile(io.BytesIO(payload)) as zf:
             names = [n for n in zf.namelist() if n.endswith(".JPEG") and Path(n).name.startswith("n")]
             for name in names:
@@ -154,9 +152,3 @@ def download_imagenet_sample(url: str, out_dir: str | os.PathLike, expected_coun
             raise MissingResourceError(
                 missing_message(out, "ImageNet sample images", f"The archive held {len(names)} images, expected {expected_count}. {how}")
             )
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = [
+    "read_head_records",
     "MODEL_NAMES",
     "display_name",
     "table1_paper",
@@ -70,6 +71,31 @@ TEXT_CORRECTED_METRICS = (
 def display_name(model_id: str) -> str:
     """The paper's short name of a model id, or the id itself."""
     return MODEL_NAMES.get(model_id, model_id)
+
+
+def read_head_records(head_files: list[str], meta_files: list[str], count_key: str, keep: tuple[str, ...] = ()) -> tuple[pd.DataFrame, dict[str, dict]]:
+    """Concatenate the per-head records of all shards and sum their metadata per model.
+
+    Args:
+        head_files: per-head CSVs (``results/heads/<variant>/<model>/...csv``).
+        meta_files: the JSON metadata beside them.
+        count_key: the metadata count summed over shards (``"n_images"`` or ``"n_sentences"``).
+        keep: further metadata keys copied from the first shard of a model.
+
+    Returns:
+        ``(records, meta)`` with ``meta[model_id]`` holding ``weights_sha256``, ``count_key``
+        and the ``keep`` keys.
+    """
+    import json
+
+    heads = pd.concat([pd.read_csv(f) for f in head_files], ignore_index=True)
+    meta: dict[str, dict] = {}
+    for f in meta_files:
+        with open(f) as fh:
+            m = json.load(fh)
+        entry = meta.setdefault(m["model_id"], {"weights_sha256": m["weights_sha256"], count_key: 0, **{k: m[k] for k in keep}})
+        entry[count_key] += m[count_key]
+    return heads, meta
 
 
 #: The per-head columns behind Table 1's four statistics (MDC, MOC, LCKA, KCKA).

@@ -652,14 +652,12 @@ def download_wandb_logs(base_url: str, out_dir: str | os.PathLike) -> None:
     Raises:
         FileNotFoundError: a download failed; the message names the URL and the folder to fill.
     """
-    import shutil
-    import tempfile
     import urllib.request
 
+    from .h5io import atomic_directory
+
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
-    try:
+    with atomic_directory(out) as tmp:
         for model, files in WANDB_FILES.items():
             (tmp / model).mkdir()
             for name in files:
@@ -669,9 +667,3 @@ def download_wandb_logs(base_url: str, out_dir: str | os.PathLike) -> None:
                         (tmp / model / name).write_bytes(resp.read())
                 except Exception as exc:
                     raise FileNotFoundError(f"missing the authors' W&B logs: {out} does not exist and {url} failed ({exc}); set figure1.reference_logs to a copy") from exc
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)

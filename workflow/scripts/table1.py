@@ -1,22 +1,12 @@
 """Rule table1 / table1_corrected: aggregate per-head records into Table 1 (CSV + Markdown)."""
 
-import json
-
-import pandas as pd
-
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
-from kpca_repro.tables import corrected_markdown, table1_paper, table_corrected
+from kpca_repro.tables import corrected_markdown, read_head_records, table1_paper, table_corrected
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "table1")
-heads = pd.concat([pd.read_csv(f) for f in smk.input.heads], ignore_index=True)
-meta = {}
-for f in smk.input.meta:
-    with open(f) as fh:
-        m = json.load(fh)
-    entry = meta.setdefault(m["model_id"], {"weights_sha256": m["weights_sha256"], "n_images": 0})
-    entry["n_images"] += m["n_images"]
+heads, meta = read_head_records(smk.input.heads, smk.input.meta, "n_images")
 if smk.params.variant == "paper":
     table = table1_paper(heads, meta)
     markdown = table.drop(columns=["weights_sha256"]).to_markdown(index=False, floatfmt=".3f") + "\n"

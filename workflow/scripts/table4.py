@@ -1,22 +1,12 @@
 """Rule table4 / table4_corrected: aggregate per-head records of the language models into Table 4 (CSV + Markdown)."""
 
-import json
-
-import pandas as pd
-
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
-from kpca_repro.tables import TEXT_CORRECTED_METRICS, corrected_markdown, table4_paper, table_corrected
+from kpca_repro.tables import TEXT_CORRECTED_METRICS, corrected_markdown, read_head_records, table4_paper, table_corrected
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "table4")
-heads = pd.concat([pd.read_csv(f) for f in smk.input.heads], ignore_index=True)
-meta = {}
-for f in smk.input.meta:
-    with open(f) as fh:
-        m = json.load(fh)
-    entry = meta.setdefault(m["model_id"], {"weights_sha256": m["weights_sha256"], "n_sentences": 0, "longformer_transposed": m["longformer_transposed"]})
-    entry["n_sentences"] += m["n_sentences"]
+heads, meta = read_head_records(smk.input.heads, smk.input.meta, "n_sentences", keep=("longformer_transposed",))
 if smk.params.variant == "paper":
     table = table4_paper(heads, meta)
     markdown = table.drop(columns=["weights_sha256"]).to_markdown(index=False, floatfmt=".3f") + "\n"
