@@ -1,10 +1,11 @@
 """Benchmarks of the KPCA and metrics stage (not tests: nothing here asserts a time).
 
     python perf/bench_kpca.py shapes  [--device cpu|cuda] [--threads 2] [--out perf/results/shapes_cpu.json]
-    python perf/bench_kpca.py stage   ACTIVATIONS.h5 [--threads 2] [--out ...]
-    python perf/bench_kpca.py table1  [--images 1] [--device cuda] [--threads 14] [--out ...]
+    python perf/bench_kpca.py stage   ACTIVATIONS.h5 [--threads 2] [--breakdown] [--out ...]
+    python perf/bench_kpca.py table1  [--images 1] [--device cuda] [--threads 14] [--breakdown] [--out ...]
     python perf/bench_kpca.py memory  --images 4 16 100 [--model vit_large_patch16_224] [--out ...]
     python perf/bench_kpca.py chain   --configfile config/offline_deit_tiny.yaml [--cores 2] [--out ...]
+    python perf/bench_kpca.py allocator ACTIVATIONS.h5 [--layers 1 12] [--threads 2] [--out ...]
 
 Methods compared (each measurement runs in its own subprocess, so peak RSS is its own):
 
@@ -108,17 +109,61 @@ def _per_head(k, v, base, variant):
 def _batched(k, v, base, variant, device, chunk, workers, eigh_device=None, streams=False):
     import numpy as np
 
-    from kpca_repro.kpca import head_metrics
+    from kpca_repro import kpca
     from kpca_repro.records import device_stream, ordered_map
 
     def work(lo):
         hi = min(lo + chunk, k.shape[0])
         with device_stream(device, streams):
             b = base[lo:hi].to(device) if variant == "corrected" else None
-            return head_metrics(k[lo:hi].to(device), v[lo:hi].to(device), variant, baseline=b, eigh_device=eigh_device)
+            return kpca.head_metrics(k[lo:hi].to(device), v[lo:hi].to(device), variant, baseline=b, eigh_device=eigh_device)
 
     parts = list(ordered_map(work, range(0, k.shape[0], chunk), workers=workers))
     return {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
+
+
+class _Timers:
+    """Wall seconds spent inside ``eigh``, the assignments and ``head_metrics``, summed over threads.
+
+    ``--breakdown`` wraps ``torch.linalg.eigh`` and :mod:`kpca_repro.kpca`'s
+    ``linear_sum_assignment`` (and, for the batched method, ``head_metrics``) so a run tells
+    where the worker threads spend their time: ``threads x wall - head_metrics`` is time a
+    worker waited (for the reader, the GIL or the result queue); ``head_metrics - eigh -
+    assignment`` is everything else (Gram, centering, CKA, transfers, Python).
+    """
+
+    def __init__(self):
+        import threading
+
+        self.lock = threading.Lock()
+        self.seconds = {"eigh": 0.0, "assignment": 0.0, "head_metrics": 0.0}
+        self.calls = {name: 0 for name in self.seconds}
+
+    def wrap(self, name, fn):
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                dt = time.perf_counter() - t0
+                with self.lock:
+                    self.seconds[name] += dt
+                    self.calls[name] += 1
+
+        return timed
+
+    def install(self):
+        import torch
+
+        from kpca_repro import kpca
+
+        torch.linalg.eigh = self.wrap("eigh", torch.linalg.eigh)
+        kpca.linear_sum_assignment = self.wrap("assignment", kpca.linear_sum_assignment)
+        kpca.head_metrics = self.wrap("head_metrics", kpca.head_metrics)
+
+    def reset(self):
+        for name in self.seconds:
+            self.seconds[name], self.calls[name] = 0.0, 0
 
 
 def _one(spec: dict) -> dict:
@@ -133,8 +178,13 @@ def _one(spec: dict) -> dict:
     else:  # one draw of `draw` heads; the baseline takes its first `heads`
         k, v, base = _random_heads(spec.get("draw", spec["heads"]), spec["n"], spec["d"], baseline=spec["variant"] == "corrected")
     k, v, base = k[: spec.get("heads")], v[: spec.get("heads")], base[: spec.get("heads")]
+    timers = _Timers() if spec.get("breakdown") else None
+    if timers:
+        timers.install()
     run = lambda k, v, base: _run_method(spec, device, k, v, base)  # noqa: E731
     run(k[:2], v[:2], base[:2])  # warm-up (first eigh/LAPACK workspace, scipy import), not timed
+    if timers:
+        timers.reset()
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -152,6 +202,14 @@ def _one(spec: dict) -> dict:
     }
     if device.type == "cuda":
         res["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    if timers:
+        workers = spec.get("workers", 1) if spec["method"] == "batched" else 1
+        res["breakdown"] = {
+            "workers": workers,
+            "thread_seconds_available": workers * wall,
+            **{f"{name}_seconds": sec for name, sec in timers.seconds.items()},
+            **{f"{name}_calls": n for name, n in timers.calls.items()},
+        }
     return res
 
 
@@ -248,7 +306,8 @@ def cmd_stage(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for variant in args.variants:
             common = {"variant": variant, "device": args.device, "activations": str(args.activations), "seed": 0}
-            fast_res, fast_out = _measure(dict(common, method="batched", chunk=args.chunk, workers=args.threads, torch_threads=1), Path(tmp))
+            batched = dict(common, method="batched", chunk=args.chunk, workers=args.threads, torch_threads=1, eigh_device=args.eigh_device, breakdown=args.breakdown)
+            fast_res, fast_out = _measure(batched, Path(tmp))
             row = {"variant": variant, "batched": fast_res}
             outs = {"batched": fast_out}
             for threads in sorted({1, args.threads} if args.baseline_threads is None else {args.baseline_threads}):
@@ -289,6 +348,7 @@ def cmd_table1(args) -> dict:
                 "torch_threads": 1,
                 "eigh_device": args.eigh_device,
                 "streams": args.streams,
+                "breakdown": args.breakdown,
             }
             res, _ = _measure(spec, Path(tmp))
             total_heads += res["heads"]
@@ -396,11 +456,52 @@ def _extract(spec: dict) -> dict:
 def _kpca(spec: dict) -> dict:
     import torch
 
-    from kpca_repro.records import kpca_records
+    from kpca_repro import records
 
     torch.set_num_threads(1)
-    kpca_records(spec["activations"], "paper", device=torch.device("cpu"), heads_per_chunk=spec["chunk"], layers=spec["layers"], workers=spec["workers"], progress=False)
-    return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if spec.get("trim"):  # hand freed heap memory back to the OS after every chunk
+        import ctypes
+
+        libc, head_metrics = ctypes.CDLL("libc.so.6"), records.head_metrics
+
+        def trimmed(*a, **kw):
+            try:
+                return head_metrics(*a, **kw)
+            finally:
+                libc.malloc_trim(0)
+
+        records.head_metrics = trimmed
+    t0 = time.perf_counter()
+    out, _ = records.kpca_records(spec["activations"], "paper", device=torch.device("cpu"), heads_per_chunk=spec["chunk"], layers=spec["layers"], workers=spec["workers"], progress=False)
+    return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "seconds": time.perf_counter() - t0, "heads": len(out)}
+
+
+#: glibc settings compared by ``allocator``: name -> (extra environment, malloc_trim after each chunk)
+ALLOCATOR_MODES = {
+    "default": ({}, False),
+    "malloc_trim after each chunk": ({}, True),
+    "MALLOC_MMAP_THRESHOLD_=131072": ({"MALLOC_MMAP_THRESHOLD_": "131072"}, False),
+}
+
+
+def cmd_allocator(args) -> dict:
+    """Peak RSS and time of the KPCA stage (paper variant) over more and more layers, per glibc setting.
+
+    Tells whether the RSS growth with depth is memory the stage holds or freed heap memory that
+    glibc keeps (``malloc_trim`` hands it back; a fixed mmap threshold never keeps it).
+    """
+    rows = []
+    env0 = dict(os.environ, PYTHONPATH=f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    for mode, (extra, trim) in ALLOCATOR_MODES.items():
+        for n_layers in args.layers:
+            spec = {"activations": str(args.activations), "layers": list(range(n_layers)), "chunk": args.chunk, "workers": args.threads, "trim": trim}
+            proc = subprocess.run([sys.executable, __file__, "_kpca", json.dumps(spec)], capture_output=True, text=True, env={**env0, **extra})
+            if proc.returncode != 0:
+                raise RuntimeError(proc.stderr[-3000:])
+            row = {"mode": mode, "layers": n_layers, **json.loads(proc.stdout.strip().splitlines()[-1])}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return {"command": "allocator", "activations": str(args.activations), "threads": args.threads, "chunk": args.chunk, "rows": rows}
 
 
 def main(argv=None) -> None:
@@ -424,11 +525,13 @@ def main(argv=None) -> None:
             s.add_argument("--max-heads", type=int, default=384, help="cap on the batched heads per shape (smoke runs)")
         if name == "stage":
             s.add_argument("activations", type=Path)
+        if name in ("stage", "table1"):
+            s.add_argument("--eigh-device", default=None, help="cpu: eigh on the CPU for CUDA inputs (the kpca_heads rule's placement on a GPU)")
+            s.add_argument("--breakdown", action="store_true", help="time the batched run spends in eigh, the assignments and head_metrics, summed over threads")
         if name in ("stage", "shapes"):
             s.add_argument("--baseline-threads", type=int, default=None, help="torch threads of the per-head baseline (default: 1 and --threads)")
         if name == "table1":
             s.add_argument("--images", type=int, default=1)
-            s.add_argument("--eigh-device", default=None, help="cpu: eigh on the CPU for CUDA inputs")
             s.add_argument("--streams", action="store_true", help="one CUDA stream per worker thread")
     s = sub.add_parser("memory")
     s.add_argument("--model", default="vit_large_patch16_224")
@@ -439,6 +542,11 @@ def main(argv=None) -> None:
     s.add_argument("--chunk", type=int, default=16)
     s.add_argument("--threads", type=int, default=2)
     s.add_argument("--tmpdir", default=None)
+    s = sub.add_parser("allocator")
+    s.add_argument("activations", type=Path)
+    s.add_argument("--layers", type=int, nargs="+", default=[1, 12], help="first n layers the KPCA run covers")
+    s.add_argument("--chunk", type=int, default=64, help="heads per chunk (the rule's default kpca.heads_per_chunk)")
+    s.add_argument("--threads", type=int, default=2)
     s = sub.add_parser("chain")
     s.add_argument("--configfile", default=str(REPO / "config" / "offline_deit_tiny.yaml"))
     s.add_argument("--cores", type=int, default=2)

@@ -14,6 +14,23 @@ def _f(x, nd=1):
     return "–" if x is None else f"{x:.{nd}f}"
 
 
+def _breakdown(items):
+    """``--breakdown``: where the worker threads spent their time (seconds summed over threads)."""
+    items = [(label, res) for label, res in items if "breakdown" in res]
+    if not items:
+        return
+    print("| run | wall s | thread-seconds available | in head_metrics | in eigh | in assignments | other in head_metrics | waiting |\n|---|---|---|---|---|---|---|---|")
+    for label, res in items:
+        b = res["breakdown"]
+        other = b["head_metrics_seconds"] - b["eigh_seconds"] - b["assignment_seconds"]
+        wait = b["thread_seconds_available"] - b["head_metrics_seconds"]
+        print(
+            f"| {label} | {res['seconds']:.1f} | {b['thread_seconds_available']:.1f} | {b['head_metrics_seconds']:.1f} | "
+            f"{b['eigh_seconds']:.1f} | {b['assignment_seconds']:.1f} | {other:.1f} | {wait:.1f} |"
+        )
+    print()
+
+
 def stage(r):
     print(f"loadavg 1 min at start / end: {r['environment']['loadavg_1min_at_start']} / {r['environment']['loadavg_1min_at_end']}\n")
     print("| variant | method | heads | seconds | heads/s | peak RSS MB | batched speed-up | max abs diff vs batched | same dropped heads (paper) or bit-identical (corrected) |")
@@ -29,6 +46,7 @@ def stage(r):
             if key.startswith("table1_"):
                 print(f"\n{key}: " + ", ".join(f"{k} {v:.6f}" for k, v in t.items()))
     print()
+    _breakdown([(f"batched, {row['variant']}", row["batched"]) for row in r["rows"]])
 
 
 def shapes(r):
@@ -46,6 +64,15 @@ def shapes(r):
 
 def table1(r):
     print(f"{r['total_heads']} heads in {r['total_seconds']:.1f} s on {r['device']} ({r['total_heads'] / r['total_seconds']:.1f} heads/s); loadavg {r['environment']['loadavg_1min_at_start']:.2f}\n")
+    _breakdown([(row["model"], row) for row in r["rows"]])
+
+
+def allocator(r):
+    print(f"{r['activations']}, {r['threads']} worker threads, {r['chunk']} heads per chunk, paper variant; loadavg {r['environment']['loadavg_1min_at_start']:.2f} / {r['environment']['loadavg_1min_at_end']:.2f}\n")
+    print("| glibc setting | layers | heads | seconds | peak RSS MB |\n|---|---|---|---|---|")
+    for row in r["rows"]:
+        print(f"| {row['mode']} | {row['layers']} | {row['heads']} | {row['seconds']:.1f} | {row['peak_rss_mb']:.0f} |")
+    print()
 
 
 def chain(r):

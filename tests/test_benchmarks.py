@@ -1,0 +1,54 @@
+"""The benchmark harness itself (perf/bench_kpca.py): it runs, it compares, and its timers count right.
+
+No time is asserted: the numbers it measures go into docs/performance.md. These tests check
+what the harness reports besides times: that the batched and per-head methods agree, that
+the ``--breakdown`` timers see one ``eigh`` per head and the expected number of assignments,
+and that the ``allocator`` runs cover the layers they claim.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from test_performance import _activation_file
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "perf" / "bench_kpca.py"
+
+
+def _bench(*args: str, out: Path) -> dict:
+    proc = subprocess.run([sys.executable, str(BENCH), *args, "--out", str(out)], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_stage_benchmark_compares_methods_and_times_every_eigh_and_assignment(tmp_path):
+    h5 = _activation_file(tmp_path / "a.h5")  # 5 images x 3 heads x 2 layers = 30 heads
+    res = _bench("stage", str(h5), "--variants", "paper", "corrected", "--threads", "2", "--chunk", "4", "--baseline-threads", "1", "--breakdown", out=tmp_path / "s.json")
+    rows = {row["variant"]: row for row in res["rows"]}
+    paper, corrected = rows["paper"], rows["corrected"]
+    assert paper["per_head_1thr"]["same_dropped_heads"]
+    assert paper["per_head_1thr"]["max_abs_diff"] < 1e-4
+    assert corrected["per_head_1thr"]["bit_identical"]
+    for name, row in rows.items():
+        b = row["batched"]["breakdown"]
+        assert row["batched"]["heads"] == 30
+        assert b["eigh_calls"] == 30  # one matrix per solver call on the CPU
+        # paper: one token-row assignment per head; corrected: token rows and columns, for V_KPCA and the baseline
+        assert b["assignment_calls"] == (30 if name == "paper" else 120)
+        assert b["head_metrics_calls"] == 8  # ceil(30 / 4) chunks
+        assert 0 < b["eigh_seconds"] + b["assignment_seconds"] <= b["head_metrics_seconds"] <= b["thread_seconds_available"] * 1.01
+    report = subprocess.run([sys.executable, str(REPO / "perf" / "report.py"), str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    assert "| batched, paper |" in report and "| batched, corrected |" in report
+
+
+def test_allocator_benchmark_covers_the_layers_it_names(tmp_path):
+    h5 = _activation_file(tmp_path / "a.h5")
+    res = _bench("allocator", str(h5), "--layers", "1", "2", "--threads", "2", "--chunk", "4", out=tmp_path / "m.json")
+    seen = {(row["mode"], row["layers"]): row["heads"] for row in res["rows"]}
+    assert len(seen) == 6  # three glibc settings x two depths
+    assert all(heads == 15 * layers for (_, layers), heads in seen.items())
+    assert all(row["peak_rss_mb"] > 0 for row in res["rows"])
