@@ -200,6 +200,7 @@ BAD_INPUT = [
     pytest.param({"spectra": {"n_images": 1}}, "config key spectra.n_images: 1 is less than the minimum of 2", id="too-few-spectra-images"),
     pytest.param({"checksums": {"vit_tiny_patch16_224": "0" * 64}}, "config key checksums.vit_tiny_patch16_224: ", id="checksum-mismatch"),
     pytest.param("NO_IMAGES", "missing ImageNet sample images: ", id="resources-without-images"),
+    pytest.param({"figure3": {"block": 2}}, "config key figure3.block: 2 is out of range for vit_tiny_patch16_224, which has 2 blocks (0 to 1)", id="figure3-block-out-of-range"),
     # the language models (Table 4): row counts and local model directories
     pytest.param({"text": {"models": [MINILM], "n_rows": 0}}, "config key text.n_rows: 0 is less than the minimum of 1", id="text-rows-out-of-range"),
     pytest.param({"text": {"models": [MINILM], "n_rows": 3, "shards": 5}}, "config key text.shards: 5 shards for 3 rows", id="text-more-shards-than-rows"),

@@ -108,6 +108,7 @@ def _check_config():
             )
     if not timm.is_model(config["figure3"]["model"]):
         raise WorkflowError(f"config key figure3.model: {config['figure3']['model']!r} is not a timm model id")
+    _check_figure3_block()
     for key in [*VISION["model_kwargs"], *config["checksums"]]:
         if key not in VISION["models"] and key not in TEXT["models"]:
             if key != config["figure3"]["model"]:
@@ -140,6 +141,24 @@ def _check_config():
     _check_image_counts()
     _check_weights_checksums()
     _check_training_config()
+
+
+def _check_figure3_block():
+    """figure3.block is a block of figure3.model: its depth, built on the meta device (no weights, no memory)."""
+    import timm
+    import torch
+
+    from kpca_repro.vision import UnsupportedArchitectureError, attention_modules
+
+    model, block = config["figure3"]["model"], config["figure3"]["block"]
+    with torch.device("meta"):
+        net = timm.create_model(model, pretrained=False, **VISION["model_kwargs"].get(model, {}))
+    try:
+        depth = len(attention_modules(net))
+    except UnsupportedArchitectureError as exc:
+        raise WorkflowError(f"config key figure3.model: {model!r}: {exc}") from None
+    if block >= depth:
+        raise WorkflowError(f"config key figure3.block: {block} is out of range for {model}, which has {depth} blocks (0 to {depth - 1})")
 
 
 def run_model_scale(run):
