@@ -1,39 +1,63 @@
 #!/usr/bin/env bash
-# The SLURM submission lines of the paper's full vision workload, without a cluster
-# (docs/scaleout.md): 10 models x 100 images in SHARDS shards, Tables 1-3 and Figure 3.
+# The SLURM submission lines of the paper's full workload, without a cluster
+# (docs/scaleout.md): Tables 1-4 and Figures 1-5 in both variants. That is 10 timm models x
+# 100 images in SHARDS shards (25 for Tables 2-3), the 9 language models x 100 WikiText rows,
+# and the two paper-scale training runs of Figures 1 and 4.
 #
 #   bash perf/slurm_submissions.sh [SHARDS] [OUT_DIR]
+#   WORKLOAD=vision bash perf/slurm_submissions.sh ...   # Tables 1-3 and Figures 2-3 only
 #
 # 1. a dry run with profiles/slurm lists every job;
 # 2. a run with the stand-in sbatch/sacct of perf/slurm_standin on PATH records every sbatch
 #    call Snakemake's SLURM executor makes. The stand-in runs each wrapped job with --touch,
 #    so outputs appear empty and the dependent jobs are submitted in turn: nothing is computed.
-# Weights are empty placeholder files (never read); images are the 1000-image sample.
+# Nothing is read from the placeholders: timm weights are empty files, each language model is
+# a folder with an empty config.json, and ImageNet-1k for training is empty train/ and val/
+# folders. Images are the 1000-image sample, text rows the WikiText-103 test split, and the
+# authors' training logs come from ../shared.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 SHARDS=${1:-4}
 OUT=${2:-$REPO/docs/scaleout}
 MODELS=${MODELS:-}  # e.g. MODELS=deit_tiny_patch16_224 for a quick check
+WORKLOAD=${WORKLOAD:-full}
 WORK=${WORK:-$(mktemp -d)}
 [ -n "${KEEP:-}" ] || trap 'rm -rf "$WORK"' EXIT
-mkdir -p "$WORK/resources/weights/timm" "$WORK/resources/images" "$OUT"
-ln -s "$(cd "$REPO/../shared/assets/images/imagenet-sample" && pwd)" "$WORK/resources/images/imagenet-sample"
-python - "$REPO/config/config.yaml" "$WORK" "$SHARDS" "$MODELS" <<'PY'
+SHARED=$(cd "$REPO/../shared" && pwd)
+mkdir -p "$WORK/resources/weights/timm" "$WORK/resources/images" "$WORK/resources/text" "$OUT"
+ln -s "$SHARED/assets/images/imagenet-sample" "$WORK/resources/images/imagenet-sample"
+ln -s "$SHARED/assets/text/wikitext-103" "$WORK/resources/text/wikitext-103"
+python - "$REPO/config/config.yaml" "$WORK" "$SHARDS" "$MODELS" "$WORKLOAD" "$SHARED" <<'PY'
 import sys, yaml, pathlib
 cfg = yaml.safe_load(open(sys.argv[1]))
-work = pathlib.Path(sys.argv[2])
+work, shards, models, workload, shared = pathlib.Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
 for m in cfg["vision"]["models"]:
     (work / "resources/weights/timm" / f"{m}.safetensors").touch()
-# the vision workload only: language models and training runs have their own rules
-over = {"resources_dir": str(work / "resources"), "offline": True, "vision": {"shards": int(sys.argv[3])},
-        "text": {"models": []}, "figure1": {"runs": [], "use_reference": False}}
-if sys.argv[4]:
-    over["vision"]["models"] = sys.argv[4].split(",")
+over = {"resources_dir": str(work / "resources"), "offline": True, "vision": {"shards": shards}}
+if workload == "vision":  # language models and training runs left out
+    over |= {"text": {"models": []}, "figure1": {"runs": [], "use_reference": False}}
+else:
+    local = {}
+    for model_id in cfg["text"]["models"]:
+        folder = work / "models" / model_id.replace("/", "--")
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}\n")
+        local[model_id] = str(folder)
+    imagenet = work / "imagenet"
+    for split in ("train", "val"):
+        (imagenet / split).mkdir(parents=True)
+    over |= {
+        "text": {"local_models": local},
+        "training": {"scales": {"paper": {"imagenet_root": str(imagenet)}}},
+        "figure1": {"runs": [f"{arch}_paper" for arch in cfg["training"]["models"]], "use_reference": True, "reference_logs": f"{shared}/reference/training_logs"},
+    }
+if models:
+    over["vision"]["models"] = models.split(",")
     over["figure3"] = {"model": over["vision"]["models"][0]}
 (work / "workload.yaml").write_text(yaml.safe_dump(over))
 PY
 SMK=(python -m snakemake -s "$REPO/Snakefile" -d "$WORK" --profile "$REPO/profiles/slurm" --workflow-profile none --configfile "$WORK/workload.yaml")
-"${SMK[@]}" -n --quiet rules 2>&1 | sed "s#$WORK#<workdir>#g" > "$OUT/dryrun_jobs.txt"
+"${SMK[@]}" -n --quiet rules 2>&1 | sed "s#$WORK#<workdir>#g; s#$REPO#<repo>#g" > "$OUT/dryrun_jobs.txt"
 "${SMK[@]}" -n > "$WORK/dryrun_full.txt" 2>&1
 python - "$WORK/dryrun_full.txt" "$WORK/outputs.json" <<'PY'
 import json, re, sys

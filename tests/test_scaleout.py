@@ -1,0 +1,70 @@
+"""profiles/slurm through Snakemake's real SLURM executor plugin, with a stand-in sbatch.
+
+perf/slurm_submissions.sh runs the paper's full workload, cut to one vision model, with
+perf/slurm_standin/ first on PATH. The stand-in records every sbatch call and touches the
+job's outputs, so nothing is computed. The test checks that every job planned for the
+cluster was submitted, that each submission carries its rule's resources from
+profiles/slurm/config.yaml, and that no local rule (tables, figures, sampling) was submitted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "assets"
+PROFILE = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+LOCAL_RULES = {"sample_images", "sample_text", "text_sentences", "table1", "table1_corrected", "table4", "table4_corrected", "table_spectra",
+               "norms_vision", "norms_text", "figure2", "figure3", "figure5", "figure_training", "paper_comparison", "table_html"}
+
+
+@pytest.fixture(scope="module")
+def submissions(tmp_path_factory):
+    pytest.importorskip("snakemake_executor_plugin_slurm")
+    for sub in ("images/imagenet-sample", "text/wikitext-103"):
+        if not (SHARED / sub).is_dir():
+            pytest.skip(f"needs {SHARED / sub} (the offline image sample and WikiText-103)")
+    tmp = tmp_path_factory.mktemp("slurm")
+    env = dict(os.environ, MODELS="deit_tiny_patch16_224", WORK=str(tmp / "work"), KEEP="1")
+    proc = subprocess.run(["bash", str(REPO / "perf" / "slurm_submissions.sh"), "2", str(tmp / "out")], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    calls = [line for line in (tmp / "out" / "sbatch_calls.txt").read_text().splitlines() if line.startswith("sbatch")]
+    planned = dict(re.findall(r"^(\w+)\s+(\d+)$", (tmp / "out" / "dryrun_jobs.txt").read_text(), re.M))
+    return calls, {rule: int(n) for rule, n in planned.items()}
+
+
+def _rule(call: str) -> str:
+    return re.search(r"--comment rule_(\w+?)_wildcards", call).group(1)
+
+
+def test_every_cluster_job_of_the_full_workload_is_submitted_once(submissions):
+    calls, planned = submissions
+    submitted: dict[str, int] = {}
+    for call in calls:
+        submitted[_rule(call)] = submitted.get(_rule(call), 0) + 1
+    # one vision model in 2 shards, the nine language models, the two paper-scale training runs
+    assert set(submitted) == {"extract_vision", "extract_text", "kpca_heads", "eigenvalues_vision", "gamma_vision", "train"}
+    assert submitted == {rule: planned[rule] for rule in submitted}
+    assert submitted["extract_text"] == 18  # 9 models x (Table 4 rows + Figure 5 sentences)
+    assert submitted["train"] == 2
+    assert not LOCAL_RULES & set(submitted)
+    comments = [re.search(r"--comment (\S+)", c).group(1) for c in calls]
+    assert len(set(comments)) == len(comments)  # no job submitted twice
+
+
+def test_each_submission_carries_its_rules_resources_from_the_profile(submissions):
+    calls, _ = submissions
+    defaults = PROFILE["default-resources"]
+    for call in calls:
+        rule = _rule(call)
+        res = {**defaults, **PROFILE["set-resources"][rule]}
+        assert f"-A {defaults['slurm_account']} -p {defaults['slurm_partition']}" in call
+        assert f"-t {res['runtime']} " in call and f"--mem {res['mem_mb']} " in call, call
+        assert f"--cpus-per-task={res['cpus_per_task']}" in call, call
+        assert ("--gpus=1" in call) == (res.get("gpu", 0) == 1), call
