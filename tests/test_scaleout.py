@@ -68,3 +68,38 @@ def test_each_submission_carries_its_rules_resources_from_the_profile(submission
         assert f"-t {res['runtime']} " in call and f"--mem {res['mem_mb']} " in call, call
         assert f"--cpus-per-task={res['cpus_per_task']}" in call, call
         assert ("--gpus=1" in call) == (res.get("gpu", 0) == 1), call
+
+
+GPU_RULES = {"extract_vision", "kpca_heads", "eigenvalues_vision", "gamma_vision"}
+
+
+def _job_resources(dry_run: str) -> dict[str, set[str]]:
+    """Rule -> the set of its jobs' ``resources:`` lines in a dry run's output."""
+    out: dict[str, set[str]] = {}
+    rule = None
+    for line in dry_run.splitlines():
+        if m := re.match(r"(?:local)?rule (\w+):", line):
+            rule = m.group(1)
+        elif rule and (m := re.match(r"\s+resources: (.*)", line)):
+            out.setdefault(rule, set()).add(m.group(1))
+    return out
+
+
+def test_workstation_profile_holds_one_gpu_and_gpu_jobs_claim_it(tmp_path, tiny_resources):
+    """profiles/default (read automatically) sets a global gpu=1, and with a CUDA device every GPU
+    rule's jobs ask for gpu=1, so Snakemake runs one of them at a time beside the CPU jobs."""
+    from conftest import run_snakemake
+    from test_workflow import _write_config
+
+    assert "gpu=1" in yaml.safe_load((REPO / "profiles" / "default" / "config.yaml").read_text())["resources"]
+    targets = ("results/table1.csv", "results/table3.csv", "results/figure3.pdf")
+    for device, gpu in (("cuda", "gpu=1"), ("cpu", "gpu=0")):
+        cfg = _write_config(tmp_path / f"{device}.yaml", resources_dir=str(tiny_resources), device=device)
+        proc = run_snakemake(tmp_path, "-n", *targets, "--configfile", str(cfg))
+        assert f"Using workflow specific profile {REPO / 'profiles' / 'default'} " in proc.stderr
+        jobs = _job_resources(proc.stdout)
+        assert GPU_RULES <= set(jobs), sorted(jobs)
+        for rule, lines in jobs.items():
+            for line in lines:
+                fields = line.split(", ")
+                assert (gpu in fields) if rule in GPU_RULES else ("gpu=1" not in fields), (rule, line)

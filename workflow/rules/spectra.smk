@@ -71,6 +71,8 @@ rule gamma_vision:
         n_components=config["figure3"]["n_components"],
         seed=config["seed"],
     threads: config["kpca"]["threads"]
+    resources:
+        gpu=1 if config["device"] != "cpu" else 0,
     log:
         "logs/gamma_vision/{variant}.log",
     benchmark:
