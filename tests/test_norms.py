@@ -274,7 +274,7 @@ def test_figure5_rules_on_synthetic_activations(tmp_path, tiny_resources):
         "offline": True,
         "resources_dir": str(tiny_resources),
         "vision": {"models": ["vit_tiny_patch16_224"], "n_images": 2, "batch_size": 2, "model_kwargs": {"vit_tiny_patch16_224": TINY_KWARGS["vit_tiny_patch16_224"]}},
-        "figure3": {"model": "vit_tiny_patch16_224"},
+        "figure3": {"model": "vit_tiny_patch16_224", "block": 1},  # the tiny model has 2 blocks
         "spectra": {"n_images": 2},
         "figure5": {"models": models},
     }
