@@ -26,7 +26,6 @@ LOCAL_RULES = {"sample_images", "sample_text", "text_sentences", "table1", "tabl
 
 @pytest.fixture(scope="module")
 def submissions(tmp_path_factory):
-    pytest.importorskip("snakemake_executor_plugin_slurm")
     for sub in ("images/imagenet-sample", "text/wikitext-103"):
         if not (SHARED / sub).is_dir():
             pytest.skip(f"needs {SHARED / sub} (the offline image sample and WikiText-103)")
