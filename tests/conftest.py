@@ -18,6 +18,16 @@ def resources_dir_for_real_weights() -> Path:
     return Path(os.environ.get("KPCA_RESOURCES", REPO.parent / "shared" / "assets"))
 
 
+def real_deit_tiny() -> tuple[Path, Path, Path]:
+    """(resources dir, real DeiT-Tiny weights, ImageNet sample dir); skips the test, naming the paths, when absent."""
+    res = resources_dir_for_real_weights()
+    weights = res / "weights" / "timm" / "deit_tiny_patch16_224.safetensors"
+    image_dir = res / "images" / "imagenet-sample"
+    if not weights.exists() or not image_dir.is_dir():
+        pytest.skip(f"real weights not available: {weights} or {image_dir} missing (set KPCA_RESOURCES to a resources directory)")
+    return res, weights, image_dir
+
+
 def run_snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """Run the repository's Snakefile with ``workdir`` as working directory."""
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", "2", *args]

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import REPO, TINY_KWARGS, resources_dir_for_real_weights, run_snakemake
+from conftest import REPO, TINY_KWARGS, real_deit_tiny, run_snakemake
 
 from kpca_repro import images, kpca, resources
 from kpca_repro.h5io import ActivationWriter, CorruptActivationFileError
@@ -139,11 +139,7 @@ def test_stored_h_norms_equal_naive_attention_on_a_tiny_vit(tiny_vit_file):
 @pytest.mark.realweights
 def test_real_deit_tiny_phi_is_far_below_h(tmp_path):
     """DeiT-Tiny, the paper's k = 1 image: in every layer median ||phi(q)||^2 << median ||h||^2."""
-    res = resources_dir_for_real_weights()
-    weights = res / "weights" / "timm" / "deit_tiny_patch16_224.safetensors"
-    image_dir = res / "images" / "imagenet-sample"
-    if not weights.exists() or not image_dir.is_dir():
-        pytest.skip(f"real weights not available: {weights} or {image_dir} missing (set KPCA_RESOURCES to a resources directory)")
+    _, weights, image_dir = real_deit_tiny()
     samples = images.sample_images(images.list_images(image_dir, "flat"), 1, seed=0)
     out = tmp_path / "vision_1_0of1.h5"
     extract_vision("deit_tiny_patch16_224", weights, "x", samples, out, batch_size=1, device=torch.device("cpu"), progress=False)

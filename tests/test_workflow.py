@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, TINY_KWARGS, resources_dir_for_real_weights, run_snakemake
+from conftest import REPO, TINY_KWARGS, real_deit_tiny, run_snakemake
 
 pytestmark = pytest.mark.integration
 
@@ -188,11 +188,7 @@ def test_bad_configuration_fails_before_any_job(overrides, needle, tmp_path, tin
 @pytest.mark.realweights
 def test_real_deit_tiny_through_the_chain(tmp_path):
     """DeiT-Tiny's real weights and real ImageNet images from the resources directory."""
-    res = resources_dir_for_real_weights()
-    weights = res / "weights" / "timm" / "deit_tiny_patch16_224.safetensors"
-    image_dir = res / "images" / "imagenet-sample"
-    if not weights.exists() or not image_dir.is_dir():
-        pytest.skip(f"real weights not available: {weights} or {image_dir} missing (set KPCA_RESOURCES to a resources directory)")
+    res, weights, _ = real_deit_tiny()
     cfg = _write_config(
         tmp_path / "real.yaml",
         resources_dir=str(res),
