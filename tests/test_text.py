@@ -12,7 +12,7 @@ import torch
 import yaml
 from conftest import REPO, resources_dir_for_real_weights, run_snakemake
 
-from kpca_repro import kpca, text
+from kpca_repro import hf_capture, kpca, text
 from kpca_repro.h5io import ActivationFile
 from kpca_repro.resources import sha256_file
 from kpca_repro.records import TEXT_PAPER_OPTIONS, _head_groups, kpca_records
@@ -125,13 +125,13 @@ def _minilm_installed() -> bool:
 
 def _check_hooks(model, enc, window: int | None = None):
     """q, k, v, h of every layer against the model's own attention: naive masked softmax and recombination."""
-    attns = text.text_attention_modules(model)
+    attns = hf_capture.attention_modules(model)
     io = {}
     handles = []
     for layer, a in enumerate(attns):
         parent = dict(model.named_modules())[a.name.rsplit(".", 1)[0]]
         handles.append(parent.register_forward_hook(lambda m, args, kw, out, layer=layer: io.__setitem__(layer, (args[0] if args else kw["hidden_states"], out)), with_kwargs=True))
-    with torch.no_grad(), text.TextAttentionRecorder(attns) as rec:
+    with torch.no_grad(), hf_capture.HFAttentionRecorder(attns) as rec:
         model(**enc)
     for h in handles:
         h.remove()
@@ -180,8 +180,8 @@ def test_longformer_is_stored_batch_first():
 
 def _check_hooks_longformer(model, enc):
     """Longformer pads internally (to 16 here) and attends within its window: compare h on real tokens only."""
-    attns = text.text_attention_modules(model)
-    with torch.no_grad(), text.TextAttentionRecorder(attns) as rec:
+    attns = hf_capture.attention_modules(model)
+    with torch.no_grad(), hf_capture.HFAttentionRecorder(attns) as rec:
         model(**enc)
     b, length = enc["input_ids"].shape
     for layer in range(len(attns)):
@@ -196,11 +196,13 @@ def _check_hooks_longformer(model, enc):
 
 
 def test_unknown_architecture_fails_clearly():
-    from transformers import DistilBertConfig, DistilBertModel
+    """DeBERTa adds relative-position terms to the logits: refused in one line (more in test_capture_text.py)."""
+    from transformers import DebertaConfig, DebertaModel
 
-    model = DistilBertModel(DistilBertConfig(vocab_size=30, dim=32, n_layers=1, n_heads=4, hidden_dim=37))
-    with pytest.raises(UnsupportedArchitectureError, match="query/key/value"):
-        text.text_attention_modules(model)
+    model = DebertaModel(DebertaConfig(vocab_size=30, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37))
+    with pytest.raises(UnsupportedArchitectureError, match="'deberta' is refused: relative-position") as err:
+        hf_capture.attention_modules(model)
+    assert "\n" not in str(err.value) and "distilbert" in str(err.value)
 
 
 # --------------------------------------------------------------------------------------
@@ -240,8 +242,19 @@ def test_extracted_file_layout_and_mask(tiny_files, tiny_bert_dir, tmp_path):
     assert seen == list(lengths)
     # byte-identical on a rerun
     again = tmp_path / "again.h5"
-    text.extract_text(TINY_ID, str(tiny_bert_dir), samples, again, shard=(0, 2), batch_size=3, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
+    text.extract_text(TINY_ID, str(tiny_bert_dir), samples, again, shard=(0, 2), batch_size=2, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
     assert again.read_bytes() == files[0].read_bytes()
+    # another batch size: the same tensors and attributes, except the invariant's measured error
+    # (it is measured on each batch's first and last row, so on other rows)
+    other = tmp_path / "other.h5"
+    text.extract_text(TINY_ID, str(tiny_bert_dir), samples, other, shard=(0, 2), batch_size=3, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
+    with ActivationFile(other) as a, ActivationFile(files[0]) as b:
+        assert {k: v for k, v in a.attrs.items() if k != "capture_max_rel_error"} == {k: v for k, v in b.attrs.items() if k != "capture_max_rel_error"}
+        assert 0 <= a.attrs["capture_max_rel_error"] <= a.attrs["capture_rtol"] and b.attrs["capture_family"] == "bert"
+        for layer in range(2):
+            for name, x in a.read(layer).items():
+                np.testing.assert_array_equal(x, b.read(layer)[name])
+        np.testing.assert_array_equal(a.attention_mask, b.attention_mask)
 
 
 def test_paper_variant_includes_padding(tiny_files):

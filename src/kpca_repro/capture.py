@@ -128,7 +128,7 @@ def attention_invariant(
     err = (hh - h_hat).abs()
     if query_mask is not None:
         qm = torch.as_tensor(np.asarray(query_mask)).bool()[sel]
-        err = err * qm[:, None, :, None]
+        err = torch.where(qm[:, None, :, None], err, torch.zeros_like(err))  # not err * qm: a padded query whose window holds no real key has NaN
     abs_err = err.amax(dim=(-1, -2))  # (b, H)
     ref = vv.abs().amax(dim=(-1, -2)).clamp_min(torch.finfo(torch.float32).tiny)
     rel = abs_err / ref

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
@@ -35,7 +34,7 @@ from torch import nn
 from .h5io import ActivationWriter, atomic_output
 from .images import sample_indices
 from .smk import library_versions
-from .vision import HeadRecorder, UnsupportedArchitectureError
+from .vision import UnsupportedArchitectureError
 
 __all__ = [
     "LOCAL_MODELS_KEY",
@@ -52,9 +51,6 @@ __all__ = [
     "write_samples",
     "read_samples",
     "download_wikitext",
-    "SelfAttention",
-    "text_attention_modules",
-    "TextAttentionRecorder",
     "tokenize_sample",
     "extract_text",
 ]
@@ -63,7 +59,8 @@ __all__ = [
 LOCAL_MODELS_KEY = "text.local_models"
 #: ``datasets.load_dataset`` arguments of the paper's text (method.md 3).
 WIKITEXT = {"path": "wikitext", "name": "wikitext-103-raw-v1", "split": "test"}
-#: Seq-first or batch-first projections, as recorded in the HDF5 attribute ``hooked_layout``.
+#: Seq-first or batch-first projections, as recorded in the HDF5 attribute ``hooked_layout``
+#: (the same values as :data:`kpca_repro.hf_capture.BATCH_FIRST` / ``SEQUENCE_FIRST``).
 BATCH_FIRST, SEQUENCE_FIRST = "batch_first", "sequence_first"
 
 
@@ -239,134 +236,6 @@ def download_wikitext(out_path: str | os.PathLike) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# Hooks
-# --------------------------------------------------------------------------------------
-
-
-@dataclass
-class SelfAttention:
-    """One self-attention module: its ``query/key/value`` Linears, output projection, heads."""
-
-    name: str
-    module: nn.Module
-    out_proj: nn.Linear
-    n_heads: int
-    head_dim: int
-
-
-def text_attention_modules(model: nn.Module) -> list[SelfAttention]:
-    """Every self-attention module of a Hugging Face encoder, in depth order, found by structure.
-
-    A self-attention module has ``nn.Linear`` children ``query``, ``key`` and ``value``, a
-    head count (``num_attention_heads`` or ``num_heads``) and head size
-    (``attention_head_size`` or ``head_dim``); its parent has ``output.dense``, the output
-    projection, whose input is the concatenated per-head attention output (BERT, RoBERTa,
-    ELECTRA, XLM-R, CamemBERT, LUKE, MiniLM, Longformer).
-
-    Raises:
-        UnsupportedArchitectureError: no such module, or one whose sizes or output
-            projection do not fit; the message names the module.
-    """
-    named = dict(model.named_modules())
-    found = []
-    for name, mod in named.items():
-        if not all(isinstance(getattr(mod, a, None), nn.Linear) for a in ("query", "key", "value")):
-            continue
-        heads = getattr(mod, "num_attention_heads", None) or getattr(mod, "num_heads", None)
-        dim = getattr(mod, "attention_head_size", None) or getattr(mod, "head_dim", None)
-        if not heads or not dim:
-            raise UnsupportedArchitectureError(f"{name} ({type(mod).__name__}) has query/key/value but no num_attention_heads/num_heads or attention_head_size/head_dim")
-        width = int(heads) * int(dim)
-        if any(getattr(mod, a).out_features != width for a in ("query", "key", "value")):
-            raise UnsupportedArchitectureError(f"{name}: query/key/value widths differ from heads x head size = {width}")
-        parent = named.get(name.rsplit(".", 1)[0]) if "." in name else None
-        out = getattr(getattr(parent, "output", None), "dense", None)
-        if not isinstance(out, nn.Linear) or out.in_features != width:
-            raise UnsupportedArchitectureError(
-                f"{name}: its parent has no output projection output.dense taking the {width}-wide per-head attention output; "
-                "h cannot be captured before the output projection"
-            )
-        found.append(SelfAttention(name, mod, out, int(heads), int(dim)))
-    if not found:
-        raise UnsupportedArchitectureError(
-            f"{type(model).__name__} has no self-attention module with query/key/value Linear layers "
-            "(supported: BERT-style encoders and Longformer)"
-        )
-    return found
-
-
-class TextAttentionRecorder(HeadRecorder):
-    """Records per-head q, k, v, h of every self-attention module during a forward pass.
-
-    After ``model(**batch)``: ``captured[layer]`` maps ``"q" | "k" | "v" | "h"`` to float32
-    tensors ``(B, H, N, d)``, batch-first whatever layout the module computes in, and
-    ``layouts[layer]`` is ``"batch_first"`` or ``"sequence_first"`` (Longformer applies its
-    projections to ``(N, B, hidden)``). The layout is read from the tensors themselves: the
-    projection's input must equal the module's hidden states or their transpose.
-
-    Raises (during the forward pass):
-        UnsupportedArchitectureError: the projection input is neither.
-    """
-
-    def __init__(self, attns: list[SelfAttention]):
-        super().__init__(attns)
-        self.layouts: list[str | None] = [None] * len(self.attns)
-        self._hidden: list[torch.Tensor | None] = [None] * len(self.attns)
-
-    def _attn_pre_hook(self, layer: int):
-        def hook(_mod, args, kwargs):
-            self._hidden[layer] = args[0] if args else kwargs.get("hidden_states")
-            self.captured[layer] = {}
-
-        return hook
-
-    def _proj_hook(self, layer: int, name: str):
-        attn = self.attns[layer]
-
-        def hook(_mod, inp, out):
-            if name in self.captured[layer]:  # first call kept (method.md 3)
-                return
-            hidden, x = self._hidden[layer], inp[0]
-            if hidden is not None and x.shape == hidden.shape and torch.equal(x, hidden):
-                layout = BATCH_FIRST
-            elif hidden is not None and x.ndim == 3 and x.shape == hidden.transpose(0, 1).shape and torch.equal(x, hidden.transpose(0, 1)):
-                layout = SEQUENCE_FIRST
-            else:
-                raise UnsupportedArchitectureError(
-                    f"{attn.name}.{name}: its input is neither the attention module's hidden states nor their (sequence, batch) transpose"
-                )
-            self.layouts[layer] = layout
-            if layout == SEQUENCE_FIRST:
-                out = out.transpose(0, 1)
-            b, n, _ = out.shape
-            # a copy: Longformer scales its query projection in place right after this hook
-            self.captured[layer][name] = out.reshape(b, n, attn.n_heads, attn.head_dim).permute(0, 2, 1, 3).clone()
-
-        return hook
-
-    def _out_pre_hook(self, layer: int):
-        attn = self.attns[layer]
-
-        def hook(_mod, args):
-            x, hidden = args[0], self._hidden[layer]
-            if hidden is None or x.shape[:2] != hidden.shape[:2]:
-                raise UnsupportedArchitectureError(f"{attn.name}: the output projection's input is not (batch, tokens, heads x head size)")
-            b, n, _ = x.shape
-            self.captured[layer]["h"] = x.reshape(b, n, attn.n_heads, attn.head_dim).permute(0, 2, 1, 3)
-
-        return hook
-
-    def _register(self) -> list:
-        handles = []
-        for layer, attn in enumerate(self.attns):
-            handles.append(attn.module.register_forward_pre_hook(self._attn_pre_hook(layer), with_kwargs=True))
-            for name, t in (("query", "q"), ("key", "k"), ("value", "v")):
-                handles.append(getattr(attn.module, name).register_forward_hook(self._proj_hook(layer, t)))
-            handles.append(attn.out_proj.register_forward_pre_hook(self._out_pre_hook(layer)))
-        return handles
-
-
-# --------------------------------------------------------------------------------------
 # Extraction
 # --------------------------------------------------------------------------------------
 
@@ -396,14 +265,23 @@ def extract_text(
 ) -> None:
     """Run a language model over one shard of a text sample; write q, k, v, h and the mask.
 
-    One forward pass per batch captures every layer. The HDF5 layout is the vision one
-    (:mod:`kpca_repro.h5io`: ``/layers/<LL>/q|k|v|h`` of shape ``(B, H, N, d)`` float32,
-    ``N`` = the padded length the attention modules see, for Longformer its internal
-    padding to a multiple of the attention window) plus ``/attention_mask`` ``(B, N)`` int64
-    (1 = real token). Root attributes: ``model_id``, ``model_source``, ``weights_sha256``,
-    ``weights_file``, ``n_layers``, ``n_heads``, ``head_dim``, ``n_tokens``,
-    ``hooked_layout``, ``tokenizer`` (JSON), ``max_length``, ``padded_length``, ``versions``,
-    ``shard``, ``n_shards``, ``dtype``.
+    One forward pass per batch captures every layer with the model family's adapter
+    (:mod:`kpca_repro.hf_capture`: q, k, v as the attention uses them, after any rotary
+    embedding, such that ``h = softmax(q k^T / sqrt(d) + mask) v``). After each batch and
+    before anything is written, the capture invariant (:mod:`kpca_repro.capture`) is checked
+    on every layer for all heads of the batch's first and last row, with the padding mask
+    (and the local window of Longformer / ModernBERT local layers); a mismatch aborts the
+    extraction and no output file is left (writing is atomic).
+
+    The HDF5 layout is the vision one (:mod:`kpca_repro.h5io`: ``/layers/<LL>/q|k|v|h`` of
+    shape ``(B, H, N, d)`` float32, ``N`` = the padded length the attention modules see, for
+    Longformer its internal padding to a multiple of the attention window) plus
+    ``/attention_mask`` ``(B, N)`` int64 (1 = real token). Root attributes: ``model_id``,
+    ``model_source``, ``weights_sha256``, ``weights_file``, ``n_layers``, ``n_heads``,
+    ``head_dim``, ``n_tokens``, ``hooked_layout``, ``tokenizer`` (JSON), ``max_length``,
+    ``padded_length``, ``versions``, ``shard``, ``n_shards``, ``dtype``, ``capture_family``,
+    ``capture_rtol`` (the invariant's tolerance) and ``capture_max_rel_error`` (the largest
+    measured ``max |h - h_hat| / max |v|`` over the checked heads).
 
     Args:
         samples: the whole sample (``sample_rank``, ``dataset_index``, ``text``); the
@@ -414,19 +292,24 @@ def extract_text(
     Raises:
         kpca_repro.resources.ChecksumMismatchError: the weights differ from ``checksum``.
         MissingModelError: the model cannot be loaded (id and configuration key named).
-        kpca_repro.vision.UnsupportedArchitectureError: the hooks do not fit the model.
+        kpca_repro.vision.UnsupportedArchitectureError: the model's attention is refused or
+            the hooks do not fit it (one line: model, reason, supported families).
+        kpca_repro.capture.CaptureMismatchError: the stored q, k, v do not reproduce h.
     """
     from tqdm import tqdm
 
+    from .capture import INVARIANT_RTOL
+    from .hf_capture import HFAttentionRecorder, attention_modules, check_capture, check_text_model
     from .images import shard_slice
     from .resources import check_checksum
 
+    check_text_model(model_id, source)  # refuse from config.json before loading any weights
     model, tokenizer = load_text_model(model_id, source, offline)
     wf = weights_file(model_id, source)
     if wf is None and checksum:
         raise MissingModelError(f"{model_id}: no model.safetensors or pytorch_model.bin found in {source} to check against config key checksums")
     model = model.to(device)
-    attns = text_attention_modules(model)
+    attns = attention_modules(model, model_id)
     enc = tokenize_sample(tokenizer, list(samples["text"]), max_length)
     rows = shard_slice(len(samples), shard[1], shard[0])
     part = samples.iloc[rows]
@@ -455,10 +338,12 @@ def extract_text(
         "shard": shard[0],
         "n_shards": shard[1],
         "dtype": "float32",
+        "capture_family": attns[0].family.name,
+        "capture_rtol": INVARIANT_RTOL,
     }
     with atomic_output(out_path) as tmp, h5py.File(tmp, "w", track_order=False) as f:
-        writer = None
-        with torch.no_grad(), TextAttentionRecorder(attns) as rec:
+        writer, max_error = None, 0.0
+        with torch.no_grad(), HFAttentionRecorder(attns) as rec:
             for start in tqdm(range(0, n, batch_size), desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5):
                 batch = {k: v[start : start + batch_size].to(device) for k, v in enc.items()}
                 model(**batch)
@@ -473,5 +358,9 @@ def extract_text(
                     mask = np.zeros((n, n_tokens), dtype=np.int64)
                     mask[:, :padded] = enc["attention_mask"].numpy()
                     writer.write_attention_mask(mask)
-                for layer in range(len(attns)):
-                    writer.write_batch(layer, start, rec.numpy_layer(layer))
+                layers = [rec.numpy_layer(layer) for layer in range(len(attns))]
+                key_mask = mask[start : start + len(batch["input_ids"])]
+                max_error = max(max_error, check_capture(model_id, attns, layers, key_mask=key_mask))
+                for layer, tensors in enumerate(layers):
+                    writer.write_batch(layer, start, tensors)
+        f.attrs["capture_max_rel_error"] = max_error

@@ -74,7 +74,7 @@ LIB_REPORT = [str(LIB / m) for m in ("report.py", "h5io.py", "smk.py")]
 REPORT_TABLES = [f"table{t}{sfx}" for sfx in ("", "_corrected") for t in (1, 2, 3, 4)] + ["paper_comparison"]
 LIB_NORMS = [str(LIB / m) for m in ("norms.py", "kpca.py", "h5io.py", "smk.py")]
 LIB_SAMPLE_TEXT = [str(LIB / m) for m in ("text.py", "images.py", "h5io.py", "smk.py")]
-LIB_EXTRACT_TEXT = [str(LIB / m) for m in ("text.py", "vision.py", "images.py", "h5io.py", "resources.py", "smk.py")]
+LIB_EXTRACT_TEXT = [str(LIB / m) for m in ("text.py", "hf_capture.py", "capture.py", "vision.py", "images.py", "h5io.py", "resources.py", "smk.py")]
 LIB_KPCA_TEXT = LIB_KPCA + [str(LIB / "text.py")]
 LIB_TRAINING = [str(LIB / m) for m in ("training.py", "kpca.py", "h5io.py", "vision.py", "smk.py")]
 LIB_TRAINING_FIGURES = [str(LIB / m) for m in ("training.py", "figures.py", "h5io.py", "smk.py")]
@@ -130,6 +130,7 @@ def _check_config():
                 resolve_local_dir(spec)
             except MissingModelError as exc:
                 raise WorkflowError(f"config key {LOCAL_MODELS_KEY}[{model_id}]: {exc}") from None
+    _check_text_models()
     root = VISION["imagenet_val_dir"]
     if root is not None:
         if not os.path.isdir(root):
@@ -141,6 +142,25 @@ def _check_config():
     _check_image_counts()
     _check_weights_checksums()
     _check_training_config()
+
+
+def _check_text_models():
+    """Every text.models entry has an attention the capture supports, read from its config.json
+    alone (local directory or Hugging Face cache; no weights). Main Snakemake process only."""
+    if not TEXT["models"] or not workflow.is_main_process:
+        return
+    from kpca_repro.hf_capture import check_text_model
+    from kpca_repro.vision import UnsupportedArchitectureError
+
+    for i, model_id in enumerate(TEXT["models"]):
+        try:
+            source = model_source(model_id, TEXT["local_models"], config["offline"])
+        except MissingModelError:
+            continue  # reported by the extract_text input function when a target needs the model
+        try:
+            check_text_model(model_id, source)
+        except UnsupportedArchitectureError as exc:
+            raise WorkflowError(f"config key text.models[{i}]: {exc}") from None
 
 
 def _check_figure3_block():
