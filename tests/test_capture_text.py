@@ -264,7 +264,7 @@ def _save_with_word_tokenizer(kind: str, out):
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf-models")
-    return {kind: _save_with_word_tokenizer(kind, root / kind) for kind in ("roformer", "modernbert")}
+    return {kind: _save_with_word_tokenizer(kind, root / kind) for kind in ("roformer", "modernbert", "longformer")}
 
 
 def _extract(source, out, batch_size=2):
@@ -272,8 +272,9 @@ def _extract(source, out, batch_size=2):
     text.extract_text("tiny/" + source.name, str(source), samples, out, batch_size=batch_size, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
 
 
-@pytest.mark.parametrize("kind", ["roformer", "modernbert"])
+@pytest.mark.parametrize("kind", ["roformer", "modernbert", "longformer"])
 def test_extraction_records_the_invariant(kind, model_dirs, tmp_path):
+    """Rotary, a local layer, Longformer's sliding window over its internal padding: checked on each batch, recorded."""
     out = tmp_path / "a.h5"
     _extract(model_dirs[kind], out)
     with ActivationFile(out) as af:
@@ -281,8 +282,11 @@ def test_extraction_records_the_invariant(kind, model_dirs, tmp_path):
         assert 0 < af.attrs["capture_max_rel_error"] < 5e-6
         t = af.read(1)
         mask = torch.from_numpy(af.attention_mask).bool()
+        layout, padded = af.attrs["hooked_layout"], int(af.attrs["padded_length"])
     assert mask.sum() < mask.numel()  # padding present
-    window = 2 if kind == "modernbert" else None
+    window = 2 if kind in ("modernbert", "longformer") else None
+    if kind == "longformer":  # padded inside the model to a multiple of attention_window = 4; stored batch-first
+        assert layout == "sequence_first" and mask.shape[1] % 4 == 0 and mask.shape[1] >= padded and not mask[:, padded:].any()
     res = attention_invariant(t["q"], t["k"], t["v"], t["h"], scale=t["q"].shape[-1] ** -0.5, allowed=attention_mask_matrix(mask.shape[1], mask, window), query_mask=mask)
     assert res.max_rel_error < 5e-6  # every stored row, not only the checked ones
 
