@@ -165,6 +165,17 @@ def test_a_wrong_capture_fails_the_invariant(kind, wrong):
     assert worst > 100 * INVARIANT_RTOL
 
 
+def test_invariant_ignores_padded_queries_without_any_visible_key():
+    """A padded query whose local window holds only padded keys has an all -inf row (NaN); it is not compared."""
+    q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))
+    km = torch.tensor([[1, 1, 1, 0, 0, 0]])
+    allowed = attention_mask_matrix(6, km, window=1)
+    h = torch.softmax((q @ k.transpose(-1, -2) / 2).masked_fill(~allowed[:, None], float("-inf")), -1) @ v
+    h[:, :, 3:] = 0  # what a model stores for padded queries does not matter
+    res = attention_invariant(q, k, v, h, scale=0.5, allowed=allowed, query_mask=km)
+    assert res.max_rel_error < 1e-6
+
+
 @pytest.mark.parametrize("kind", ["vit", "dinov2"])
 def test_hf_vision_models_capture_with_pixel_inputs(kind, kernel_inputs):
     from transformers import AutoConfig, AutoModel

@@ -346,6 +346,14 @@ def check_text_model(model_id: str, source: str) -> str | None:
         UnsupportedArchitectureError: see :func:`hf_family` (text families only); a model type
             unknown to the installed transformers is refused too.
     """
+    if Path(source).is_dir():
+        if not (Path(source) / "config.json").is_file():
+            return None
+    else:  # a hub id: only from the cache (a cheap look-up first: importing transformers costs seconds)
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(source, "config.json"), str):
+            return None
     from transformers import AutoConfig
 
     try:

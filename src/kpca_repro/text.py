@@ -11,12 +11,15 @@ method.md Section 3 (the paper's ``nlp_value_vectors.py``) and Section 15 item 4
   :func:`model_source`).
 * Tokenization: padding to the longest row of the whole sample, truncation at
   ``max_length`` (128) tokens; the model runs with its own attention mask.
-* Hooks (:class:`TextAttentionRecorder`): on each self-attention module's ``query``,
-  ``key`` and ``value`` Linear layers (per-head q, k, v) and a forward pre-hook on the
-  output projection (``attention.output.dense``) for h, the per-head attention output the
-  model itself computed (its own mask; Longformer: its own sliding-window pattern).
-  Modules are found by structure, not by model name. Longformer runs its projections on
-  ``(sequence, batch, hidden)`` tensors; the hook detects that and stores batch-first.
+* Capture (:mod:`kpca_repro.hf_capture`): the model family's adapter hooks every
+  self-attention module, found by structure, and stores the per-head q, k, v the
+  attention uses (for BERT-style models the ``query/key/value`` Linear outputs, as the
+  reference; after the rotary embedding for RoFormer, ESM and ModernBERT) and h, the
+  per-head output before the output projection, computed by the model itself (its own
+  mask; Longformer: its own sliding-window pattern, computed on ``(sequence, batch,
+  hidden)`` tensors and stored batch-first). Unsupported attentions are refused from the
+  configuration (:func:`kpca_repro.hf_capture.check_text_model`) and every batch passes
+  the capture invariant (:mod:`kpca_repro.capture`) before it is written.
 """
 
 from __future__ import annotations
