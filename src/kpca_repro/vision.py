@@ -175,7 +175,8 @@ def _qkv_timm_attention(attn: nn.Module, x: torch.Tensor, rope: torch.Tensor | N
         raise UnsupportedArchitectureError(f"{_qualname(attn)} was given a rotary embedding it does not use")
     b, n, _ = x.shape
     q, k, v = attn.qkv(x).reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-    return attn.q_norm(q), attn.k_norm(k), v
+    identity = nn.Identity()  # timm versions without q/k norms on this class
+    return getattr(attn, "q_norm", identity)(q), getattr(attn, "k_norm", identity)(k), v
 
 
 def _qkv_rotary(attn: nn.Module, x: torch.Tensor, rope: torch.Tensor | None):
@@ -205,7 +206,8 @@ def _qkv_rotary(attn: nn.Module, x: torch.Tensor, rope: torch.Tensor | None):
         q = attn.q_proj(x).reshape(b, n, heads, -1).transpose(1, 2)
         k = attn.k_proj(x).reshape(b, n, heads, -1).transpose(1, 2)
         v = attn.v_proj(x).reshape(b, n, heads, -1).transpose(1, 2)
-    q, k = attn.q_norm(q), attn.k_norm(k)
+    identity = nn.Identity()  # timm versions without q/k norms on this class
+    q, k = getattr(attn, "q_norm", identity)(q), getattr(attn, "k_norm", identity)(k)
     if rope is not None:
         rot = sys.modules[type(attn).__module__].apply_rot_embed_cat  # the function the module's forward calls
         npt = attn.num_prefix_tokens
@@ -220,7 +222,7 @@ def capture_adapters() -> dict[type, CaptureAdapter]:
     """The supported attention classes (exact types) and their adapters.
 
     One dict per process (tests may patch an entry). Classes absent from the installed timm
-    (``AttentionRope`` before timm 1.0.16) are left out.
+    (``AttentionRope`` in older timm versions) are left out.
     """
     import timm.layers.attention as tla
     import timm.models.eva as eva
