@@ -246,7 +246,7 @@ def capture_plan(model: nn.Module, model_id: str | None = None) -> list[tuple[nn
     """Every block's attention module with its adapter, or the reason the model is refused.
 
     Checks the structure only (works on PyTorch's meta device): the model, block and attention
-    classes (exact types), no gate on the head outputs, as many key/value heads as query
+    classes (exact types; no ``forward`` replaced on an instance), no gate on the head outputs, as many key/value heads as query
     heads, ``attn.scale == head_dim ** -0.5`` (timm's fused path ignores ``attn.scale``
     and uses ``1/sqrt(d)``, so another value would make the two paths disagree), and a
     ``patch_embed`` with ``img_size`` and ``num_patches``.
@@ -288,6 +288,8 @@ def capture_plan(model: nn.Module, model_id: str | None = None) -> list[tuple[nn
         adapter = adapters.get(type(attn))
         if adapter is None:
             raise _refuse(name, f"blocks[{i}].attn is {acls}, an attention the capture does not know")
+        if "forward" in vars(attn):
+            raise _refuse(name, f"blocks[{i}].attn has its forward replaced on the instance")
         if getattr(attn, "gate", None) is not None:
             raise _refuse(name, f"blocks[{i}].attn gates its head outputs with a sigmoid (gated attention)")
         kv_heads = getattr(attn, "num_kv_heads", attn.num_heads)
