@@ -112,12 +112,13 @@ def test_supported_family_stores_q_k_v_that_reproduce_h(case, tmp_path, samples)
     hooks = [a.register_forward_hook(lambda m, i, o, layer=layer: outputs.__setitem__(layer, o)) for layer, (a, _) in enumerate(plan)]
     with torch.no_grad(), vision.CaptureRecorder(plan, model_id) as rec:
         model(torch.randn(2, 3, 32, 32))
+    for hook in hooks:
+        hook.remove()
+    with torch.no_grad():  # hooks removed: proj and norm are called here without recording
         for layer, (attn, _) in enumerate(plan):
             h = rec.captured[layer]["h"]
             b, _, n, _ = h.shape
             torch.testing.assert_close(attn.proj(attn.norm(h.transpose(1, 2).reshape(b, n, -1))), outputs[layer], rtol=1e-5, atol=1e-5)
-    for hook in hooks:
-        hook.remove()
 
 
 def test_the_projection_hooks_alone_miss_what_the_attention_uses():

@@ -2,7 +2,7 @@
 
 Layout of one activation file (one model, one image shard)::
 
-    /                      attrs: model_id, weights_sha256, weights_path, n_layers, n_heads,
+    /                      attrs: model_id, weights_sha256, weights_file, n_layers, n_heads,
                                   head_dim, n_tokens, n_prefix_tokens, inputs (JSON list),
                                   preprocessing (JSON), versions (JSON), shard, n_shards, ...
                            vision files also: attention_scale (the logit scale s = 1/sqrt(d)),
