@@ -114,11 +114,12 @@ def attention_invariant(
     Raises:
         ValueError: shapes disagree.
     """
-    t = {name: torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x).detach().to("cpu", torch.float64) for name, x in (("q", q), ("k", k), ("v", v), ("h", h))}
+    t = {name: (x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))).detach() for name, x in (("q", q), ("k", k), ("v", v), ("h", h))}
     if t["q"].shape != t["k"].shape or t["v"].shape != t["h"].shape or t["q"].shape[:3] != t["v"].shape[:3]:
         raise ValueError(f"q, k, v, h shapes disagree: {[tuple(x.shape) for x in t.values()]}")
     sel = torch.arange(t["q"].shape[0]) if inputs is None else torch.as_tensor(list(inputs), dtype=torch.long)
-    qq, kk, vv, hh = (t[n][sel] for n in ("q", "k", "v", "h"))
+    # select the checked inputs first, then convert: float64 copies of the sample only
+    qq, kk, vv, hh = (t[n][sel.to(t[n].device)].to("cpu", torch.float64) for n in ("q", "k", "v", "h"))
     logits = (qq @ kk.transpose(-1, -2)) * float(scale)
     if allowed is not None:
         a = torch.as_tensor(allowed).bool()

@@ -2,18 +2,28 @@
 
 Layout of one activation file (one model, one image shard)::
 
-    /                      attrs: model_id, weights_sha256, weights_path, n_layers, n_heads,
+    /                      attrs: model_id, weights_sha256, weights_file, n_layers, n_heads,
                                   head_dim, n_tokens, n_prefix_tokens, inputs (JSON list),
                                   preprocessing (JSON), versions (JSON), shard, n_shards, ...
+                           vision files also: attention_scale (the logit scale s = 1/sqrt(d)),
+                                  capture_adapter (how q, k, v were taken), capture_rtol,
+                                  capture_max_rel_error, capture_max_abs_error,
+                                  capture_heads_checked, capture_check (the invariant below)
     /sample_rank           (B,) int64   rank of each image in the sampled list
     /dataset_index         (B,) int64   index of each image in the ordered dataset
     /layers/<LL>/q|k|v|h   (B, H, N, d) float32, chunked (1, H, N, d)
     /attention_mask        (B, N) int64, 1 = real token (language models only; N = the
                            padded length the attention modules see)
 
-``q, k, v`` are the per-head outputs of the fused qkv projection; ``h`` is the per-head
-attention output before the output projection. Every dataset is written with
-``track_times=False`` so identical runs give identical files.
+``q, k`` are the per-head queries and keys as the attention's dot product uses them (vision:
+after the qkv projection, any q/k normalisation and any rotary embedding;
+:mod:`kpca_repro.vision`), ``v`` the values, and ``h`` the per-head attention output before
+anything acts on the concatenated heads (a sub-LN, the output projection). In vision files
+every batch was checked before it was written: ``max |h - softmax(s q k^T) v| / max |v|``
+over all heads of the batch's first and last image, in every layer, is at most
+``capture_rtol`` (:mod:`kpca_repro.capture`); ``capture_max_rel_error`` is the largest value
+measured in the file. Every dataset is written with ``track_times=False`` so identical runs
+give identical files.
 """
 
 from __future__ import annotations

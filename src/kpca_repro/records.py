@@ -22,7 +22,8 @@ from . import images as img
 from .h5io import ActivationFile, ActivationWriter, atomic_output
 from .kpca import CORRECTED, PAPER, gamma_test, head_metrics, top_eigenvalues
 from .smk import library_versions
-from .vision import AttentionRecorder, attention_modules, load_timm_model
+from .capture import INVARIANT_RTOL, check_attention_invariant
+from .vision import CaptureRecorder, UnsupportedArchitectureError, attention_scale, capture_plan, load_timm_model
 
 __all__ = ["extract_vision", "kpca_records", "TEXT_PAPER_OPTIONS", "baseline_noise", "eigenvalue_records", "gamma_records", "ordered_map", "layer_chunks", "device_stream"]
 
@@ -42,9 +43,20 @@ def extract_vision(
 ) -> None:
     """Run ``model_id`` over the sampled images and write q, k, v, h of every layer to HDF5.
 
-    One forward pass per batch of ``batch_size`` images captures every layer. Preprocessing
-    is the paper's (:func:`kpca_repro.images.paper_transform`) at the model's input size.
-    The file is written under a temporary name and renamed when complete.
+    One forward pass per batch of ``batch_size`` images captures every layer with
+    :class:`kpca_repro.vision.CaptureRecorder`: q and k as the attention's dot product uses
+    them (after q/k norms and the rotary embedding), v, and h before the output projection
+    (:mod:`kpca_repro.vision`). Preprocessing is the paper's
+    (:func:`kpca_repro.images.paper_transform`) at the model's input size.
+
+    The capture invariant (:func:`kpca_repro.capture.check_attention_invariant`) is checked
+    on every batch before its layers are written: for every layer, all heads of the batch's
+    first and last image must satisfy ``max |h - softmax(s q k^T) v| <= INVARIANT_RTOL *
+    max |v|`` with ``s = 1/sqrt(d)``. The largest error of the file is stored in the root
+    attributes ``capture_max_rel_error`` / ``capture_max_abs_error`` beside ``capture_rtol``,
+    ``capture_heads_checked``, ``attention_scale`` and ``capture_adapter``. The file is
+    written under a temporary name and renamed when complete, so a failed check leaves no
+    output file.
 
     Args:
         samples: the rows of this shard of the sampled-image table (``sample_rank``,
@@ -54,12 +66,16 @@ def extract_vision(
 
     Raises:
         kpca_repro.images.UnreadableImageError: an image cannot be decoded (named).
-        kpca_repro.vision.UnsupportedArchitectureError: the model lacks the hooked structure.
+        kpca_repro.vision.UnsupportedArchitectureError: the model is not one the capture
+            supports (one line: model, reason, supported families), or a hook did not fire.
+        kpca_repro.capture.CaptureMismatchError: the captured q, k, v do not reproduce h.
     """
     from tqdm import tqdm
 
     model = load_timm_model(model_id, weights_path, model_kwargs).to(device)
-    attns = attention_modules(model)
+    plan = capture_plan(model, model_id)
+    attns = [attn for attn, _ in plan]
+    scale = attention_scale(attns)
     img_size = tuple(model.patch_embed.img_size)
     transform = img.paper_transform(img_size)
     n_prefix = int(getattr(model, "num_prefix_tokens", 1))
@@ -87,20 +103,40 @@ def extract_vision(
         "shard": shard[0],
         "n_shards": shard[1],
         "dtype": "float32",
+        "attention_scale": scale,
+        "capture_adapter": "; ".join(dict.fromkeys(adapter.name for _, adapter in plan)),
+        "capture_rtol": INVARIANT_RTOL,
+        "capture_check": "every batch, every layer: all heads of the first and last image, max |h - softmax(s q k^T) v| / max |v|",
     }
     n = len(samples)
+    worst_rel, worst_abs, n_checked = 0.0, 0.0, 0
     with atomic_output(out_path) as tmp, h5py.File(tmp, "w", track_order=False) as f:
         writer = ActivationWriter(f, n, len(attns), heads, n_tokens, head_dim, attrs)
         writer.write_index("sample_rank", samples["sample_rank"].to_numpy())
         writer.write_index("dataset_index", samples["dataset_index"].to_numpy())
         paths = list(samples["path"])
-        with torch.no_grad(), AttentionRecorder(attns) as rec:
+        with torch.no_grad(), CaptureRecorder(plan, model_id) as rec:
             for start in tqdm(range(0, n, batch_size), desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5):
                 batch = [transform(img.load_image(p)) for p in paths[start : start + batch_size]]
                 x = torch.stack(batch).to(device)
+                rec.clear()
                 model(x)
+                if rec.missing():
+                    raise UnsupportedArchitectureError(f"{model_id}: the capture hooks did not fire for (layer, tensor) {rec.missing()[:4]}")
+                checked = sorted({0, len(batch) - 1})
                 for layer in range(len(attns)):
-                    writer.write_batch(layer, start, rec.numpy_layer(layer))
+                    t = rec.numpy_layer(layer)
+                    if t["q"].shape[1:] != (heads, n_tokens, head_dim) or t["h"].shape != t["q"].shape:
+                        raise UnsupportedArchitectureError(
+                            f"{model_id}: layer {layer} captured q {t['q'].shape}, h {t['h'].shape}; expected (B, {heads}, {n_tokens}, {head_dim})"
+                        )
+                    res = check_attention_invariant(model_id, layer, t["q"], t["k"], t["v"], t["h"], scale=scale, inputs=checked)
+                    worst_rel, worst_abs = max(worst_rel, res.max_rel_error), max(worst_abs, res.max_abs_error)
+                    n_checked += res.n_heads_checked
+                    writer.write_batch(layer, start, t)
+        f.attrs["capture_max_rel_error"] = worst_rel
+        f.attrs["capture_max_abs_error"] = worst_abs
+        f.attrs["capture_heads_checked"] = n_checked
 
 
 def baseline_noise(seed: int, dataset_index: int, layer: int, shape: tuple[int, ...]) -> torch.Tensor:

@@ -63,7 +63,7 @@ ENV = "../../envs/pipeline.yaml"
 # Library modules each stage imports: listed as inputs so that changing them reruns the
 # stage (Snakemake tracks only the script file itself).
 LIB = Path(workflow.basedir) / "src" / "kpca_repro"
-LIB_EXTRACT = [str(LIB / m) for m in ("records.py", "vision.py", "images.py", "h5io.py", "resources.py", "smk.py")]
+LIB_EXTRACT = [str(LIB / m) for m in ("records.py", "vision.py", "capture.py", "images.py", "h5io.py", "resources.py", "smk.py")]
 LIB_KPCA = [str(LIB / m) for m in ("records.py", "kpca.py", "h5io.py", "smk.py")]
 LIB_TABLES = [str(LIB / m) for m in ("tables.py", "h5io.py", "smk.py")]
 LIB_SPECTRA = [str(LIB / m) for m in ("kpca.py", "records.py", "h5io.py", "smk.py")]
@@ -109,6 +109,7 @@ def _check_config():
     if not timm.is_model(config["figure3"]["model"]):
         raise WorkflowError(f"config key figure3.model: {config['figure3']['model']!r} is not a timm model id")
     _check_figure3_block()
+    _check_vision_models()
     for key in [*VISION["model_kwargs"], *config["checksums"]]:
         if key not in VISION["models"] and key not in TEXT["models"]:
             if key != config["figure3"]["model"]:
@@ -163,22 +164,31 @@ def _check_text_models():
             raise WorkflowError(f"config key text.models[{i}]: {exc}") from None
 
 
-def _check_figure3_block():
-    """figure3.block is a block of figure3.model: its depth, built on the meta device (no weights, no memory)."""
-    import timm
-    import torch
+def _check_vision_model(key, model):
+    """Build ``model`` on the meta device and check that the capture supports it (kpca_repro.vision.check_vision_model)."""
+    from kpca_repro.vision import ModelBuildError, UnsupportedArchitectureError, check_vision_model
 
-    from kpca_repro.vision import UnsupportedArchitectureError, attention_modules
-
-    model, block = config["figure3"]["model"], config["figure3"]["block"]
-    with torch.device("meta"):
-        net = timm.create_model(model, pretrained=False, **VISION["model_kwargs"].get(model, {}))
     try:
-        depth = len(attention_modules(net))
-    except UnsupportedArchitectureError as exc:
-        raise WorkflowError(f"config key figure3.model: {model!r}: {exc}") from None
+        return check_vision_model(model, VISION["model_kwargs"].get(model, {}))
+    except (UnsupportedArchitectureError, ModelBuildError) as exc:
+        raise WorkflowError(f"config key {key}: {exc}") from None
+
+
+def _check_figure3_block():
+    """figure3.model is supported and figure3.block is one of its blocks (depth from the meta device: no weights, no memory)."""
+    model, block = config["figure3"]["model"], config["figure3"]["block"]
+    depth = _check_vision_model("figure3.model", model).depth
     if block >= depth:
         raise WorkflowError(f"config key figure3.block: {block} is out of range for {model}, which has {depth} blocks (0 to {depth - 1})")
+
+
+def _check_vision_models():
+    """Every vision.models entry is supported by the capture; main Snakemake process only
+    (cluster jobs re-parse the workflow and skip it; extract_vision checks again)."""
+    if not workflow.is_main_process:
+        return
+    for i, model in enumerate(VISION["models"]):
+        _check_vision_model(f"vision.models[{i}]", model)
 
 
 def run_model_scale(run):
