@@ -1,4 +1,4 @@
-"""Checks of what ``snakemake --report`` shows: captions that render cleanly, a clean report.
+"""Checks of what a reader sees: captions that render cleanly, a clean report, whole Markdown tables.
 
 Snakemake renders each caption of ``workflow/report/`` (and the front page named by the
 Snakefile's ``report:`` directive) with Jinja2 and then docutils. By default docutils does not
@@ -15,7 +15,7 @@ fail on an error: it prints a red "System Message" box into the page (for exampl
 
 Command line (exit status 1 on any problem)::
 
-    python -m kpca_repro.report_check [--configfile my.yaml ...] [report.html]
+    python -m kpca_repro.report_check [--configfile my.yaml ...] [--markdown results/*.md] [report.html]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import argparse
 import io
 import re
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,6 +36,9 @@ __all__ = [
     "render_caption",
     "lint_captions",
     "report_problems",
+    "front_page",
+    "markdown_cells",
+    "markdown_problems",
     "load_config",
 ]
 
@@ -60,11 +64,13 @@ def docutils_messages(rst: str) -> list[str]:
     from docutils.core import publish_parts
 
     stream = io.StringIO()
-    publish_parts(
-        rst,
-        writer_name="html",
-        settings_overrides={"report_level": 2, "halt_level": 5, "warning_stream": stream, "_disable_config": True, "traceback": True},
-    )
+    with warnings.catch_warnings():  # writer_name, as Snakemake passes it, is deprecated in docutils 0.22
+        warnings.simplefilter("ignore", PendingDeprecationWarning)
+        publish_parts(
+            rst,
+            writer_name="html",
+            settings_overrides={"report_level": 2, "halt_level": 5, "warning_stream": stream, "_disable_config": True, "traceback": True},
+        )
     text = stream.getvalue().strip()
     return [m.strip() for m in re.split(r"\n(?=<string>:|\S+:\d+: \()", text) if m.strip()] if text else []
 
@@ -163,6 +169,55 @@ def report_problems(report: str | Path) -> list[str]:
     return problems
 
 
+def front_page(report: str | Path) -> str:
+    """The rendered front page (workflow description) of a built ``report.html``, as HTML.
+
+    Snakemake stores it as a JavaScript string ``var workflow_desc = "...";``.
+    """
+    import json
+
+    text = Path(report).read_text(encoding="utf-8")
+    m = re.search(r"var workflow_desc = (\".*?(?<!\\)\");", text, flags=re.S)
+    if m is None:
+        raise ValueError(f"{report}: no 'var workflow_desc = \"...\";' (a Snakemake report.html?)")
+    return json.loads(m.group(1))
+
+
+def markdown_cells(line: str) -> list[str]:
+    """Cells of one Markdown table row, split at the ``|`` not escaped as ``\\|``."""
+    cells = re.split(r"(?<!\\)\|", line.strip())
+    if cells and cells[0] == "":
+        cells = cells[1:]
+    if cells and cells[-1] == "":
+        cells = cells[:-1]
+    return [c.strip() for c in cells]
+
+
+def markdown_problems(text: str) -> list[str]:
+    """Broken Markdown tables in ``text``: a row whose cell count differs from the header's.
+
+    A table is a run of lines starting with ``|``; its second line must be the delimiter row
+    (``|:---|---:|``). An unescaped ``|`` inside a cell (``direct |cosine|``) adds cells to
+    its row, and in the header row stops a GFM renderer from seeing a table at all.
+    """
+    problems, block = [], []
+    lines = text.splitlines() + [""]
+    for number, line in enumerate(lines, 1):
+        if line.lstrip().startswith("|"):
+            block.append((number, line))
+            continue
+        if block:
+            (n0, header), rest = block[0], block[1:]
+            width = len(markdown_cells(header))
+            if not rest or not re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", rest[0][1].strip()):
+                problems.append(f"line {n0}: table without a delimiter row under its header")
+            for n, row in rest:
+                if len(markdown_cells(row)) != width:
+                    problems.append(f"line {n}: {len(markdown_cells(row))} cells, header (line {n0}) has {width}: {row.strip()[:100]}")
+            block = []
+    return problems
+
+
 def load_config(root: str | Path, configfiles: list[str] = ()) -> dict:
     """The configuration as Snakemake builds it: ``config/config.yaml``, then each file (nested keys merged)."""
     import yaml
@@ -184,12 +239,15 @@ def load_config(root: str | Path, configfiles: list[str] = ()) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Check the report captions (and a built report) for docutils errors.")
     parser.add_argument("report", nargs="*", help="built report.html or report.zip to scan")
+    parser.add_argument("--markdown", nargs="*", default=[], help="Markdown tables (results/*.md) to check")
     parser.add_argument("--configfile", nargs="*", default=[], help="configuration files layered on config/config.yaml")
     parser.add_argument("--root", default=str(Path(__file__).resolve().parents[2]), help="repository root (default: this checkout)")
     args = parser.parse_args(argv)
     problems = lint_captions(args.root, load_config(args.root, args.configfile))
     for report in args.report:
         problems += report_problems(report)
+    for md in args.markdown:
+        problems += [f"{md}: {p}" for p in markdown_problems(Path(md).read_text())]
     for p in problems:
         print(p, file=sys.stderr)
     print(f"{len(problems)} problem(s)" if problems else "captions render without docutils messages", file=sys.stderr)
