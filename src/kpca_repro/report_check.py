@@ -15,7 +15,7 @@ fail on an error: it prints a red "System Message" box into the page (for exampl
 
 Command line (exit status 1 on any problem)::
 
-    python -m kpca_repro.report_check [--configfile my.yaml ...] [--markdown results/*.md] [report.html]
+    python -m kpca_repro.report_check [my.yaml ...] [results/*.md] [report.html]
 """
 
 from __future__ import annotations
@@ -237,20 +237,32 @@ def load_config(root: str | Path, configfiles: list[str] = ()) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Check the report captions (and a built report) for docutils errors.")
-    parser.add_argument("report", nargs="*", help="built report.html or report.zip to scan")
-    parser.add_argument("--markdown", nargs="*", default=[], help="Markdown tables (results/*.md) to check")
-    parser.add_argument("--configfile", nargs="*", default=[], help="configuration files layered on config/config.yaml")
+    parser = argparse.ArgumentParser(
+        description="Check the report captions for docutils messages, and Markdown tables and built reports given as files."
+    )
+    parser.add_argument(
+        "files",
+        nargs="*",
+        help="by suffix: .yaml/.yml configuration files layered on config/config.yaml (as --configfile), "
+        ".md Markdown tables, .html/.zip built reports",
+    )
     parser.add_argument("--root", default=str(Path(__file__).resolve().parents[2]), help="repository root (default: this checkout)")
     args = parser.parse_args(argv)
-    problems = lint_captions(args.root, load_config(args.root, args.configfile))
-    for report in args.report:
-        problems += report_problems(report)
-    for md in args.markdown:
+    by_kind: dict[str, list[str]] = {"config": [], "md": [], "report": []}
+    for f in args.files:
+        suffix = Path(f).suffix.lower()
+        kind = {".yaml": "config", ".yml": "config", ".md": "md", ".html": "report", ".zip": "report"}.get(suffix)
+        if kind is None:
+            parser.error(f"{f}: expected a .yaml/.yml, .md, .html or .zip file")
+        by_kind[kind].append(f)
+    problems = lint_captions(args.root, load_config(args.root, by_kind["config"]))
+    for md in by_kind["md"]:
         problems += [f"{md}: {p}" for p in markdown_problems(Path(md).read_text())]
+    for report in by_kind["report"]:
+        problems += report_problems(report)
     for p in problems:
         print(p, file=sys.stderr)
-    print(f"{len(problems)} problem(s)" if problems else "captions render without docutils messages", file=sys.stderr)
+    print(f"{len(problems)} problem(s)" if problems else "no problem: captions, Markdown tables and reports are clean", file=sys.stderr)
     return 1 if problems else 0
 
 
