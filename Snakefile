@@ -18,15 +18,15 @@ configfile: f"{workflow.basedir}/config/config.yaml"
 report: "workflow/report/workflow.rst"
 
 
-# `snakemake --report` fails on any docutils warning or error in a caption instead of showing
-# a "System Message" in the page (workflow/report/docutils.conf: halt_level warning).
-_DOCUTILS_CONF = f"{workflow.basedir}/workflow/report/docutils.conf"
-if _DOCUTILS_CONF not in os.environ.get("DOCUTILSCONFIG", "").split(os.pathsep):
-    os.environ["DOCUTILSCONFIG"] = os.pathsep.join(filter(None, [os.environ.get("DOCUTILSCONFIG"), _DOCUTILS_CONF]))
-
-
 # Validates the configuration against workflow/schemas/config.schema.yaml, then checks it.
 include: "workflow/rules/common.smk"
+
+
+# `snakemake --report` fails on any docutils warning or error in a caption instead of showing
+# a "System Message" in the page (workflow/report/docutils.conf: halt_level warning).
+from kpca_repro.report_check import strict_docutils
+
+strict_docutils(f"{workflow.basedir}/workflow/report/docutils.conf")
 
 
 rule all:

@@ -83,8 +83,11 @@ def test_docutils_conf_makes_snakemakes_rendering_fail(monkeypatch):
     from docutils.utils import SystemMessage
 
     conf = REPO / "workflow" / "report" / "docutils.conf"
-    assert f'"{{workflow.basedir}}/workflow/report/docutils.conf"' in (REPO / "Snakefile").read_text()
-    monkeypatch.setenv("DOCUTILSCONFIG", str(conf))
+    assert 'strict_docutils(f"{workflow.basedir}/workflow/report/docutils.conf")' in (REPO / "Snakefile").read_text()
+    monkeypatch.setenv("DOCUTILSCONFIG", "/nonexistent/docutils.conf")
+    rc.strict_docutils(conf)
+    rc.strict_docutils(conf)  # once only
+    assert rc.os.environ["DOCUTILSCONFIG"] == f"/nonexistent/docutils.conf{rc.os.pathsep}{conf}"
     with pytest.raises(SystemMessage, match="Undefined substitution"):
         publish_parts("the spread |γᵢ − γⱼ| over token pairs", writer_name="html")
     assert "|γᵢ − γⱼ|" in publish_parts(r"the spread \|γᵢ − γⱼ\| over token pairs", writer_name="html")["body"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import re
 import sys
 import warnings
@@ -31,6 +32,7 @@ from types import SimpleNamespace
 
 __all__ = [
     "WILDCARD_VALUES",
+    "strict_docutils",
     "docutils_messages",
     "caption_files",
     "render_caption",
@@ -53,6 +55,21 @@ WILDCARD_VALUES = {
 
 #: Text of docutils system messages in HTML and of the ones the warning stream prints.
 _REPORT_PATTERNS = ("System Message", "system-message", "Undefined substitution", "Unknown target name", "(ERROR/", "(WARNING/", "(SEVERE/")
+
+
+def strict_docutils(conf: str | os.PathLike) -> None:
+    """Add ``conf`` (``halt_level: warning``) to ``DOCUTILSCONFIG``, read by every later docutils call.
+
+    Called by the Snakefile, so that ``snakemake --report``'s ``publish_parts`` raises on the
+    first docutils warning or error in a caption. Files already in ``DOCUTILSCONFIG`` are
+    kept, and read before ``conf``, whose settings therefore win; when the variable was unset,
+    docutils' standard configuration files (``/etc/docutils.conf``, ``./docutils.conf``,
+    ``~/.docutils``) are no longer read.
+    """
+    conf = os.fspath(conf)
+    current = [f for f in os.environ.get("DOCUTILSCONFIG", "").split(os.pathsep) if f]
+    if conf not in current:
+        os.environ["DOCUTILSCONFIG"] = os.pathsep.join([*current, conf])
 
 
 def docutils_messages(rst: str) -> list[str]:
