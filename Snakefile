@@ -22,6 +22,13 @@ report: "workflow/report/workflow.rst"
 include: "workflow/rules/common.smk"
 
 
+# `snakemake --report` fails on any docutils warning or error in a caption instead of showing
+# a "System Message" in the page (workflow/report/docutils.conf: halt_level warning).
+from kpca_repro.report_check import strict_docutils
+
+strict_docutils(f"{workflow.basedir}/workflow/report/docutils.conf")
+
+
 rule all:
     input:
         all_targets(),

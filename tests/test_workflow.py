@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -111,6 +113,9 @@ def test_figure3_from_a_tiny_model(tiny_run):
         assert set(stats["component"]) == set(range(8))
         mean = stats.groupby(["eigenvectors", "measure"])["mean"].mean()
         assert mean[("perturbed", "rel_mean")] > 100 * mean[("true", "rel_mean")]
+        # the band is the 25th-75th percentile over the 3 heads: inside [min, max] of a non-negative spread
+        assert (stats["n_heads"] == 3).all() and (0 <= stats["p25"]).all()
+        assert (stats["p25"] <= stats["median"]).all() and (stats["median"] <= stats["p75"]).all()
 
 
 def test_figure2_from_tiny_models(tiny_run):
@@ -153,6 +158,40 @@ def test_comparison_and_report(tiny_run, tmp_path):
     text = report.read_text()
     for name in ("table1.html", "table1_corrected.html", "figure3.png", "figure2_corrected.png", "paper_comparison.csv"):
         assert name in text, name
+
+
+def test_report_reads_cleanly(tiny_run, tmp_path):
+    """No docutils message anywhere in the built report; the front page describes this run's config."""
+    from kpca_repro.report_check import front_page, markdown_problems, report_problems
+
+    work, cfg, _ = tiny_run
+    for md in sorted((work / "results").glob("*.md")):  # every Markdown table: one cell per column in every row
+        assert markdown_problems(md.read_text()) == [], md.name
+    report = tmp_path / "report.html"
+    run_snakemake(work, *TARGETS, "--configfile", str(cfg), "--report", str(report))
+    assert report_problems(report) == []
+    page = front_page(report)
+    for model_id, kwargs in TINY_KWARGS.items():
+        assert f"<tt class=\"docutils literal\">{model_id}</tt>" in page
+        assert f"depth={kwargs['depth']}" in page  # the changed architectures are said
+    assert "vit_large_patch16_224" not in page and "bert-base-uncased" not in page  # not the default models
+    assert "none configured" in page and "4 images per model in 2 shard(s)" in page
+
+
+def test_report_fails_on_a_docutils_error(tiny_run, tmp_path):
+    """A caption with an undefined |substitution| stops `snakemake --report` (workflow/report/docutils.conf)."""
+    import shutil
+
+    work, cfg, _ = tiny_run
+    copy = tmp_path / "repo"
+    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", "results", ".snakemake", "tests", "docs", "perf", "__pycache__"))
+    caption = copy / "workflow" / "report" / "figure3.rst"
+    caption.write_text(caption.read_text() + "\nThe spread |γᵢ − γⱼ| again.\n")
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(copy / "Snakefile"), "-d", str(work), "--cores", "1"]
+    proc = subprocess.run([*cmd, "results/figure3.pdf", "--configfile", str(cfg), "--report", str(tmp_path / "r.html")], capture_output=True, text=True, cwd=work)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and not (tmp_path / "r.html").exists()
+    assert 'Undefined substitution referenced: "γᵢ − γⱼ"' in out and "figure3.rst" in out, out[-3000:]
 
 
 def test_lint_is_clean():

@@ -4,46 +4,71 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pandas as pd
 
-__all__ = ["plot_gamma", "plot_norms", "plot_figure1", "plot_figure4", "PDF_METADATA"]
+__all__ = ["GAMMA_BAND", "plot_gamma", "plot_norms", "plot_figure1", "plot_figure4", "PDF_METADATA"]
 
 #: ``savefig(..., metadata=PDF_METADATA)``: no creation date in PDFs, so identical runs give
 #: identical bytes (PNG files carry no timestamp).
 PDF_METADATA = {"CreationDate": None}
 
 
+#: Figure 3's band: these percentiles over heads (a spread of a non-negative quantity, so the
+#: band never goes below zero, unlike the reference's mean +/- std).
+GAMMA_BAND = (25, 75)
+
+
 def plot_gamma(records: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLike, title: str) -> pd.DataFrame:
-    """Figure 3: per principal component, the mean over heads of the pairwise gamma spread.
+    """Figure 3: per principal component, the pairwise gamma spread over heads.
 
     Rows: true and perturbed eigenvectors; columns: absolute ``|gamma_i - gamma_j|`` and
-    relative spread. Line = mean over heads of the per-head pair mean; band = +/- standard
-    deviation over heads (ddof 0), as the reference plots it (method.md Section 10); red
-    line at 0.
+    relative spread. Per component, over heads (of every image drawn) of the per-head pair
+    mean: the median as a solid line, the 25th-75th percentile (:data:`GAMMA_BAND`, numpy's
+    linear interpolation) as the band, and the mean (the reference's line, method.md Section
+    10) dashed; red line at 0. The reference's band, +/- standard deviation over heads,
+    reaches below zero for this non-negative quantity and is not drawn; it is kept in the
+    returned statistics (``std``, ddof 0).
 
     Returns:
-        The plotted per-component statistics (``eigenvectors, component, measure, mean, std``).
+        The plotted per-component statistics (``eigenvectors, measure, component, mean, std,
+        median, p25, p75, n_heads``).
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    lo, hi = GAMMA_BAND
     long = records.melt(id_vars=["eigenvectors", "component", "head", "sample_rank"], value_vars=["abs_mean", "rel_mean"], var_name="measure")
-    stats = long.groupby(["eigenvectors", "measure", "component"])["value"].agg(mean="mean", std=lambda x: x.std(ddof=0)).reset_index()
-    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), sharex=True, constrained_layout=True)
+    stats = (
+        long.groupby(["eigenvectors", "measure", "component"])["value"]
+        .agg(
+            mean="mean",
+            std=lambda x: x.std(ddof=0),
+            median="median",
+            **{f"p{lo}": lambda x: x.quantile(lo / 100), f"p{hi}": lambda x: x.quantile(hi / 100)},
+            n_heads="count",
+        )
+        .reset_index()
+    )
+    n_heads = int(stats["n_heads"].max()) if len(stats) else 0
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.8), sharex=True, constrained_layout=True)
     labels = {"abs_mean": r"$|\gamma_i - \gamma_j|$", "rel_mean": r"$|\gamma_i - \gamma_j| / \max(|\gamma_i|, |\gamma_j|)$"}
     for r, kind in enumerate(["true", "perturbed"]):
         for c, measure in enumerate(["abs_mean", "rel_mean"]):
             ax = axes[r, c]
             s = stats[(stats["eigenvectors"] == kind) & (stats["measure"] == measure)]
-            ax.plot(s["component"], s["mean"], color="C0", lw=1.2)
-            ax.fill_between(s["component"], s["mean"] - s["std"], s["mean"] + s["std"], color="C0", alpha=0.25)
+            ax.fill_between(s["component"], s[f"p{lo}"], s[f"p{hi}"], color="C0", alpha=0.25, lw=0, label=f"{lo}th–{hi}th percentile over heads")
+            ax.plot(s["component"], s["median"], color="C0", lw=1.2, label="median over heads")
+            ax.plot(s["component"], s["mean"], color="C1", lw=0.9, ls="--", label="mean over heads")
             ax.axhline(0, color="red", lw=0.8)
             ax.set_ylabel(labels[measure])
             ax.set_title(f"{kind} eigenvectors", fontsize=10)
             if r == 1:
                 ax.set_xlabel("principal component")
+    handles, legend_labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, legend_labels, loc="outside lower center", ncols=3, fontsize=8, frameon=False, title=f"per component, over {n_heads} heads (each: its mean over token pairs)", title_fontsize=8)
     fig.suptitle(title, fontsize=11)
     fig.savefig(pdf, metadata=PDF_METADATA)
     fig.savefig(png, dpi=150)
@@ -195,12 +220,13 @@ def plot_figure4(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.Pat
     method.md 7, one column per (source, model): train (blue #0066CC) and test (red #CC0000)
     points. Top: points with ``x >= skip_epochs[source]`` (the code drops the first 10 epochs
     here), y-limits [0.9, 1.1] when every point lies inside, else automatic. Bottom: every
-    epoch, divided by 1e6 (1e3) when the largest |value| reaches 1e6 (1e3), with the factor
-    in the y label.
+    epoch, on a log y-axis (symlog if a value is not positive), so the values of order
+    10^5-10^7 are read as they are. The authors' script instead divides them by 1e6 and
+    appends "x 10^-6" to the label, which reads as values of order 10^-6.
 
     Returns:
         The plotted points (``curves`` rows), with ``panel`` (``rel_h`` or ``rel_phi``) and
-        ``plotted`` (the value as drawn, after the 1e6/1e3 division).
+        ``plotted`` (the value as drawn: the value itself).
     """
     import matplotlib
 
@@ -216,10 +242,8 @@ def plot_figure4(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.Pat
         top = _keep(rd[rd["metric"] == "rel_error_wrt_h"], skip_epochs).assign(panel="rel_h")
         top["plotted"] = top["value"]
         bottom = rd[rd["metric"] == "rel_error_wrt_phiq"].assign(panel="rel_phi")
-        big = bottom["value"].abs().max() if len(bottom) else 0.0
-        factor, suffix = (1e6, r" ($\times 10^{-6}$)") if big >= 1e6 else (1e3, r" ($\times 10^{-3}$)") if big >= 1e3 else (1.0, "")
-        bottom["plotted"] = bottom["value"] / factor
-        for r, (panel, label) in enumerate(((top, r"rel. error w.r.t. $\|h\|^2$"), (bottom, r"rel. error w.r.t. $\|\varphi(q)\|^2$" + suffix))):
+        bottom["plotted"] = bottom["value"]
+        for r, (panel, label) in enumerate(((top, r"rel. error w.r.t. $\|h\|^2$"), (bottom, r"rel. error w.r.t. $\|\varphi(q)\|^2$ (log scale)"))):
             ax = axes[r, c]
             for split, colour in (("train", "#0066CC"), ("test", "#CC0000")):
                 s = panel[panel["split"] == split].sort_values("x")
@@ -230,6 +254,13 @@ def plot_figure4(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.Pat
                     ax.set_ylim(0.9, 1.1)
                 ax.set_title(f"{MODEL_NAMES.get(model, model)}: {source}", fontsize=10)
             else:
+                v = panel["plotted"][np.isfinite(panel["plotted"])]
+                if len(v) and (v > 0).all():
+                    ax.set_yscale("log")
+                    ax.set_ylim(bottom=10 ** np.floor(np.log10(v.min())))  # a labelled decade below the data
+                elif len(v):
+                    positive = v[v > 0]
+                    ax.set_yscale("symlog", linthresh=float(positive.min()) if len(positive) else 1.0)
                 ax.set_xlabel("epoch")
             ax.set_ylabel(label)
             ax.grid(alpha=0.3)

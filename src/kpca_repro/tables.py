@@ -14,6 +14,7 @@ __all__ = [
     "TEXT_CORRECTED_METRICS",
     "table_corrected",
     "corrected_markdown",
+    "markdown_table",
     "CORRECTED_METRICS",
     "spectrum_statistics",
     "eigenvalue_array",
@@ -250,6 +251,23 @@ def table_corrected(
     return pd.DataFrame(rows)
 
 
+def _escape_pipes(value):
+    return value.replace("|", r"\|") if isinstance(value, str) else value
+
+
+def markdown_table(frame: pd.DataFrame, **kwargs) -> str:
+    """``frame.to_markdown(index=False, **kwargs)`` with ``|`` escaped as ``\\|`` in headers and cells.
+
+    A literal ``|`` (``direct |cosine| (columns)``) would otherwise end a Markdown table cell
+    and shift every column after it. Ends with a newline.
+    """
+    escaped = frame.rename(columns=_escape_pipes)
+    for col in escaped.columns:
+        if not pd.api.types.is_numeric_dtype(escaped[col]):
+            escaped[col] = escaped[col].map(_escape_pipes)
+    return escaped.to_markdown(index=False, **kwargs) + "\n"
+
+
 def corrected_markdown(table: pd.DataFrame, metrics: tuple = CORRECTED_METRICS) -> str:
     """Markdown: one row per model, one column per metric, ``mean ± std (random: mean)``."""
     cells = table.assign(
@@ -260,7 +278,7 @@ def corrected_markdown(table: pd.DataFrame, metrics: tuple = CORRECTED_METRICS) 
     wide = wide.loc[order, [label for _, label, _ in metrics if label in wide.columns]]
     counts = table.groupby("model", sort=False)[["n_heads", "n_nonfinite"]].max()
     wide["heads (non-finite)"] = [f"{counts.loc[m, 'n_heads']} ({counts.loc[m, 'n_nonfinite']})" for m in wide.index]
-    return wide.reset_index().to_markdown(index=False) + "\n"
+    return markdown_table(wide.reset_index())
 
 
 SPECTRUM_STATS = ("max", "min", "mean", "median")

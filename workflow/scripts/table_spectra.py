@@ -4,7 +4,7 @@ import pandas as pd
 
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
-from kpca_repro.tables import table_spectra
+from kpca_repro.tables import markdown_table, table_spectra
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "table_spectra")
@@ -18,5 +18,5 @@ table.insert(2, "variant", smk.params.variant)
 with atomic_output(smk.output.csv) as tmp:
     table.to_csv(tmp, index=False)
 with atomic_output(smk.output.md) as tmp:
-    tmp.write_text(table.to_markdown(index=False, floatfmt=".1f") + "\n")
+    tmp.write_text(markdown_table(table, floatfmt=".1f"))
 log.info("wrote %s (%d models)", smk.output.csv, len(table))
