@@ -27,7 +27,7 @@ from .kpca import CORRECTED, PAPER, gamma_test, head_metrics, top_eigenvalues
 from .smk import library_versions
 from .vision import AttentionRecorder, attention_modules, load_timm_model
 
-__all__ = ["extract_vision", "kpca_records", "torch_default_threads", "resolve_eigh_threads", "TEXT_PAPER_OPTIONS", "baseline_noise", "eigenvalue_records", "gamma_records", "ordered_map", "layer_chunks", "device_stream"]
+__all__ = ["extract_vision", "kpca_records", "torch_default_threads", "resolve_eigh_threads", "pin_intra_op_threads", "TEXT_PAPER_OPTIONS", "baseline_noise", "eigenvalue_records", "gamma_records", "ordered_map", "layer_chunks", "device_stream"]
 
 
 def extract_vision(
@@ -235,6 +235,19 @@ def device_stream(device: torch.device, enabled: bool = True):
     return torch.cuda.stream(stream)
 
 
+def pin_intra_op_threads(n: int) -> None:
+    """Give the calling thread ``n`` torch intra-op threads, whatever it inherited.
+
+    A new thread takes torch's process-wide default when it first runs a parallel kernel
+    (set by the last ``torch.set_num_threads`` of any thread, for example a worker's
+    :func:`kpca_repro.kpca.intra_op_threads` around ``eigh``), and its OpenMP/MKL counts from
+    ``OMP_NUM_THREADS`` before that. Reading the count first makes torch initialise the
+    thread, so the explicit setting that follows is the one that holds.
+    """
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
 def ordered_map(fn: Callable, items: Iterable, *, workers: int = 1, max_pending: int | None = None) -> Iterator:
     """``fn(item)`` for each item, in order, computed on ``workers`` threads.
 
@@ -244,6 +257,10 @@ def ordered_map(fn: Callable, items: Iterable, *, workers: int = 1, max_pending:
     several chunks run on CPU threads while the GPU computes. ``items`` is consumed lazily and
     at most ``max_pending`` (default ``2 * workers``) results are in flight, so memory stays
     bounded by a few chunks whatever the number of items.
+
+    Every worker thread runs each item with the calling thread's torch intra-op thread count
+    (:func:`pin_intra_op_threads`), so an item's result does not depend on which thread
+    computes it or on what ran there before.
 
     Args:
         fn: called as ``fn(item)`` on a worker thread.
@@ -260,9 +277,15 @@ def ordered_map(fn: Callable, items: Iterable, *, workers: int = 1, max_pending:
         return
     bound = max_pending or 2 * workers
     pending: deque = deque()
+    threads = torch.get_num_threads()
+
+    def pinned(item):
+        pin_intra_op_threads(threads)
+        return fn(item)
+
     with ThreadPoolExecutor(workers, thread_name_prefix="kpca") as pool:
         for item in items:
-            pending.append(pool.submit(fn, item))
+            pending.append(pool.submit(pinned, item))
             while len(pending) >= bound:
                 yield pending.popleft().result()
         while pending:
@@ -375,10 +398,6 @@ def kpca_records(
 
         def work(chunk):
             layer, k, v, ranks, index, head, base = chunk
-            # a worker thread starts with torch's process-wide default (which another worker's
-            # eigh may have changed for a moment): pin it to the caller's count per chunk
-            if torch.get_num_threads() != caller_threads:
-                torch.set_num_threads(caller_threads)
             cols = head_metrics(
                 k.to(device),
                 v.to(device),
