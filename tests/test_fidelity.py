@@ -121,3 +121,47 @@ def test_table_means_do_not_depend_on_the_order_of_the_records():
     assert m == pytest.approx(float(np.mean(y)), rel=1e-12, abs=1e-12) and s == pytest.approx(float(np.std(y, ddof=1)), rel=1e-12)
     assert np.isnan(exact_mean([1.0, np.nan])) and exact_mean([1.0, np.nan, 3.0], skipna=True) == 2.0
     assert np.isnan(exact_mean([])) and np.isnan(exact_std([1.0]))
+
+
+def test_eigh_threads_are_set_per_calling_thread_and_restored():
+    """intra_op_threads changes the calling thread's count only, and only inside the block."""
+    import threading
+
+    seen = {}
+    inside = threading.Event()
+    release = threading.Event()
+
+    def worker():
+        with intra_op_threads(2):
+            seen["worker"] = torch.get_num_threads()
+            inside.set()
+            release.wait(30)
+
+    with intra_op_threads(1):
+        t = threading.Thread(target=worker)
+        t.start()
+        inside.wait(30)
+        seen["caller while the worker holds 2"] = torch.get_num_threads()
+        release.set()
+        t.join()
+        seen["caller after"] = torch.get_num_threads()
+    assert seen == {"worker": 2, "caller while the worker holds 2": 1, "caller after": 1}
+    with pytest.raises(ValueError, match=">= 1"):
+        with intra_op_threads(0):
+            pass
+
+
+def test_auto_eigh_threads_ignore_the_jobs_thread_variables(monkeypatch):
+    """``auto`` is torch's default of a plain process, not the OMP_NUM_THREADS Snakemake sets."""
+    from kpca_repro.records import resolve_eigh_threads
+
+    torch_default_threads.cache_clear()
+    plain = torch_default_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", str(plain + 3))
+    monkeypatch.setenv("MKL_NUM_THREADS", str(plain + 3))
+    torch_default_threads.cache_clear()
+    assert resolve_eigh_threads("auto") == plain >= 1
+    assert resolve_eigh_threads(3) == 3 and resolve_eigh_threads(None) is None
+    for bad in (0, "two", True, 1.5):
+        with pytest.raises(ValueError, match="kpca.eigh_threads"):
+            resolve_eigh_threads(bad)
