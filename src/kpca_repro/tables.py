@@ -112,7 +112,8 @@ def _head_order(df: pd.DataFrame) -> pd.DataFrame:
     Statistics are order-independent by themselves (:func:`exact_mean`); the order makes the
     selected rows and any further per-row output reproducible.
     """
-    return df.sort_values(["layer", "sample_rank", "head"], kind="stable")
+    keys = [c for c in ("layer", "sample_rank", "head") if c in df.columns]
+    return df.sort_values(keys, kind="stable") if keys else df
 
 
 def exact_mean(values, skipna: bool = False) -> float:
