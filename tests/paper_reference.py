@@ -89,3 +89,58 @@ def head_metrics_reference(k: torch.Tensor, v: torch.Tensor) -> dict[str, float]
         }
     except ValueError:  # scipy on a NaN cost matrix: the head is dropped
         return None
+
+
+def v_kpca_reference_nlp(k: torch.Tensor) -> torch.Tensor:
+    """Vhat of one head (L x d keys, float32, padding included) as ``nlp_value_vectors.py`` builds it.
+
+    Differs from :func:`v_kpca_reference` in the eigenvector selection (``A = eigvecs[:, -d:]``,
+    the top ``d`` in ascending order, no re-sorting) and in ``G = diag(1/(g + 1e-6))``
+    (method.md Sections 0.2 and 3).
+    """
+    n, d = k.shape
+    kraw = torch.exp(k @ k.T / math.sqrt(d))
+    g = kraw.sum(dim=1)
+    kphi = kraw / (torch.outer(g, g) + 1e-6)
+    o = torch.ones(n, n) / n
+    kc = kphi - o @ kphi - kphi @ o + o @ kphi @ o
+    _, evecs = torch.linalg.eigh(kc)
+    a = evecs[:, -d:]
+    gm = torch.diag(1.0 / (g + 1e-6))
+    return gm @ a - gm @ o @ a
+
+
+def _cka_nlp(hsic, x, y):
+    """``nlp_value_vectors.py``'s CKA: the product of the self-HSICs under one square root."""
+    return hsic(x, y) / (torch.sqrt(hsic(x, x) * hsic(y, y)) + 1e-10)
+
+
+def head_metrics_reference_nlp(k: torch.Tensor, v: torch.Tensor) -> dict[str, float]:
+    """Per-head metrics of Table 4 for one head, as ``nlp_value_vectors.py`` computes them.
+
+    No try/except (nothing is dropped): the cost matrix ``-(Vn Vhatn^T)`` has its NaN entries
+    set to 0 before the assignment, and the matched similarities are read from that cleaned
+    cost (a non-finite head gets matched cosines 0, its other metrics NaN). Keys and values
+    are one head's ``(L, d)`` float32 matrices with all ``L`` padded positions.
+
+    Returns:
+        ``direct_cos_mean|max|min``, ``optimal_cos_mean|max``, ``linear_cka``, ``rbf_cka``
+        as Python floats (NaN where the head is not finite).
+    """
+    cka = CudaCKA()
+    vhat = v_kpca_reference_nlp(k)
+    vn = v / (torch.norm(v, dim=1, keepdim=True) + 1e-8)
+    vhn = vhat / (torch.norm(vhat, dim=1, keepdim=True) + 1e-8)
+    direct = (vn * vhn).sum(dim=1)
+    cost = np.nan_to_num(-(vn @ vhn.T).numpy(), nan=0)
+    rows, cols = linear_sum_assignment(cost)
+    matched = -cost[rows, cols]
+    return {
+        "direct_cos_mean": direct.mean().item(),
+        "direct_cos_max": direct.max().item(),
+        "direct_cos_min": direct.min().item(),
+        "optimal_cos_mean": float(np.mean(matched)),
+        "optimal_cos_max": float(np.max(matched)),
+        "linear_cka": _cka_nlp(cka.linear_hsic, v, vhat).item(),
+        "rbf_cka": _cka_nlp(lambda a, b: cka.kernel_hsic(a, b, None), v, vhat).item(),
+    }

@@ -185,14 +185,17 @@ def test_streaming_reads_at_most_one_chunk_of_heads(tmp_path):
         np.testing.assert_array_equal(flats, np.arange(15))  # every head once, in order
 
 
+@pytest.mark.parametrize("eigh_threads", [None, 2])
 @pytest.mark.parametrize("variant", ["paper", "corrected"])
-def test_records_do_not_depend_on_chunks_or_workers(tmp_path, variant, one_thread):
+def test_records_do_not_depend_on_chunks_or_workers(tmp_path, variant, eigh_threads, one_thread):
+    """Also with the paper variant's eigh on 2 threads while the workers run on 1 (kpca.eigh_threads)."""
     path = _activation_file(tmp_path / "a.h5")
     cpu = torch.device("cpu")
-    ref, _ = kpca_records(path, variant, device=cpu, heads_per_chunk=64, progress=False)
+    ref, _ = kpca_records(path, variant, device=cpu, heads_per_chunk=64, progress=False, eigh_threads=eigh_threads)
     for chunk, workers in ((1, 1), (4, 2), (7, 3)):
-        got, _ = kpca_records(path, variant, device=cpu, heads_per_chunk=chunk, workers=workers, progress=False)
+        got, _ = kpca_records(path, variant, device=cpu, heads_per_chunk=chunk, workers=workers, progress=False, eigh_threads=eigh_threads)
         pd.testing.assert_frame_equal(got, ref, check_exact=True)
+    assert torch.get_num_threads() == 1  # the caller's threads are restored
 
 
 @pytest.mark.integration

@@ -27,6 +27,7 @@ centered Gram matrix (paper Eq. 5).
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -42,6 +43,7 @@ __all__ = [
     "center_dense",
     "center",
     "eigenpairs",
+    "intra_op_threads",
     "v_kpca",
     "row_normalize",
     "direct_cosine",
@@ -178,6 +180,64 @@ def center(m: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------
 
 
+def _solve(safe: torch.Tensor, finite: torch.Tensor, n: int, per_matrix: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch.linalg.eigh`` of every matrix of ``safe`` (one at a time or batched), see :func:`eigenpairs`."""
+    kc = safe
+    try:
+        if per_matrix:
+            flat = safe.reshape(-1, n, n)
+            pairs = [torch.linalg.eigh(flat[i]) for i in range(flat.shape[0])]
+            evals = torch.stack([p[0] for p in pairs]).reshape(safe.shape[:-1]) if pairs else safe.new_empty(safe.shape[:-1])
+            evecs = torch.stack([p[1] for p in pairs]).reshape(safe.shape) if pairs else safe.new_empty(safe.shape)
+        else:
+            evals, evecs = torch.linalg.eigh(safe)
+    except torch.linalg.LinAlgError:  # one matrix did not converge: solve one by one
+        flat = safe.reshape(-1, n, n)
+        ok = finite.reshape(-1).clone()
+        evals = torch.full(flat.shape[:2], float("nan"), dtype=kc.dtype, device=kc.device)
+        evecs = torch.full(flat.shape, float("nan"), dtype=kc.dtype, device=kc.device)
+        for i in range(flat.shape[0]):
+            try:
+                evals[i], evecs[i] = torch.linalg.eigh(flat[i])
+            except torch.linalg.LinAlgError:
+                ok[i] = False
+        evals, evecs = evals.reshape(safe.shape[:-1]), evecs.reshape(safe.shape)
+        finite = ok.reshape(finite.shape)
+    return evals, evecs, finite
+
+
+@contextlib.contextmanager
+def intra_op_threads(n: int | None):
+    """Run the block with ``n`` torch intra-op threads on the calling thread, then restore them.
+
+    ``torch.set_num_threads`` sets the calling thread's OpenMP and MKL thread counts (MKL's
+    ``mkl_set_num_threads_local``); other threads keep theirs, so worker threads may each
+    hold a different count at the same time. It also sets torch's process-wide default,
+    which a thread that has not yet run a parallel torch kernel adopts: the caller's count is
+    read (which initialises the calling thread) and restored on exit.
+
+    Args:
+        n: threads for the block (a positive int), or None to change nothing.
+
+    Raises:
+        ValueError: ``n`` is not None and below 1.
+    """
+    if n is None:
+        yield
+        return
+    if n < 1:
+        raise ValueError(f"intra-op threads must be >= 1, got {n}")
+    before = torch.get_num_threads()
+    if before == n:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def eigenpairs(
     kc: torch.Tensor,
     n_components: int,
@@ -185,6 +245,7 @@ def eigenpairs(
     fix_signs: bool = False,
     per_matrix: bool | None = None,
     solver_device: str | torch.device | None = None,
+    threads: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top eigenpairs of symmetric matrices, batched, non-finite matrices handled.
 
@@ -217,6 +278,14 @@ def eigenpairs(
             inputs moves the matrices to the CPU for the solver (one matrix at a time there)
             and the eigenpairs back: cuSOLVER solves a batch of 197 x 197 matrices one after
             another, slower than a CPU core per worker thread (docs/performance.md).
+        threads: torch intra-op threads (and with them MKL's threads) of each CPU solver call,
+            set on the calling thread only for the solver calls (:func:`intra_op_threads`);
+            None keeps the caller's. MKL's ``syevd`` takes another code path for another
+            thread count, so at near-degenerate eigenvalues the eigenvectors' signs and
+            rotations depend on it: the paper variant passes the thread count the authors'
+            scripts ran with (torch's default, docs/fidelity.md). The count is per calling
+            thread, so concurrent calls from several worker threads each get it, and a
+            matrix's eigenpairs depend on it and on nothing else of the pipeline's threading.
 
     Returns:
         ``(eigenvalues, eigenvectors, finite)`` with shapes ``(..., n)``, ``(..., N, n)``
@@ -237,26 +306,8 @@ def eigenpairs(
     safe = torch.where(finite[..., None, None], kc, torch.zeros((), dtype=kc.dtype, device=kc.device))
     if per_matrix is None:
         per_matrix = kc.device.type == "cpu"
-    try:
-        if per_matrix:
-            flat = safe.reshape(-1, n, n)
-            pairs = [torch.linalg.eigh(flat[i]) for i in range(flat.shape[0])]
-            evals = torch.stack([p[0] for p in pairs]).reshape(safe.shape[:-1]) if pairs else safe.new_empty(safe.shape[:-1])
-            evecs = torch.stack([p[1] for p in pairs]).reshape(safe.shape) if pairs else safe.new_empty(safe.shape)
-        else:
-            evals, evecs = torch.linalg.eigh(safe)
-    except torch.linalg.LinAlgError:  # one matrix did not converge: solve one by one
-        flat = safe.reshape(-1, n, n)
-        ok = finite.reshape(-1).clone()
-        evals = torch.full(flat.shape[:2], float("nan"), dtype=kc.dtype, device=kc.device)
-        evecs = torch.full(flat.shape, float("nan"), dtype=kc.dtype, device=kc.device)
-        for i in range(flat.shape[0]):
-            try:
-                evals[i], evecs[i] = torch.linalg.eigh(flat[i])
-            except torch.linalg.LinAlgError:
-                ok[i] = False
-        evals, evecs = evals.reshape(safe.shape[:-1]), evecs.reshape(safe.shape)
-        finite = ok.reshape(finite.shape)
+    with intra_op_threads(threads if kc.device.type == "cpu" else None):
+        evals, evecs, finite = _solve(safe, finite, n, per_matrix)
     if order == "asc_top":
         evals, evecs = evals[..., -n_components:], evecs[..., -n_components:]
     else:
@@ -576,6 +627,7 @@ def head_metrics(
     cka_sqrt_of_product: bool = False,
     eigh_per_matrix: bool | None = None,
     eigh_device: str | torch.device | None = None,
+    eigh_threads: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Every per-head quantity of Table 1 (method.md 2) or its corrected form (method.md 15).
 
@@ -605,6 +657,10 @@ def head_metrics(
             the CPU, so each head's numbers do not depend on the batch; one batched solver
             call on CUDA).
         eigh_device: :func:`eigenpairs`'s ``solver_device`` (default: the inputs' device).
+        eigh_threads: :func:`eigenpairs`'s ``threads``: torch intra-op threads of each CPU
+            ``eigh`` call (default: the caller's). Every other operation runs with the
+            caller's threads; its results do not depend on the thread count here (the
+            centered Gram matrices are bit-identical with 1 and 2 threads, docs/fidelity.md).
 
     Returns:
         Column name -> float64 numpy array of shape ``(heads,)`` (bool for flags). Flags:
@@ -628,7 +684,7 @@ def head_metrics(
     if paper:
         kphi, g = gram_paper(k)
         kc = center_dense(kphi)
-        _, a, finite = eigenpairs(kc, d, order or "abs_desc", per_matrix=eigh_per_matrix, solver_device=eigh_device)
+        _, a, finite = eigenpairs(kc, d, order or "abs_desc", per_matrix=eigh_per_matrix, solver_device=eigh_device, threads=eigh_threads)
         vk = v_kpca(a, 1.0 / (g + g_eps))
         dropped = ~(finite & torch.isfinite(vk).all(-1).all(-1))
         g_finite = torch.isfinite(g).all(-1)
@@ -637,7 +693,7 @@ def head_metrics(
     else:
         log_kphi, log_g = log_gram(k)
         kc = center(torch.exp(log_kphi))
-        _, a, finite = eigenpairs(kc, d, order or "desc", fix_signs=True, per_matrix=eigh_per_matrix, solver_device=eigh_device)
+        _, a, finite = eigenpairs(kc, d, order or "desc", fix_signs=True, per_matrix=eigh_per_matrix, solver_device=eigh_device, threads=eigh_threads)
         inv_g = torch.exp(log_g.amin(-1, keepdim=True) - log_g)
         vk = v_kpca(a, inv_g)
         dropped = ~(finite & torch.isfinite(vk).all(-1).all(-1))

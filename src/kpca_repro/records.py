@@ -7,7 +7,10 @@ Rule scripts call these; tests call them too. The mathematics itself lives in
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import subprocess
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -25,7 +28,7 @@ from .smk import library_versions
 from .capture import INVARIANT_RTOL, check_attention_invariant
 from .vision import CaptureRecorder, UnsupportedArchitectureError, attention_scale, capture_plan, load_timm_model
 
-__all__ = ["extract_vision", "kpca_records", "TEXT_PAPER_OPTIONS", "baseline_noise", "eigenvalue_records", "gamma_records", "ordered_map", "layer_chunks", "device_stream"]
+__all__ = ["extract_vision", "kpca_records", "torch_default_threads", "resolve_eigh_threads", "pin_intra_op_threads", "TEXT_PAPER_OPTIONS", "baseline_noise", "eigenvalue_records", "gamma_records", "ordered_map", "layer_chunks", "device_stream"]
 
 
 def extract_vision(
@@ -200,6 +203,57 @@ def _head_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str, lay
                base(af.dataset_index, tuple(v.shape[1:])))
 
 
+#: Environment variables that set torch's default intra-op thread count (Snakemake sets them
+#: to a job's ``threads``); left out when asking what a plain ``python`` process gets.
+_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+@functools.lru_cache(maxsize=1)
+def torch_default_threads() -> int:
+    """``torch.get_num_threads()`` of a fresh Python process without thread variables.
+
+    That is the intra-op thread count the authors' scripts ran with (they never set one):
+    torch's default, MKL's count of physical cores, unless ``OMP_NUM_THREADS`` or
+    ``MKL_NUM_THREADS`` is set. Asked of a child process (about 1-2 s, once per process)
+    with both variables removed from its environment, because this process's own count
+    may already be set (a Snakemake job's ``OMP_NUM_THREADS``, ``torch.set_num_threads``).
+
+    Returns:
+        A positive int.
+
+    Raises:
+        RuntimeError: the child process failed or printed no positive integer.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in _THREAD_ENV}
+    proc = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True, text=True, env=env, timeout=300)
+    out = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not out or not out[-1].isdigit() or int(out[-1]) < 1:
+        raise RuntimeError(f"could not read torch's default thread count from a child process (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    return int(out[-1])
+
+
+def resolve_eigh_threads(setting: int | str | None) -> int | None:
+    """The ``kpca.eigh_threads`` setting as a thread count.
+
+    Args:
+        setting: ``"auto"`` (:func:`torch_default_threads`, the authors' thread semantics),
+            a positive int, or None (keep the caller's intra-op threads).
+
+    Returns:
+        A positive int, or None.
+
+    Raises:
+        ValueError: any other value.
+    """
+    if setting is None:
+        return None
+    if setting == "auto":
+        return torch_default_threads()
+    if isinstance(setting, int) and not isinstance(setting, bool) and setting >= 1:
+        return setting
+    raise ValueError(f"config key kpca.eigh_threads: expected 'auto' or a positive integer, got {setting!r}")
+
+
 _THREAD_STREAMS = threading.local()
 
 
@@ -217,6 +271,19 @@ def device_stream(device: torch.device, enabled: bool = True):
     return torch.cuda.stream(stream)
 
 
+def pin_intra_op_threads(n: int) -> None:
+    """Give the calling thread ``n`` torch intra-op threads, whatever it inherited.
+
+    A new thread takes torch's process-wide default when it first runs a parallel kernel
+    (set by the last ``torch.set_num_threads`` of any thread, for example a worker's
+    :func:`kpca_repro.kpca.intra_op_threads` around ``eigh``), and its OpenMP/MKL counts from
+    ``OMP_NUM_THREADS`` before that. Reading the count first makes torch initialise the
+    thread, so the explicit setting that follows is the one that holds.
+    """
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
 def ordered_map(fn: Callable, items: Iterable, *, workers: int = 1, max_pending: int | None = None) -> Iterator:
     """``fn(item)`` for each item, in order, computed on ``workers`` threads.
 
@@ -226,6 +293,10 @@ def ordered_map(fn: Callable, items: Iterable, *, workers: int = 1, max_pending:
     several chunks run on CPU threads while the GPU computes. ``items`` is consumed lazily and
     at most ``max_pending`` (default ``2 * workers``) results are in flight, so memory stays
     bounded by a few chunks whatever the number of items.
+
+    Every worker thread runs each item with the calling thread's torch intra-op thread count
+    (:func:`pin_intra_op_threads`), so an item's result does not depend on which thread
+    computes it or on what ran there before.
 
     Args:
         fn: called as ``fn(item)`` on a worker thread.
@@ -242,9 +313,15 @@ def ordered_map(fn: Callable, items: Iterable, *, workers: int = 1, max_pending:
         return
     bound = max_pending or 2 * workers
     pending: deque = deque()
+    threads = torch.get_num_threads()
+
+    def pinned(item):
+        pin_intra_op_threads(threads)
+        return fn(item)
+
     with ThreadPoolExecutor(workers, thread_name_prefix="kpca") as pool:
         for item in items:
-            pending.append(pool.submit(fn, item))
+            pending.append(pool.submit(pinned, item))
             while len(pending) >= bound:
                 yield pending.popleft().result()
         while pending:
@@ -285,6 +362,7 @@ def kpca_records(
     progress: bool = True,
     workers: int = 1,
     eigh_device: str | torch.device | None = None,
+    eigh_threads: int | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """Per-head records of one activation file: every (input, layer, head) through KPCA.
 
@@ -298,9 +376,17 @@ def kpca_records(
     ``device``, ``workers`` chunks at a time (:func:`ordered_map`). Each head's numbers do
     not depend on the chunking, the number of workers or the sharding (per-matrix ``eigh``
     on the CPU, :func:`kpca_repro.kpca.eigenpairs`); for bit-identical CPU runs keep torch's
-    intra-op threads fixed (the rule uses 1).
+    intra-op threads fixed (the rule uses 1): every worker thread runs its chunks with the
+    calling thread's intra-op thread count, whatever it inherited.
     ``eigh_device`` is passed to :func:`kpca_repro.kpca.head_metrics` (the rule uses
     ``"cpu"`` on CUDA, the faster placement measured on an H100, docs/performance.md).
+    ``eigh_threads`` (paper variant only; the corrected variant's signs are fixed and it
+    keeps the caller's threads) is the intra-op thread count of every CPU ``eigh`` call,
+    set per call on the worker thread that makes it (:func:`kpca_repro.kpca.intra_op_threads`):
+    the rule passes torch's default count (:func:`resolve_eigh_threads`), so that each
+    head's eigenvectors are those of the authors' per-head loop on the same machine
+    (docs/fidelity.md). Each head's numbers then depend on ``eigh_threads`` and on nothing
+    of ``workers``, chunking or sharding.
 
     Returns:
         ``(records, meta)``: a DataFrame with one row per head (``sample_rank``,
@@ -343,10 +429,19 @@ def kpca_records(
                         hi = min(lo + heads_per_chunk, k.shape[0])
                         yield layer, k[lo:hi], v[lo:hi], ranks[lo:hi], index[lo:hi], head[lo:hi], base[lo:hi] if base is not None else None
 
+        caller_threads = torch.get_num_threads()
+        solver_threads = eigh_threads if variant == PAPER else None
+
         def work(chunk):
             layer, k, v, ranks, index, head, base = chunk
             cols = head_metrics(
-                k.to(device), v.to(device), variant, baseline=base.to(device) if base is not None else None, eigh_device=eigh_device, **options
+                k.to(device),
+                v.to(device),
+                variant,
+                baseline=base.to(device) if base is not None else None,
+                eigh_device=eigh_device,
+                eigh_threads=solver_threads,
+                **options,
             )
             return pd.DataFrame(
                 {
@@ -372,6 +467,7 @@ def kpca_records(
             "variant": variant,
             "shard": int(af.attrs["shard"]),
             "n_shards": int(af.attrs["n_shards"]),
+            "eigh_threads": solver_threads if solver_threads is not None else caller_threads,
         }
         if text:
             meta["padding"] = "included" if variant == PAPER else "excluded"

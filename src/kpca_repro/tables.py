@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
 __all__ = [
     "read_head_records",
+    "exact_mean",
+    "exact_std",
     "MODEL_NAMES",
     "display_name",
     "table1_paper",
@@ -104,9 +108,55 @@ TABLE1_COLUMNS = ("direct_cos_mean", "optimal_cos_mean", "linear_cka", "rbf_cka"
 
 
 def _head_order(df: pd.DataFrame) -> pd.DataFrame:
-    """One model's records in (layer, image, head) order, so that sums over heads (means,
-    standard deviations) add the same floats in the same order however the images were sharded."""
-    return df.sort_values(["layer", "sample_rank", "head"], kind="stable")
+    """One model's records in canonical (layer, input, head) order, however they were sharded.
+
+    Statistics are order-independent by themselves (:func:`exact_mean`); the order makes the
+    selected rows and any further per-row output reproducible.
+    """
+    keys = [c for c in ("layer", "sample_rank", "head") if c in df.columns]
+    return df.sort_values(keys, kind="stable") if keys else df
+
+
+def exact_mean(values, skipna: bool = False) -> float:
+    """Mean of float values that does not depend on their order.
+
+    ``math.fsum`` (the correctly rounded sum of the exact values) divided by the count, so
+    the records of a model give the same bits however shards, chunks or worker threads
+    ordered them (a floating-point sum in another order can differ in the last digits).
+
+    Args:
+        values: 1-d array-like of floats.
+        skipna: leave NaN out (pandas' ``mean``) or let it propagate (``np.mean``).
+
+    Returns:
+        The mean; NaN for no value (or a NaN with ``skipna=False``); ``±inf``/NaN as
+        ``np.mean`` gives them when an infinite value is present.
+    """
+    x = np.asarray(values, dtype=np.float64).ravel()
+    if skipna:
+        x = x[~np.isnan(x)]
+    if x.size == 0:
+        return float("nan")
+    if not np.isfinite(x).all():  # NaN or inf: the result is that, whatever the order
+        return float(np.mean(x))
+    return math.fsum(x.tolist()) / x.size
+
+
+def exact_std(values, ddof: int = 1) -> float:
+    """Standard deviation (``ddof`` as in numpy) from :func:`exact_mean`'s order-independent sums.
+
+    Args:
+        values: 1-d array-like of finite floats.
+        ddof: delta degrees of freedom (1: the unbiased estimate of pandas' ``std``).
+
+    Returns:
+        The standard deviation, NaN for at most ``ddof`` values.
+    """
+    x = np.asarray(values, dtype=np.float64).ravel()
+    if x.size <= ddof:
+        return float("nan")
+    m = exact_mean(x)
+    return math.sqrt(math.fsum(((x - m) ** 2).tolist()) / (x.size - ddof))
 
 
 def table1_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
@@ -136,10 +186,10 @@ def table1_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
                 "timm_id": model,
                 "MDC": kept["direct_cos_mean"].max(),
                 "MOC": kept["optimal_cos_mean"].max(),
-                "LCKA": np.mean(kept["linear_cka"].to_numpy()),
-                "KCKA": np.mean(kept["rbf_cka"].to_numpy()),
-                "MDC_mean_over_heads": kept["direct_cos_mean"].mean(),
-                "MOC_mean_over_heads": kept["optimal_cos_mean"].mean(),
+                "LCKA": exact_mean(kept["linear_cka"]),
+                "KCKA": exact_mean(kept["rbf_cka"]),
+                "MDC_mean_over_heads": exact_mean(kept["direct_cos_mean"], skipna=True),
+                "MOC_mean_over_heads": exact_mean(kept["optimal_cos_mean"], skipna=True),
                 "n_images": meta[model]["n_images"],
                 "n_heads": len(df),
                 "n_heads_analysed": len(kept),
@@ -175,14 +225,15 @@ def table4_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
     """
     rows = []
     for model, df in heads.groupby("model", sort=False):
+        df = _head_order(df)
         rows.append(
             {
                 "model": display_name(model),
                 "hf_id": model,
-                "MDC": df["direct_cos_max"].mean(),
-                "MOC": df["optimal_cos_max"].mean(),
-                "LCKA": df["linear_cka"].mean(),
-                "KCKA": df["rbf_cka"].mean(),
+                "MDC": exact_mean(df["direct_cos_max"], skipna=True),
+                "MOC": exact_mean(df["optimal_cos_max"], skipna=True),
+                "LCKA": exact_mean(df["linear_cka"], skipna=True),
+                "KCKA": exact_mean(df["rbf_cka"], skipna=True),
                 "MDC_table1_statistic": df["direct_cos_mean"].max(),
                 "MOC_table1_statistic": df["optimal_cos_mean"].max(),
                 "n_sentences": meta[model]["n_sentences"],
@@ -200,7 +251,7 @@ def table4_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
 
 
 def _stat(values: pd.Series, how: str) -> float:
-    return float(values.max()) if how == "max" else float(values.mean())
+    return float(values.max()) if how == "max" else exact_mean(values)
 
 
 def table_corrected(
@@ -237,11 +288,11 @@ def table_corrected(
                     "column": col,
                     "paper_statistic": f"{how} over heads",
                     "paper_statistic_value": _stat(ok, how),
-                    "mean": float(ok.mean()),
-                    "std": float(ok.std(ddof=1)) if len(ok) > 1 else float("nan"),
+                    "mean": exact_mean(ok),
+                    "std": exact_std(ok, ddof=1),
                     "baseline_paper_statistic_value": _stat(base, how) if len(base) else float("nan"),
-                    "baseline_mean": float(base.mean()) if len(base) else float("nan"),
-                    "baseline_std": float(base.std(ddof=1)) if len(base) > 1 else float("nan"),
+                    "baseline_mean": exact_mean(base),
+                    "baseline_std": exact_std(base, ddof=1),
                     "n_heads": len(df),
                     "n_nonfinite": int(len(vals) - len(ok)),
                     count_key: meta[model][count_key],

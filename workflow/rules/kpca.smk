@@ -16,6 +16,7 @@ rule kpca_heads:
         device=config["device"],
         seed=config["seed"],
         heads_per_chunk=config["kpca"]["heads_per_chunk"],
+        eigh_threads=config["kpca"].get("eigh_threads", "auto"),
     threads: config["kpca"]["threads"]
     resources:
         gpu=1 if config["device"] != "cpu" else 0,

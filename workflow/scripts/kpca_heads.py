@@ -5,15 +5,17 @@ import json
 import torch
 
 from kpca_repro.h5io import atomic_output
-from kpca_repro.records import kpca_records
+from kpca_repro.records import kpca_records, resolve_eigh_threads
 from kpca_repro.smk import setup_logging
 from kpca_repro.vision import resolve_device
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "kpca_heads")
 # One intra-op thread and `threads` worker threads, each on its own chunk of heads: every
-# head's numbers are then the same whatever threads, heads_per_chunk or shards say.
+# head's numbers are then the same whatever threads, heads_per_chunk or shards say. The
+# paper variant's eigh calls alone run with kpca.eigh_threads (the authors' thread count).
 torch.set_num_threads(1)
+eigh_threads = resolve_eigh_threads(smk.params.eigh_threads) if smk.wildcards.variant == "paper" else None
 device = resolve_device(smk.params.device)
 records, meta = kpca_records(
     smk.input.activations,
@@ -24,8 +26,9 @@ records, meta = kpca_records(
     seed=smk.params.seed,
     # on a GPU, eigh of 197 x 197 matrices is faster on the worker threads' CPU cores
     eigh_device="cpu" if device.type == "cuda" else None,
+    eigh_threads=eigh_threads,
 )
-log.info("%d heads, %d dropped, on %s", len(records), int(records["dropped"].sum()), device)
+log.info("%d heads, %d dropped, on %s, eigh on %s threads", len(records), int(records["dropped"].sum()), device, meta["eigh_threads"])
 with atomic_output(smk.output.heads) as tmp:
     records.to_csv(tmp, index=False)
 with atomic_output(smk.output.meta) as tmp:
