@@ -526,6 +526,8 @@ def _token_row_metrics(
     """
     eps = ROW_NORM_EPS if paper else None
     vn, vkn = row_normalize(v, eps), row_normalize(vk, eps)
+    if cache is not None and not prefix:
+        cache["rows"] = (vn, vkn)  # for head_metrics(rows=...): sign draws (kpca_repro.uncertainty)
     direct = direct_cosine(vn, vkn)
     matched = assignment_similarities(vn @ vkn.transpose(-1, -2), valid, nan_to_zero=nan_cost_to_zero)
     if cache is None:
@@ -576,6 +578,7 @@ def head_metrics(
     cka_sqrt_of_product: bool = False,
     eigh_per_matrix: bool | None = None,
     eigh_device: str | torch.device | None = None,
+    rows: dict | None = None,
 ) -> dict[str, np.ndarray]:
     """Every per-head quantity of Table 1 (method.md 2) or its corrected form (method.md 15).
 
@@ -605,6 +608,9 @@ def head_metrics(
             the CPU, so each head's numbers do not depend on the batch; one batched solver
             call on CUDA).
         eigh_device: :func:`eigenpairs`'s ``solver_device`` (default: the inputs' device).
+        rows: if a dict, filled with ``"v"`` and ``"v_kpca"``: the row-normalised ``V`` and
+            ``V_KPCA`` behind the token-row cosines (``(heads, N, d)``, the variant's dtype),
+            for the sign draws of :mod:`kpca_repro.uncertainty`.
 
     Returns:
         Column name -> float64 numpy array of shape ``(heads,)`` (bool for flags). Flags:
@@ -659,6 +665,8 @@ def head_metrics(
             cache=cache,
         )
     )
+    if rows is not None:
+        rows["v"], rows["v_kpca"] = cache["rows"]
     if not paper:
         cols.update(_column_metrics(v, vk, ~dropped))
         if baseline is not None:

@@ -22,6 +22,7 @@ from . import images as img
 from .h5io import ActivationFile, ActivationWriter, atomic_output
 from .kpca import CORRECTED, PAPER, gamma_test, head_metrics, top_eigenvalues
 from .smk import library_versions
+from .uncertainty import SIGN_DRAW_NAMES, head_sign_draws
 from .vision import AttentionRecorder, attention_modules, load_timm_model
 
 __all__ = ["extract_vision", "kpca_records", "TEXT_PAPER_OPTIONS", "baseline_noise", "eigenvalue_records", "gamma_records", "ordered_map", "layer_chunks", "device_stream"]
@@ -249,6 +250,7 @@ def kpca_records(
     progress: bool = True,
     workers: int = 1,
     eigh_device: str | torch.device | None = None,
+    sign_draws: tuple[int, int] | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """Per-head records of one activation file: every (input, layer, head) through KPCA.
 
@@ -265,13 +267,18 @@ def kpca_records(
     intra-op threads fixed (the rule uses 1).
     ``eigh_device`` is passed to :func:`kpca_repro.kpca.head_metrics` (the rule uses
     ``"cpu"`` on CUDA, the faster placement measured on an H100, docs/performance.md).
+    ``sign_draws = (n_direct, n_optimal)`` also draws that many random eigenvector sign
+    patterns per head (seeded by ``seed`` and the head, :func:`kpca_repro.uncertainty.head_sign_draws`;
+    ``direct_cos_max`` draws only for text files, where Table 4 uses them).
 
     Returns:
         ``(records, meta)``: a DataFrame with one row per head (``sample_rank``,
         ``dataset_index``, ``layer``, ``head``, ``n_tokens``, ``head_dim`` and the metric
         columns) in (layer, input, head) order, and the file's metadata (model id, weights
         SHA-256, number of images or sentences; for text, the padding treatment and whether
-        Longformer was read transposed).
+        Longformer was read transposed). With ``sign_draws``, ``meta["sign_draws"]`` holds
+        the draws (name -> float32 ``(heads, R)``, rows as the records): pop it before
+        writing the metadata as JSON.
 
     Raises:
         kpca_repro.h5io.CorruptActivationFileError: the file is unreadable (named).
@@ -309,10 +316,19 @@ def kpca_records(
 
         def work(chunk):
             layer, k, v, ranks, index, head, base = chunk
+            rows = {} if sign_draws else None
             cols = head_metrics(
-                k.to(device), v.to(device), variant, baseline=base.to(device) if base is not None else None, eigh_device=eigh_device, **options
+                k.to(device), v.to(device), variant, baseline=base.to(device) if base is not None else None, eigh_device=eigh_device, rows=rows, **options
             )
-            return pd.DataFrame(
+            draws = None
+            if sign_draws:
+                nan_zero = bool(options.get("nan_cost_to_zero", False))
+                draws = head_sign_draws(
+                    rows["v"], rows["v_kpca"], {"layer": layer, "sample_rank": ranks, "dataset_index": index, "head": head},
+                    seed=seed, n_direct=sign_draws[0], n_optimal=sign_draws[1], token_max=text,
+                    valid=None if nan_zero else torch.from_numpy(~cols["dropped"]), nan_to_zero=nan_zero,
+                )  # fmt: skip
+            return draws, pd.DataFrame(
                 {
                     "sample_rank": ranks,
                     "dataset_index": index,
@@ -326,8 +342,10 @@ def kpca_records(
 
         total = (af.attention_mask.shape[1] if transposed else n_in) * n_heads * len(layer_list)
         with tqdm(total=total, desc=f"kpca {variant} {model_id}", unit="head", disable=not progress, mininterval=5) as bar:
-            for frame in ordered_map(work, chunks(), workers=workers):
+            draw_parts = []
+            for draws, frame in ordered_map(work, chunks(), workers=workers):
                 frames.append(frame)
+                draw_parts.append(draws)
                 bar.update(len(frame))
         meta = {
             "model_id": model_id,
@@ -340,6 +358,8 @@ def kpca_records(
         if text:
             meta["padding"] = "included" if variant == PAPER else "excluded"
             meta["longformer_transposed"] = bool(transposed)
+        if sign_draws:
+            meta["sign_draws"] = {name: np.concatenate([p[name] for p in draw_parts]) for name in SIGN_DRAW_NAMES}
     records = pd.concat(frames, ignore_index=True)
     records.insert(0, "model", model_id)
     records.insert(1, "variant", variant)
