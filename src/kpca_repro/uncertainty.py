@@ -30,10 +30,12 @@ from __future__ import annotations
 import hashlib
 import os
 
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
-from .kpca import assignment_similarities
+import numpy as np
+
+if TYPE_CHECKING:  # torch and the KPCA module load only where sign draws are computed,
+    import torch  # so the table scripts import this module without them
 
 __all__ = [
     "SIGN_DRAW_NAMES",
@@ -92,6 +94,8 @@ def direct_sign_statistics(vn: torch.Tensor, vkn: torch.Tensor, signs: torch.Ten
         ``direct_cos_mean`` = ``m . sigma`` and, if ``token_max``, ``direct_cos_max`` =
         ``max_i (P sigma)_i``; each of shape ``(heads, R)``. NaN where ``P`` has NaN.
     """
+    import torch
+
     p = vn * vkn  # (H, N, d)
     out = {"direct_cos_mean": torch.einsum("hd,hrd->hr", p.mean(-2), signs)}
     if token_max:
@@ -118,6 +122,10 @@ def optimal_sign_statistics(
         ``optimal_cos_mean`` and ``optimal_cos_max`` (mean and max over tokens), each
         ``(heads, R)`` float64 on the CPU.
     """
+    import torch
+
+    from .kpca import assignment_similarities
+
     means, maxes = [], []
     for r in range(signs.shape[1]):
         sim = vn @ (vkn * signs[:, r, None, :]).transpose(-1, -2)
@@ -161,6 +169,8 @@ def head_sign_draws(
         Name in :data:`SIGN_DRAW_NAMES` -> float32 array ``(heads, n_direct)`` or
         ``(heads, n_optimal)``; ``direct_cos_max`` is ``(heads, 0)`` without ``token_max``.
     """
+    import torch
+
     vn64, vkn64 = vn.detach().to("cpu", torch.float64), vkn.detach().to("cpu", torch.float64)
     h, _, d = vn64.shape
     ident = {k: np.broadcast_to(np.asarray(ids[k]), (h,)) for k in ("layer", "sample_rank", "dataset_index", "head")}
