@@ -317,7 +317,7 @@ def pick_draws(draws: np.ndarray, rng: np.random.Generator, n_replicates: int) -
     if r == 0:
         raise ValueError("no sign draws stored for this statistic (uncertainty.sign_draws_* is 0)")
     pick = rng.integers(0, r, size=(n_replicates, h))
-    return np.asarray(draws, dtype=np.float64)[np.arange(h)[None, :], pick]
+    return np.asarray(draws)[np.arange(h)[None, :], pick].astype(np.float64)
 
 
 def replicate_statistics(values: np.ndarray, codes: np.ndarray, n_groups: int, how: str, idx: np.ndarray | None) -> np.ndarray:

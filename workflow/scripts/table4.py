@@ -2,8 +2,8 @@
 
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
-from kpca_repro.uncertainty import read_sign_draws
 from kpca_repro.tables import TEXT_CORRECTED_METRICS, corrected_markdown, read_head_records, table4_paper, table_corrected
+from kpca_repro.uncertainty import read_sign_draws
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "table4")
