@@ -168,8 +168,28 @@ def test_percentile_interval():
 
 def test_sign_draw_files_round_trip(tmp_path):
     draws = {name: np.random.default_rng(0).normal(size=(3, 2 if "optimal" in name else 5)).astype(np.float32) for name in unc.SIGN_DRAW_NAMES}
+    draws[unc.MEAN_VECTOR] = np.ones((3, 4), np.float32)
     for i in range(2):
         unc.write_sign_draws(tmp_path / f"{i}.h5", draws, {"seed": 0})
     assert (tmp_path / "0.h5").read_bytes() == (tmp_path / "1.h5").read_bytes()
-    back = unc.read_sign_draws([tmp_path / "0.h5", tmp_path / "1.h5"])
-    assert np.array_equal(back["direct_cos_mean"], np.concatenate([draws["direct_cos_mean"]] * 2))
+    unc.write_sign_draws(tmp_path / "2.h5", {**draws, unc.MEAN_VECTOR: np.ones((3, 2), np.float32)}, {"seed": 0})
+    back = unc.read_sign_draws([tmp_path / "0.h5", tmp_path / "1.h5", tmp_path / "2.h5"])
+    assert np.array_equal(back["direct_cos_mean"], np.concatenate([draws["direct_cos_mean"]] * 3))
+    assert back[unc.MEAN_VECTOR].shape == (9, 4) and back[unc.MEAN_VECTOR][6:, 2:].sum() == 0  # zero-padded head dimension
+
+
+def test_mean_vector_gives_the_observed_direct_mean_and_exact_fresh_draws():
+    k, v = _heads(n_heads=3, n=10, d=4)
+    cols, vn, vkn = _rows(k, v)
+    ids = {"layer": 0, "sample_rank": np.arange(3), "dataset_index": np.arange(3), "head": 0}
+    draws = unc.head_sign_draws(vn, vkn, ids, seed=0, n_direct=8, n_optimal=0, token_max=False)
+    m = draws[unc.MEAN_VECTOR].astype(np.float64)
+    assert np.allclose(m.sum(1), cols["direct_cos_mean"], atol=1e-6)  # sigma = all +1
+    fresh = unc.fresh_direct_means(m, np.random.default_rng(0), 5000, block=7)
+    # every value is m . sigma for some sigma, and each sign pattern is uniform: mean 0, variance |m|^2
+    assert fresh.shape == (5000, 3)
+    assert np.allclose(fresh.mean(0), 0, atol=4 * np.linalg.norm(m, axis=1) / np.sqrt(5000))
+    assert np.allclose(fresh.var(0), (m**2).sum(1), rtol=0.1)
+    all_patterns = np.array(np.meshgrid(*[[-1.0, 1.0]] * 4)).reshape(4, -1).T @ m.T  # (16, 3)
+    for h in range(3):
+        assert np.isin(np.round(fresh[:, h], 9), np.round(all_patterns[:, h], 9)).all()

@@ -22,7 +22,7 @@ from . import images as img
 from .h5io import ActivationFile, ActivationWriter, atomic_output
 from .kpca import CORRECTED, PAPER, gamma_test, head_metrics, top_eigenvalues
 from .smk import library_versions
-from .uncertainty import SIGN_DRAW_NAMES, head_sign_draws
+from .uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES, head_sign_draws
 from .vision import AttentionRecorder, attention_modules, load_timm_model
 
 __all__ = ["extract_vision", "kpca_records", "TEXT_PAPER_OPTIONS", "baseline_noise", "eigenvalue_records", "gamma_records", "ordered_map", "layer_chunks", "device_stream"]
@@ -359,7 +359,7 @@ def kpca_records(
             meta["padding"] = "included" if variant == PAPER else "excluded"
             meta["longformer_transposed"] = bool(transposed)
         if sign_draws:
-            meta["sign_draws"] = {name: np.concatenate([p[name] for p in draw_parts]) for name in SIGN_DRAW_NAMES}
+            meta["sign_draws"] = {name: np.concatenate([p[name] for p in draw_parts]) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR)}
     records = pd.concat(frames, ignore_index=True)
     records.insert(0, "model", model_id)
     records.insert(1, "variant", variant)

@@ -161,8 +161,16 @@ def similarity_intervals(
     out: dict[str, float] = {}
     for name, col, how in statistics:
         stored = draws.get(col) if draws is not None and name in SIGN_DEPENDENT else None
-        if stored is not None and stored.shape[1] > 0:
-            per_head = stored[rows]
+        mean_vector = draws.get(unc.MEAN_VECTOR) if draws is not None and col == "direct_cos_mean" else None
+        if mean_vector is not None and len(mean_vector) and mean_vector.shape[1] > 0:
+            # token mean of the direct cosine: m . sigma with fresh patterns (exact)
+            m = mean_vector[rows]
+            alone = unc.replicate_statistics(unc.fresh_direct_means(m, rng, idx.shape[0]), codes, n_groups, how, None)
+            out[f"{name}_sign_lower"], out[f"{name}_sign_upper"] = unc.percentile_interval(alone, cfg["sign_coverage"])
+            boot = unc.replicate_statistics(unc.fresh_direct_means(m, rng, idx.shape[0]), codes, n_groups, how, idx)
+        elif stored is not None and stored.shape[1] > 0:
+            # stored draws plus the solver's own value (one more pattern the heads took)
+            per_head = np.column_stack([df[col].to_numpy(np.float64), stored[rows]])
             alone = unc.replicate_statistics(unc.pick_draws(per_head, rng, idx.shape[0]), codes, n_groups, how, None)
             out[f"{name}_sign_lower"], out[f"{name}_sign_upper"] = unc.percentile_interval(alone, cfg["sign_coverage"])
             boot = unc.replicate_statistics(unc.pick_draws(per_head, rng, idx.shape[0]), codes, n_groups, how, idx)

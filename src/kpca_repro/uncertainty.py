@@ -39,6 +39,8 @@ if TYPE_CHECKING:  # torch and the KPCA module load only where sign draws are co
 
 __all__ = [
     "SIGN_DRAW_NAMES",
+    "MEAN_VECTOR",
+    "fresh_direct_means",
     "head_generator",
     "sign_patterns",
     "direct_sign_statistics",
@@ -57,6 +59,9 @@ __all__ = [
 
 #: Per-head sign-draw arrays: direct/optimal cosine, token mean (Table 1) / token max (Table 4).
 SIGN_DRAW_NAMES = ("direct_cos_mean", "direct_cos_max", "optimal_cos_mean", "optimal_cos_max")
+#: Per-head ``m = mean_i P_i`` ``(heads, d)``: the direct token mean under signs ``sigma`` is
+#: ``m . sigma``, so the tables draw fresh patterns from it (exact, no stored-draw tails).
+MEAN_VECTOR = "direct_cos_mean_vector"
 
 
 def head_generator(seed: int, layer: int, sample_rank: int, dataset_index: int, head: int, stream: int) -> np.random.Generator:
@@ -167,7 +172,8 @@ def head_sign_draws(
 
     Returns:
         Name in :data:`SIGN_DRAW_NAMES` -> float32 array ``(heads, n_direct)`` or
-        ``(heads, n_optimal)``; ``direct_cos_max`` is ``(heads, 0)`` without ``token_max``.
+        ``(heads, n_optimal)``; ``direct_cos_max`` is ``(heads, 0)`` without ``token_max``;
+        and :data:`MEAN_VECTOR` -> ``m`` ``(heads, d)`` float32.
     """
     import torch
 
@@ -186,7 +192,9 @@ def head_sign_draws(
     if not token_max:
         direct["direct_cos_max"] = torch.empty((h, 0), dtype=torch.float64)
     optimal = optimal_sign_statistics(vn64, vkn64, patterns(n_optimal, 1), valid, nan_to_zero)
-    return {name: t.numpy().astype(np.float32) for name, t in {**direct, **optimal}.items()}
+    out = {name: t.numpy().astype(np.float32) for name, t in {**direct, **optimal}.items()}
+    out[MEAN_VECTOR] = (vn64 * vkn64).mean(-2).numpy().astype(np.float32)
+    return out
 
 
 def write_sign_draws(path: str | os.PathLike, draws: dict[str, np.ndarray], attrs: dict) -> None:
@@ -198,7 +206,7 @@ def write_sign_draws(path: str | os.PathLike, draws: dict[str, np.ndarray], attr
     import h5py
 
     with h5py.File(path, "w", track_order=False) as f:
-        for name in SIGN_DRAW_NAMES:
+        for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR):
             f.create_dataset(name, data=np.asarray(draws[name], dtype=np.float32), track_times=False)
         for key, value in attrs.items():
             f.attrs[key] = value
@@ -208,19 +216,23 @@ def read_sign_draws(paths: list[str | os.PathLike]) -> dict[str, np.ndarray]:
     """Concatenate the sign draws of several records files, in the given order.
 
     Returns:
-        Name -> float32 array ``(total heads, R)``.
+        Name -> float32 array ``(total heads, R)``; :data:`MEAN_VECTOR` zero-padded to the
+        largest head dimension.
 
     Raises:
         ValueError: the files hold different numbers of draws.
     """
     import h5py
 
-    parts: dict[str, list[np.ndarray]] = {name: [] for name in SIGN_DRAW_NAMES}
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR)}
     for p in paths:
         with h5py.File(p, "r") as f:
-            for name in SIGN_DRAW_NAMES:
+            for name in parts:
                 parts[name].append(f[name][()])
     out = {}
+    # head dimensions differ between models: m is zero-padded (zeros add nothing to m . sigma)
+    width = max((a.shape[1] for a in parts[MEAN_VECTOR]), default=0)
+    parts[MEAN_VECTOR] = [np.pad(a, ((0, 0), (0, width - a.shape[1]))) for a in parts[MEAN_VECTOR]]
     for name, arrays in parts.items():
         widths = {a.shape[1] for a in arrays}
         if len(widths) > 1:
@@ -318,6 +330,25 @@ def pick_draws(draws: np.ndarray, rng: np.random.Generator, n_replicates: int) -
         raise ValueError("no sign draws stored for this statistic (uncertainty.sign_draws_* is 0)")
     pick = rng.integers(0, r, size=(n_replicates, h))
     return np.asarray(draws)[np.arange(h)[None, :], pick].astype(np.float64)
+
+
+def fresh_direct_means(m: np.ndarray, rng: np.random.Generator, n_replicates: int, block: int = 32) -> np.ndarray:
+    """``m_h . sigma`` for a fresh uniform sign pattern per head and replicate (exact).
+
+    Args:
+        m: ``(H, d)`` per-head token means of ``P`` (:data:`MEAN_VECTOR`), NaN for dropped heads.
+        block: replicates generated at a time (memory ``block * H * d`` bytes).
+
+    Returns:
+        ``(n_replicates, H)`` float64.
+    """
+    m = np.asarray(m, dtype=np.float64)
+    out = np.empty((n_replicates, m.shape[0]))
+    for lo in range(0, n_replicates, block):
+        hi = min(lo + block, n_replicates)
+        sigma = rng.integers(0, 2, size=(hi - lo, *m.shape), dtype=np.int8).astype(np.float64) * 2.0 - 1.0
+        out[lo:hi] = np.einsum("bhd,hd->bh", sigma, m)
+    return out
 
 
 def replicate_statistics(values: np.ndarray, codes: np.ndarray, n_groups: int, how: str, idx: np.ndarray | None) -> np.ndarray:

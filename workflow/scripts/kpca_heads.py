@@ -8,7 +8,7 @@ import torch
 from kpca_repro.h5io import atomic_output
 from kpca_repro.records import kpca_records
 from kpca_repro.smk import setup_logging
-from kpca_repro.uncertainty import SIGN_DRAW_NAMES, write_sign_draws
+from kpca_repro.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES, write_sign_draws
 from kpca_repro.vision import resolve_device
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
@@ -29,7 +29,7 @@ records, meta = kpca_records(
     sign_draws=tuple(smk.params.sign_draws) if any(smk.params.sign_draws) else None,
 )
 # per-head sign draws, rows as the records CSV (the corrected variant's signs are fixed: none)
-draws = meta.pop("sign_draws", None) or {name: np.empty((len(records), 0), np.float32) for name in SIGN_DRAW_NAMES}
+draws = meta.pop("sign_draws", None) or {name: np.empty((len(records), 0), np.float32) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR)}
 log.info("%d heads, %d dropped, on %s", len(records), int(records["dropped"].sum()), device)
 with atomic_output(smk.output.heads) as tmp:
     records.to_csv(tmp, index=False)
