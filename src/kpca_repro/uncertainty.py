@@ -343,11 +343,15 @@ def fresh_direct_means(m: np.ndarray, rng: np.random.Generator, n_replicates: in
         ``(n_replicates, H)`` float64.
     """
     m = np.asarray(m, dtype=np.float64)
-    out = np.empty((n_replicates, m.shape[0]))
+    h, d = m.shape
+    out = np.empty((n_replicates, h))
+    total = m.sum(1)
     for lo in range(0, n_replicates, block):
         hi = min(lo + block, n_replicates)
-        sigma = rng.integers(0, 2, size=(hi - lo, *m.shape), dtype=np.int8).astype(np.float64) * 2.0 - 1.0
-        out[lo:hi] = np.einsum("bhd,hd->bh", sigma, m)
+        size = (hi - lo) * h * d
+        # sigma = 2 b - 1 with b uniform bits (8 per random byte): m . sigma = 2 m . b - sum(m)
+        bits = np.unpackbits(rng.integers(0, 256, size=(size + 7) // 8, dtype=np.uint8))[:size].reshape(hi - lo, h, d)
+        out[lo:hi] = 2.0 * np.einsum("bhd,hd->bh", bits, m) - total
     return out
 
 
