@@ -36,31 +36,75 @@ def _write(path, text):
     return path
 
 
+def test_status_uses_the_interval_widened_by_the_published_rounding():
+    assert cmp.status("0.15", 0.124, 0.11, 0.16) == cmp.CONSISTENT
+    assert cmp.status("0.15", 0.124, 0.11, 0.14) == cmp.DIFFERS  # 0.145 > 0.14
+    assert cmp.status("0.15", 0.124, 0.11, 0.145) == cmp.CONSISTENT  # touches the rounding range
+    assert cmp.status("0.15", 0.124, float("nan"), 0.16) == cmp.DIFFERS  # no interval
+    assert cmp.status("0.15", 0.149, 0.0, 0.01) == cmp.WITHIN_ROUNDING  # rounding first
+
+
+def test_not_comparable_reason():
+    sha = "ab" * 32
+    assert cmp.not_comparable_reason("a", {}, {}, sha) is None
+    assert cmp.not_comparable_reason("a", {"a": {}}, {"a": sha.upper()}, sha) is None
+    assert "model_kwargs" in cmp.not_comparable_reason("a", {"a": {"depth": 2}}, {}, sha)
+    assert "checksums.a" in cmp.not_comparable_reason("a", {}, {"a": "cd" * 32}, sha)
+    assert cmp.not_comparable_reason("a", {}, {"a": sha}, None) is None  # nothing recorded (Tables 2-3)
+
+
 def test_comparison_statuses_on_a_small_fixture(tmp_path):
+    """Every status on hand-made published and reproduced tables, and the order of the rows."""
     pub = tmp_path / "published"
     pub.mkdir()
-    _write(pub / "table1_vision_similarity.csv", "model,timm_id,MDC,MOC,LCKA,KCKA\nA,a,0.15,0.31,0.11,0.31\nB,b,0.10,0.30,0.05,0.25\n")
+    _write(pub / "table1_vision_similarity.csv", "model,timm_id,MDC,MOC,LCKA,KCKA\nA,a,0.15,0.31,0.11,0.31\nB,b,0.10,0.30,0.05,0.25\nC,c,0.1,0.3,0.1,0.3\nD,d,0.1,0.3,0.1,0.3\n")
     _write(pub / "table3_eigenvalues_unstandardized.csv", "model,timm_id,max_mean,max_std,min_mean,min_std,mean_mean,mean_std,median_mean,median_std\nA,a,,,34,11,96,15,60,14\n")
-    t1 = _write(tmp_path / "table1.csv", "model,timm_id,MDC,MOC,LCKA,KCKA\nA,a,0.124,0.309,0.107,0.303\n")
+    sha = "ab" * 32
+    t1 = _write(
+        tmp_path / "table1.csv",
+        "model,timm_id,MDC,MOC,LCKA,KCKA,MDC_sign_lower,MDC_sign_upper,MDC_lower,MDC_upper,KCKA_lower,KCKA_upper,weights_sha256\n"
+        f"A,a,0.124,0.309,0.107,0.303,0.09,0.14,0.08,0.16,0.300,0.304,{sha}\n"
+        f"C,c,0.1,0.3,0.1,0.3,,,,,,,{sha}\n"
+        f"D,d,0.1,0.3,0.1,0.3,,,,,,,{sha}\n",
+    )
     t1c = _write(
         tmp_path / "table1_corrected.csv",
         "model,timm_id,column,paper_statistic_value\nA,a,direct_cos_mean,0.12\nA,a,optimal_cos_mean,0.306\nA,a,linear_cka,0.107\nA,a,rbf_cka,0.303\n",
     )
-    t3 = _write(tmp_path / "table3.csv", "model,timm_id,max_mean_raw,max_std_raw,min_mean_raw,min_std_raw,mean_mean_raw,mean_std_raw,median_mean_raw,median_std_raw\nA,a,1104,138,35,10,98,16,,15\n")
-    out = cmp.comparison_table(pub, {"1": (str(t1), str(t1c)), "3": (str(t3), None)}, {"b": "weights unavailable: w/b.safetensors"})
+    t3 = _write(
+        tmp_path / "table3.csv",
+        "model,timm_id,max_mean_raw,max_std_raw,min_mean_raw,min_std_raw,mean_mean_raw,mean_std_raw,median_mean_raw,median_std_raw,min_mean_raw_lower,min_mean_raw_upper,min_std_raw_lower,min_std_raw_upper\n"
+        "A,a,1104,138,35,10,98,16,,15,30,40,9,10.4\n",
+    )
+    out = cmp.comparison_table(
+        pub,
+        {"1": (str(t1), str(t1c)), "3": (str(t3), None)},
+        {"b": "weights unavailable: w/b.safetensors"},
+        model_kwargs={"c": {"depth": 2}},
+        checksums={"d": "cd" * 32, "a": sha},
+    )
     get = lambda table, model, col: out[(out["table"] == table) & (out["model_id"] == model) & (out["column"] == col)].iloc[0]
-    assert get("Table 1", "a", "MDC")["status"] == cmp.DIFFERS
-    assert get("Table 1", "a", "MDC")["difference"] == pytest.approx(0.124 - 0.15)
-    assert get("Table 1", "a", "MOC")["status"] == cmp.MATCH
+    mdc = get("Table 1", "a", "MDC")
+    assert mdc["status"] == cmp.CONSISTENT and (mdc["lower"], mdc["upper"], mdc["sign_lower"], mdc["sign_upper"]) == (0.08, 0.16, 0.09, 0.14)
+    assert mdc["difference"] == pytest.approx(0.124 - 0.15)
+    assert get("Table 1", "a", "MOC")["status"] == cmp.WITHIN_ROUNDING
     assert get("Table 1", "a", "MOC")["corrected"] == pytest.approx(0.306)
-    assert get("Table 1", "a", "KCKA")["status"] == cmp.DIFFERS  # 0.303 vs 0.31
-    assert get("Table 1", "b", "LCKA")["status"] == "not run: weights unavailable: w/b.safetensors"
-    assert get("Table 3", "a", "max_mean")["status"].startswith("not published")
-    assert get("Table 3", "a", "min_mean")["status"] == cmp.DIFFERS  # 35 vs 34: more than half a unit
-    assert get("Table 3", "a", "min_std")["status"] == cmp.DIFFERS  # 10 vs 11
-    assert get("Table 3", "a", "mean_std")["status"] == cmp.DIFFERS  # 16 vs 15
-    assert get("Table 3", "a", "median_mean")["status"] == "reproduced value is not finite"
-    assert len(out) == 2 * 4 + 8  # every published cell has a row
+    assert get("Table 1", "a", "KCKA")["status"] == cmp.DIFFERS  # 0.31 - 0.005 > 0.304
+    assert get("Table 1", "a", "LCKA")["status"] == cmp.WITHIN_ROUNDING
+    b = get("Table 1", "b", "LCKA")
+    assert b["status"] == cmp.NOT_RUN and b["reason"] == "weights unavailable: w/b.safetensors"
+    assert get("Table 1", "c", "MDC")["status"] == cmp.NOT_COMPARABLE and "model_kwargs" in get("Table 1", "c", "MDC")["reason"]
+    assert get("Table 1", "d", "MDC")["status"] == cmp.NOT_COMPARABLE and "checksums.d" in get("Table 1", "d", "KCKA")["reason"]
+    assert get("Table 3", "a", "max_mean")["status"] == cmp.NOT_PUBLISHED
+    assert get("Table 3", "a", "min_mean")["status"] == cmp.CONSISTENT  # 35 vs 34, interval 30-40
+    assert get("Table 3", "a", "min_std")["status"] == cmp.DIFFERS  # 10 vs 11: the interval 9-10.4 misses 10.5-11.5
+    assert get("Table 3", "a", "mean_std")["status"] == cmp.DIFFERS  # 16 vs 15, no interval
+    assert get("Table 3", "a", "mean_std")["reason"] == "no interval in the reproduced table"
+    assert get("Table 3", "a", "median_mean")["status"] == cmp.NOT_COMPARABLE  # not finite
+    assert set(out["status"]) == {cmp.WITHIN_ROUNDING, cmp.CONSISTENT, cmp.DIFFERS, cmp.NOT_COMPARABLE, cmp.NOT_RUN, cmp.NOT_PUBLISHED}
+    assert len(out) == 4 * 4 + 8  # every published cell has a row
+    ranks = out["status"].map(cmp.STATUS_ORDER).to_numpy()
+    assert (ranks[1:] >= ranks[:-1]).all() and ranks[0] == 0  # ran, then not comparable, then not run / not published
     assert out["source"].str.startswith("arXiv:2505.07908 Table ").all()
     md = cmp.comparison_markdown(out)
     assert md.startswith(f"{len(out)} published numbers")

@@ -135,6 +135,39 @@ def test_figure2_from_tiny_models(tiny_run):
         assert (stats["n_kept"] < stats["n_values"]).all() if not suffix else (stats["n_kept"] == stats["n_values"]).all()
 
 
+def test_interval_columns_on_the_tiny_run(tiny_run):
+    """Sign, combined and bootstrap intervals beside the statistics they bound (docs/uncertainty.md)."""
+    work, _, _ = tiny_run
+    table = pd.read_csv(work / "results" / "table1.csv")
+    cols = list(table.columns)
+    assert cols[:6] == ["model", "timm_id", "MDC", "MOC", "LCKA", "KCKA"]
+    intervals = [f"{s}_{b}" for s in ("MDC", "MOC") for b in ("sign_lower", "sign_upper", "lower", "upper")]
+    intervals = intervals[:4] + intervals[4:] + [f"{s}_{b}" for s in ("LCKA", "KCKA") for b in ("lower", "upper")]
+    assert cols[6 : 6 + len(intervals)] == intervals
+    for stat in ("MDC", "MOC", "LCKA", "KCKA"):
+        assert (table[f"{stat}_lower"] <= table[f"{stat}_upper"]).all()
+    for stat in ("MDC", "MOC"):
+        assert (table[f"{stat}_sign_lower"] <= table[f"{stat}_sign_upper"]).all()
+        assert table[[f"{stat}_sign_lower", f"{stat}_sign_upper", f"{stat}_lower", f"{stat}_upper"]].abs().le(1).all().all()
+    # a mean over heads: its bootstrap interval holds the value (up to round-off)
+    for stat in ("LCKA", "KCKA"):
+        assert (table[f"{stat}_lower"] <= table[stat] + 1e-12).all() and (table[stat] <= table[f"{stat}_upper"] + 1e-12).all()
+    assert (table["sign_draws"] > 0).all() and (table["sign_draws_optimal"] > 0).all() and (table["bootstrap_resamples"] >= 10).all()
+    # the stored draws: one row per head record, one file per records file
+    for csv in (work / "results" / "heads" / "paper").rglob("*.csv"):
+        import h5py
+
+        with h5py.File(str(csv).replace(".csv", "_signs.h5")) as f:
+            n = len(pd.read_csv(csv))
+            assert f["direct_cos_mean"].shape == (n, table["sign_draws"].iloc[0]) and f["optimal_cos_mean"].shape[0] == n
+    for name in ("table2", "table3"):
+        spectra = pd.read_csv(work / "results" / f"{name}.csv")
+        for cell in [f"{s}_{m}" for s in ("max", "min", "mean", "median") for m in ("mean", "std")] + ([f"{s}_mean_raw" for s in ("max", "min")] if name == "table3" else []):
+            assert (spectra[f"{cell}_lower"] <= spectra[f"{cell}_upper"]).all(), cell
+            if cell.endswith("_mean") or cell.endswith("_mean_raw"):
+                assert (spectra[f"{cell}_lower"] <= spectra[cell] + 1e-9).all() and (spectra[cell] <= spectra[f"{cell}_upper"] + 1e-9).all()
+
+
 def test_second_run_does_nothing(tiny_run):
     work, cfg, _ = tiny_run
     proc = run_snakemake(work, "-n", *TARGETS, "--configfile", str(cfg))
@@ -149,9 +182,13 @@ def test_comparison_and_report(tiny_run, tmp_path):
     for _, row in comparison[comparison["model_id"].isin(TINY_KWARGS)].iterrows():
         assert row["reproduced"] == pytest.approx(table1.loc[row["model_id"], row["column"]])
         assert row["difference"] == pytest.approx(row["reproduced"] - row["published"])
-        assert row["status"] in ("matches within rounding", "differs")
+        assert (row["lower"], row["upper"]) == pytest.approx((table1.loc[row["model_id"], f"{row['column']}_lower"], table1.loc[row["model_id"], f"{row['column']}_upper"]))
+        # the tiny models are built with vision.model_kwargs: not the published architecture
+        assert row["status"] == "not comparable" and "model_kwargs" in row["reason"]
     large = comparison[comparison["model_id"] == "vit_large_patch16_224"]
-    assert large["status"].str.startswith("not run: not in config vision.models; weights unavailable").all()
+    assert (large["status"] == "not run").all()
+    assert large["reason"].str.startswith("not in config vision.models; weights unavailable").all()
+    assert list(comparison["status"]) == ["not comparable"] * 8 + ["not run"] * 4  # rows that ran first
     assert "<table" in (work / "results" / "html" / "table1.html").read_text()
     report = tmp_path / "report.html"
     run_snakemake(work, *TARGETS, "--configfile", str(cfg), "--report", str(report))

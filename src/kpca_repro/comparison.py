@@ -11,6 +11,11 @@ The published numbers are read from a directory of CSV files (config key
 
 An empty cell is a number the source does not give (unreadable). The number of decimals
 of each published cell sets the rounding used to decide whether the reproduction matches.
+
+Every published number gets one status (docs/uncertainty.md), in this order of the rows:
+:data:`WITHIN_ROUNDING`, :data:`CONSISTENT`, :data:`DIFFERS` (the model ran), then
+:data:`NOT_COMPARABLE`, then :data:`NOT_RUN` and :data:`NOT_PUBLISHED`; the ``reason``
+column says why for the last three.
 """
 
 from __future__ import annotations
@@ -23,11 +28,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .tables import markdown_table
+
 __all__ = [
     "PublishedTable",
     "PUBLISHED_TABLES",
     "MATCH",
+    "WITHIN_ROUNDING",
+    "CONSISTENT",
     "DIFFERS",
+    "NOT_COMPARABLE",
+    "NOT_RUN",
+    "NOT_PUBLISHED",
+    "STATUS_ORDER",
+    "not_comparable_reason",
     "read_published",
     "published_model_ids",
     "not_run_reason",
@@ -38,8 +52,19 @@ __all__ = [
     "comparison_markdown",
 ]
 
-MATCH = "matches within rounding"
-DIFFERS = "differs"
+WITHIN_ROUNDING = "within rounding"
+#: The published value (widened by its rounding) overlaps the reproduced cell's interval.
+CONSISTENT = "consistent with sampling and solver variation"
+DIFFERS = "differs beyond sampling and solver variation"
+#: The model ran, but not as published: built with ``vision.model_kwargs``, weights whose
+#: SHA-256 is not the one in config ``checksums``, or a non-finite reproduced value.
+NOT_COMPARABLE = "not comparable"
+NOT_RUN = "not run"
+NOT_PUBLISHED = "not published"
+#: Former name of :data:`WITHIN_ROUNDING`.
+MATCH = WITHIN_ROUNDING
+#: Row groups, in the order of the comparison table.
+STATUS_ORDER = {WITHIN_ROUNDING: 0, CONSISTENT: 0, DIFFERS: 0, NOT_COMPARABLE: 1, NOT_RUN: 2, NOT_PUBLISHED: 2}
 
 
 @dataclass(frozen=True)
@@ -128,11 +153,16 @@ def decimals(cell: str) -> int:
     return len(cell.split(".", 1)[1]) if "." in cell else 0
 
 
-def status(published: str, reproduced: float) -> str:
-    """``matches within rounding`` when ``reproduced`` rounds to the published cell, else ``differs``.
+def status(published: str, reproduced: float, lower: float = float("nan"), upper: float = float("nan")) -> str:
+    """The statistical status of one published number.
 
-    Rounding tolerance: half a unit of the published cell's last decimal (``|diff| <= 0.005``
-    for ``"0.31"``, ``<= 0.5`` for ``"325"``), plus 1e-9 for binary round-off.
+    * :data:`WITHIN_ROUNDING`: ``|reproduced - published| <=`` half a unit of the published
+      cell's last decimal (``0.005`` for ``"0.31"``, ``0.5`` for ``"325"``) plus 1e-9;
+    * :data:`CONSISTENT`: otherwise, the published value's rounding range
+      ``[published - half unit, published + half unit]`` overlaps the reproduced cell's
+      interval ``[lower, upper]`` (bootstrap over images or sentences, combined with
+      eigenvector-sign draws for MDC and MOC);
+    * :data:`DIFFERS`: otherwise, including when no finite interval is given.
 
     Raises:
         ValueError: ``published`` is empty or ``reproduced`` is not finite (callers give those
@@ -140,8 +170,33 @@ def status(published: str, reproduced: float) -> str:
     """
     if not published.strip() or not math.isfinite(reproduced):
         raise ValueError("status needs a published cell and a finite reproduced value")
-    tolerance = 0.5 * 10.0 ** (-decimals(published)) + 1e-9
-    return MATCH if abs(reproduced - float(published)) <= tolerance else DIFFERS
+    half = 0.5 * 10.0 ** (-decimals(published)) + 1e-9
+    value = float(published)
+    if abs(reproduced - value) <= half:
+        return WITHIN_ROUNDING
+    if math.isfinite(lower) and math.isfinite(upper) and lower - half <= value <= upper + half:
+        return CONSISTENT
+    return DIFFERS
+
+
+def not_comparable_reason(model_id: str, model_kwargs: dict, checksums: dict, weights_sha256: str | None) -> str | None:
+    """Why a model that ran cannot be set beside the paper's number, or None (issue 16 item 4).
+
+    Not comparable when (1) ``model_kwargs[model_id]`` is a non-empty mapping: the model was
+    built with ``vision.model_kwargs`` and is not the published architecture; or (2)
+    ``checksums`` has an entry for the model and the SHA-256 recorded with the reproduced
+    table (``weights_sha256``, copied from the activation file) differs from it. A table
+    without a recorded SHA-256 (Tables 2-3) is not a mismatch: with a ``checksums`` entry the
+    extraction refuses other weights. A model without a ``checksums`` entry is compared
+    (its weights are unverified; Tables 1 and 4 show their SHA-256).
+    """
+    if model_kwargs.get(model_id):
+        return f"built with config vision.model_kwargs {dict(model_kwargs[model_id])}: not the published architecture"
+    expected = checksums.get(model_id)
+    if expected and weights_sha256 and weights_sha256 != "nan":
+        if str(weights_sha256).lower() != str(expected).lower():
+            return f"weights SHA-256 {str(weights_sha256)[:12]}... is not {str(expected)[:12]}... of config checksums.{model_id}"
+    return None
 
 
 def _lookup(frame: pd.DataFrame | None, id_column: str, model_id: str, column: str) -> float:
@@ -149,6 +204,13 @@ def _lookup(frame: pd.DataFrame | None, id_column: str, model_id: str, column: s
         return float("nan")
     hit = frame.loc[frame[id_column] == model_id, column]
     return float(hit.iloc[0]) if len(hit) else float("nan")
+
+
+def _lookup_text(frame: pd.DataFrame | None, id_column: str, model_id: str, column: str) -> str | None:
+    if frame is None or id_column not in frame or column not in frame:
+        return None
+    hit = frame.loc[frame[id_column] == model_id, column]
+    return str(hit.iloc[0]) if len(hit) else None
 
 
 def _lookup_long(frame: pd.DataFrame | None, id_column: str, model_id: str, column: str) -> float:
@@ -165,22 +227,30 @@ def compare_table(
     corrected: pd.DataFrame | None,
     not_run: dict[str, str],
     source: str,
+    model_kwargs: dict | None = None,
+    checksums: dict | None = None,
 ) -> pd.DataFrame:
-    """Rows ``table, model, model_id, column, published, reproduced, corrected, difference, status``.
+    """One row per published cell of one table, with its interval and status.
+
+    Columns: ``table, model, model_id, column, published, reproduced, lower, upper,
+    sign_lower, sign_upper, corrected, difference, status, reason, source``. ``lower`` and
+    ``upper`` are the reproduced table's ``<column>_lower`` / ``<column>_upper`` (bootstrap,
+    combined with the sign draws for MDC and MOC), ``sign_lower`` / ``sign_upper`` its
+    ``<column>_sign_*`` bounds (MDC, MOC); NaN where the table has none.
 
     Args:
         spec: which table and how its columns map.
         published: the published table as text (:func:`read_published`), or None.
         reproduced: the pipeline's paper-variant table (``results/table<N>.csv``), or None.
         corrected: the corrected table (``results/table<N>_corrected.csv``), or None.
-        not_run: model id -> why it was not run (for example ``"weights unavailable: <path>"``);
-            used for models absent from ``reproduced``.
+        not_run: model id -> why it was not run; used for models absent from ``reproduced``.
         source: where the published numbers come from (recorded in every row).
+        model_kwargs, checksums: config ``vision.model_kwargs`` and ``checksums``
+            (:func:`not_comparable_reason`).
 
     Returns:
-        One row per published cell. ``difference`` = reproduced - published. ``status`` is
-        :data:`MATCH`, :data:`DIFFERS`, ``"not run: <reason>"``, ``"not published: ..."`` or
-        ``"reproduced value is not finite"``.
+        ``difference`` = reproduced - published; ``status`` one of the six statuses
+        (module docstring), ``reason`` why for not comparable / not run / not published.
     """
     if published is None:
         return pd.DataFrame()
@@ -188,20 +258,28 @@ def compare_table(
     for _, pub in published.iterrows():
         model_id = pub[spec.id_column]
         ran = reproduced is not None and spec.id_column in reproduced and (reproduced[spec.id_column] == model_id).any()
+        incomparable = not_comparable_reason(model_id, model_kwargs or {}, checksums or {}, _lookup_text(reproduced, spec.id_column, model_id, "weights_sha256")) if ran else None
         for col, rep_col in spec.columns.items():
             cell = pub.get(col, "")
             rep = _lookup(reproduced, spec.id_column, model_id, rep_col)
+            lower, upper = (_lookup(reproduced, spec.id_column, model_id, f"{rep_col}_{b}") for b in ("lower", "upper"))
+            sign_lower, sign_upper = (_lookup(reproduced, spec.id_column, model_id, f"{rep_col}_sign_{b}") for b in ("lower", "upper"))
             cor_col = spec.corrected[col]
             cor = _lookup_long(corrected, spec.id_column, model_id, cor_col)
             pub_value = float(cell) if cell.strip() else float("nan")
+            reason = ""
             if not cell.strip():
-                st = "not published: cell unreadable in the source"
+                st, reason = NOT_PUBLISHED, "cell unreadable in the source"
             elif not ran:
-                st = f"not run: {not_run.get(model_id, 'model not configured')}"
+                st, reason = NOT_RUN, not_run.get(model_id, "model not configured")
+            elif incomparable:
+                st, reason = NOT_COMPARABLE, incomparable
             elif not math.isfinite(rep):
-                st = "reproduced value is not finite"
+                st, reason = NOT_COMPARABLE, "reproduced value is not finite"
             else:
-                st = status(cell, rep)
+                st = status(cell, rep, lower, upper)
+                if st == DIFFERS and not (math.isfinite(lower) and math.isfinite(upper)):
+                    reason = "no interval in the reproduced table"
             rows.append(
                 {
                     "table": f"Table {spec.table}",
@@ -210,19 +288,29 @@ def compare_table(
                     "column": col,
                     "published": pub_value,
                     "reproduced": rep,
+                    "lower": lower,
+                    "upper": upper,
+                    "sign_lower": sign_lower,
+                    "sign_upper": sign_upper,
                     "corrected": cor,
                     "difference": rep - pub_value,
                     "status": st,
+                    "reason": reason,
                     "source": source,
                 }
             )
     return pd.DataFrame(rows)
 
 
+COLUMNS = ["table", "model", "model_id", "column", "published", "reproduced", "lower", "upper", "sign_lower", "sign_upper", "corrected", "difference", "status", "reason", "source"]
+
+
 def comparison_table(
     published_dir: str | os.PathLike | None,
     results: dict[str, tuple[str | None, str | None]],
     not_run: dict[str, str],
+    model_kwargs: dict | None = None,
+    checksums: dict | None = None,
 ) -> pd.DataFrame:
     """The whole comparison: every published number of Tables 1-4 (Issue: reproduction report).
 
@@ -231,10 +319,13 @@ def comparison_table(
         results: table number (``"1"`` .. ``"4"``) -> (paper-variant CSV path or None,
             corrected CSV path or None); a missing or None path counts as "not run".
         not_run: model id -> reason it was not run.
+        model_kwargs, checksums: config ``vision.model_kwargs`` and ``checksums``
+            (:func:`not_comparable_reason`).
 
     Returns:
-        The concatenated rows of :func:`compare_table`; empty (with the columns) when no
-        published table is available.
+        The rows of :func:`compare_table`, those that ran first (by table), then the not
+        comparable ones, then not run / not published (:data:`STATUS_ORDER`, stable); empty
+        (with the columns) when no published table is available.
     """
     frames = []
     for spec in PUBLISHED_TABLES:
@@ -243,10 +334,13 @@ def comparison_table(
         reproduced = pd.read_csv(paper_csv) if paper_csv and os.path.exists(paper_csv) else None
         corrected = pd.read_csv(corrected_csv) if corrected_csv and os.path.exists(corrected_csv) else None
         source = f"arXiv:2505.07908 Table {spec.table} ({Path(published_dir) / spec.file if published_dir else 'not configured'})"
-        frames.append(compare_table(spec, published, reproduced, corrected, not_run, source))
+        frames.append(compare_table(spec, published, reproduced, corrected, not_run, source, model_kwargs, checksums))
     frames = [f for f in frames if len(f)]
-    columns = ["table", "model", "model_id", "column", "published", "reproduced", "corrected", "difference", "status", "source"]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+    if not frames:
+        return pd.DataFrame(columns=COLUMNS)
+    out = pd.concat(frames, ignore_index=True)
+    order = np.argsort(out["status"].map(STATUS_ORDER).to_numpy(), kind="stable")
+    return out.iloc[order].reset_index(drop=True)
 
 
 def comparison_markdown(table: pd.DataFrame) -> str:
@@ -254,8 +348,9 @@ def comparison_markdown(table: pd.DataFrame) -> str:
     if not len(table):
         return "No published tables were available (config key comparison.published_tables).\n"
     shown = table.drop(columns=["source"]).copy()
-    for col in ("published", "reproduced", "corrected", "difference"):
-        shown[col] = [("" if not np.isfinite(x) else f"{x:.3f}" if abs(x) < 10 else f"{x:.1f}") for x in shown[col]]
-    counts = table["status"].str.replace(r":.*", "", regex=True).value_counts()
+    for col in ("published", "reproduced", "lower", "upper", "sign_lower", "sign_upper", "corrected", "difference"):
+        if col in shown:
+            shown[col] = [("" if not np.isfinite(x) else f"{x:.3f}" if abs(x) < 10 else f"{x:.1f}") for x in shown[col]]
+    counts = table["status"].value_counts(sort=False)
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
-    return f"{len(table)} published numbers: {summary}.\n\n" + shown.to_markdown(index=False) + "\n"
+    return f"{len(table)} published numbers: {summary}.\n\n" + markdown_table(shown)

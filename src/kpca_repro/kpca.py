@@ -577,6 +577,8 @@ def _token_row_metrics(
     """
     eps = ROW_NORM_EPS if paper else None
     vn, vkn = row_normalize(v, eps), row_normalize(vk, eps)
+    if cache is not None and not prefix:
+        cache["rows"] = (vn, vkn)  # for head_metrics(rows=...): sign draws (kpca_repro.uncertainty)
     direct = direct_cosine(vn, vkn)
     matched = assignment_similarities(vn @ vkn.transpose(-1, -2), valid, nan_to_zero=nan_cost_to_zero)
     if cache is None:
@@ -628,6 +630,7 @@ def head_metrics(
     eigh_per_matrix: bool | None = None,
     eigh_device: str | torch.device | None = None,
     eigh_threads: int | None = None,
+    rows: dict | None = None,
 ) -> dict[str, np.ndarray]:
     """Every per-head quantity of Table 1 (method.md 2) or its corrected form (method.md 15).
 
@@ -661,6 +664,9 @@ def head_metrics(
             ``eigh`` call (default: the caller's). Every other operation runs with the
             caller's threads; its results do not depend on the thread count here (the
             centered Gram matrices are bit-identical with 1 and 2 threads, docs/fidelity.md).
+        rows: if a dict, filled with ``"v"`` and ``"v_kpca"``: the row-normalised ``V`` and
+            ``V_KPCA`` behind the token-row cosines (``(heads, N, d)``, the variant's dtype),
+            for the sign draws of :mod:`kpca_repro.uncertainty`.
 
     Returns:
         Column name -> float64 numpy array of shape ``(heads,)`` (bool for flags). Flags:
@@ -715,6 +721,8 @@ def head_metrics(
             cache=cache,
         )
     )
+    if rows is not None:
+        rows["v"], rows["v_kpca"] = cache["rows"]
     if not paper:
         cols.update(_column_metrics(v, vk, ~dropped))
         if baseline is not None:

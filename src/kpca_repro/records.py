@@ -26,6 +26,7 @@ from .h5io import ActivationFile, ActivationWriter, atomic_output
 from .kpca import CORRECTED, PAPER, gamma_test, head_metrics, top_eigenvalues
 from .smk import library_versions
 from .capture import INVARIANT_RTOL, check_attention_invariant
+from .uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES, head_sign_draws
 from .vision import CaptureRecorder, UnsupportedArchitectureError, attention_scale, capture_plan, load_timm_model
 
 __all__ = ["extract_vision", "kpca_records", "torch_default_threads", "resolve_eigh_threads", "pin_intra_op_threads", "TEXT_PAPER_OPTIONS", "baseline_noise", "eigenvalue_records", "gamma_records", "ordered_map", "layer_chunks", "device_stream"]
@@ -363,6 +364,7 @@ def kpca_records(
     workers: int = 1,
     eigh_device: str | torch.device | None = None,
     eigh_threads: int | None = None,
+    sign_draws: tuple[int, int] | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """Per-head records of one activation file: every (input, layer, head) through KPCA.
 
@@ -387,13 +389,18 @@ def kpca_records(
     head's eigenvectors are those of the authors' per-head loop on the same machine
     (docs/fidelity.md). Each head's numbers then depend on ``eigh_threads`` and on nothing
     of ``workers``, chunking or sharding.
+    ``sign_draws = (n_direct, n_optimal)`` also draws that many random eigenvector sign
+    patterns per head (seeded by ``seed`` and the head, :func:`kpca_repro.uncertainty.head_sign_draws`;
+    ``direct_cos_max`` draws only for text files, where Table 4 uses them).
 
     Returns:
         ``(records, meta)``: a DataFrame with one row per head (``sample_rank``,
         ``dataset_index``, ``layer``, ``head``, ``n_tokens``, ``head_dim`` and the metric
         columns) in (layer, input, head) order, and the file's metadata (model id, weights
         SHA-256, number of images or sentences; for text, the padding treatment and whether
-        Longformer was read transposed).
+        Longformer was read transposed). With ``sign_draws``, ``meta["sign_draws"]`` holds
+        the draws (name -> float32 ``(heads, R)``, rows as the records): pop it before
+        writing the metadata as JSON.
 
     Raises:
         kpca_repro.h5io.CorruptActivationFileError: the file is unreadable (named).
@@ -434,6 +441,7 @@ def kpca_records(
 
         def work(chunk):
             layer, k, v, ranks, index, head, base = chunk
+            rows = {} if sign_draws else None
             cols = head_metrics(
                 k.to(device),
                 v.to(device),
@@ -441,9 +449,18 @@ def kpca_records(
                 baseline=base.to(device) if base is not None else None,
                 eigh_device=eigh_device,
                 eigh_threads=solver_threads,
+                rows=rows,
                 **options,
             )
-            return pd.DataFrame(
+            draws = None
+            if sign_draws:
+                nan_zero = bool(options.get("nan_cost_to_zero", False))
+                draws = head_sign_draws(
+                    rows["v"], rows["v_kpca"], {"layer": layer, "sample_rank": ranks, "dataset_index": index, "head": head},
+                    seed=seed, n_direct=sign_draws[0], n_optimal=sign_draws[1], token_max=text,
+                    valid=None if nan_zero else torch.from_numpy(~cols["dropped"]), nan_to_zero=nan_zero,
+                )  # fmt: skip
+            return draws, pd.DataFrame(
                 {
                     "sample_rank": ranks,
                     "dataset_index": index,
@@ -457,8 +474,10 @@ def kpca_records(
 
         total = (af.attention_mask.shape[1] if transposed else n_in) * n_heads * len(layer_list)
         with tqdm(total=total, desc=f"kpca {variant} {model_id}", unit="head", disable=not progress, mininterval=5) as bar:
-            for frame in ordered_map(work, chunks(), workers=workers):
+            draw_parts = []
+            for draws, frame in ordered_map(work, chunks(), workers=workers):
                 frames.append(frame)
+                draw_parts.append(draws)
                 bar.update(len(frame))
         meta = {
             "model_id": model_id,
@@ -472,6 +491,8 @@ def kpca_records(
         if text:
             meta["padding"] = "included" if variant == PAPER else "excluded"
             meta["longformer_transposed"] = bool(transposed)
+        if sign_draws:
+            meta["sign_draws"] = {name: np.concatenate([p[name] for p in draw_parts]) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR)}
     records = pd.concat(frames, ignore_index=True)
     records.insert(0, "model", model_id)
     records.insert(1, "variant", variant)

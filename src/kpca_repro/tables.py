@@ -7,6 +7,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from . import uncertainty as unc
+
 __all__ = [
     "read_head_records",
     "exact_mean",
@@ -23,7 +25,13 @@ __all__ = [
     "spectrum_statistics",
     "eigenvalue_array",
     "table_spectra",
+    "UNCERTAINTY_DEFAULTS",
+    "similarity_intervals",
+    "spectrum_intervals",
 ]
+
+#: Uncertainty settings (config key ``uncertainty`` plus ``seed``; docs/uncertainty.md).
+UNCERTAINTY_DEFAULTS = {"seed": 0, "bootstrap": 1000, "coverage": 0.95, "sign_coverage": 0.9}
 
 #: Short names used in the paper's tables.
 MODEL_NAMES = {
@@ -159,7 +167,88 @@ def exact_std(values, ddof: int = 1) -> float:
     return math.sqrt(math.fsum(((x - m) ** 2).tolist()) / (x.size - ddof))
 
 
-def table1_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
+#: (table column, per-head column, statistic over heads) of Table 1 (method.md 2).
+TABLE1_STATISTICS = (("MDC", "direct_cos_mean", "max"), ("MOC", "optimal_cos_mean", "max"), ("LCKA", "linear_cka", "mean"), ("KCKA", "rbf_cka", "mean"))
+#: The same for Table 4 (method.md 3): NaN-skipping means over heads.
+TABLE4_STATISTICS = (("MDC", "direct_cos_max", "nanmean"), ("MOC", "optimal_cos_max", "nanmean"), ("LCKA", "linear_cka", "nanmean"), ("KCKA", "rbf_cka", "nanmean"))
+#: Statistics that depend on the eigenvector signs (they get a sign interval).
+SIGN_DEPENDENT = ("MDC", "MOC")
+
+
+def similarity_intervals(
+    df: pd.DataFrame, statistics: tuple, draws: dict[str, np.ndarray] | None, settings: dict, tag: str, model: str
+) -> dict[str, float]:
+    """Sign and bootstrap intervals of one row of Table 1 or Table 4 (docs/uncertainty.md).
+
+    Resampling units are the images (``sample_rank``; sentences for Table 4). For each
+    statistic ``S`` of ``statistics``:
+
+    * ``S_sign_lower``, ``S_sign_upper`` (MDC, MOC): central ``sign_coverage`` interval of
+      the table statistic when every head takes one of its stored sign draws, independently
+      (all images, no resampling);
+    * ``S_lower``, ``S_upper``: central ``coverage`` percentile-bootstrap interval over the
+      images; for MDC and MOC every replicate also takes one sign draw per head, so the
+      interval combines sampling and sign variation. Without stored draws (``draws`` None
+      or zero-width) MDC and MOC get the bootstrap of the observed values and NaN sign
+      bounds.
+
+    Args:
+        df: the heads the table aggregates (rows in :func:`_head_order`), whose index labels
+            are the rows of ``draws``.
+        statistics: (table column, per-head column, ``"max" | "mean" | "nanmean"``) triples.
+        draws: per-head sign draws (:func:`kpca_repro.uncertainty.read_sign_draws`).
+        settings: ``seed``, ``bootstrap``, ``coverage``, ``sign_coverage``.
+        tag, model: with ``seed``, the bootstrap generator's seed (independent of sharding:
+            the heads are in a canonical order and the images coded in sorted order).
+
+    Returns:
+        Column name -> bound.
+    """
+    cfg = {**UNCERTAINTY_DEFAULTS, **settings}
+    rng = np.random.default_rng(unc.stable_seed(cfg["seed"], tag, model))
+    codes, n_groups = unc.group_codes(df["sample_rank"].to_numpy())
+    idx = unc.bootstrap_indices(rng, n_groups, int(cfg["bootstrap"]))
+    rows = df.index.to_numpy()
+    out: dict[str, float] = {}
+    for name, col, how in statistics:
+        stored = draws.get(col) if draws is not None and name in SIGN_DEPENDENT else None
+        mean_vector = draws.get(unc.MEAN_VECTOR) if draws is not None and col == "direct_cos_mean" else None
+        if mean_vector is not None and len(mean_vector) and mean_vector.shape[1] > 0:
+            # token mean of the direct cosine: m . sigma with fresh patterns (exact)
+            m = mean_vector[rows]
+            alone = unc.replicate_statistics(unc.fresh_direct_means(m, rng, idx.shape[0]), codes, n_groups, how, None)
+            out[f"{name}_sign_lower"], out[f"{name}_sign_upper"] = unc.percentile_interval(alone, cfg["sign_coverage"])
+            boot = unc.replicate_statistics(unc.fresh_direct_means(m, rng, idx.shape[0]), codes, n_groups, how, idx)
+        elif stored is not None and stored.shape[1] > 0:
+            # stored draws plus the solver's own value (one more pattern the heads took)
+            per_head = np.column_stack([df[col].to_numpy(np.float64), stored[rows]])
+            alone = unc.replicate_statistics(unc.pick_draws(per_head, rng, idx.shape[0]), codes, n_groups, how, None)
+            out[f"{name}_sign_lower"], out[f"{name}_sign_upper"] = unc.percentile_interval(alone, cfg["sign_coverage"])
+            boot = unc.replicate_statistics(unc.pick_draws(per_head, rng, idx.shape[0]), codes, n_groups, how, idx)
+        else:
+            if name in SIGN_DEPENDENT:
+                out[f"{name}_sign_lower"] = out[f"{name}_sign_upper"] = float("nan")
+            boot = unc.replicate_statistics(df[col].to_numpy(np.float64)[None, :], codes, n_groups, how, idx)
+        out[f"{name}_lower"], out[f"{name}_upper"] = unc.percentile_interval(boot, cfg["coverage"])
+    return out
+
+
+def _with_intervals(row: dict, intervals: dict[str, float], settings: dict, draws: dict | None) -> dict:
+    """``row`` with the interval columns after KCKA and the settings at the end."""
+    keys = list(row)
+    at = keys.index("KCKA") + 1
+    cfg = {**UNCERTAINTY_DEFAULTS, **settings}
+    tail = {
+        "bootstrap_resamples": int(cfg["bootstrap"]),
+        "coverage": float(cfg["coverage"]),
+        "sign_coverage": float(cfg["sign_coverage"]),
+        "sign_draws": int(draws["direct_cos_mean"].shape[1]) if draws is not None else 0,
+        "sign_draws_optimal": int(draws["optimal_cos_mean"].shape[1]) if draws is not None else 0,
+    }
+    return {**{k: row[k] for k in keys[:at]}, **intervals, **{k: row[k] for k in keys[at:]}, **tail}
+
+
+def table1_paper(heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np.ndarray] | None = None, uncertainty: dict | None = None) -> pd.DataFrame:
     """Table 1 with the reference's aggregation (method.md Section 2).
 
     Over the heads the reference keeps (``dropped`` False): MDC = max of the per-head mean
@@ -172,6 +261,10 @@ def table1_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
     Args:
         heads: per-head records of the paper variant with a ``model`` column.
         meta: model id -> metadata (``weights_sha256``, ``n_images``).
+        draws: per-head sign draws, rows as ``heads`` (:func:`kpca_repro.uncertainty.read_sign_draws`).
+        uncertainty: with it (``seed``, ``bootstrap``, ``coverage``, ``sign_coverage``), the
+            interval columns of :func:`similarity_intervals` after KCKA (over the kept heads)
+            and the settings at the end; without it, no interval columns.
 
     Returns:
         One row per model, in the order of first appearance in ``heads``.
@@ -180,6 +273,8 @@ def table1_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
     for model, df in heads.groupby("model", sort=False):
         df = _head_order(df)
         kept = df[~df["dropped"].astype(bool)]
+        if uncertainty is not None:
+            intervals = similarity_intervals(kept, TABLE1_STATISTICS, draws, uncertainty, "table1", model)
         rows.append(
             {
                 "model": display_name(model),
@@ -203,10 +298,12 @@ def table1_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
                 "weights_sha256": meta[model]["weights_sha256"],
             }
         )
+        if uncertainty is not None:
+            rows[-1] = _with_intervals(rows[-1], intervals, uncertainty, draws)
     return pd.DataFrame(rows)
 
 
-def table4_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
+def table4_paper(heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np.ndarray] | None = None, uncertainty: dict | None = None) -> pd.DataFrame:
     """Table 4 with the language-model reference's aggregation (method.md 3).
 
     ``df.mean(numeric_only=True)`` over all head rows, NaN-skipping per column: MDC = mean
@@ -219,6 +316,8 @@ def table4_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
     Args:
         heads: per-head records of the paper variant with a ``model`` column.
         meta: HF id -> metadata (``weights_sha256``, ``n_sentences``, ``longformer_transposed``).
+        draws, uncertainty: as :func:`table1_paper`; the resampling units are the sentences
+            (for Longformer's transposed reading, the positions that stand in for them).
 
     Returns:
         One row per model, in the order of first appearance in ``heads``.
@@ -226,6 +325,8 @@ def table4_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
     rows = []
     for model, df in heads.groupby("model", sort=False):
         df = _head_order(df)
+        if uncertainty is not None:
+            intervals = similarity_intervals(df, TABLE4_STATISTICS, draws, uncertainty, "table4", model)
         rows.append(
             {
                 "model": display_name(model),
@@ -247,6 +348,8 @@ def table4_paper(heads: pd.DataFrame, meta: dict[str, dict]) -> pd.DataFrame:
                 "weights_sha256": meta[model]["weights_sha256"],
             }
         )
+        if uncertainty is not None:
+            rows[-1] = _with_intervals(rows[-1], intervals, uncertainty, draws)
     return pd.DataFrame(rows)
 
 
@@ -350,14 +453,8 @@ def spectrum_statistics(eigenvalues: np.ndarray) -> dict[str, float]:
         ``{"max_mean": .., "max_std": .., ..., "median_std": ..}`` (x 1e6), plus
         ``n_images``, ``n_heads`` and ``n_nonfinite_heads``.
     """
-    per_image = eigenvalues.mean(axis=1)  # (images, R)
-    r = per_image.shape[1]
-    stats = {
-        "max": per_image.max(axis=1),
-        "min": per_image.min(axis=1),
-        "mean": per_image.mean(axis=1),
-        "median": np.sort(per_image, axis=1)[:, (r - 1) // 2],
-    }
+    stats = _per_image_spectrum(eigenvalues)
+    r = eigenvalues.shape[2]
     out: dict[str, float] = {}
     for name in SPECTRUM_STATS:
         out[f"{name}_mean"] = float(stats[name].mean() * 1e6)
@@ -369,6 +466,45 @@ def spectrum_statistics(eigenvalues: np.ndarray) -> dict[str, float]:
     return out
 
 
+def _per_image_spectrum(eigenvalues: np.ndarray) -> dict[str, np.ndarray]:
+    """Per image ``(images,)``: max, min, mean and lower median of the rank-wise mean over heads."""
+    per_image = eigenvalues.mean(axis=1)  # (images, R)
+    r = per_image.shape[1]
+    return {
+        "max": per_image.max(axis=1),
+        "min": per_image.min(axis=1),
+        "mean": per_image.mean(axis=1),
+        "median": np.sort(per_image, axis=1)[:, (r - 1) // 2],
+    }
+
+
+def spectrum_intervals(eigenvalues: np.ndarray, settings: dict, model: str, keys: str) -> dict[str, float]:
+    """Percentile-bootstrap intervals over images of every Table 2/3 cell (x 1e-6).
+
+    Each replicate resamples the images with replacement and recomputes the mean and the
+    standard deviation (ddof 1) over images of each per-image statistic. The generator is
+    seeded by (``seed``, ``"spectra"``, model, keys), so Table 2 and Table 3 give the
+    standardized columns the same intervals.
+
+    Args:
+        eigenvalues: ``(images, layers * heads, R)`` (:func:`eigenvalue_array`).
+        settings: ``seed``, ``bootstrap``, ``coverage``.
+
+    Returns:
+        ``{"max_mean_lower": .., "max_mean_upper": .., "max_std_lower": .., ...}``.
+    """
+    cfg = {**UNCERTAINTY_DEFAULTS, **settings}
+    stats = _per_image_spectrum(eigenvalues)
+    n = eigenvalues.shape[0]
+    idx = unc.bootstrap_indices(np.random.default_rng(unc.stable_seed(cfg["seed"], "spectra", model, keys)), n, int(cfg["bootstrap"]))
+    out: dict[str, float] = {}
+    for name in SPECTRUM_STATS:
+        sample = stats[name][idx] * 1e6  # (B, images)
+        for what, values in (("mean", sample.mean(axis=1)), ("std", sample.std(axis=1, ddof=1) if n > 1 else np.full(len(sample), np.nan))):
+            out[f"{name}_{what}_lower"], out[f"{name}_{what}_upper"] = unc.percentile_interval(values, cfg["coverage"])
+    return out
+
+
 def eigenvalue_array(records: pd.DataFrame) -> np.ndarray:
     """``(images, layers * heads, R)`` array from per-head eigenvalue records (``lambda_*`` columns)."""
     cols = [c for c in records.columns if c.startswith("lambda_")]
@@ -377,7 +513,7 @@ def eigenvalue_array(records: pd.DataFrame) -> np.ndarray:
     return ordered[cols].to_numpy(dtype=np.float64).reshape(n_img, -1, len(cols))
 
 
-def table_spectra(records: dict[tuple[str, str], pd.DataFrame]) -> pd.DataFrame:
+def table_spectra(records: dict[tuple[str, str], pd.DataFrame], uncertainty: dict | None = None) -> pd.DataFrame:
     """Table 2 (``keys == "standardized"``) or Table 3 rows from per-head eigenvalue records.
 
     Args:
@@ -386,7 +522,10 @@ def table_spectra(records: dict[tuple[str, str], pd.DataFrame]) -> pd.DataFrame:
     Returns:
         One row per model. With both key treatments present (Table 3): the standardized
         statistics, the unstandardized ones (suffix ``_raw``) and the percentage change
-        ``(raw / standardized - 1) * 100`` per statistic.
+        ``(raw / standardized - 1) * 100`` per statistic. With ``uncertainty`` (``seed``,
+        ``bootstrap``, ``coverage``), then the bootstrap bounds of every mean and std cell
+        (:func:`spectrum_intervals`): ``<cell>_lower``, ``<cell>_upper`` (``max_mean_lower``,
+        ``max_mean_raw_lower``, ...).
     """
     models = list(dict.fromkeys(m for m, _ in records))
     rows = []
@@ -401,5 +540,12 @@ def table_spectra(records: dict[tuple[str, str], pd.DataFrame]) -> pd.DataFrame:
         if std and raw:
             for name in SPECTRUM_STATS:
                 row[f"{name}_change_pct"] = (raw[f"{name}_mean"] / std[f"{name}_mean"] - 1) * 100
+        if uncertainty is not None:
+            for keys, suffix in (("standardized", ""), ("raw", "_raw")):
+                if (model, keys) in records:
+                    bounds = spectrum_intervals(eigenvalue_array(records[(model, keys)]), uncertainty, model, keys)
+                    row.update({k.replace("_lower", f"{suffix}_lower").replace("_upper", f"{suffix}_upper"): v for k, v in bounds.items()})
+            row["bootstrap_resamples"] = int({**UNCERTAINTY_DEFAULTS, **uncertainty}["bootstrap"])
+            row["coverage"] = float({**UNCERTAINTY_DEFAULTS, **uncertainty}["coverage"])
         rows.append(row)
     return pd.DataFrame(rows)

@@ -10,6 +10,7 @@ rule kpca_heads:
     output:
         heads="results/heads/{variant}/{model}/{stem}.csv",
         meta="results/heads/{variant}/{model}/{stem}.json",
+        signs="results/heads/{variant}/{model}/{stem}_signs.h5",
     wildcard_constraints:
         stem=r"(vision_\d+|text_(\d+|sentences))_\d+of\d+",
     params:
@@ -17,6 +18,8 @@ rule kpca_heads:
         seed=config["seed"],
         heads_per_chunk=config["kpca"]["heads_per_chunk"],
         eigh_threads=config["kpca"].get("eigh_threads", "auto"),
+        # eigenvector-sign draws per head (paper variant only; docs/uncertainty.md)
+        sign_draws=lambda wc: (config["uncertainty"]["sign_draws"], config["uncertainty"]["sign_draws_optimal"]) if wc.variant == "paper" else (0, 0),
     threads: config["kpca"]["threads"]
     resources:
         gpu=1 if config["device"] != "cpu" else 0,

@@ -20,6 +20,9 @@ rule paper_comparison:
         vision_models=VISION["models"],
         text_models=TEXT["models"],
         weights_dir=f"{RESOURCES}/weights/timm",
+        # "not comparable": built with model_kwargs, or weights without the configured SHA-256
+        model_kwargs=VISION["model_kwargs"],
+        checksums=config["checksums"],
     log:
         "logs/paper_comparison/paper_comparison.log",
     benchmark:

@@ -43,6 +43,7 @@ rule table_spectra:
         suffix="|_corrected",
     params:
         variant=lambda wc: "corrected" if wc.suffix else "paper",
+        uncertainty={"seed": config["seed"], **config["uncertainty"]},
     log:
         "logs/table_spectra/table{table}{suffix}.log",
     benchmark:

@@ -6,12 +6,14 @@ rule table1:
     input:
         heads=lambda wc: [f for m in VISION["models"] for f in heads_files("paper", m)],
         meta=lambda wc: [f for m in VISION["models"] for f in heads_files("paper", m, "json")],
+        signs=lambda wc: [f.replace(".csv", "_signs.h5") for m in VISION["models"] for f in heads_files("paper", m)],
         code=LIB_TABLES,
     output:
         csv="results/table1.csv",
         md="results/table1.md",
     params:
         variant="paper",
+        uncertainty={"seed": config["seed"], **config["uncertainty"]},
     log:
         "logs/table1/paper.log",
     benchmark:
@@ -51,12 +53,14 @@ rule table4:
     input:
         heads=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "csv", "paper")],
         meta=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "json", "paper")],
+        signs=lambda wc: [f.replace(".csv", "_signs.h5") for m in TEXT["models"] for f in text_stage_files(m, "csv", "paper")],
         code=LIB_TABLES,
     output:
         csv="results/table4.csv",
         md="results/table4.md",
     params:
         variant="paper",
+        uncertainty={"seed": config["seed"], **config["uncertainty"]},
     log:
         "logs/table4/paper.log",
     benchmark:

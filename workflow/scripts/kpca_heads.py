@@ -2,11 +2,13 @@
 
 import json
 
+import numpy as np
 import torch
 
 from kpca_repro.h5io import atomic_output
 from kpca_repro.records import kpca_records, resolve_eigh_threads
 from kpca_repro.smk import setup_logging
+from kpca_repro.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES, write_sign_draws
 from kpca_repro.vision import resolve_device
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
@@ -27,9 +29,14 @@ records, meta = kpca_records(
     # on a GPU, eigh of 197 x 197 matrices is faster on the worker threads' CPU cores
     eigh_device="cpu" if device.type == "cuda" else None,
     eigh_threads=eigh_threads,
+    sign_draws=tuple(smk.params.sign_draws) if any(smk.params.sign_draws) else None,
 )
+# per-head sign draws, rows as the records CSV (the corrected variant's signs are fixed: none)
+draws = meta.pop("sign_draws", None) or {name: np.empty((len(records), 0), np.float32) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR)}
 log.info("%d heads, %d dropped, on %s, eigh on %s threads", len(records), int(records["dropped"].sum()), device, meta["eigh_threads"])
 with atomic_output(smk.output.heads) as tmp:
     records.to_csv(tmp, index=False)
+with atomic_output(smk.output.signs) as tmp:
+    write_sign_draws(tmp, draws, {"seed": smk.params.seed, "n_heads": len(records), "variant": smk.wildcards.variant})
 with atomic_output(smk.output.meta) as tmp:
     tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")

@@ -14,7 +14,13 @@ not_run = {
     m: not_run_reason(m, kind, configured.get(kind, []), weights[kind](m) if kind in weights else None)
     for m, kind in published_model_ids(smk.params.published).items()
 }
-table = comparison_table(smk.params.published, {k: tuple(v) for k, v in smk.params.tables.items()}, not_run)
+table = comparison_table(
+    smk.params.published,
+    {k: tuple(v) for k, v in smk.params.tables.items()},
+    not_run,
+    model_kwargs=dict(smk.params.model_kwargs),
+    checksums=dict(smk.params.checksums),
+)
 log.info("%d published numbers compared: %s", len(table), table["status"].value_counts().to_dict() if len(table) else {})
 with atomic_output(smk.output.csv) as tmp:
     table.to_csv(tmp, index=False)

@@ -3,12 +3,14 @@
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
 from kpca_repro.tables import TEXT_CORRECTED_METRICS, corrected_markdown, markdown_table, read_head_records, table4_paper, table_corrected
+from kpca_repro.uncertainty import read_sign_draws
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "table4")
 heads, meta = read_head_records(smk.input.heads, smk.input.meta, "n_sentences", keep=("longformer_transposed",))
 if smk.params.variant == "paper":
-    table = table4_paper(heads, meta)
+    # sign and bootstrap intervals (docs/uncertainty.md); the draws' rows follow the records files
+    table = table4_paper(heads, meta, read_sign_draws(smk.input.signs), dict(smk.params.uncertainty))
     markdown = markdown_table(table.drop(columns=["weights_sha256"]), floatfmt=".3f")
 else:
     table = table_corrected(heads, meta, TEXT_CORRECTED_METRICS, id_column="hf_id", count_key="n_sentences")

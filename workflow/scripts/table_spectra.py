@@ -13,7 +13,7 @@ for f in smk.input.records:
     df = pd.read_csv(f)
     key = (df["model"].iloc[0], df["keys"].iloc[0])
     frames[key] = pd.concat([frames[key], df]) if key in frames else df
-table = table_spectra(frames)
+table = table_spectra(frames, dict(smk.params.uncertainty))  # with bootstrap intervals (docs/uncertainty.md)
 table.insert(2, "variant", smk.params.variant)
 with atomic_output(smk.output.csv) as tmp:
     table.to_csv(tmp, index=False)
