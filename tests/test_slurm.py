@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_snakemake
+from conftest import REPO, TINY_KWARGS, run_snakemake
 from test_workflow import _write_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
@@ -78,10 +78,19 @@ def _jobs(exclude: frozenset[str] = frozenset()) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def runs(cluster, tiny_resources, tmp_path_factory):
+def tiny_config(tiny_resources) -> dict:
+    """One tiny random ViT, 4 photographs in 2 shards, Tables 2-3 on the same 4 images: 10 SLURM jobs
+    (2 extractions + 1 for Figure 3's image, 2 KPCA, 4 eigenvalue, 1 gamma)."""
+    model = "vit_tiny_patch16_224"
+    return {"resources_dir": str(tiny_resources), "device": "cpu", "vision": {"models": [model], "n_images": 4, "shards": 2, "model_kwargs": {model: TINY_KWARGS[model]}},
+            "spectra": {"n_images": 4}, "figure3": {"model": model}}
+
+
+@pytest.fixture(scope="module")
+def runs(cluster, tiny_config, tmp_path_factory):
     """The same targets locally and through profiles/slurm (with one job cancelled mid-run)."""
     base = tmp_path_factory.mktemp("slurmrun")
-    cfg = _write_config(base / "tiny.yaml", resources_dir=str(tiny_resources), device="cpu")
+    cfg = _write_config(base / "tiny.yaml", **tiny_config)
     local, remote = base / "local", base / "slurm"
     local.mkdir()
     remote.mkdir()
@@ -164,10 +173,10 @@ def test_slurm_outputs_are_byte_identical_to_a_local_run(runs):
     assert compared > 20  # activations (HDF5), per-head records, spectra, tables, Figure 3's statistics
 
 
-def test_a_request_no_node_can_hold_fails_before_submission(cluster, tiny_resources, tmp_path):
+def test_a_request_no_node_can_hold_fails_before_submission(cluster, tiny_config, tmp_path):
     """The profile as shipped asks for 8 CPUs per extraction job; the node has fewer: the pre-flight
     check stops the run at once instead of leaving the job PENDING forever."""
-    cfg = _write_config(tmp_path / "tiny.yaml", resources_dir=str(tiny_resources), device="cpu")
+    cfg = _write_config(tmp_path / "tiny.yaml", **tiny_config)
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
            "--profile", str(REPO / "profiles" / "slurm"), "--workflow-profile", "none", "--configfile", str(cfg), *FAST_POLL, "results/table1.csv"]
     before = _slurm("squeue", "-h", "--states=all", "-o", "%i")

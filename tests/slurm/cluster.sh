@@ -8,8 +8,8 @@
 # DIR (a new or empty directory) holds everything: munge key and socket, slurm.conf, state,
 # spool, logs, PID files. The node is sized from `nproc` and /proc/meminfo;
 # proctrack/linuxproc, task/none, no cgroups, no accounting (AccountingStorageType=none, so
-# Snakemake's status command must be `squeue`: profiles/slurm sets it). MinJobAge=300, so a
-# finished job stays visible to squeue for 5 minutes.
+# Snakemake's status command must be `squeue`: profiles/slurm sets it). MinJobAge=3600, so a
+# finished job stays visible to squeue (and to the test's checks) for an hour.
 #
 # SLURM_CONF: the jobstep plugin (snakemake-executor-plugin-slurm-jobstep 0.6.1) removes every
 # SLURM_* variable but the job id ones before its nested `srun`, SLURM_CONF included, so
@@ -130,7 +130,7 @@ SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 ReturnToService=2
-MinJobAge=300
+MinJobAge=3600
 SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
