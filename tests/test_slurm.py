@@ -57,6 +57,7 @@ def cluster(tmp_path_factory):
         pytest.fail(f"tests/slurm/cluster.sh start took over 20 min:\n{e.stderr}")
     if proc.returncode != 0:
         pytest.fail(f"tests/slurm/cluster.sh start failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
+    print("".join(f"\n{line}" for line in proc.stderr.splitlines() if line.startswith("cluster.sh:")))  # the measured times
     conf = re.search(r"export SLURM_CONF=(\S+)", proc.stdout).group(1)
     old = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = conf
@@ -108,12 +109,16 @@ def runs(cluster, tiny_config, tmp_path_factory):
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=remote, text=True)
     cancelled = None
     try:
-        # cancel the first job seen RUNNING; if it finished before scancel reached it, try the next
+        # cancel the first job seen RUNNING for 3 s (its Snakemake is then at work inside the job);
+        # if it finished before scancel reached it, try the next
         deadline = time.monotonic() + RUN_TIMEOUT
         tried: set[str] = set()
+        running_since: dict[str, float] = {}
         while cancelled is None and proc.poll() is None and time.monotonic() < deadline:
             for job in _jobs(before):
-                if job["state"] == "RUNNING" and job["id"] not in tried:
+                if job["state"] == "RUNNING":
+                    running_since.setdefault(job["id"], time.monotonic())
+                if job["state"] == "RUNNING" and job["id"] not in tried and time.monotonic() - running_since[job["id"]] >= 3:
                     tried.add(job["id"])
                     _slurm("scancel", job["id"])
                     for _ in range(50):
