@@ -38,7 +38,7 @@ CLUSTER_RULES = ("extract_vision", "kpca_heads", "eigenvalues_vision", "gamma_vi
 FIT_NODE = [f"{rule}:cpus_per_task=1" for rule in CLUSTER_RULES] + [f"{rule}:mem_mb=1500" for rule in CLUSTER_RULES]
 FIT_THREADS = [f"{rule}=1" for rule in CLUSTER_RULES]
 FAST_POLL = ["--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2", "--latency-wait", "10"]
-RUN_TIMEOUT = 600  # s, the whole SLURM run; the tiny workflow takes about 1-2 min
+RUN_TIMEOUT = 900  # s, the whole SLURM run (3 min on a busy 2-core machine); then the test fails, with the log
 
 
 def _slurm(*args: str, timeout: float = 30) -> str:

@@ -26,6 +26,7 @@ CTLD_PORT=${SLURM_TEST_CTLD_PORT:-16817}
 SLURMD_PORT=${SLURM_TEST_SLURMD_PORT:-16818}
 
 log() { echo "cluster.sh: $*" >&2; }
+since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.1f", b - a}'; }  # seconds since $1 ($EPOCHREALTIME)
 die() { log "ERROR: $*"; exit 1; }
 
 stop_all() {
@@ -57,13 +58,13 @@ install_packages() {
     [ "$(id -u)" = 0 ] || die "missing ${missing[*]}; install as root: apt-get install -y slurmctld slurmd slurm-client munge"
     command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get: install SLURM (slurmctld, slurmd, client commands) and munge"
     log "installing Debian's slurmctld slurmd slurm-client munge (missing: ${missing[*]})"
-    local t0=$SECONDS
+    local t0=$EPOCHREALTIME
     export DEBIAN_FRONTEND=noninteractive
     # another apt may hold the lock: wait for it at most 5 min; the whole install at most 10 min
     timeout 600 apt-get -o DPkg::Lock::Timeout=300 update -qq >&2 || die "apt-get update failed or took over 10 min"
     timeout 600 apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >&2 \
         || die "apt-get install slurmctld slurmd slurm-client munge failed or took over 10 min"
-    log "packages installed in $((SECONDS - t0)) s"
+    log "packages installed in $(since "$t0") s"
 }
 
 wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
@@ -77,7 +78,7 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
 
 start() {
     install_packages
-    local t0=$SECONDS
+    local t0=$EPOCHREALTIME
     mkdir -p "$DIR"
     DIR=$(cd "$DIR" && pwd)
     [ -e "$DIR/slurmctld.pid" ] && die "$DIR already holds a cluster (stop it first)"
@@ -145,7 +146,7 @@ CONF
     slurmd -f "$DIR/slurm.conf" -N "$host"
     wait_for 30 "slurmd (node $host idle)" bash -c "sinfo -h -N -o %T | grep -qx idle"
     trap - EXIT
-    log "cluster up in $((SECONDS - t0)) s: node $host, $cpus CPUs, $mem MB; SLURM_CONF=$DIR/slurm.conf"
+    log "cluster up in $(since "$t0") s: node $host, $cpus CPUs, $mem MB; SLURM_CONF=$DIR/slurm.conf"
     echo "export SLURM_CONF=$DIR/slurm.conf"
 }
 
