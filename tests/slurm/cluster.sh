@@ -30,7 +30,15 @@ since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.1f", b - a}'; } 
 die() { log "ERROR: $*"; exit 1; }
 
 stop_all() {
-    # stop the daemons whose PID files are in DIR, newest first; never by name
+    # cancel what still runs on this cluster (its job steps would outlive slurmd), then stop the
+    # daemons whose PID files are in DIR, newest first; never by name
+    if [ -s "$DIR/slurmctld.pid" ] && kill -0 "$(cat "$DIR/slurmctld.pid")" 2>/dev/null && [ -f "$DIR/slurm.conf" ]; then
+        SLURM_CONF="$DIR/slurm.conf" timeout 10 scancel -u "$(id -un)" 2>/dev/null || true
+        for _ in $(seq 50); do
+            [ -z "$(SLURM_CONF="$DIR/slurm.conf" timeout 5 squeue -h -t R,CG -o %i 2>/dev/null)" ] && break
+            sleep 0.2
+        done
+    fi
     for name in slurmd slurmctld munged; do
         pidfile="$DIR/$name.pid"
         [ -s "$pidfile" ] || continue
