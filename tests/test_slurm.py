@@ -10,8 +10,7 @@ one job is `scancel`led: Snakemake must report it failed, resubmit it (the profi
 be byte-identical to the same targets run locally. Every wait is bounded: a stuck run fails
 the test with its log instead of hanging CI.
 
-Deselect with `-m "not slurm"`. Skipped only when the cluster cannot be started by this user
-(not root and SLURM missing).
+Deselect with `-m "not slurm"`. Skipped only when not run as root (CI runs as root).
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from __future__ import annotations
 import filecmp
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -38,7 +36,7 @@ CLUSTER_RULES = ("extract_vision", "kpca_heads", "eigenvalues_vision", "gamma_vi
 FIT_NODE = [f"{rule}:cpus_per_task=1" for rule in CLUSTER_RULES] + [f"{rule}:mem_mb=1500" for rule in CLUSTER_RULES]
 FIT_THREADS = [f"{rule}=1" for rule in CLUSTER_RULES]
 FAST_POLL = ["--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2", "--latency-wait", "10"]
-RUN_TIMEOUT = 900  # s, the whole SLURM run (3 min on a busy 2-core machine); then the test fails, with the log
+RUN_TIMEOUT = 900  # s, the whole SLURM run (193-379 s measured on a shared 2-core machine); then the test fails, with the log
 
 
 def _slurm(*args: str, timeout: float = 30) -> str:
@@ -47,7 +45,7 @@ def _slurm(*args: str, timeout: float = 30) -> str:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    if os.geteuid() != 0 and not shutil.which("slurmctld"):
+    if os.geteuid() != 0:  # the daemons run as root (SlurmUser=root), and apt-get needs it
         pytest.skip("needs root to install and start SLURM (tests/slurm/cluster.sh)")
     d = tmp_path_factory.mktemp("cluster")
     try:
@@ -72,7 +70,7 @@ def cluster(tmp_path_factory):
 
 
 def _jobs(exclude: frozenset[str] = frozenset()) -> list[dict]:
-    """The jobs squeue knows (finished ones for MinJobAge = 300 s), but those in ``exclude``."""
+    """The jobs squeue knows (finished ones for MinJobAge = 3600 s), but those in ``exclude``."""
     out = _slurm("squeue", "-h", "--states=all", "-o", "%i|%T|%k")
     jobs = [dict(zip(("id", "state", "comment"), line.split("|"))) for line in out.splitlines() if line]
     return [j for j in jobs if j["id"] not in exclude]
