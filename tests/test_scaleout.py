@@ -60,13 +60,16 @@ def test_every_cluster_job_of_the_full_workload_is_submitted_once(submissions):
 def test_each_submission_carries_its_rules_resources_from_the_profile(submissions):
     calls, _ = submissions
     defaults = PROFILE["default-resources"]
+    assert "slurm_account" not in defaults and "slurm_partition" not in defaults  # site settings, unset by default
     for call in calls:
         rule = _rule(call)
         res = {**defaults, **PROFILE["set-resources"][rule]}
-        assert f"-A {defaults['slurm_account']} -p {defaults['slurm_partition']}" in call
+        # no account given and none to guess: no -A; the default partition from (stand-in) sinfo
+        assert " -A " not in call and " -p standin " in call, call
         assert f"-t {res['runtime']} " in call and f"--mem {res['mem_mb']} " in call, call
         assert f"--cpus-per-task={res['cpus_per_task']}" in call, call
-        assert ("--gpus=1" in call) == (res.get("gpu", 0) == 1), call
+        # the GPU comes from the rules (config `device: auto` is not `cpu`), not from the profile
+        assert "gpu" not in res and "--gpus=1" in call, call
 
 
 GPU_RULES = {"extract_vision", "kpca_heads", "eigenvalues_vision", "gamma_vision"}
@@ -102,3 +105,18 @@ def test_workstation_profile_holds_one_gpu_and_gpu_jobs_claim_it(tmp_path, tiny_
             for line in lines:
                 fields = line.split(", ")
                 assert (gpu in fields) if rule in GPU_RULES else ("gpu=1" not in fields), (rule, line)
+
+
+def test_preflight_names_each_request_no_node_can_hold():
+    """src/kpca_repro/slurm_preflight.py on sinfo lines: a GPU node in `gpu`, a CPU node in the default `cpu`."""
+    from kpca_repro.slurm_preflight import parse_sinfo, problems
+
+    nodes = parse_sinfo("g1|gpu|32|256000|gpu:a100:4(S:0-1)\nc1|cpu*|2|21695|(null)\n")
+    assert [(n.name, n.partitions, n.cpus, n.mem_mb, n.gpus) for n in nodes] == [("g1", ("gpu",), 32, 256000, 4), ("c1", ("cpu",), 2, 21695, 0)]
+    req = {"cpus": 8, "mem_mb": 16000, "gpu": 1, "partition": None}
+    found = problems({"extract_vision": req, "kpca_heads": {**req, "partition": "gpu"}, "table1": {**req, "partition": "nope"},
+                      "gamma_vision": {"cpus": 2, "mem_mb": 8000, "gpu": 0, "partition": None}}, nodes)
+    assert found == [
+        "extract_vision: asks cpus_per_task 8, mem_mb 16000, gpu 1; the largest node of partition 'cpu' has cpus 2, mem_mb 21695, gpus 0",
+        "table1: partition 'nope' has no nodes (sinfo lists partitions ['cpu', 'gpu'])",
+    ]
