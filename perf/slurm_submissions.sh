@@ -12,7 +12,7 @@
 #    call Snakemake's SLURM executor makes. The stand-in runs each wrapped job with --touch,
 #    so outputs appear empty and the dependent jobs are submitted in turn: nothing is computed.
 # Nothing is read from the placeholders: timm weights are empty files, each language model is
-# a folder with an empty config.json, and ImageNet-1k for training is empty train/ and val/
+# a folder with a config.json naming only its model type, and ImageNet-1k for training is empty train/ and val/
 # folders. Images are the 1000-image sample, text rows the WikiText-103 test split, and the
 # authors' training logs come from ../shared.
 set -euo pipefail
@@ -41,7 +41,9 @@ else:
     for model_id in cfg["text"]["models"]:
         folder = work / "models" / model_id.replace("/", "--")
         folder.mkdir(parents=True)
-        (folder / "config.json").write_text("{}\n")
+        # only the model type: the configuration check reads it while the DAG is built
+        kind = next(t for t in ("xlm-roberta", "roberta", "electra", "longformer", "camembert", "luke", "bert", "minilm") if t in model_id.lower())
+        (folder / "config.json").write_text('{"model_type": "%s"}\n' % ("bert" if kind == "minilm" else kind))
         local[model_id] = str(folder)
     imagenet = work / "imagenet"
     for split in ("train", "val"):
