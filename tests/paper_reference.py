@@ -50,14 +50,24 @@ class CudaCKA:
         )
 
 
-def v_kpca_reference(k: torch.Tensor) -> torch.Tensor:
-    """Vhat of one head (N x d keys, float32) as ``value_vectors.py`` builds it."""
+def centered_gram_reference(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(Kc, g, O)`` of one head (N x d keys, float32), as both reference scripts build them.
+
+    ``Kraw = exp(k k^T / sqrt(d))``, ``g`` its row sums, ``Kphi = Kraw / (g g^T + 1e-6)``, and
+    the dense centering ``Kc = Kphi - O Kphi - Kphi O + O Kphi O`` with ``O = 1/N``.
+    """
     n, d = k.shape
     kraw = torch.exp(k @ k.T / math.sqrt(d))
     g = kraw.sum(dim=1)
     kphi = kraw / (torch.outer(g, g) + 1e-6)
     o = torch.ones(n, n) / n
-    kc = kphi - o @ kphi - kphi @ o + o @ kphi @ o
+    return kphi - o @ kphi - kphi @ o + o @ kphi @ o, g, o
+
+
+def v_kpca_reference(k: torch.Tensor) -> torch.Tensor:
+    """Vhat of one head (N x d keys, float32) as ``value_vectors.py`` builds it."""
+    d = k.shape[1]
+    kc, g, o = centered_gram_reference(k)
     evals, evecs = torch.linalg.eigh(kc)
     idx = torch.argsort(torch.abs(evals), descending=True)
     a = evecs[:, idx][:, :d]
@@ -98,12 +108,8 @@ def v_kpca_reference_nlp(k: torch.Tensor) -> torch.Tensor:
     the top ``d`` in ascending order, no re-sorting) and in ``G = diag(1/(g + 1e-6))``
     (method.md Sections 0.2 and 3).
     """
-    n, d = k.shape
-    kraw = torch.exp(k @ k.T / math.sqrt(d))
-    g = kraw.sum(dim=1)
-    kphi = kraw / (torch.outer(g, g) + 1e-6)
-    o = torch.ones(n, n) / n
-    kc = kphi - o @ kphi - kphi @ o + o @ kphi @ o
+    d = k.shape[1]
+    kc, g, o = centered_gram_reference(k)
     _, evecs = torch.linalg.eigh(kc)
     a = evecs[:, -d:]
     gm = torch.diag(1.0 / (g + 1e-6))

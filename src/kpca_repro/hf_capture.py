@@ -55,7 +55,7 @@ from torch import nn
 
 from .capture import INVARIANT_RTOL, attention_mask_matrix, check_attention_invariant
 from .text import BATCH_FIRST, SEQUENCE_FIRST
-from .vision import HeadRecorder, UnsupportedArchitectureError
+from .vision import HeadRecorder, UnsupportedArchitectureError, split_heads
 
 __all__ = [
     "BATCH_FIRST",
@@ -539,7 +539,7 @@ class HFAttentionRecorder(HeadRecorder):
                 t.update(q=q.transpose(1, 2), k=k.transpose(1, 2), v=v.transpose(1, 2))
             else:
                 # a copy: Longformer scales its query projection in place right after this hook
-                t[name] = out.reshape(b, n, attn.n_heads, attn.head_dim).permute(0, 2, 1, 3).clone()
+                t[name] = split_heads(out, attn.n_heads, attn.head_dim).clone()
 
         return hook
 
@@ -550,8 +550,7 @@ class HFAttentionRecorder(HeadRecorder):
             x, hidden = args[0], self._hidden[layer]
             if hidden is None or x.ndim != 3 or x.shape[:2] != hidden.shape[:2]:  # h is batch-first (Longformer too)
                 raise UnsupportedArchitectureError(f"{attn.name}: the output projection's input is not (batch, tokens, heads x head size)")
-            b, n, _ = x.shape
-            self.captured[layer]["h"] = x.reshape(b, n, attn.n_heads, attn.head_dim).permute(0, 2, 1, 3)
+            self.captured[layer]["h"] = split_heads(x, attn.n_heads, attn.head_dim)
 
         return hook
 

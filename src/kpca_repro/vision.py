@@ -67,6 +67,7 @@ __all__ = [
     "resolve_device",
     "load_timm_model",
     "HeadRecorder",
+    "split_heads",
     "AttentionRecorder",
     "CaptureRecorder",
 ]
@@ -386,6 +387,16 @@ def check_vision_model(model_id: str, model_kwargs: dict | None = None) -> Visio
     return result
 
 
+def split_heads(x: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor:
+    """``(B, N, H * d)`` concatenated per-head vectors -> ``(B, H, N, d)`` (a view, no copy).
+
+    The layout of every attention's per-head tensors before the output projection (timm and
+    Hugging Face alike): head ``h`` occupies features ``h * d .. (h + 1) * d``.
+    """
+    b, n, _ = x.shape
+    return x.reshape(b, n, n_heads, head_dim).permute(0, 2, 1, 3)
+
+
 class HeadRecorder:
     """Base of the hook recorders (vision and language models): a context manager whose
     hooks fill ``captured[layer]`` with ``"q" | "k" | "v" | "h"`` -> ``(B, H, N, d)`` tensors.
@@ -441,9 +452,7 @@ class AttentionRecorder(HeadRecorder):
         attn = self.attns[layer]
 
         def hook(_mod, args):
-            x = args[0]
-            b, n, _ = x.shape
-            self.captured[layer]["h"] = x.reshape(b, n, attn.num_heads, attn.head_dim).permute(0, 2, 1, 3)
+            self.captured[layer]["h"] = split_heads(args[0], attn.num_heads, attn.head_dim)
 
         return hook
 
@@ -504,9 +513,7 @@ class CaptureRecorder(HeadRecorder):
         attn = self.attns[layer]
 
         def hook(_mod, args):
-            x = args[0]
-            b, n, _ = x.shape
-            self.captured[layer]["h"] = x.reshape(b, n, attn.num_heads, attn.head_dim).permute(0, 2, 1, 3)
+            self.captured[layer]["h"] = split_heads(args[0], attn.num_heads, attn.head_dim)
 
         return hook
 
