@@ -509,13 +509,8 @@ class CaptureRecorder(HeadRecorder):
 
         return hook
 
-    def _h_pre_hook(self, layer: int):
-        attn = self.attns[layer]
-
-        def hook(_mod, args):
-            self.captured[layer]["h"] = split_heads(args[0], attn.num_heads, attn.head_dim)
-
-        return hook
+    #: h = the per-head input of ``attn.norm`` or ``attn.proj``, as :class:`AttentionRecorder` takes it at ``proj``.
+    _h_pre_hook = AttentionRecorder._proj_pre_hook
 
     def _register(self) -> list:
         handles = []
