@@ -153,3 +153,48 @@ def test_checksum_mismatch_names_the_file(tmp_path):
     assert resources.check_checksum(f, None) == resources.sha256_file(f)
     with pytest.raises(resources.ChecksumMismatchError, match="w.safetensors"):
         resources.check_checksum(f, "0" * 64)
+
+
+@pytest.mark.parametrize("n_items,batch_size", [(7, 2), (7, 3), (100, 25), (5, 8), (13, 1)])
+def test_shard_batches_are_the_whole_samples_batches(n_items, batch_size):
+    """Every shard count runs each item in the same global batch, and keeps each item once."""
+    from kpca_repro.images import shard_batches, shard_slice
+
+    for n_shards in range(1, min(n_items, 5) + 1):
+        kept = []
+        for shard in range(n_shards):
+            rows = shard_slice(n_items, n_shards, shard)
+            pos = 0
+            for run, keep, offset in shard_batches(n_items, n_shards, shard, batch_size):
+                assert run.start % batch_size == 0 and run.stop == min(run.start + batch_size, n_items)
+                assert offset == pos and keep.stop > keep.start
+                got = list(range(run.start, run.stop))[keep]
+                assert got == list(range(rows.start + offset, rows.start + offset + len(got)))
+                kept += got
+                pos += len(got)
+            assert pos == rows.stop - rows.start
+        assert kept == list(range(n_items))
+    with pytest.raises(ValueError, match="batch_size"):
+        shard_batches(n_items, 1, 0, 0)
+
+
+def test_sharded_extraction_gives_the_unsharded_rows(tiny_resources, photos_dir, tmp_path):
+    """Shard files hold exactly the unsharded file's rows, bit for bit, and their own inputs
+    (5 images in batches of 3: shard 1 of 2 re-runs the batch that shard 0 ends in)."""
+    model_id = "vit_tiny_patch16_224"
+    weights = tiny_resources / "weights" / "timm" / f"{model_id}.safetensors"
+    samples = images.sample_images(images.list_images(photos_dir, "flat"), 5, seed=0)
+    kw = dict(batch_size=3, device=torch.device("cpu"), model_kwargs=TINY_KWARGS[model_id], progress=False)
+    extract_vision(model_id, weights, "x", samples, tmp_path / "all.h5", **kw)
+    parts = []
+    for shard in range(2):
+        extract_vision(model_id, weights, "x", samples, tmp_path / f"s{shard}.h5", shard=(shard, 2), **kw)
+        with ActivationFile(tmp_path / f"s{shard}.h5") as af:
+            rows = samples.iloc[images.shard_slice(len(samples), 2, shard)]
+            assert af.attr_json("inputs") == [p.split("/")[-1] for p in rows["path"]]
+            assert list(af.sample_rank) == list(rows["sample_rank"])
+            parts.append(af.read(1))
+    with ActivationFile(tmp_path / "all.h5") as af:
+        whole = af.read(1)
+    for t in "qkvh":
+        np.testing.assert_array_equal(np.concatenate([p[t] for p in parts]), whole[t])

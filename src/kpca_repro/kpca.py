@@ -83,6 +83,18 @@ ROW_NORM_EPS = 1e-8
 CKA_EPS = 1e-10
 
 
+def _matmul_per_matrix(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x @ w`` for a batch ``x`` ``(..., N, M)`` and one matrix ``w`` ``(M, P)``, as a batched
+    product of one matrix pair at a time.
+
+    A plain ``x @ w`` folds the batch into one ``(B N) x M`` GEMM whose float32 round-off depends
+    on ``B`` (MKL's AVX2 path: a head's centered Gram matrix then changed with
+    ``kpca.heads_per_chunk``, and differed from the authors' per-head product). Expanding ``w``
+    makes it a batched GEMM, bit-identical per matrix to the 2-D product for every batch size.
+    """
+    return x @ w.expand(*x.shape[:-2], *w.shape)
+
+
 def _ones_over_n(n: int, like: torch.Tensor) -> torch.Tensor:
     """The ``N x N`` matrix ``O = 1_N 1_N^T / N`` in ``like``'s dtype and device."""
     return torch.full((n, n), 1.0 / n, dtype=like.dtype, device=like.device)
@@ -149,14 +161,14 @@ def center_dense(m: torch.Tensor) -> torch.Tensor:
     """
     o = _ones_over_n(m.shape[-1], m)
     om = o @ m
-    return m - om - m @ o + om @ o
+    return m - om - _matmul_per_matrix(m, o) + _matmul_per_matrix(om, o)
 
 
 def _center_cka_paper(m: torch.Tensor) -> torch.Tensor:
     """``(H M) H`` with an explicit ``H = I - 1 1^T / N``, the CKA helper's centering."""
     n = m.shape[-1]
     h = torch.eye(n, dtype=m.dtype, device=m.device) - torch.ones(n, n, dtype=m.dtype, device=m.device) / n
-    return (h @ m) @ h
+    return _matmul_per_matrix(h @ m, h)
 
 
 def center(m: torch.Tensor) -> torch.Tensor:

@@ -7,10 +7,7 @@ Rule scripts call these; tests call them too. The mathematics itself lives in
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
-import subprocess
-import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -25,11 +22,12 @@ from . import images as img
 from .h5io import ActivationFile, ActivationWriter, atomic_output
 from .kpca import CORRECTED, PAPER, gamma_test, head_metrics, top_eigenvalues
 from .smk import library_versions
+from .threads import resolve_eigh_threads, resolve_threads, torch_default_threads
 from .capture import INVARIANT_RTOL, check_attention_invariant
 from .uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES, head_sign_draws
 from .vision import CaptureRecorder, UnsupportedArchitectureError, attention_scale, capture_plan, load_timm_model
 
-__all__ = ["extract_vision", "kpca_records", "torch_default_threads", "resolve_eigh_threads", "pin_intra_op_threads", "TEXT_PAPER_OPTIONS", "baseline_noise", "eigenvalue_records", "gamma_records", "ordered_map", "layer_chunks", "device_stream"]
+__all__ = ["extract_vision", "kpca_records", "torch_default_threads", "resolve_eigh_threads", "resolve_threads", "pin_intra_op_threads", "TEXT_PAPER_OPTIONS", "baseline_noise", "eigenvalue_records", "gamma_records", "ordered_map", "layer_chunks", "device_stream"]
 
 
 def extract_vision(
@@ -63,10 +61,13 @@ def extract_vision(
     output file.
 
     Args:
-        samples: the rows of this shard of the sampled-image table (``sample_rank``,
-            ``dataset_index``, ``path``), in order.
+        samples: the whole sampled-image table (``sample_rank``, ``dataset_index``,
+            ``path``), in order; the shard's rows are written.
         out_path: the ``.h5`` file to write (layout: :mod:`kpca_repro.h5io`).
-        shard: ``(index, count)`` recorded in the attributes.
+        shard: ``(index, count)``: contiguous near-equal blocks of ``samples``
+            (:func:`kpca_repro.images.shard_slice`). Forward batches are the whole sample's
+            blocks of ``batch_size`` (:func:`kpca_repro.images.shard_batches`), so an image's
+            activations do not depend on the shard count.
 
     Raises:
         kpca_repro.images.UnreadableImageError: an image cannot be decoded (named).
@@ -95,7 +96,6 @@ def extract_vision(
         "head_dim": head_dim,
         "n_tokens": n_tokens,
         "n_prefix_tokens": n_prefix,
-        "inputs": [os.path.basename(p) for p in samples["path"]],
         "preprocessing": {
             "resize": list(img_size),
             "interpolation": "bilinear (torchvision default, antialias)",
@@ -112,24 +112,26 @@ def extract_vision(
         "capture_rtol": INVARIANT_RTOL,
         "capture_check": "every batch, every layer: all heads of the first and last image, max |h - softmax(s q k^T) v| / max |v|",
     }
+    all_paths = list(samples["path"])
+    batches = img.shard_batches(len(samples), shard[1], shard[0], batch_size)
+    samples = samples.iloc[img.shard_slice(len(samples), shard[1], shard[0])]
+    attrs["inputs"] = [os.path.basename(p) for p in samples["path"]]
     n = len(samples)
     worst_rel, worst_abs, n_checked = 0.0, 0.0, 0
     with atomic_output(out_path) as tmp, h5py.File(tmp, "w", track_order=False) as f:
         writer = ActivationWriter(f, n, len(attns), heads, n_tokens, head_dim, attrs)
         writer.write_index("sample_rank", samples["sample_rank"].to_numpy())
         writer.write_index("dataset_index", samples["dataset_index"].to_numpy())
-        paths = list(samples["path"])
         with torch.no_grad(), CaptureRecorder(plan, model_id) as rec:
-            for start in tqdm(range(0, n, batch_size), desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5):
-                batch = [transform(img.load_image(p)) for p in paths[start : start + batch_size]]
-                x = torch.stack(batch).to(device)
+            for run, keep, start in tqdm(batches, desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5):
+                x = torch.stack([transform(img.load_image(p)) for p in all_paths[run]]).to(device)
                 rec.clear()
                 model(x)
                 if rec.missing():
                     raise UnsupportedArchitectureError(f"{model_id}: the capture hooks did not fire for (layer, tensor) {rec.missing()[:4]}")
-                checked = sorted({0, len(batch) - 1})
+                checked = sorted({0, keep.stop - keep.start - 1})
                 for layer in range(len(attns)):
-                    t = rec.numpy_layer(layer)
+                    t = {name: a[keep] for name, a in rec.numpy_layer(layer).items()}
                     if t["q"].shape[1:] != (heads, n_tokens, head_dim) or t["h"].shape != t["q"].shape:
                         raise UnsupportedArchitectureError(
                             f"{model_id}: layer {layer} captured q {t['q'].shape}, h {t['h'].shape}; expected (B, {heads}, {n_tokens}, {head_dim})"
@@ -202,57 +204,6 @@ def _head_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str, lay
         yield (torch.from_numpy(k).reshape(-1, *k.shape[2:]), torch.from_numpy(v).reshape(-1, *v.shape[2:]),
                np.repeat(af.sample_rank, n_heads), np.repeat(af.dataset_index, n_heads), np.tile(np.arange(n_heads), n_in),
                base(af.dataset_index, tuple(v.shape[1:])))
-
-
-#: Environment variables that set torch's default intra-op thread count (Snakemake sets them
-#: to a job's ``threads``); left out when asking what a plain ``python`` process gets.
-_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-@functools.lru_cache(maxsize=1)
-def torch_default_threads() -> int:
-    """``torch.get_num_threads()`` of a fresh Python process without thread variables.
-
-    That is the intra-op thread count the authors' scripts ran with (they never set one):
-    torch's default, MKL's count of physical cores, unless ``OMP_NUM_THREADS`` or
-    ``MKL_NUM_THREADS`` is set. Asked of a child process (about 1-2 s, once per process)
-    with both variables removed from its environment, because this process's own count
-    may already be set (a Snakemake job's ``OMP_NUM_THREADS``, ``torch.set_num_threads``).
-
-    Returns:
-        A positive int.
-
-    Raises:
-        RuntimeError: the child process failed or printed no positive integer.
-    """
-    env = {k: v for k, v in os.environ.items() if k not in _THREAD_ENV}
-    proc = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True, text=True, env=env, timeout=300)
-    out = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not out or not out[-1].isdigit() or int(out[-1]) < 1:
-        raise RuntimeError(f"could not read torch's default thread count from a child process (exit {proc.returncode}): {proc.stderr[-2000:]}")
-    return int(out[-1])
-
-
-def resolve_eigh_threads(setting: int | str | None) -> int | None:
-    """The ``kpca.eigh_threads`` setting as a thread count.
-
-    Args:
-        setting: ``"auto"`` (:func:`torch_default_threads`, the authors' thread semantics),
-            a positive int, or None (keep the caller's intra-op threads).
-
-    Returns:
-        A positive int, or None.
-
-    Raises:
-        ValueError: any other value.
-    """
-    if setting is None:
-        return None
-    if setting == "auto":
-        return torch_default_threads()
-    if isinstance(setting, int) and not isinstance(setting, bool) and setting >= 1:
-        return setting
-    raise ValueError(f"config key kpca.eigh_threads: expected 'auto' or a positive integer, got {setting!r}")
 
 
 _THREAD_STREAMS = threading.local()

@@ -289,7 +289,10 @@ def extract_text(
     Args:
         samples: the whole sample (``sample_rank``, ``dataset_index``, ``text``); the
             padding length is taken over all rows, the shard's rows are run.
-        shard: ``(index, count)``; rows are split into contiguous near-equal blocks.
+        shard: ``(index, count)``; rows are split into contiguous near-equal blocks. Forward
+            batches are the whole sample's blocks of ``batch_size``
+            (:func:`kpca_repro.images.shard_batches`), so a row's activations do not depend
+            on the shard count.
         checksum: expected SHA-256 of the weights file (config ``checksums``), or None.
 
     Raises:
@@ -303,7 +306,7 @@ def extract_text(
 
     from .capture import INVARIANT_RTOL
     from .hf_capture import HFAttentionRecorder, attention_modules, check_capture, check_text_model
-    from .images import shard_slice
+    from .images import shard_batches, shard_slice
     from .resources import check_checksum
 
     check_text_model(model_id, source)  # refuse from config.json before loading any weights
@@ -316,7 +319,7 @@ def extract_text(
     enc = tokenize_sample(tokenizer, list(samples["text"]), max_length)
     rows = shard_slice(len(samples), shard[1], shard[0])
     part = samples.iloc[rows]
-    enc = {k: v[rows] for k, v in enc.items()}
+    batches = shard_batches(len(samples), shard[1], shard[0], batch_size)
     n, padded = len(part), int(enc["input_ids"].shape[1])
     heads, head_dim = attns[0].n_heads, attns[0].head_dim
     attrs = {
@@ -347,8 +350,8 @@ def extract_text(
     with atomic_output(out_path) as tmp, h5py.File(tmp, "w", track_order=False) as f:
         writer, max_error = None, 0.0
         with torch.no_grad(), HFAttentionRecorder(attns) as rec:
-            for start in tqdm(range(0, n, batch_size), desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5):
-                batch = {k: v[start : start + batch_size].to(device) for k, v in enc.items()}
+            for run, keep, start in tqdm(batches, desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5):
+                batch = {k: v[run].to(device) for k, v in enc.items()}
                 model(**batch)
                 n_tokens = int(rec.captured[0]["k"].shape[2])
                 if writer is None:
@@ -359,10 +362,10 @@ def extract_text(
                     writer.write_index("sample_rank", part["sample_rank"].to_numpy())
                     writer.write_index("dataset_index", part["dataset_index"].to_numpy())
                     mask = np.zeros((n, n_tokens), dtype=np.int64)
-                    mask[:, :padded] = enc["attention_mask"].numpy()
+                    mask[:, :padded] = enc["attention_mask"][rows].numpy()
                     writer.write_attention_mask(mask)
-                layers = [rec.numpy_layer(layer) for layer in range(len(attns))]
-                key_mask = mask[start : start + len(batch["input_ids"])]
+                layers = [{name: a[keep] for name, a in rec.numpy_layer(layer).items()} for layer in range(len(attns))]
+                key_mask = mask[start : start + keep.stop - keep.start]
                 max_error = max(max_error, check_capture(model_id, attns, layers, key_mask=key_mask))
                 for layer, tensors in enumerate(layers):
                     writer.write_batch(layer, start, tensors)

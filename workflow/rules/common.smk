@@ -63,18 +63,18 @@ ENV = "../../envs/pipeline.yaml"
 # Library modules each stage imports: listed as inputs so that changing them reruns the
 # stage (Snakemake tracks only the script file itself).
 LIB = Path(workflow.basedir) / "src" / "kpca_repro"
-LIB_EXTRACT = [str(LIB / m) for m in ("records.py", "vision.py", "capture.py", "images.py", "h5io.py", "resources.py", "smk.py")]
-LIB_KPCA = [str(LIB / m) for m in ("records.py", "kpca.py", "uncertainty.py", "h5io.py", "smk.py")]
+LIB_EXTRACT = [str(LIB / m) for m in ("records.py", "vision.py", "capture.py", "images.py", "h5io.py", "resources.py", "smk.py", "threads.py")]
+LIB_KPCA = [str(LIB / m) for m in ("records.py", "kpca.py", "uncertainty.py", "h5io.py", "smk.py", "threads.py")]
 LIB_TABLES = [str(LIB / m) for m in ("tables.py", "uncertainty.py", "h5io.py", "smk.py")]
-LIB_SPECTRA = [str(LIB / m) for m in ("kpca.py", "records.py", "h5io.py", "smk.py")]
+LIB_SPECTRA = [str(LIB / m) for m in ("kpca.py", "records.py", "h5io.py", "smk.py", "threads.py")]
 LIB_FIGURES = [str(LIB / m) for m in ("figures.py", "smk.py")]
 LIB_COMPARISON = [str(LIB / m) for m in ("comparison.py", "tables.py", "uncertainty.py", "h5io.py", "smk.py")]
 LIB_REPORT = [str(LIB / m) for m in ("report.py", "h5io.py", "smk.py")]
 # Result tables rendered as HTML for `snakemake --report` (caption: workflow/report/tables.rst).
 REPORT_TABLES = [f"table{t}{sfx}" for sfx in ("", "_corrected") for t in (1, 2, 3, 4)] + ["paper_comparison"]
-LIB_NORMS = [str(LIB / m) for m in ("norms.py", "kpca.py", "h5io.py", "smk.py")]
+LIB_NORMS = [str(LIB / m) for m in ("norms.py", "kpca.py", "h5io.py", "smk.py", "threads.py")]
 LIB_SAMPLE_TEXT = [str(LIB / m) for m in ("text.py", "images.py", "h5io.py", "smk.py")]
-LIB_EXTRACT_TEXT = [str(LIB / m) for m in ("text.py", "hf_capture.py", "capture.py", "vision.py", "images.py", "h5io.py", "resources.py", "smk.py")]
+LIB_EXTRACT_TEXT = [str(LIB / m) for m in ("text.py", "hf_capture.py", "capture.py", "vision.py", "images.py", "h5io.py", "resources.py", "smk.py", "threads.py")]
 LIB_KPCA_TEXT = LIB_KPCA + [str(LIB / "text.py")]
 LIB_TRAINING = [str(LIB / m) for m in ("training.py", "kpca.py", "h5io.py", "vision.py", "smk.py")]
 LIB_TRAINING_FIGURES = [str(LIB / m) for m in ("training.py", "figures.py", "h5io.py", "smk.py")]

@@ -29,6 +29,7 @@ rule extract_vision:
     output:
         "results/activations/{model}/vision_{n}_{shard}.h5",
     params:
+        intra_op_threads=config["kpca"]["intra_op_threads"],
         batch_size=VISION["batch_size"],
         device=config["device"],
         model_kwargs=lambda wc: VISION["model_kwargs"].get(wc.model, {}),
@@ -79,6 +80,7 @@ rule extract_text:
     output:
         "results/activations/{slug}/text_{sample}_{shard}.h5",
     params:
+        intra_op_threads=config["kpca"]["intra_op_threads"],
         model_id=lambda wc: model_id_from_slug(wc.slug),
         source=text_model_source,
         batch_size=TEXT["batch_size"],

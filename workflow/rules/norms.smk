@@ -30,6 +30,7 @@ rule norms_vision:
     output:
         "results/norms/{variant}/{model}/vision.csv",
     params:
+        intra_op_threads=config["kpca"]["intra_op_threads"],
         language=False,
     threads: config["kpca"]["threads"]
     resources:
@@ -52,6 +53,7 @@ rule norms_text:
     output:
         "results/norms/{variant}/{model}/text.csv",
     params:
+        intra_op_threads=config["kpca"]["intra_op_threads"],
         language=True,
     threads: config["kpca"]["threads"]
     resources:

@@ -65,6 +65,7 @@ rule gamma_vision:
     output:
         "results/figure3/gamma_{variant}.csv",
     params:
+        intra_op_threads=config["kpca"]["intra_op_threads"],
         device=config["device"],
         block=config["figure3"]["block"],
         standardize=config["figure3"]["standardize"],

@@ -3,12 +3,14 @@
 import torch
 
 from kpca_repro.smk import setup_logging
+from kpca_repro.threads import resolve_threads
 from kpca_repro.text import extract_text, read_samples
 from kpca_repro.vision import resolve_device
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "extract_text")
-torch.set_num_threads(smk.threads)
+torch.set_num_threads(resolve_threads(smk.params.intra_op_threads, "kpca.intra_op_threads"))
+log.info("torch intra-op threads: %d", torch.get_num_threads())
 shard, n_shards = (int(x) for x in smk.wildcards.shard.split("of"))
 samples = read_samples(smk.input.samples)
 device = resolve_device(smk.params.device)

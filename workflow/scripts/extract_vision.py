@@ -3,21 +3,21 @@
 import pandas as pd
 import torch
 
-from kpca_repro.images import shard_slice
 from kpca_repro.records import extract_vision
+from kpca_repro.threads import resolve_threads
 from kpca_repro.resources import check_checksum
 from kpca_repro.smk import setup_logging
 from kpca_repro.vision import resolve_device
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "extract_vision")
-torch.set_num_threads(smk.threads)
+torch.set_num_threads(resolve_threads(smk.params.intra_op_threads, "kpca.intra_op_threads"))
+log.info("torch intra-op threads: %d", torch.get_num_threads())
 sha = check_checksum(smk.input.weights, smk.params.checksum)
 shard, n_shards = (int(x) for x in smk.wildcards.shard.split("of"))
 samples = pd.read_csv(smk.input.samples, sep="\t")
-samples = samples.iloc[shard_slice(len(samples), n_shards, shard)]
 device = resolve_device(smk.params.device)
-log.info("%s: %d images (shard %d of %d) on %s, weights sha256 %s", smk.wildcards.model, len(samples), shard, n_shards, device, sha)
+log.info("%s: shard %d of %d of %d images on %s, weights sha256 %s", smk.wildcards.model, shard, n_shards, len(samples), device, sha)
 extract_vision(
     smk.wildcards.model,
     smk.input.weights,
