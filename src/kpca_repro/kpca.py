@@ -629,6 +629,24 @@ def _column_metrics(v: torch.Tensor, vk: torch.Tensor, valid: torch.Tensor, pref
     }
 
 
+def _paper_centered_gram(k: torch.Tensor, threads: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(Kphi, g, centered Kphi)`` of the paper variant (:func:`gram_paper`, :func:`center_dense`).
+
+    With ``threads`` (CPU only), one head at a time with ``threads`` torch intra-op threads:
+    the authors' per-head products to the bit, whatever the CPU. Without, batched with the
+    caller's threads (bit-identical per head to the one-at-a-time products with the same
+    thread count, :func:`_matmul_per_matrix`).
+    """
+    if threads is None or k.device.type != "cpu" or k.shape[0] == 0:
+        kphi, g = gram_paper(k)
+        return kphi, g, center_dense(kphi)
+    with intra_op_threads(threads):
+        parts = [gram_paper(k[i]) for i in range(k.shape[0])]
+        kphi = torch.stack([p[0] for p in parts])
+        kc = torch.stack([center_dense(p[0]) for p in parts])
+    return kphi, torch.stack([p[1] for p in parts]), kc
+
+
 def head_metrics(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -673,9 +691,12 @@ def head_metrics(
             call on CUDA).
         eigh_device: :func:`eigenpairs`'s ``solver_device`` (default: the inputs' device).
         eigh_threads: :func:`eigenpairs`'s ``threads``: torch intra-op threads of each CPU
-            ``eigh`` call (default: the caller's). Every other operation runs with the
-            caller's threads; its results do not depend on the thread count here (the
-            centered Gram matrices are bit-identical with 1 and 2 threads, docs/fidelity.md).
+            ``eigh`` call (default: the caller's). In the paper variant on the CPU, the Gram
+            matrix and its centering, which decide the eigenvectors, are then also computed
+            one head at a time with that many threads, as the authors' per-head loop does:
+            float32 products round differently with the thread count on some CPUs (MKL's
+            AVX2 path; docs/fidelity.md). Every later operation runs with the caller's
+            threads (its round-off stays far inside the per-head tolerances).
         rows: if a dict, filled with ``"v"`` and ``"v_kpca"``: the row-normalised ``V`` and
             ``V_KPCA`` behind the token-row cosines (``(heads, N, d)``, the variant's dtype),
             for the sign draws of :mod:`kpca_repro.uncertainty`.
@@ -700,8 +721,7 @@ def head_metrics(
     d = min(v.shape[-1], v.shape[-2])  # fewer tokens than dimensions: at most N eigenvectors
     cols: dict[str, torch.Tensor] = {}
     if paper:
-        kphi, g = gram_paper(k)
-        kc = center_dense(kphi)
+        kphi, g, kc = _paper_centered_gram(k, eigh_threads if eigh_device is None or torch.device(eigh_device).type == "cpu" else None)
         _, a, finite = eigenpairs(kc, d, order or "abs_desc", per_matrix=eigh_per_matrix, solver_device=eigh_device, threads=eigh_threads)
         vk = v_kpca(a, 1.0 / (g + g_eps))
         dropped = ~(finite & torch.isfinite(vk).all(-1).all(-1))
