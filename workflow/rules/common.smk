@@ -54,30 +54,26 @@ _validate_config()
 
 # The repository's own library (paths, slugs, model sources) for the workflow itself.
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+from kpca_repro.code_deps import library_modules
 from kpca_repro.text import LOCAL_MODELS_KEY, MissingModelError, model_id_from_slug, model_slug, model_source, resolve_local_dir
 
 RESOURCES = config["resources_dir"]
 VISION = config["vision"]
 TEXT = config["text"]
 ENV = "../../envs/pipeline.yaml"
-# Library modules each stage imports: listed as inputs so that changing them reruns the
-# stage (Snakemake tracks only the script file itself).
+# Library modules each rule's script imports, transitively (kpca_repro.code_deps, read from
+# the source without importing it): listed as the rule's `code` input so that changing a
+# module reruns exactly the jobs whose scripts use it (Snakemake tracks only the script file).
 LIB = Path(workflow.basedir) / "src" / "kpca_repro"
-LIB_EXTRACT = [str(LIB / m) for m in ("records.py", "vision.py", "capture.py", "images.py", "h5io.py", "resources.py", "smk.py", "threads.py")]
-LIB_KPCA = [str(LIB / m) for m in ("records.py", "kpca.py", "uncertainty.py", "h5io.py", "smk.py", "threads.py")]
-LIB_TABLES = [str(LIB / m) for m in ("tables.py", "uncertainty.py", "h5io.py", "smk.py")]
-LIB_SPECTRA = [str(LIB / m) for m in ("kpca.py", "records.py", "h5io.py", "smk.py", "threads.py")]
-LIB_FIGURES = [str(LIB / m) for m in ("figures.py", "smk.py")]
-LIB_COMPARISON = [str(LIB / m) for m in ("comparison.py", "tables.py", "uncertainty.py", "h5io.py", "smk.py")]
-LIB_REPORT = [str(LIB / m) for m in ("report.py", "h5io.py", "smk.py")]
+
+
+def code_inputs(script):
+    """The `code` input of a rule whose `script:` is workflow/scripts/<script>."""
+    return library_modules(Path(workflow.basedir) / "workflow" / "scripts" / script, LIB)
+
+
 # Result tables rendered as HTML for `snakemake --report` (caption: workflow/report/tables.rst).
 REPORT_TABLES = [f"table{t}{sfx}" for sfx in ("", "_corrected") for t in (1, 2, 3, 4)] + ["paper_comparison"]
-LIB_NORMS = [str(LIB / m) for m in ("norms.py", "kpca.py", "h5io.py", "smk.py", "threads.py")]
-LIB_SAMPLE_TEXT = [str(LIB / m) for m in ("text.py", "images.py", "h5io.py", "smk.py")]
-LIB_EXTRACT_TEXT = [str(LIB / m) for m in ("text.py", "hf_capture.py", "capture.py", "vision.py", "images.py", "h5io.py", "resources.py", "smk.py", "threads.py")]
-LIB_KPCA_TEXT = LIB_KPCA + [str(LIB / "text.py")]
-LIB_TRAINING = [str(LIB / m) for m in ("training.py", "kpca.py", "h5io.py", "vision.py", "smk.py")]
-LIB_TRAINING_FIGURES = [str(LIB / m) for m in ("training.py", "figures.py", "h5io.py", "smk.py")]
 TRAINING = config["training"]
 FIGURE1 = config["figure1"]
 FASHION_MNIST = [

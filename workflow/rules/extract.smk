@@ -5,7 +5,7 @@ rule sample_images:
     localrule: True
     input:
         images=image_source()[0],
-        code=str(LIB / "images.py"),
+        code=code_inputs("sample_images.py"),
     output:
         "results/samples/vision_{n}.tsv",
     params:
@@ -25,7 +25,7 @@ rule extract_vision:
     input:
         weights=lambda wc: weights_path(wc.model),
         samples="results/samples/vision_{n}.tsv",
-        code=LIB_EXTRACT,
+        code=code_inputs("extract_vision.py"),
     output:
         "results/activations/{model}/vision_{n}_{shard}.h5",
     params:
@@ -56,7 +56,7 @@ rule sample_text:
     localrule: True
     input:
         rows=f"{RESOURCES}/text/wikitext-103/wiki.test.raw",
-        code=LIB_SAMPLE_TEXT,
+        code=code_inputs("sample_text.py"),
     output:
         "results/samples/text_{n}.tsv",
     params:
@@ -76,7 +76,7 @@ rule extract_text:
     input:
         samples="results/samples/text_{sample}.tsv",
         model=text_model_files,
-        code=LIB_EXTRACT_TEXT,
+        code=code_inputs("extract_text.py"),
     output:
         "results/activations/{slug}/text_{sample}_{shard}.h5",
     params:

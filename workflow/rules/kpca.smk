@@ -6,7 +6,7 @@
 rule kpca_heads:
     input:
         activations="results/activations/{model}/{stem}.h5",
-        code=lambda wc: LIB_KPCA_TEXT if wc.stem.startswith("text_") else LIB_KPCA,
+        code=code_inputs("kpca_heads.py"),
     output:
         heads="results/heads/{variant}/{model}/{stem}.csv",
         meta="results/heads/{variant}/{model}/{stem}.json",

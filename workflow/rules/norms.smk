@@ -8,6 +8,8 @@
 
 rule text_sentences:
     localrule: True
+    input:
+        code=code_inputs("text_sentences.py"),
     output:
         "results/samples/text_sentences.tsv",
     params:
@@ -26,7 +28,7 @@ rule norms_vision:
     localrule: True
     input:
         activations=lambda wc: norm_activations("vision", wc.variant, wc.model),
-        code=LIB_NORMS,
+        code=code_inputs("norm_stats.py"),
     output:
         "results/norms/{variant}/{model}/vision.csv",
     params:
@@ -49,7 +51,7 @@ rule norms_text:
     localrule: True
     input:
         activations=lambda wc: norm_activations("text", wc.variant, wc.model),
-        code=LIB_NORMS,
+        code=code_inputs("norm_stats.py"),
     output:
         "results/norms/{variant}/{model}/text.csv",
     params:
@@ -76,7 +78,7 @@ rule figure2:
             variant="corrected" if wc.suffix else "paper",
             model=VISION["models"],
         ),
-        code=LIB_FIGURES + [str(LIB / "tables.py")],
+        code=code_inputs("figure_norms.py"),
     output:
         pdf="results/figure2{suffix}.pdf",
         png=report(
@@ -114,7 +116,7 @@ rule figure5:
             variant="corrected" if wc.suffix else "paper",
             model=figure5_models(wc),
         ),
-        code=LIB_FIGURES + [str(LIB / "tables.py")],
+        code=code_inputs("figure_norms.py"),
     output:
         pdf="results/figure5{suffix}.pdf",
         png=report(

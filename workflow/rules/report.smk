@@ -5,7 +5,7 @@ rule paper_comparison:
     localrule: True
     input:
         tables=lambda wc: [p for pair in comparison_tables().values() for p in pair if p],
-        code=LIB_COMPARISON,
+        code=code_inputs("paper_comparison.py"),
     output:
         csv=report(
             "results/paper_comparison.csv",
@@ -37,7 +37,7 @@ rule table_html:
     localrule: True
     input:
         csv="results/{table}.csv",
-        code=LIB_REPORT,
+        code=code_inputs("table_html.py"),
     output:
         report(
             "results/html/{table}.html",

@@ -4,7 +4,7 @@
 rule eigenvalues_vision:
     input:
         activations="results/activations/{model}/vision_{n}_{shard}.h5",
-        code=LIB_SPECTRA,
+        code=code_inputs("eigenvalues_vision.py"),
     output:
         "results/spectra/{variant}/{model}/vision_{n}_{shard}_{keyset}.csv",
     params:
@@ -34,7 +34,7 @@ rule table_spectra:
             for keys in (["standardized"] if wc.table == "2" else ["standardized", "raw"])
             for f in spectra_files("corrected" if wc.suffix else "paper", m, keys)
         ],
-        code=LIB_TABLES,
+        code=code_inputs("table_spectra.py"),
     output:
         csv="results/table{table}{suffix}.csv",
         md="results/table{table}{suffix}.md",
@@ -61,7 +61,7 @@ rule gamma_vision:
             model=config["figure3"]["model"],
             n=config["figure3"]["n_images"],
         ),
-        code=LIB_SPECTRA,
+        code=code_inputs("gamma_vision.py"),
     output:
         "results/figure3/gamma_{variant}.csv",
     params:
@@ -89,7 +89,7 @@ rule figure3:
     localrule: True
     input:
         gamma=lambda wc: f"results/figure3/gamma_{'corrected' if wc.suffix else 'paper'}.csv",
-        code=LIB_FIGURES,
+        code=code_inputs("figure3.py"),
     output:
         pdf="results/figure3{suffix}.pdf",
         png=report(

@@ -7,7 +7,7 @@ rule table1:
         heads=lambda wc: [f for m in VISION["models"] for f in heads_files("paper", m)],
         meta=lambda wc: [f for m in VISION["models"] for f in heads_files("paper", m, "json")],
         signs=lambda wc: [f.replace(".csv", "_signs.h5") for m in VISION["models"] for f in heads_files("paper", m)],
-        code=LIB_TABLES,
+        code=code_inputs("table1.py"),
     output:
         csv="results/table1.csv",
         md="results/table1.md",
@@ -29,7 +29,7 @@ rule table1_corrected:
     input:
         heads=lambda wc: [f for m in VISION["models"] for f in heads_files("corrected", m)],
         meta=lambda wc: [f for m in VISION["models"] for f in heads_files("corrected", m, "json")],
-        code=LIB_TABLES,
+        code=code_inputs("table1.py"),
     output:
         csv="results/table1_corrected.csv",
         md="results/table1_corrected.md",
@@ -54,7 +54,7 @@ rule table4:
         heads=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "csv", "paper")],
         meta=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "json", "paper")],
         signs=lambda wc: [f.replace(".csv", "_signs.h5") for m in TEXT["models"] for f in text_stage_files(m, "csv", "paper")],
-        code=LIB_TABLES,
+        code=code_inputs("table4.py"),
     output:
         csv="results/table4.csv",
         md="results/table4.md",
@@ -76,7 +76,7 @@ rule table4_corrected:
     input:
         heads=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "csv", "corrected")],
         meta=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "json", "corrected")],
-        code=LIB_TABLES,
+        code=code_inputs("table4.py"),
     output:
         csv="results/table4_corrected.csv",
         md="results/table4_corrected.md",

@@ -66,7 +66,7 @@ if TRAINING_LOGS_MISSING:
 rule train:
     input:
         data=lambda wc: FASHION_MNIST if TRAINING["scales"][wc.scale]["dataset"] == "fashion_mnist" else [],
-        code=LIB_TRAINING,
+        code=code_inputs("train.py"),
     output:
         log="results/training/{arch}_{scale}/log.csv",
     wildcard_constraints:
@@ -100,7 +100,7 @@ rule figure_training:
     input:
         logs=[f"results/training/{run}/log.csv" for run in FIGURE1["runs"]],
         reference=reference_logs_input(),
-        code=LIB_TRAINING_FIGURES,
+        code=code_inputs("figure_training.py"),
     output:
         pdf="results/figure{fig}.pdf",
         png=report(
