@@ -18,7 +18,7 @@ Methods compared (each measurement runs in its own subprocess, so peak RSS is it
     :func:`kpca_repro.kpca.head_metrics` called on one head at a time.
 ``batched``
     What the ``kpca_vision`` rule runs: chunks of ``--chunk`` heads through ``head_metrics``,
-    ``--threads`` chunks at a time on worker threads (:func:`kpca_repro.records.ordered_map`),
+    ``--threads`` chunks at a time on worker threads (:func:`kpca_repro.threads.ordered_map`),
     one intra-op torch thread on the CPU.
 
 Every measurement also checks that the methods produce the same numbers (``max_abs_diff``:
@@ -110,7 +110,7 @@ def _batched(k, v, base, variant, device, chunk, workers, eigh_device=None, stre
     import numpy as np
 
     from kpca_repro import kpca
-    from kpca_repro.records import device_stream, ordered_map
+    from kpca_repro.threads import device_stream, ordered_map
 
     def work(lo):
         hi = min(lo + chunk, k.shape[0])
@@ -444,7 +444,7 @@ def _extract(spec: dict) -> dict:
     import pandas as pd
     import torch
 
-    from kpca_repro.records import extract_vision
+    from kpca_repro.extraction import extract_vision
 
     torch.set_num_threads(os.cpu_count() or 1)
     files = sorted(Path(spec["image_dir"]).glob("*.JPEG"))[: spec["images"]]

@@ -25,7 +25,8 @@ from paper_reference import head_metrics_reference, head_metrics_reference_nlp  
 
 from kpca_repro.h5io import ActivationFile  # noqa: E402
 from kpca_repro.kpca import intra_op_threads  # noqa: E402
-from kpca_repro.records import kpca_records, torch_default_threads  # noqa: E402
+from kpca_repro.records import kpca_records  # noqa: E402
+from kpca_repro.threads import torch_default_threads  # noqa: E402
 
 METRICS = ("direct_cos_mean", "direct_cos_max", "optimal_cos_mean", "optimal_cos_max", "linear_cka", "rbf_cka")
 

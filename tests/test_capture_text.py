@@ -17,7 +17,7 @@ import torch
 import yaml
 from conftest import run_snakemake
 
-from kpca_repro import hf_capture, text
+from kpca_repro import extraction, hf_capture, text
 from kpca_repro.capture import INVARIANT_RTOL, CaptureMismatchError, attention_invariant, attention_mask_matrix
 from kpca_repro.h5io import ActivationFile
 from kpca_repro.vision import UnsupportedArchitectureError
@@ -280,7 +280,7 @@ def model_dirs(tmp_path_factory):
 
 def _extract(source, out, batch_size=2):
     samples = text.sample_rows(ROWS, 4, 10, seed=0)
-    text.extract_text("tiny/" + source.name, str(source), samples, out, batch_size=batch_size, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
+    extraction.extract_text("tiny/" + source.name, str(source), samples, out, batch_size=batch_size, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
 
 
 @pytest.mark.parametrize("kind", ["roformer", "modernbert", "longformer"])
@@ -355,7 +355,7 @@ def test_real_minilm_is_bit_identical_to_the_linear_outputs(tmp_path):
     for h in handles:
         h.remove()
     out = tmp_path / "minilm.h5"
-    text.extract_text(model_id, source, samples, out, batch_size=4, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
+    extraction.extract_text(model_id, source, samples, out, batch_size=4, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
     with ActivationFile(out) as af:
         assert af.attrs["capture_family"] == "bert" and af.attrs["hooked_layout"] == "batch_first"
         assert 0 < af.attrs["capture_max_rel_error"] < 1e-5

@@ -21,7 +21,7 @@ from conftest import real_deit_tiny, run_snakemake
 
 from kpca_repro import capture, images, vision
 from kpca_repro.h5io import ActivationFile
-from kpca_repro.records import extract_vision
+from kpca_repro.extraction import extract_vision
 
 SMALL = {"depth": 2, "img_size": 32, "patch_size": 8, "embed_dim": 48, "num_heads": 3}
 

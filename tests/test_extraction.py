@@ -10,7 +10,8 @@ from conftest import TINY_KWARGS
 
 from kpca_repro import images, resources
 from kpca_repro.h5io import ActivationFile, CorruptActivationFileError, atomic_output
-from kpca_repro.records import extract_vision, kpca_records
+from kpca_repro.extraction import extract_vision
+from kpca_repro.records import kpca_records
 from kpca_repro.vision import AttentionRecorder, attention_modules, load_timm_model
 
 

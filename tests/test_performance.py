@@ -15,7 +15,8 @@ from paper_reference import head_metrics_reference
 
 from kpca_repro import kpca
 from kpca_repro.h5io import ActivationFile, ActivationWriter
-from kpca_repro.records import kpca_records, layer_chunks, ordered_map
+from kpca_repro.records import kpca_records, layer_chunks
+from kpca_repro.threads import ordered_map
 
 
 @pytest.fixture
@@ -232,21 +233,21 @@ def test_sharded_and_unsharded_runs_give_identical_tables(tiny_resources, tmp_pa
 
 def test_one_forward_pass_per_image_batch_captures_every_layer(tiny_resources, photos_dir, tmp_path, monkeypatch):
     """The reference runs one full forward per layer; extraction runs one per image batch."""
-    from kpca_repro import images, records
+    from kpca_repro import extraction, images
 
     model_id = "vit_tiny_patch16_224"
     weights = tiny_resources / "weights" / "timm" / f"{model_id}.safetensors"
     calls = []
-    real_load = records.load_timm_model
+    real_load = extraction.load_timm_model
 
     def counting_load(*args, **kwargs):
         model = real_load(*args, **kwargs)
         model.register_forward_pre_hook(lambda mod, inp: calls.append(inp[0].shape[0]))
         return model
 
-    monkeypatch.setattr(records, "load_timm_model", counting_load)
+    monkeypatch.setattr(extraction, "load_timm_model", counting_load)
     samples = images.sample_images(images.list_images(photos_dir, "flat"), 5, seed=0)
-    records.extract_vision(model_id, weights, "x", samples, tmp_path / "a.h5", batch_size=2, device=torch.device("cpu"), model_kwargs=TINY_KWARGS[model_id], progress=False)
+    extraction.extract_vision(model_id, weights, "x", samples, tmp_path / "a.h5", batch_size=2, device=torch.device("cpu"), model_kwargs=TINY_KWARGS[model_id], progress=False)
     assert calls == [2, 2, 1]  # ceil(5 / 2) forward passes, for the model's 2 layers together
     with ActivationFile(tmp_path / "a.h5") as af:
         assert af.n_layers == 2 and all(np.abs(af.read(layer, ("k",))["k"]).sum() > 0 for layer in range(2))

@@ -12,7 +12,7 @@ import torch
 import yaml
 from conftest import REPO, resources_dir_for_real_weights, run_snakemake
 
-from kpca_repro import hf_capture, kpca, text
+from kpca_repro import extraction, hf_capture, kpca, text
 from kpca_repro.h5io import ActivationFile
 from kpca_repro.resources import sha256_file
 from kpca_repro.records import TEXT_PAPER_OPTIONS, _head_groups, kpca_records
@@ -218,10 +218,10 @@ def tiny_files(tiny_bert_dir, tmp_path_factory):
     files = []
     for i in range(2):
         f = out / f"text_5_{i}of2.h5"
-        text.extract_text(TINY_ID, str(tiny_bert_dir), samples, f, shard=(i, 2), batch_size=2, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
+        extraction.extract_text(TINY_ID, str(tiny_bert_dir), samples, f, shard=(i, 2), batch_size=2, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
         files.append(f)
     alone = out / "alone.h5"
-    text.extract_text(TINY_ID, str(tiny_bert_dir), samples.iloc[[3]], alone, batch_size=1, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
+    extraction.extract_text(TINY_ID, str(tiny_bert_dir), samples.iloc[[3]], alone, batch_size=1, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
     return samples, files, alone
 
 
@@ -242,12 +242,12 @@ def test_extracted_file_layout_and_mask(tiny_files, tiny_bert_dir, tmp_path):
     assert seen == list(lengths)
     # byte-identical on a rerun
     again = tmp_path / "again.h5"
-    text.extract_text(TINY_ID, str(tiny_bert_dir), samples, again, shard=(0, 2), batch_size=2, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
+    extraction.extract_text(TINY_ID, str(tiny_bert_dir), samples, again, shard=(0, 2), batch_size=2, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
     assert again.read_bytes() == files[0].read_bytes()
     # another batch size: the same tensors and attributes, except the invariant's measured error
     # (it is measured on each batch's first and last row, so on other rows)
     other = tmp_path / "other.h5"
-    text.extract_text(TINY_ID, str(tiny_bert_dir), samples, other, shard=(0, 2), batch_size=3, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
+    extraction.extract_text(TINY_ID, str(tiny_bert_dir), samples, other, shard=(0, 2), batch_size=3, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
     with ActivationFile(other) as a, ActivationFile(files[0]) as b:
         assert {k: v for k, v in a.attrs.items() if k != "capture_max_rel_error"} == {k: v for k, v in b.attrs.items() if k != "capture_max_rel_error"}
         assert 0 <= a.attrs["capture_max_rel_error"] <= a.attrs["capture_rtol"] and b.attrs["capture_family"] == "bert"
@@ -435,7 +435,7 @@ def test_real_minilm_through_the_metrics(tmp_path):
     model, tok = text.load_text_model(MINILM, source, offline=True)
     _check_hooks(model, text.tokenize_sample(tok, list(samples["text"]), 128))
     out = tmp_path / "minilm.h5"
-    text.extract_text(MINILM, source, samples, out, batch_size=3, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
+    extraction.extract_text(MINILM, source, samples, out, batch_size=3, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
     with ActivationFile(out) as af:
         assert (af.n_layers, int(af.attrs["n_heads"]), int(af.attrs["head_dim"])) == (6, 12, 32)
         assert af.attrs["weights_sha256"] == sha256_file(text.weights_file(MINILM, source))

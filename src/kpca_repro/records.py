@@ -1,148 +1,25 @@
-"""The two data-producing stages: activation extraction and per-head KPCA records.
+"""Stage 2: per-head records from activation files: KPCA metrics (Tables 1 and 4),
+eigenvalues (Tables 2 and 3) and the gamma test (Figure 3).
 
 Rule scripts call these; tests call them too. The mathematics itself lives in
-:mod:`kpca_repro.kpca`.
+:mod:`kpca_repro.kpca`; extraction (stage 1) in :mod:`kpca_repro.extraction`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
 
-import h5py
 import numpy as np
 import pandas as pd
 import torch
 
-from . import images as img
-from .h5io import ActivationFile, ActivationWriter, atomic_output
+from .h5io import ActivationFile
 from .kpca import CORRECTED, PAPER, gamma_test, head_metrics, top_eigenvalues
-from .smk import library_versions
-from .threads import resolve_eigh_threads, resolve_threads, torch_default_threads
-from .capture import INVARIANT_RTOL, check_attention_invariant
+from .threads import ordered_map
 from .uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES, head_sign_draws
-from .vision import CaptureRecorder, UnsupportedArchitectureError, attention_scale, capture_plan, load_timm_model
 
-__all__ = ["extract_vision", "kpca_records", "torch_default_threads", "resolve_eigh_threads", "resolve_threads", "pin_intra_op_threads", "TEXT_PAPER_OPTIONS", "baseline_noise", "eigenvalue_records", "gamma_records", "ordered_map", "layer_chunks", "device_stream"]
-
-
-def extract_vision(
-    model_id: str,
-    weights_path: str | os.PathLike,
-    weights_sha256: str,
-    samples: pd.DataFrame,
-    out_path: str | os.PathLike,
-    *,
-    batch_size: int,
-    device: torch.device,
-    model_kwargs: dict | None = None,
-    shard: tuple[int, int] = (0, 1),
-    progress: bool = True,
-) -> None:
-    """Run ``model_id`` over the sampled images and write q, k, v, h of every layer to HDF5.
-
-    One forward pass per batch of ``batch_size`` images captures every layer with
-    :class:`kpca_repro.vision.CaptureRecorder`: q and k as the attention's dot product uses
-    them (after q/k norms and the rotary embedding), v, and h before the output projection
-    (:mod:`kpca_repro.vision`). Preprocessing is the paper's
-    (:func:`kpca_repro.images.paper_transform`) at the model's input size.
-
-    The capture invariant (:func:`kpca_repro.capture.check_attention_invariant`) is checked
-    on every batch before its layers are written: for every layer, all heads of the batch's
-    first and last image must satisfy ``max |h - softmax(s q k^T) v| <= INVARIANT_RTOL *
-    max |v|`` with ``s = 1/sqrt(d)``. The largest error of the file is stored in the root
-    attributes ``capture_max_rel_error`` / ``capture_max_abs_error`` beside ``capture_rtol``,
-    ``capture_heads_checked``, ``attention_scale`` and ``capture_adapter``. The file is
-    written under a temporary name and renamed when complete, so a failed check leaves no
-    output file.
-
-    Args:
-        samples: the whole sampled-image table (``sample_rank``, ``dataset_index``,
-            ``path``), in order; the shard's rows are written.
-        out_path: the ``.h5`` file to write (layout: :mod:`kpca_repro.h5io`).
-        shard: ``(index, count)``: contiguous near-equal blocks of ``samples``
-            (:func:`kpca_repro.images.shard_slice`). Forward batches are the whole sample's
-            blocks of ``batch_size`` (:func:`kpca_repro.images.shard_batches`), so an image's
-            activations do not depend on the shard count.
-
-    Raises:
-        kpca_repro.images.UnreadableImageError: an image cannot be decoded (named).
-        kpca_repro.vision.UnsupportedArchitectureError: the model is not one the capture
-            supports (one line: model, reason, supported families), or a hook did not fire.
-        kpca_repro.capture.CaptureMismatchError: the captured q, k, v do not reproduce h.
-    """
-    from tqdm import tqdm
-
-    model = load_timm_model(model_id, weights_path, model_kwargs).to(device)
-    plan = capture_plan(model, model_id)
-    attns = [attn for attn, _ in plan]
-    scale = attention_scale(attns)
-    img_size = tuple(model.patch_embed.img_size)
-    transform = img.paper_transform(img_size)
-    n_prefix = int(getattr(model, "num_prefix_tokens", 1))
-    n_tokens = n_prefix + int(model.patch_embed.num_patches)
-    heads, head_dim = attns[0].num_heads, attns[0].head_dim
-    attrs = {
-        "model_id": model_id,
-        "weights_sha256": weights_sha256,
-        "weights_file": os.path.basename(str(weights_path)),
-        "model_kwargs": model_kwargs or {},
-        "n_layers": len(attns),
-        "n_heads": heads,
-        "head_dim": head_dim,
-        "n_tokens": n_tokens,
-        "n_prefix_tokens": n_prefix,
-        "preprocessing": {
-            "resize": list(img_size),
-            "interpolation": "bilinear (torchvision default, antialias)",
-            "normalize_mean": img.IMAGENET_MEAN,
-            "normalize_std": img.IMAGENET_STD,
-            "reference": "method.md Section 1",
-        },
-        "versions": library_versions(),
-        "shard": shard[0],
-        "n_shards": shard[1],
-        "dtype": "float32",
-        "attention_scale": scale,
-        "capture_adapter": "; ".join(dict.fromkeys(adapter.name for _, adapter in plan)),
-        "capture_rtol": INVARIANT_RTOL,
-        "capture_check": "every batch, every layer: all heads of the first and last image, max |h - softmax(s q k^T) v| / max |v|",
-    }
-    all_paths = list(samples["path"])
-    batches = img.shard_batches(len(samples), shard[1], shard[0], batch_size)
-    samples = samples.iloc[img.shard_slice(len(samples), shard[1], shard[0])]
-    attrs["inputs"] = [os.path.basename(p) for p in samples["path"]]
-    n = len(samples)
-    worst_rel, worst_abs, n_checked = 0.0, 0.0, 0
-    with atomic_output(out_path) as tmp, h5py.File(tmp, "w", track_order=False) as f:
-        writer = ActivationWriter(f, n, len(attns), heads, n_tokens, head_dim, attrs)
-        writer.write_index("sample_rank", samples["sample_rank"].to_numpy())
-        writer.write_index("dataset_index", samples["dataset_index"].to_numpy())
-        with torch.no_grad(), CaptureRecorder(plan, model_id) as rec:
-            for run, keep, start in tqdm(batches, desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5):
-                x = torch.stack([transform(img.load_image(p)) for p in all_paths[run]]).to(device)
-                rec.clear()
-                model(x)
-                if rec.missing():
-                    raise UnsupportedArchitectureError(f"{model_id}: the capture hooks did not fire for (layer, tensor) {rec.missing()[:4]}")
-                checked = sorted({0, keep.stop - keep.start - 1})
-                for layer in range(len(attns)):
-                    t = {name: a[keep] for name, a in rec.numpy_layer(layer).items()}
-                    if t["q"].shape[1:] != (heads, n_tokens, head_dim) or t["h"].shape != t["q"].shape:
-                        raise UnsupportedArchitectureError(
-                            f"{model_id}: layer {layer} captured q {t['q'].shape}, h {t['h'].shape}; expected (B, {heads}, {n_tokens}, {head_dim})"
-                        )
-                    res = check_attention_invariant(model_id, layer, t["q"], t["k"], t["v"], t["h"], scale=scale, inputs=checked)
-                    worst_rel, worst_abs = max(worst_rel, res.max_rel_error), max(worst_abs, res.max_abs_error)
-                    n_checked += res.n_heads_checked
-                    writer.write_batch(layer, start, t)
-        f.attrs["capture_max_rel_error"] = worst_rel
-        f.attrs["capture_max_abs_error"] = worst_abs
-        f.attrs["capture_heads_checked"] = n_checked
+__all__ = ["kpca_records", "TEXT_PAPER_OPTIONS", "baseline_noise", "eigenvalue_records", "gamma_records", "layer_chunks"]
 
 
 def baseline_noise(seed: int, dataset_index: int, layer: int, shape: tuple[int, ...]) -> torch.Tensor:
@@ -204,80 +81,6 @@ def _head_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str, lay
         yield (torch.from_numpy(k).reshape(-1, *k.shape[2:]), torch.from_numpy(v).reshape(-1, *v.shape[2:]),
                np.repeat(af.sample_rank, n_heads), np.repeat(af.dataset_index, n_heads), np.tile(np.arange(n_heads), n_in),
                base(af.dataset_index, tuple(v.shape[1:])))
-
-
-_THREAD_STREAMS = threading.local()
-
-
-def device_stream(device: torch.device, enabled: bool = True):
-    """A context that runs the calling thread's CUDA work on its own stream (else a no-op).
-
-    Worker threads of :func:`ordered_map` then overlap their kernels and their host syncs
-    instead of queueing on the default stream.
-    """
-    if not enabled or torch.device(device).type != "cuda":
-        return contextlib.nullcontext()
-    stream = getattr(_THREAD_STREAMS, "stream", None)
-    if stream is None:
-        stream = _THREAD_STREAMS.stream = torch.cuda.Stream(device=device)
-    return torch.cuda.stream(stream)
-
-
-def pin_intra_op_threads(n: int) -> None:
-    """Give the calling thread ``n`` torch intra-op threads, whatever it inherited.
-
-    A new thread takes torch's process-wide default when it first runs a parallel kernel
-    (set by the last ``torch.set_num_threads`` of any thread, for example a worker's
-    :func:`kpca_repro.kpca.intra_op_threads` around ``eigh``), and its OpenMP/MKL counts from
-    ``OMP_NUM_THREADS`` before that. Reading the count first makes torch initialise the
-    thread, so the explicit setting that follows is the one that holds.
-    """
-    if torch.get_num_threads() != n:
-        torch.set_num_threads(n)
-
-
-def ordered_map(fn: Callable, items: Iterable, *, workers: int = 1, max_pending: int | None = None) -> Iterator:
-    """``fn(item)`` for each item, in order, computed on ``workers`` threads.
-
-    The KPCA stage's work releases the GIL (torch kernels, LAPACK ``eigh``, scipy's
-    ``linear_sum_assignment``), so threads run chunks truly in parallel: on the CPU one
-    chunk's assignments overlap the next chunk's ``eigh``; on a GPU the assignments of
-    several chunks run on CPU threads while the GPU computes. ``items`` is consumed lazily and
-    at most ``max_pending`` (default ``2 * workers``) results are in flight, so memory stays
-    bounded by a few chunks whatever the number of items.
-
-    Every worker thread runs each item with the calling thread's torch intra-op thread count
-    (:func:`pin_intra_op_threads`), so an item's result does not depend on which thread
-    computes it or on what ran there before.
-
-    Args:
-        fn: called as ``fn(item)`` on a worker thread.
-        items: any iterable (a generator reading the activation file, for example).
-        workers: threads; ``1`` runs everything on the calling thread.
-        max_pending: in-flight bound.
-
-    Yields:
-        ``fn(item)`` in the order of ``items``. An exception in ``fn`` is raised here.
-    """
-    if workers <= 1:
-        for item in items:
-            yield fn(item)
-        return
-    bound = max_pending or 2 * workers
-    pending: deque = deque()
-    threads = torch.get_num_threads()
-
-    def pinned(item):
-        pin_intra_op_threads(threads)
-        return fn(item)
-
-    with ThreadPoolExecutor(workers, thread_name_prefix="kpca") as pool:
-        for item in items:
-            pending.append(pool.submit(pinned, item))
-            while len(pending) >= bound:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
 
 
 def layer_chunks(af: ActivationFile, layers: Sequence[int], heads_per_chunk: int, names: tuple[str, ...] = ("k", "v")) -> Iterator[tuple[int, np.ndarray, dict[str, torch.Tensor]]]:

@@ -28,16 +28,12 @@ import importlib.util
 import os
 from pathlib import Path
 
-import h5py
-import numpy as np
 import pandas as pd
 import torch
 from torch import nn
 
-from .h5io import ActivationWriter, atomic_output
+from .h5io import atomic_output
 from .images import sample_indices
-from .smk import library_versions
-from .vision import UnsupportedArchitectureError
 
 __all__ = [
     "LOCAL_MODELS_KEY",
@@ -55,7 +51,7 @@ __all__ = [
     "read_samples",
     "download_wikitext",
     "tokenize_sample",
-    "extract_text",
+    
 ]
 
 #: The configuration key that maps a Hugging Face id to a local model directory.
@@ -250,123 +246,3 @@ def tokenize_sample(tokenizer, texts: list[str], max_length: int) -> dict[str, t
     sample (at most ``max_length``) whatever the shard or batch size.
     """
     return dict(tokenizer(list(texts), padding=True, truncation=True, max_length=max_length, return_tensors="pt"))
-
-
-def extract_text(
-    model_id: str,
-    source: str,
-    samples: pd.DataFrame,
-    out_path: str | os.PathLike,
-    *,
-    shard: tuple[int, int] = (0, 1),
-    batch_size: int,
-    max_length: int,
-    device: torch.device,
-    offline: bool,
-    checksum: str | None = None,
-    progress: bool = True,
-) -> None:
-    """Run a language model over one shard of a text sample; write q, k, v, h and the mask.
-
-    One forward pass per batch captures every layer with the model family's adapter
-    (:mod:`kpca_repro.hf_capture`: q, k, v as the attention uses them, after any rotary
-    embedding, such that ``h = softmax(q k^T / sqrt(d) + mask) v``). After each batch and
-    before anything is written, the capture invariant (:mod:`kpca_repro.capture`) is checked
-    on every layer for all heads of the batch's first and last row, with the padding mask
-    (and the local window of Longformer / ModernBERT local layers); a mismatch aborts the
-    extraction and no output file is left (writing is atomic).
-
-    The HDF5 layout is the vision one (:mod:`kpca_repro.h5io`: ``/layers/<LL>/q|k|v|h`` of
-    shape ``(B, H, N, d)`` float32, ``N`` = the padded length the attention modules see, for
-    Longformer its internal padding to a multiple of the attention window) plus
-    ``/attention_mask`` ``(B, N)`` int64 (1 = real token). Root attributes: ``model_id``,
-    ``model_source``, ``weights_sha256``, ``weights_file``, ``n_layers``, ``n_heads``,
-    ``head_dim``, ``n_tokens``, ``hooked_layout``, ``tokenizer`` (JSON), ``max_length``,
-    ``padded_length``, ``versions``, ``shard``, ``n_shards``, ``dtype``, ``capture_family``,
-    ``capture_rtol`` (the invariant's tolerance) and ``capture_max_rel_error`` (the largest
-    measured ``max |h - h_hat| / max |v|`` over the checked heads).
-
-    Args:
-        samples: the whole sample (``sample_rank``, ``dataset_index``, ``text``); the
-            padding length is taken over all rows, the shard's rows are run.
-        shard: ``(index, count)``; rows are split into contiguous near-equal blocks. Forward
-            batches are the whole sample's blocks of ``batch_size``
-            (:func:`kpca_repro.images.shard_batches`), so a row's activations do not depend
-            on the shard count.
-        checksum: expected SHA-256 of the weights file (config ``checksums``), or None.
-
-    Raises:
-        kpca_repro.resources.ChecksumMismatchError: the weights differ from ``checksum``.
-        MissingModelError: the model cannot be loaded (id and configuration key named).
-        kpca_repro.vision.UnsupportedArchitectureError: the model's attention is refused or
-            the hooks do not fit it (one line: model, reason, supported families).
-        kpca_repro.capture.CaptureMismatchError: the stored q, k, v do not reproduce h.
-    """
-    from tqdm import tqdm
-
-    from .capture import INVARIANT_RTOL
-    from .hf_capture import HFAttentionRecorder, attention_modules, check_capture, check_text_model
-    from .images import shard_batches, shard_slice
-    from .resources import check_checksum
-
-    check_text_model(model_id, source)  # refuse from config.json before loading any weights
-    model, tokenizer = load_text_model(model_id, source, offline)
-    wf = weights_file(model_id, source)
-    if wf is None and checksum:
-        raise MissingModelError(f"{model_id}: no model.safetensors or pytorch_model.bin found in {source} to check against config key checksums")
-    model = model.to(device)
-    attns = attention_modules(model, model_id)
-    enc = tokenize_sample(tokenizer, list(samples["text"]), max_length)
-    rows = shard_slice(len(samples), shard[1], shard[0])
-    part = samples.iloc[rows]
-    batches = shard_batches(len(samples), shard[1], shard[0], batch_size)
-    n, padded = len(part), int(enc["input_ids"].shape[1])
-    heads, head_dim = attns[0].n_heads, attns[0].head_dim
-    attrs = {
-        "model_id": model_id,
-        "model_source": "hub" if source == model_id else os.path.basename(os.path.normpath(source)),
-        "weights_sha256": check_checksum(wf, checksum) if wf is not None else "",
-        "weights_file": wf.name if wf is not None else "",
-        "n_layers": len(attns),
-        "n_heads": heads,
-        "head_dim": head_dim,
-        "tokenizer": {
-            "class": type(tokenizer).__name__,
-            "padding": "longest row of the sample",
-            "truncation": True,
-            "max_length": max_length,
-            "padding_side": getattr(tokenizer, "padding_side", "right"),
-            "reference": "method.md Section 3",
-        },
-        "max_length": max_length,
-        "padded_length": padded,
-        "versions": library_versions(),
-        "shard": shard[0],
-        "n_shards": shard[1],
-        "dtype": "float32",
-        "capture_family": attns[0].family.name,
-        "capture_rtol": INVARIANT_RTOL,
-    }
-    with atomic_output(out_path) as tmp, h5py.File(tmp, "w", track_order=False) as f:
-        writer, max_error = None, 0.0
-        with torch.no_grad(), HFAttentionRecorder(attns) as rec:
-            for run, keep, start in tqdm(batches, desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5):
-                batch = {k: v[run].to(device) for k, v in enc.items()}
-                model(**batch)
-                n_tokens = int(rec.captured[0]["k"].shape[2])
-                if writer is None:
-                    if n_tokens < padded or any(layout != rec.layouts[0] for layout in rec.layouts):
-                        raise UnsupportedArchitectureError(f"{model_id}: the attention modules see {n_tokens} tokens for {padded} input tokens, or mixed layouts {rec.layouts}")
-                    attrs.update(n_tokens=n_tokens, hooked_layout=rec.layouts[0])
-                    writer = ActivationWriter(f, n, len(attns), heads, n_tokens, head_dim, attrs)
-                    writer.write_index("sample_rank", part["sample_rank"].to_numpy())
-                    writer.write_index("dataset_index", part["dataset_index"].to_numpy())
-                    mask = np.zeros((n, n_tokens), dtype=np.int64)
-                    mask[:, :padded] = enc["attention_mask"][rows].numpy()
-                    writer.write_attention_mask(mask)
-                layers = [{name: a[keep] for name, a in rec.numpy_layer(layer).items()} for layer in range(len(attns))]
-                key_mask = mask[start : start + keep.stop - keep.start]
-                max_error = max(max_error, check_capture(model_id, attns, layers, key_mask=key_mask))
-                for layer, tensors in enumerate(layers):
-                    writer.write_batch(layer, start, tensors)
-        f.attrs["capture_max_rel_error"] = max_error

@@ -1,4 +1,5 @@
-"""Thread counts of the jobs: torch's default, and the configuration's thread settings.
+"""Threads of the jobs: torch's default count, the configuration's thread settings, and the
+worker pool of the KPCA and eigenvalue stages.
 
 A small module of its own so that the extraction, norm and KPCA jobs can share it without
 listing each other's modules as rule inputs.
@@ -6,12 +7,19 @@ listing each other's modules as rule inputs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import subprocess
 import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["torch_default_threads", "resolve_threads", "resolve_eigh_threads"]
+import torch
+
+__all__ = ["torch_default_threads", "resolve_threads", "resolve_eigh_threads", "pin_intra_op_threads", "ordered_map", "device_stream"]
 
 
 #: Environment variables that set torch's default intra-op thread count (Snakemake sets them
@@ -69,3 +77,77 @@ def resolve_threads(setting: int | str | None, key: str = "kpca.eigh_threads") -
 def resolve_eigh_threads(setting: int | str | None) -> int | None:
     """The ``kpca.eigh_threads`` setting as a thread count (:func:`resolve_threads`)."""
     return resolve_threads(setting, "kpca.eigh_threads")
+
+
+_THREAD_STREAMS = threading.local()
+
+
+def device_stream(device: torch.device, enabled: bool = True):
+    """A context that runs the calling thread's CUDA work on its own stream (else a no-op).
+
+    Worker threads of :func:`ordered_map` then overlap their kernels and their host syncs
+    instead of queueing on the default stream.
+    """
+    if not enabled or torch.device(device).type != "cuda":
+        return contextlib.nullcontext()
+    stream = getattr(_THREAD_STREAMS, "stream", None)
+    if stream is None:
+        stream = _THREAD_STREAMS.stream = torch.cuda.Stream(device=device)
+    return torch.cuda.stream(stream)
+
+
+def pin_intra_op_threads(n: int) -> None:
+    """Give the calling thread ``n`` torch intra-op threads, whatever it inherited.
+
+    A new thread takes torch's process-wide default when it first runs a parallel kernel
+    (set by the last ``torch.set_num_threads`` of any thread, for example a worker's
+    :func:`kpca_repro.kpca.intra_op_threads` around ``eigh``), and its OpenMP/MKL counts from
+    ``OMP_NUM_THREADS`` before that. Reading the count first makes torch initialise the
+    thread, so the explicit setting that follows is the one that holds.
+    """
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
+def ordered_map(fn: Callable, items: Iterable, *, workers: int = 1, max_pending: int | None = None) -> Iterator:
+    """``fn(item)`` for each item, in order, computed on ``workers`` threads.
+
+    The KPCA stage's work releases the GIL (torch kernels, LAPACK ``eigh``, scipy's
+    ``linear_sum_assignment``), so threads run chunks truly in parallel: on the CPU one
+    chunk's assignments overlap the next chunk's ``eigh``; on a GPU the assignments of
+    several chunks run on CPU threads while the GPU computes. ``items`` is consumed lazily and
+    at most ``max_pending`` (default ``2 * workers``) results are in flight, so memory stays
+    bounded by a few chunks whatever the number of items.
+
+    Every worker thread runs each item with the calling thread's torch intra-op thread count
+    (:func:`pin_intra_op_threads`), so an item's result does not depend on which thread
+    computes it or on what ran there before.
+
+    Args:
+        fn: called as ``fn(item)`` on a worker thread.
+        items: any iterable (a generator reading the activation file, for example).
+        workers: threads; ``1`` runs everything on the calling thread.
+        max_pending: in-flight bound.
+
+    Yields:
+        ``fn(item)`` in the order of ``items``. An exception in ``fn`` is raised here.
+    """
+    if workers <= 1:
+        for item in items:
+            yield fn(item)
+        return
+    bound = max_pending or 2 * workers
+    pending: deque = deque()
+    threads = torch.get_num_threads()
+
+    def pinned(item):
+        pin_intra_op_threads(threads)
+        return fn(item)
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="kpca") as pool:
+        for item in items:
+            pending.append(pool.submit(pinned, item))
+            while len(pending) >= bound:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()

@@ -14,7 +14,7 @@ CLS, distillation and register tokens):
 
 ``s = 1/sqrt(d)`` for every supported family (checked, and recorded in each activation
 file as ``attention_scale``); the stored tensors satisfy ``h = softmax(s q k^T) v``, which
-:func:`kpca_repro.records.extract_vision` verifies on every batch
+:func:`kpca_repro.extraction.extract_vision` verifies on every batch
 (:mod:`kpca_repro.capture`).
 
 How: one forward pass per batch captures every layer. A forward pre-hook on each

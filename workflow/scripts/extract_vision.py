@@ -3,7 +3,7 @@
 import pandas as pd
 import torch
 
-from kpca_repro.records import extract_vision
+from kpca_repro.extraction import extract_vision
 from kpca_repro.threads import resolve_threads
 from kpca_repro.resources import check_checksum
 from kpca_repro.smk import setup_logging
