@@ -4,7 +4,7 @@
 #   snakemake --cores 8 results/table1.csv        # Table 1, paper variant
 #   snakemake --cores 8                           # everything configured (rule all)
 #
-# Specification of every number: shared/docs/method.md. Mathematics: src/kpca_repro/kpca.py.
+# Specification of every number: docs/method.md. Mathematics: src/kpca_repro/kpca.py.
 
 from snakemake.utils import min_version
 

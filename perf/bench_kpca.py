@@ -11,7 +11,7 @@ Methods compared (each measurement runs in its own subprocess, so peak RSS is it
 
 ``per_head`` (paper variant)
     ``tests/paper_reference.py``: the per-head transcription of the authors' ``value_vectors.py``
-    (method.md Section 12): one ``eigh``, one CKA helper call per CKA, one assignment per head,
+    (docs/method.md Section 12): one ``eigh``, one CKA helper call per CKA, one assignment per head,
     Python loops over heads. It is the test oracle of the batched code and is imported, not
     copied, so the baseline stays independent of what it measures.
 ``per_head`` (corrected variant)

@@ -3,7 +3,7 @@
 This is a test oracle, not part of the pipeline: one head at a time, explicit ``G`` and ``O``
 matrices, ``torch.median`` on the boolean selection, the CKA helper's class structure
 (github.com/jayroxis/CKA-similarity as used by ``value_vectors.py``), and scipy's
-assignment per head, as ``shared/docs/method.md`` Sections 0.2 and 2 describe. The
+assignment per head, as ``docs/method.md`` Sections 0.2 and 2 describe. The
 pipeline's batched :mod:`kpca_repro.kpca` must agree with it.
 """
 
@@ -106,7 +106,7 @@ def v_kpca_reference_nlp(k: torch.Tensor) -> torch.Tensor:
 
     Differs from :func:`v_kpca_reference` in the eigenvector selection (``A = eigvecs[:, -d:]``,
     the top ``d`` in ascending order, no re-sorting) and in ``G = diag(1/(g + 1e-6))``
-    (method.md Sections 0.2 and 3).
+    (docs/method.md Sections 0.2 and 3).
     """
     d = k.shape[1]
     kc, g, o = centered_gram_reference(k)

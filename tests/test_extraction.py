@@ -115,7 +115,7 @@ def test_atomic_directory_keeps_the_old_folder_until_complete(tmp_path):
 
 
 def test_paper_sampling_of_the_1000_image_set():
-    # method.md Section 1: seed 0 on the 1000-image sample gives these k = 1 and k = 25 draws
+    # docs/method.md Section 1: seed 0 on the 1000-image sample gives these k = 1 and k = 25 draws
     assert images.sample_indices(1000, 1, 0) == [864]
     assert images.sample_indices(1000, 25, 0)[:5] == [864, 394, 776, 911, 430]
     with pytest.raises(ValueError):

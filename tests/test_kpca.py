@@ -162,7 +162,7 @@ def test_paper_variant_reproduces_float32_overflow_and_corrected_has_none():
 
 def test_outer_product_overflow_is_silent_in_the_paper_variant():
     # g ~ N e^{s k.k} above ~1.8e19 overflows g_i g_j to inf without exp overflowing: Kphi
-    # entries become 0 and the head is kept, as in the reference (method.md 0.2).
+    # entries become 0 and the head is kept, as in the reference (docs/method.md 0.2).
     k = torch.zeros(1, 30, 64)
     k[0, :, 0] = 17.0  # s k.k = 289/8 = 36.1; g = 30 e^36.1 ~ 1.4e17 ... scale a few rows up
     k[0, :3, 0] = 19.0  # s k.k up to 45.1: g ~ 3e19 -> g^2 overflows

@@ -204,7 +204,7 @@ def test_corrected_text_norms_exclude_padding(tmp_path):
             row = a[(a["layer"] == layer) & (a["quantity"] == name)].iloc[0]
             ref = np.concatenate(vals)
             np.testing.assert_allclose([row["median"], row["band_lower"], row["band_upper"]], np.percentile(ref, [50, 2.5, 97.5]), rtol=1e-6)
-    # the paper recipe attends to and averages over the padding (method.md 9), so it changes
+    # the paper recipe attends to and averages over the padding (docs/method.md 9), so it changes
     pa = norm_statistics([tmp_path / "a.h5"], "paper", language=True, progress=False)
     pb = norm_statistics([tmp_path / "b.h5"], "paper", language=True, progress=False)
     assert (pa["n_values"] == 2 * 3 * 6).all() and not np.allclose(pa["median"], pb["median"])

@@ -57,7 +57,7 @@ def test_head_metrics_never_raise_and_flag_every_nonfinite_head(variant, kwargs,
     sims = _similarities(cols)
     n_heads = k.shape[0]
     assert all(a.shape == (n_heads,) for a in cols.values())
-    if variant == "corrected":  # method.md 15.1: nothing overflows, no head is dropped
+    if variant == "corrected":  # docs/method.md 15.1: nothing overflows, no head is dropped
         assert cols["finite"].all() and not cols["dropped"].any()
         assert np.isfinite(sims).all()
         assert np.isfinite(np.stack([a for n, a in cols.items() if n.startswith("baseline_")])).all()
@@ -120,7 +120,7 @@ def test_gamma_test_never_raises(variant, data, n_components):
 @PROPS
 @given(n=st.integers(3, 30), seed=st.integers(0, 2**31 - 1))
 def test_fixed_signs_do_not_depend_on_the_solver_path(n, seed):
-    """method.md 15.2: with the sign fixed, permuting the tokens permutes the eigenvectors'
+    """docs/method.md 15.2: with the sign fixed, permuting the tokens permutes the eigenvectors'
     rows and nothing else, though eigh is free to return either sign for either matrix."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n, n, generator=gen, dtype=torch.float64)

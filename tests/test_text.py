@@ -78,7 +78,7 @@ def test_slug_roundtrips_for_the_configured_models():
 
 
 def test_sample_is_random_sample_of_the_filtered_rows(tmp_path):
-    """method.md 3: filter on the stripped length, keep rows unstripped, random.sample under the seed."""
+    """docs/method.md 3: filter on the stripped length, keep rows unstripped, random.sample under the seed."""
     rows = ROWS * 3
     table = text.sample_rows(rows, 5, 30, seed=0)
     corpus = [r for r in rows if len(r.strip()) > 30]
@@ -298,7 +298,7 @@ def test_corrected_variant_excludes_padding(tiny_files):
 
 
 def test_longformer_misreading_in_the_paper_variant(tmp_path):
-    """Sequence-first files: each paper "head" is the B inputs at one position (method.md 3)."""
+    """Sequence-first files: each paper "head" is the B inputs at one position (docs/method.md 3)."""
     from kpca_repro.h5io import ActivationWriter
 
     import h5py
@@ -327,7 +327,7 @@ def test_longformer_misreading_in_the_paper_variant(tmp_path):
 
 
 # --------------------------------------------------------------------------------------
-# The language-model reference's metric quirks (method.md 3)
+# The language-model reference's metric quirks (docs/method.md 3)
 # --------------------------------------------------------------------------------------
 
 
@@ -446,7 +446,7 @@ def test_real_minilm_through_the_metrics(tmp_path):
     assert len(paper) == len(corrected) == 3 * 2 * 12 and (paper["n_tokens"] == n_pad).all()
     assert sorted(set(corrected["n_tokens"])) == sorted(set(lengths.tolist()))
     assert not paper["allclose"].any() and not corrected["allclose"].any()  # V is never V_KPCA
-    # real MiniLM heads overflow exp in float32 (method.md 13): NaN there, matched cosines 0; never in corrected
+    # real MiniLM heads overflow exp in float32 (docs/method.md 13): NaN there, matched cosines 0; never in corrected
     nonfinite = paper["dropped"].astype(bool)
     assert paper.loc[nonfinite, "linear_cka"].isna().all() and (paper.loc[nonfinite, "optimal_cos_max"] == 0).all()
     assert not corrected["dropped"].any() and np.isfinite(corrected["linear_cka"]).all()

@@ -195,7 +195,7 @@ def test_missing_fashion_mnist_names_the_path(tmp_path):
 
 
 def write_wandb(root, model="vit_tiny", run="reconstruction_vit", n=12):
-    """Synthetic W&B exports: 15 steps per epoch, then 17 from epoch 8 (the drift of method.md 6.2)."""
+    """Synthetic W&B exports: 15 steps per epoch, then 17 from epoch 8 (the drift of docs/method.md 6.2)."""
     step0 = {"train_error": 2, "train_h_norms_ave": 5, "train_phiq_norms_ave": 6, "train_rel_error_wrt_h": 3, "train_rel_error_wrt_phiq": 4}
     step0.update({k.replace("train", "test"): v + 8 for k, v in step0.items()})
     steps = np.array([15 * min(e, 8) + 17 * max(e - 8, 0) for e in range(n)])

@@ -279,6 +279,6 @@ def test_real_deit_tiny_through_the_chain(tmp_path):
     assert row["n_allclose"] == 0  # V is never V_KPCA (paper: 0 passes)
     assert 0 < row["LCKA"] < 1 and 0 < row["KCKA"] < 1 and row["MOC"] > row["MDC"]
     samples = pd.read_csv(tmp_path / "results" / "samples" / "vision_3.tsv", sep="\t")
-    assert samples["path"].str.endswith("n04461696_tow_truck.JPEG").iloc[0]  # method.md: seed 0 -> index 864
+    assert samples["path"].str.endswith("n04461696_tow_truck.JPEG").iloc[0]  # docs/method.md: seed 0 -> index 864
     meta = json.loads(next((tmp_path / "results" / "heads" / "paper").rglob("*.json")).read_text())
     assert meta["n_images"] == 3

@@ -4,7 +4,7 @@ Every extraction (vision and language models) checks, after each forward pass an
 anything is written, that the per-head tensors about to be stored explain the model's own
 per-head attention output::
 
-    h_hat = softmax(s * q k^T + mask) v          (method.md Section 0.1)
+    h_hat = softmax(s * q k^T + mask) v          (docs/method.md Section 0.1)
 
 for a sample of heads in every layer. A hook that captures a tensor the attention does not
 use (q/k before a normalisation or a rotary embedding, logits with a position bias the

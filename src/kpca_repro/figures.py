@@ -25,7 +25,7 @@ def plot_gamma(records: pd.DataFrame, pdf: str | os.PathLike, png: str | os.Path
     Rows: true and perturbed eigenvectors; columns: absolute ``|gamma_i - gamma_j|`` and
     relative spread. Per component, over heads (of every image drawn) of the per-head pair
     mean: the median as a solid line, the 25th-75th percentile (:data:`GAMMA_BAND`, numpy's
-    linear interpolation) as the band, and the mean (the reference's line, method.md Section
+    linear interpolation) as the band, and the mean (the reference's line, docs/method.md Section
     10) dashed; red line at 0. The reference's band, +/- standard deviation over heads,
     reaches below zero for this non-negative quantity and is not drawn; it is kept in the
     returned statistics (``std``, ddof 0).
@@ -76,7 +76,7 @@ def plot_gamma(records: pd.DataFrame, pdf: str | os.PathLike, png: str | os.Path
     return stats
 
 
-#: Figures 2 and 5: marker and colour per quantity (method.md 8: phi blue 'o', h red 's').
+#: Figures 2 and 5: marker and colour per quantity (docs/method.md 8: phi blue 'o', h red 's').
 NORM_STYLE = {
     "phi": ("tab:blue", "o", r"$\|\varphi(q_i)\|^2$"),
     "h": ("tab:red", "s", r"$\|h_i\|^2$"),
@@ -89,7 +89,7 @@ def plot_norms(stats: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLi
     Per panel (in the order models first appear in ``stats``): for each quantity the median
     over the pooled (sequence, head, token) values of each layer as a line with markers
     (phi blue ``o``, h red ``s``) and a shaded band from ``band_lower`` to ``band_upper``;
-    log y-axis, x = layer index, the model's short name in a box bottom-right (method.md 8).
+    log y-axis, x = layer index, the model's short name in a box bottom-right (docs/method.md 8).
 
     Args:
         stats: rows of :func:`kpca_repro.norms.norm_statistics` (``model, layer, quantity,
@@ -137,7 +137,7 @@ def plot_norms(stats: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLi
 
 
 # --------------------------------------------------------------------------------------
-# Figures 1 and 4: training curves (method.md Sections 6.3 and 7)
+# Figures 1 and 4: training curves (docs/method.md Sections 6.3 and 7)
 # --------------------------------------------------------------------------------------
 
 #: Colours of the authors' scripts: (train = light, test = dark) per model.
@@ -159,7 +159,7 @@ def _keep(curves: pd.DataFrame, skip_epochs: dict[str, float]) -> pd.DataFrame:
 def plot_figure1(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLike, skip_epochs: dict[str, float]) -> pd.DataFrame:
     """Figure 1: J_proj of the train and test batch, with ||h||^2 (circles) and ||phi(q)||^2 (triangles).
 
-    method.md 6.3: per model, train J_proj as a light line and test as a dark line (ViT
+    docs/method.md 6.3: per model, train J_proj as a light line and test as a dark line (ViT
     blue, DeiT red), ``h_norms_ave`` as circles and ``phiq_norms_ave`` as triangles on every
     k-th kept point (k = 3 for ~130 epochs; about 40 markers per series), points with
     ``x >= skip_epochs[source]``, linear y with limits ``(-0.5, ymax + 0.1 (ymax - ymin))``.
@@ -217,7 +217,7 @@ def plot_figure1(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.Pat
 def plot_figure4(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLike, skip_epochs: dict[str, float]) -> pd.DataFrame:
     """Figure 4: the relative errors ``rel_error_wrt_h`` (top) and ``rel_error_wrt_phiq`` (bottom).
 
-    method.md 7, one column per (source, model): train (blue #0066CC) and test (red #CC0000)
+    docs/method.md 7, one column per (source, model): train (blue #0066CC) and test (red #CC0000)
     points. Top: points with ``x >= skip_epochs[source]`` (the code drops the first 10 epochs
     here), y-limits [0.9, 1.1] when every point lies inside, else automatic. Bottom: every
     epoch, on a log y-axis (symlog if a value is not positive), so the values of order

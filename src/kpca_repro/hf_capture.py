@@ -1,6 +1,6 @@
 """Hugging Face attention capture: store the q, k, v the attention really uses, or refuse.
 
-The KPCA analysis (method.md Sections 0 and 3) needs, per layer and head, the q, k, v of an
+The KPCA analysis (docs/method.md Sections 0 and 3) needs, per layer and head, the q, k, v of an
 attention of the form ``h = softmax(s q k^T + mask) v`` with ``s = 1/sqrt(d)``, and ``h``, the
 per-head output before the output projection. Hugging Face encoders differ in what they do
 between their projections and the dot product, so each family has an adapter (:data:`FAMILIES`)
@@ -527,7 +527,7 @@ class HFAttentionRecorder(HeadRecorder):
 
         def hook(_mod, inp, out):
             t = self.captured[layer]
-            if name in t or (name == "qkv" and "q" in t):  # first call kept (method.md 3)
+            if name in t or (name == "qkv" and "q" in t):  # first call kept (docs/method.md 3)
                 return
             layout = self._layout(attn, layer, inp[0], name)
             self.layouts[layer] = layout

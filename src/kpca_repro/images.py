@@ -1,4 +1,4 @@
-"""Vision inputs: the image list, the paper's sampling, preprocessing (method.md Section 1)."""
+"""Vision inputs: the image list, the paper's sampling, preprocessing (docs/method.md Section 1)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def list_images(root: str | os.PathLike, layout: str) -> list[ImageRecord]:
             (classes = sorted folder names, files sorted within a class; index = position);
             ``"flat"``: a flat folder of ``<wnid>_<label>.JPEG`` files (the ImageNet sample),
             ordered by sorted file name, which is ImageFolder's order for the same images in
-            class folders (method.md Section 1), class index = position.
+            class folders (docs/method.md Section 1), class index = position.
 
     Returns:
         Records in dataset order.
@@ -84,7 +84,7 @@ def sample_indices(n_population: int, k: int, seed: int) -> list[int]:
     """The paper's draw: ``random.seed(seed); random.sample(range(n_population), k)``.
 
     A fresh stdlib RNG state per call, as each of the authors' scripts seeds and draws once
-    (method.md Section 1). The order of the returned list is the draw order.
+    (docs/method.md Section 1). The order of the returned list is the draw order.
 
     Raises:
         ValueError: ``k`` larger than the population or not positive.
@@ -157,7 +157,7 @@ def shard_batches(n_items: int, n_shards: int, shard: int, batch_size: int) -> l
 def paper_transform(image_size: int | tuple[int, int] = 224):
     """``Resize((224, 224))`` + ``ToTensor`` + ImageNet ``Normalize``, for every model.
 
-    method.md Section 1: direct resize to a square (aspect ratio not kept, no crop, PIL
+    docs/method.md Section 1: direct resize to a square (aspect ratio not kept, no crop, PIL
     bilinear with antialias), ImageNet mean/std even for the ViTs whose weights expect 0.5.
     """
     from torchvision import transforms

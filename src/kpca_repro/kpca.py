@@ -4,10 +4,10 @@ Everything here works on batches of heads: a tensor of shape ``(..., N, d)`` hol
 ``N x d`` matrix (tokens x head dimension) per leading index, so a whole layer of a whole
 image batch (``B * H`` heads) goes through one call, on the CPU or on a GPU.
 
-Two variants follow ``shared/docs/method.md``:
+Two variants follow ``docs/method.md``:
 
 ``paper``
-    The authors' code to the letter (method.md Sections 0.2 and 2): float32, the exact order
+    The authors' code to the letter (docs/method.md Sections 0.2 and 2): float32, the exact order
     of operations ``exp -> row sum -> g g^T + 1e-6 -> divide -> dense centering``, plain
     ``exp`` (so float32 overflow is reproduced), eigenpairs sorted by ``|lambda|``
     descending, token-row cosines, CKA on the raw matrices with ``+1e-10`` denominators and
@@ -15,11 +15,11 @@ Two variants follow ``shared/docs/method.md``:
     *dropped* exactly as the reference's try/except drops it.
 
 ``corrected``
-    method.md Section 15: float64, log-domain Gram matrix (nothing overflows), eigenpairs
+    docs/method.md Section 15: float64, log-domain Gram matrix (nothing overflows), eigenpairs
     sorted by signed eigenvalue with a deterministic sign, column-wise comparisons as the
     paper's text describes them, CKA without epsilons, and random Gaussian baselines.
 
-Notation (method.md Section 0.1): ``N`` tokens, ``d`` head dimension, ``s = 1/sqrt(d)``,
+Notation (docs/method.md Section 0.1): ``N`` tokens, ``d`` head dimension, ``s = 1/sqrt(d)``,
 ``K`` keys, ``V`` values, ``g_i = sum_j exp(s k_i . k_j)`` and
 ``V_KPCA = G A - G 1_N A`` with ``G = diag(1/g)`` and ``A`` the top-``d`` eigenvectors of the
 centered Gram matrix (paper Eq. 5).
@@ -75,11 +75,11 @@ PAPER = "paper"
 CORRECTED = "corrected"
 VARIANTS = (PAPER, CORRECTED)
 
-#: Added to ``g_i g_j`` before dividing in the reference code (method.md 0.2 step 3).
+#: Added to ``g_i g_j`` before dividing in the reference code (docs/method.md 0.2 step 3).
 GRAM_EPS = 1e-6
-#: Added to row norms before dividing in the reference code (method.md 2, cosines).
+#: Added to row norms before dividing in the reference code (docs/method.md 2, cosines).
 ROW_NORM_EPS = 1e-8
-#: Added to the CKA denominators in the reference code (method.md 2, CKA).
+#: Added to the CKA denominators in the reference code (docs/method.md 2, CKA).
 CKA_EPS = 1e-10
 
 
@@ -108,7 +108,7 @@ def _ones_over_n(n: int, like: torch.Tensor) -> torch.Tensor:
 def gram_paper(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalised Gram matrix of the keys exactly as the reference computes it.
 
-    method.md Section 0.2 steps 1-3: ``Kraw = exp(K K^T / sqrt(d))``, ``g = Kraw 1``,
+    docs/method.md Section 0.2 steps 1-3: ``Kraw = exp(K K^T / sqrt(d))``, ``g = Kraw 1``,
     ``Kphi = Kraw / (g g^T + 1e-6)``. Computed in the dtype of ``k`` (float32 for the paper
     variant), with plain ``exp``: keys with ``s k_i.k_j > ~88.7`` overflow to ``inf`` and give
     ``NaN`` entries, and ``g_i g_j > ~3.4e38`` gives silent zeros, as in the reference.
@@ -128,7 +128,7 @@ def gram_paper(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def log_gram(k: torch.Tensor, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-domain normalised Gram matrix (method.md Section 15.1).
+    """Log-domain normalised Gram matrix (docs/method.md Section 15.1).
 
     ``log Kphi_ij = s k_i.k_j - LSE_m(s k_i.k_m) - LSE_m(s k_j.k_m)``; no epsilon, so
     ``0 <= Kphi_ij <= 1`` and nothing overflows for any finite key magnitude.
@@ -150,7 +150,7 @@ def log_gram(k: torch.Tensor, scale: float | None = None) -> tuple[torch.Tensor,
 def center_dense(m: torch.Tensor) -> torch.Tensor:
     """``M - O M - M O + O M O`` with three dense matmuls, as the reference centers Kphi.
 
-    method.md 0.2 step 4 (``O = 1_N 1_N^T / N``). Mathematically ``H M H`` with
+    docs/method.md 0.2 step 4 (``O = 1_N 1_N^T / N``). Mathematically ``H M H`` with
     ``H = I - O``; kept as dense products so float32 round-off and NaN propagation match.
 
     Args:
@@ -262,7 +262,7 @@ def eigenpairs(
     """Top eigenpairs of symmetric matrices, batched, non-finite matrices handled.
 
     ``torch.linalg.eigh`` on every matrix, then the selection rule of the script being
-    reproduced (method.md 0.2 step 6):
+    reproduced (docs/method.md 0.2 step 6):
 
     * ``"abs_desc"``: by ``|lambda|`` descending (Table 1, ``value_vectors.py``);
     * ``"desc"``: by signed eigenvalue descending (Tables 2-3, Fig. 3; the corrected variant);
@@ -278,7 +278,7 @@ def eigenpairs(
         n_components: number of eigenpairs kept (``d``), ``1 <= n_components <= N``.
         order: one of ``"abs_desc"``, ``"desc"``, ``"asc_top"``.
         fix_signs: make each eigenvector's entry of largest magnitude positive
-            (method.md 15.2), so the result does not depend on the LAPACK/cuSOLVER sign.
+            (docs/method.md 15.2), so the result does not depend on the LAPACK/cuSOLVER sign.
         per_matrix: call the solver on one freshly allocated matrix at a time (default: on
             the CPU). LAPACK (MKL) picks its code path by the memory alignment of each matrix
             in a batch, so batched CPU ``eigh`` gives a head different round-off, and at
@@ -338,7 +338,7 @@ def eigenpairs(
 
 
 def v_kpca(a: torch.Tensor, inv_g: torch.Tensor) -> torch.Tensor:
-    """``V_KPCA = G A - G 1_N A`` (paper Eq. 5; method.md 0.2 step 8).
+    """``V_KPCA = G A - G 1_N A`` (paper Eq. 5; docs/method.md 0.2 step 8).
 
     Row ``i`` is ``(A_i - mean_rows(A)) * inv_g_i``. ``inv_g`` is ``1/g`` for the paper's
     vision code, ``1/(g + 1e-6)`` for its language code, or ``exp(log g_min - log g)`` in
@@ -405,7 +405,7 @@ def assignment_similarities(sim: torch.Tensor, valid: torch.Tensor | None = None
         valid: optional bool mask ``(...)``; matrices marked False are skipped and get NaN.
         nan_to_zero: replace NaN entries of ``S`` by 0 before matching and read the matched
             values from the cleaned matrix, as ``nlp_value_vectors.py`` does with
-            ``nan_to_num(cost, nan=0)`` (method.md 3): an all-NaN head gets matched
+            ``nan_to_num(cost, nan=0)`` (docs/method.md 3): an all-NaN head gets matched
             similarities 0 instead of raising.
 
     Returns:
@@ -459,7 +459,7 @@ def linear_cka(x: torch.Tensor, y: torch.Tensor, paper: bool = True, sqrt_of_pro
 
     ``CKA = HSIC(XX^T, YY^T) / sqrt(HSIC(XX^T, XX^T) HSIC(YY^T, YY^T))`` with
     ``HSIC(K, L) = sum((HKH) * (HLH))`` (no ``1/(n-1)^2``, which cancels). With
-    ``paper=True`` the reference's form (method.md 2): explicit ``H`` matmuls and
+    ``paper=True`` the reference's form (docs/method.md 2): explicit ``H`` matmuls and
     ``sqrt(.)*sqrt(.) + 1e-10`` as denominator. Invariant to orthogonal transforms and
     isotropic scaling of either argument; ``CKA(X, X) = 1``.
 
@@ -468,7 +468,7 @@ def linear_cka(x: torch.Tensor, y: torch.Tensor, paper: bool = True, sqrt_of_pro
         paper: reference formula (True) or exact formula (False; NaN when a side is constant).
         sqrt_of_product: with ``paper``, the language-model script's denominator
             ``sqrt(HSIC(X,X) HSIC(Y,Y)) + 1e-10`` (product before the square root, so it can
-            overflow in float32; method.md 3) instead of ``sqrt(.) sqrt(.) + 1e-10``.
+            overflow in float32; docs/method.md 3) instead of ``sqrt(.) sqrt(.) + 1e-10``.
 
     Returns:
         Shape ``(...)``, in ``[0, 1]`` up to round-off.
@@ -524,7 +524,7 @@ def rbf_kernel(x: torch.Tensor, paper: bool = True, *, gram: torch.Tensor | None
 
     ``G = X X^T``, ``D_ij = G_jj - G_ij + G_ii - G_ji`` (squared distances, exactly 0 on the
     diagonal), ``sigma^2 = median(D[D != 0])`` (the *lower* median when ``paper``),
-    ``K = exp(-D / (2 sigma^2))``. method.md Section 2, kernel CKA.
+    ``K = exp(-D / (2 sigma^2))``. docs/method.md Section 2, kernel CKA.
 
     Args:
         x: shape ``(..., N, d)``.
@@ -548,7 +548,7 @@ def rbf_kernel(x: torch.Tensor, paper: bool = True, *, gram: torch.Tensor | None
 def rbf_cka(x: torch.Tensor, y: torch.Tensor, paper: bool = True, sqrt_of_product: bool = False) -> torch.Tensor:
     """Kernel (RBF) CKA of ``X`` and ``Y``, each with its own median bandwidth.
 
-    Same HSIC and denominators as :func:`linear_cka` (method.md 2, kernel CKA).
+    Same HSIC and denominators as :func:`linear_cka` (docs/method.md 2, kernel CKA).
 
     Args:
         x, y: shape ``(..., N, d_x)``, ``(..., N, d_y)``.
@@ -613,7 +613,7 @@ def _token_row_metrics(
 
 
 def _column_metrics(v: torch.Tensor, vk: torch.Tensor, valid: torch.Tensor, prefix: str = "") -> dict[str, torch.Tensor]:
-    """Column-wise comparison the paper's text describes (method.md 15.3), sign-invariant.
+    """Column-wise comparison the paper's text describes (docs/method.md 15.3), sign-invariant.
 
     Column ``c`` of ``V`` (one value dimension across the ``N`` tokens) against column ``c`` of
     ``V_KPCA`` (one eigen-direction): mean over columns of ``|cos|``; and the optimal
@@ -662,7 +662,7 @@ def head_metrics(
     eigh_threads: int | None = None,
     rows: dict | None = None,
 ) -> dict[str, np.ndarray]:
-    """Every per-head quantity of Table 1 (method.md 2) or its corrected form (method.md 15).
+    """Every per-head quantity of Table 1 (docs/method.md 2) or its corrected form (docs/method.md 15).
 
     For each head: Gram matrix of the keys, centering, eigenpairs, ``A`` (top ``d``),
     ``V_KPCA`` (Eq. 5), then ``V`` against ``V_KPCA``: the allclose test, direct and
@@ -678,7 +678,7 @@ def head_metrics(
         g_eps: added to ``g`` in ``G = diag(1/(g + g_eps))`` (paper variant; 0 for vision,
             1e-6 for the language-model script).
         baseline: standard normal samples of ``V_KPCA``'s shape ``(heads, N, d)`` (corrected).
-        nan_cost_to_zero: reproduce ``nlp_value_vectors.py`` (method.md 3), which has no
+        nan_cost_to_zero: reproduce ``nlp_value_vectors.py`` (docs/method.md 3), which has no
             try/except: no head is dropped, every head goes through the assignment with
             NaN similarities replaced by 0 (a non-finite head gets matched cosines 0 while
             its other similarities stay NaN, to be skipped by a NaN-skipping mean).
@@ -768,8 +768,8 @@ def head_metrics(
     for name, t in cols.items():
         arr = t.detach().cpu().numpy()
         out[name] = arr if arr.dtype == bool else arr.astype(np.float64)
-    # A dropped head contributes nothing (method.md 2 step 3): blank its similarities.
-    # Without try/except (nan_cost_to_zero, method.md 3) nothing is dropped.
+    # A dropped head contributes nothing (docs/method.md 2 step 3): blank its similarities.
+    # Without try/except (nan_cost_to_zero, docs/method.md 3) nothing is dropped.
     for name, arr in out.items():
         if arr.dtype != bool and not name.startswith("baseline_") and not nan_cost_to_zero:
             arr[out["dropped"]] = np.nan
@@ -782,7 +782,7 @@ def head_metrics(
 
 
 def standardize_tokens(x: torch.Tensor, eps: float = ROW_NORM_EPS) -> torch.Tensor:
-    """Standardize each token vector over its ``d`` features (method.md Section 4 step 1).
+    """Standardize each token vector over its ``d`` features (docs/method.md Section 4 step 1).
 
     ``x_j <- (x_j - mean_c x_jc) / (std_c x_jc + 1e-8)`` with the unbiased std, as the
     reference does (the paper's text says "per dimension"; the code works per token), so
@@ -803,7 +803,7 @@ def standardize_tokens(x: torch.Tensor, eps: float = ROW_NORM_EPS) -> torch.Tens
 def top_eigenvalues(k: torch.Tensor, n_components: int, variant: str, standardize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``n_components`` largest eigenvalues of the centered Gram matrix of the keys.
 
-    method.md Sections 4-5: optional per-token key standardization, Gram matrix, centering,
+    docs/method.md Sections 4-5: optional per-token key standardization, Gram matrix, centering,
     ``eigh``, signed-descending order, ``|lambda_r|`` for ranks ``r = 1..n`` (no division by
     ``N``). ``paper``: float32, plain ``exp`` (NaN where it overflows without
     standardization). ``corrected``: float64 log-domain Gram matrix (always finite).
@@ -840,7 +840,7 @@ def top_eigenvalues(k: torch.Tensor, n_components: int, variant: str, standardiz
 
 
 def perturb_eigenvectors(a: torch.Tensor, noise: float, generator: torch.Generator) -> torch.Tensor:
-    """Random near-eigenvectors: reduced QR of ``A + noise * N(0, 1)`` (method.md Section 10).
+    """Random near-eigenvectors: reduced QR of ``A + noise * N(0, 1)`` (docs/method.md Section 10).
 
     Args:
         a: eigenvectors, shape ``(..., N, d)``.
@@ -856,7 +856,7 @@ def perturb_eigenvectors(a: torch.Tensor, noise: float, generator: torch.Generat
 
 
 def gamma_matrix(kc: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-    """``Gamma = (K~ A) / (N A)`` elementwise (method.md Section 10).
+    """``Gamma = (K~ A) / (N A)`` elementwise (docs/method.md Section 10).
 
     For an exact eigenvector ``a_d`` every entry of column ``d`` equals ``lambda_d / N``, the
     eigenvalue of the covariance operator; spreads within a column measure how far ``A`` is
@@ -938,7 +938,7 @@ def log_feature_norm_sq(q: torch.Tensor, k: torch.Tensor, scale: float | None = 
     """``log ||phi(q_i)||^2 = s ||q_i||^2 - 2 LSE_j(s q_i . k_j)``, in the log domain.
 
     By the kernel trick ``||phi(q_i)||^2 = k(q_i, q_i) / g(q_i)^2`` with
-    ``k(x, y) = exp(s x.y)`` and ``g(q_i) = sum_j exp(s q_i.k_j)`` (method.md Section 0.3).
+    ``k(x, y) = exp(s x.y)`` and ``g(q_i) = sum_j exp(s q_i.k_j)`` (docs/method.md Section 0.3).
     Finite for every finite ``q`` and ``k``.
 
     Args:
@@ -972,7 +972,7 @@ def feature_norm_sq(
     log_domain: bool = True,
     log_of_sum: bool = False,
 ) -> torch.Tensor:
-    """``||phi(q_i)||^2 = exp(s ||q_i||^2) / (sum_j exp(s q_i . k_j))^2`` (method.md 0.3).
+    """``||phi(q_i)||^2 = exp(s ||q_i||^2) / (sum_j exp(s q_i . k_j))^2`` (docs/method.md 0.3).
 
     ``log_domain=True`` (``norms.py``, the corrected variant): ``exp`` of
     :func:`log_feature_norm_sq`; it underflows to 0 but never overflows to NaN.
@@ -980,7 +980,7 @@ def feature_norm_sq(
     ``nlp_norms.py`` and the training code compute it; ``inf/inf`` gives NaN and an
     overflowing denominator gives 0, as there.
     ``log_domain=False, log_of_sum=True``: ``nlp_norms.py``'s order of operations
-    (method.md 0.3 and 9), ``exp(s ||q_i||^2 - 2 log(sum_j exp(s q_i . k_j)))`` with plain
+    (docs/method.md 0.3 and 9), ``exp(s ||q_i||^2 - 2 log(sum_j exp(s q_i . k_j)))`` with plain
     ``exp`` and ``log`` of the plain sum in ``q``'s dtype; where that log-denominator is
     not finite (the sum overflowed) the value is set to 0, as there.
 
@@ -1006,7 +1006,7 @@ def feature_norm_sq(
 
 
 def attention_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, key_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-head attention output ``h_i = sum_j softmax_j(s q_i . k_j) v_j`` (method.md 0.1, 0.4).
+    """Per-head attention output ``h_i = sum_j softmax_j(s q_i . k_j) v_j`` (docs/method.md 0.1, 0.4).
 
     Args:
         q, k: shape ``(..., N, d)``, ``(..., M, d)``.
@@ -1029,7 +1029,7 @@ def output_norm_sq(h: torch.Tensor) -> torch.Tensor:
 
 
 def projection_errors(phi_sq: torch.Tensor, h_sq: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-8) -> dict[str, torch.Tensor]:
-    """The projection loss J_proj and its parts, as the training code logs them (method.md 6.1).
+    """The projection loss J_proj and its parts, as the training code logs them (docs/method.md 6.1).
 
     With ``e_i = |phi_i - ||h_i||^2|`` over all the given (batch, head, token) entries:
     ``error`` = mean ``e`` (J_proj as the mean absolute error, paper Appendix A),
@@ -1066,18 +1066,18 @@ def projection_errors(phi_sq: torch.Tensor, h_sq: torch.Tensor, mask: torch.Tens
 # Figures 2 and 5: per-layer statistics of the squared norms
 # --------------------------------------------------------------------------------------
 
-#: ``s`` of ``norms.py`` / ``nlp_norms.py``: ``sqrt(d) = 8`` hard-coded (method.md 0.3, 8, 9).
+#: ``s`` of ``norms.py`` / ``nlp_norms.py``: ``sqrt(d) = 8`` hard-coded (docs/method.md 0.3, 8, 9).
 PAPER_NORMS_SCALE = 1.0 / 8.0
-#: Values above this percentile are dropped per layer before the statistics (method.md 8).
+#: Values above this percentile are dropped per layer before the statistics (docs/method.md 8).
 PAPER_NORMS_TRIM = 95.0
-#: The paper's shaded band: 25th-75th percentiles of the trimmed values (method.md 8).
+#: The paper's shaded band: 25th-75th percentiles of the trimmed values (docs/method.md 8).
 PAPER_NORMS_BAND = (25.0, 75.0)
 #: The band the captions promise ("95% percentiles"): the central 95 % of all values.
 CORRECTED_NORMS_BAND = (2.5, 97.5)
 
 
 def layer_norm_statistics(values: np.ndarray, trim: float | None = None, band: tuple[float, float] = PAPER_NORMS_BAND) -> dict[str, float]:
-    """Per-layer statistics of one squared-norm quantity (Figures 2 and 5, method.md 8-9).
+    """Per-layer statistics of one squared-norm quantity (Figures 2 and 5, docs/method.md 8-9).
 
     The paper's recipe (``norms.py``, ``nlp_norms.py``): drop the values above the
     ``trim``-th percentile (``np.percentile``, linear interpolation; values equal to it are

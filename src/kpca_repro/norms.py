@@ -1,20 +1,20 @@
 """Figures 2 and 5: per-token squared norms from the activation files, per-layer statistics.
 
 For every (sequence, layer, head, token ``i``) of an activation file (layout:
-:mod:`kpca_repro.h5io`) this module computes ``||phi(q_i)||^2`` (method.md 0.3) and
-``||h_i||^2`` (method.md 0.4) with :mod:`kpca_repro.kpca`, pools them per layer over
+:mod:`kpca_repro.h5io`) this module computes ``||phi(q_i)||^2`` (docs/method.md 0.3) and
+``||h_i||^2`` (docs/method.md 0.4) with :mod:`kpca_repro.kpca`, pools them per layer over
 sequences, heads and tokens, and summarises each layer with
 :func:`kpca_repro.kpca.layer_norm_statistics`. Nothing is recomputed from the model: q, k,
 v and h are read from the HDF5 files written by the extraction rules.
 
 Four recipes (``variant`` x images or text):
 
-* vision ``paper`` (``norms.py``, method.md 8): float32, ``||phi||^2`` in the log domain with
+* vision ``paper`` (``norms.py``, docs/method.md 8): float32, ``||phi||^2`` in the log domain with
   the hard-coded ``s = 1/8``, ``||h||^2`` of the model's own per-head output, 95th-percentile
   trim, median and inter-quartile band.
-* vision ``corrected`` (method.md 15): float64, log domain, ``s = 1/sqrt(head_dim)`` of the
+* vision ``corrected`` (docs/method.md 15): float64, log domain, ``s = 1/sqrt(head_dim)`` of the
   file, every image of every shard, no trim, median and the central 95 % band.
-* text ``paper`` (``nlp_norms.py``, method.md 9): float32, plain ``exp`` and ``log`` of the
+* text ``paper`` (``nlp_norms.py``, docs/method.md 9): float32, plain ``exp`` and ``log`` of the
   plain sum with ``s = 1/8``, overflow set to 0; ``h`` recomputed as
   ``softmax(q k^T / sqrt(head_dim)) v`` **without** the attention mask; every padded position
   is a query and a key.

@@ -32,7 +32,7 @@ def baseline_noise(seed: int, dataset_index: int, layer: int, shape: tuple[int, 
     return torch.randn(shape, generator=gen, dtype=torch.float64)
 
 
-#: ``head_metrics`` options of the language-model script ``nlp_value_vectors.py`` (method.md 3):
+#: ``head_metrics`` options of the language-model script ``nlp_value_vectors.py`` (docs/method.md 3):
 #: top-d eigenvectors in ascending order, ``G = diag(1/(g + 1e-6))``, NaN costs set to 0 before
 #: the assignment (no try/except, nothing dropped), CKA denominators ``sqrt(xx * yy) + 1e-10``.
 TEXT_PAPER_OPTIONS = {"order": "asc_top", "g_eps": 1e-6, "nan_cost_to_zero": True, "cka_sqrt_of_product": True}
@@ -46,12 +46,12 @@ def _head_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str, lay
     None. Three readings of the file:
 
     * vision, and language models in the paper variant: every (input, head) with all ``N``
-      stored positions (padding included, method.md 3);
+      stored positions (padding included, docs/method.md 3);
     * ``transposed`` (Longformer, paper variant): the reference's misreading of Longformer's
-      ``(sequence, batch, hidden)`` projections (method.md 3): each "head matrix" is the
+      ``(sequence, batch, hidden)`` projections (docs/method.md 3): each "head matrix" is the
       ``B`` inputs at one position ``p``, so ``sample_rank`` holds ``p`` and
       ``dataset_index`` is -1;
-    * language models, corrected variant (method.md 15 item 4): each input keeps only its
+    * language models, corrected variant (docs/method.md 15 item 4): each input keeps only its
       real tokens (``attention_mask == 1``); inputs of equal length are grouped.
     """
     k, v = t["k"], t["v"]
@@ -122,12 +122,12 @@ def kpca_records(
 ) -> tuple[pd.DataFrame, dict]:
     """Per-head records of one activation file: every (input, layer, head) through KPCA.
 
-    Vision files (Table 1, method.md 2) are streamed by layer and image block
+    Vision files (Table 1, docs/method.md 2) are streamed by layer and image block
     (:func:`layer_chunks`; memory grows with neither depth nor the number of images).
-    Language-model files (Table 4, method.md 3; recognised by their ``attention_mask``) are
+    Language-model files (Table 4, docs/method.md 3; recognised by their ``attention_mask``) are
     read a layer at a time and grouped by :func:`_head_groups`: the paper variant uses
     :data:`TEXT_PAPER_OPTIONS` and all padded positions (Longformer read transposed, as the
-    reference reads it); the corrected variant drops padding per sequence (method.md 15).
+    reference reads it); the corrected variant drops padding per sequence (docs/method.md 15).
     Chunks of ``heads_per_chunk`` heads go through :func:`kpca_repro.kpca.head_metrics` on
     ``device``, ``workers`` chunks at a time (:func:`ordered_map`). Each head's numbers do
     not depend on the chunking, the number of workers or the sharding (per-matrix ``eigh``
@@ -263,7 +263,7 @@ def eigenvalue_records(
     heads_per_chunk: int = 64,
     workers: int = 1,
 ) -> pd.DataFrame:
-    """Per-head top eigenvalues of one activation file (Tables 2 and 3, method.md 4-5).
+    """Per-head top eigenvalues of one activation file (Tables 2 and 3, docs/method.md 4-5).
 
     Streamed and parallel as :func:`kpca_records` (``workers`` chunks at a time).
 
@@ -309,7 +309,7 @@ def gamma_records(
     n_components: int,
     device: torch.device,
 ) -> pd.DataFrame:
-    """Figure 3's gamma-constancy statistics for every head of one layer (method.md Section 10).
+    """Figure 3's gamma-constancy statistics for every head of one layer (docs/method.md Section 10).
 
     Returns:
         Long table: ``sample_rank, head, eigenvectors ("true" | "perturbed"), component,

@@ -67,7 +67,7 @@ CORRECTED_METRICS = (
 )
 
 
-#: Table 4's corrected metrics: the paper's statistic is the mean over heads (method.md 3),
+#: Table 4's corrected metrics: the paper's statistic is the mean over heads (docs/method.md 3),
 #: of per-head token maxima for the cosines (MDC, MOC) and of the token means beside them.
 TEXT_CORRECTED_METRICS = (
     ("direct_cos_max", "MDC: max direct cosine over tokens", "mean"),
@@ -167,9 +167,9 @@ def exact_std(values, ddof: int = 1) -> float:
     return math.sqrt(math.fsum(((x - m) ** 2).tolist()) / (x.size - ddof))
 
 
-#: (table column, per-head column, statistic over heads) of Table 1 (method.md 2).
+#: (table column, per-head column, statistic over heads) of Table 1 (docs/method.md 2).
 TABLE1_STATISTICS = (("MDC", "direct_cos_mean", "max"), ("MOC", "optimal_cos_mean", "max"), ("LCKA", "linear_cka", "mean"), ("KCKA", "rbf_cka", "mean"))
-#: The same for Table 4 (method.md 3): NaN-skipping means over heads.
+#: The same for Table 4 (docs/method.md 3): NaN-skipping means over heads.
 TABLE4_STATISTICS = (("MDC", "direct_cos_max", "nanmean"), ("MOC", "optimal_cos_max", "nanmean"), ("LCKA", "linear_cka", "nanmean"), ("KCKA", "rbf_cka", "nanmean"))
 #: Statistics that depend on the eigenvector signs (they get a sign interval).
 SIGN_DEPENDENT = ("MDC", "MOC")
@@ -249,7 +249,7 @@ def _with_intervals(row: dict, intervals: dict[str, float], settings: dict, draw
 
 
 def table1_paper(heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np.ndarray] | None = None, uncertainty: dict | None = None) -> pd.DataFrame:
-    """Table 1 with the reference's aggregation (method.md Section 2).
+    """Table 1 with the reference's aggregation (docs/method.md Section 2).
 
     Over the heads the reference keeps (``dropped`` False): MDC = max of the per-head mean
     direct cosine, MOC = max of the per-head mean matched cosine, LCKA and KCKA = plain means
@@ -290,7 +290,7 @@ def table1_paper(heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np
                 "n_heads_analysed": len(kept),
                 "n_heads_dropped": int(df["dropped"].astype(bool).sum()),
                 # kept by the reference, yet a statistic is not finite (e.g. V_KPCA underflows
-                # to 0 and KCKA is NaN, method.md 2 step 3): counted, and it poisons the mean
+                # to 0 and KCKA is NaN, docs/method.md 2 step 3): counted, and it poisons the mean
                 "n_heads_nonfinite": int((~np.isfinite(kept[list(TABLE1_COLUMNS)].to_numpy(float))).any(axis=1).sum()),
                 "n_exp_overflow": int(df["exp_overflow"].astype(bool).sum()),
                 "n_outer_overflow": int(df["outer_overflow"].astype(bool).sum()),
@@ -304,7 +304,7 @@ def table1_paper(heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np
 
 
 def table4_paper(heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np.ndarray] | None = None, uncertainty: dict | None = None) -> pd.DataFrame:
-    """Table 4 with the language-model reference's aggregation (method.md 3).
+    """Table 4 with the language-model reference's aggregation (docs/method.md 3).
 
     ``df.mean(numeric_only=True)`` over all head rows, NaN-skipping per column: MDC = mean
     over heads of the per-head *maximum* over tokens of the direct cosine, MOC = mean over
@@ -364,7 +364,7 @@ def table_corrected(
     id_column: str = "timm_id",
     count_key: str = "n_images",
 ) -> pd.DataFrame:
-    """The corrected variant's table (method.md Section 15), one row per (model, metric).
+    """The corrected variant's table (docs/method.md Section 15), one row per (model, metric).
 
     ``metrics``: (per-head column, label, paper statistic) triples, :data:`CORRECTED_METRICS`
     for Table 1 or :data:`TEXT_CORRECTED_METRICS` for Table 4 (with ``id_column="hf_id"`` and
@@ -439,7 +439,7 @@ SPECTRUM_STATS = ("max", "min", "mean", "median")
 
 
 def spectrum_statistics(eigenvalues: np.ndarray) -> dict[str, float]:
-    """Table 2/3 statistics of one model (method.md Section 4), in units of 1e-6.
+    """Table 2/3 statistics of one model (docs/method.md Section 4), in units of 1e-6.
 
     Per image: the rank-wise mean of ``|lambda_r|`` over all (layer, head) pairs (a NaN head
     makes that image's vector NaN, as ``np.mean`` does in the reference), then that vector's

@@ -1,6 +1,6 @@
 """Language models (Table 4): the WikiText sample, Hugging Face encoders, hooks, extraction.
 
-method.md Section 3 (the paper's ``nlp_value_vectors.py``) and Section 15 item 4:
+docs/method.md Section 3 (the paper's ``nlp_value_vectors.py``) and Section 15 item 4:
 
 * Text: the WikiText-103 raw test split, one dataset row per line (``datasets`` keeps the
   trailing ``"\\n"`` and the leading space of every row); rows whose stripped length exceeds
@@ -56,7 +56,7 @@ __all__ = [
 
 #: The configuration key that maps a Hugging Face id to a local model directory.
 LOCAL_MODELS_KEY = "text.local_models"
-#: ``datasets.load_dataset`` arguments of the paper's text (method.md 3).
+#: ``datasets.load_dataset`` arguments of the paper's text (docs/method.md 3).
 WIKITEXT = {"path": "wikitext", "name": "wikitext-103-raw-v1", "split": "test"}
 #: Seq-first or batch-first projections, as recorded in the HDF5 attribute ``hooked_layout``
 #: (the same values as :data:`kpca_repro.hf_capture.BATCH_FIRST` / ``SEQUENCE_FIRST``).
@@ -134,7 +134,7 @@ def model_source(model_id: str, local_models: dict[str, str], offline: bool) -> 
 
 
 def load_text_model(model_id: str, source: str, offline: bool) -> tuple[nn.Module, object]:
-    """``AutoModel`` and fast ``AutoTokenizer`` from ``source`` (method.md 3).
+    """``AutoModel`` and fast ``AutoTokenizer`` from ``source`` (docs/method.md 3).
 
     Returns:
         ``(model, tokenizer)``, the model in eval mode, float32, on the CPU.
@@ -182,7 +182,7 @@ def read_text_rows(path: str | os.PathLike) -> list[str]:
 
 
 def sample_rows(rows: list[str], n: int, min_chars: int, seed: int) -> pd.DataFrame:
-    """The paper's text sample (method.md 3).
+    """The paper's text sample (docs/method.md 3).
 
     ``corpus = [r for r in rows if len(r.strip()) > min_chars]`` (rows kept unstripped),
     then ``random.seed(seed); random.sample(corpus, n)``. Blank rows never enter the corpus,
@@ -240,7 +240,7 @@ def download_wikitext(out_path: str | os.PathLike) -> None:
 
 
 def tokenize_sample(tokenizer, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
-    """``tokenizer(texts, padding=True, truncation=True, max_length=max_length)`` (method.md 3).
+    """``tokenizer(texts, padding=True, truncation=True, max_length=max_length)`` (docs/method.md 3).
 
     All texts of the sample at once, so every row is padded to the longest row of the whole
     sample (at most ``max_length``) whatever the shard or batch size.

@@ -1,6 +1,6 @@
 """Training a vision transformer from scratch while logging the projection loss (Figures 1, 4).
 
-method.md Section 6.1: the authors train ViT-Tiny (3 heads, d = 64) and "DeiT-Tiny" (the same
+docs/method.md Section 6.1: the authors train ViT-Tiny (3 heads, d = 64) and "DeiT-Tiny" (the same
 network with 6 heads, d = 32) from scratch. Their attention standardizes q and k per token
 (unbiased std, no epsilon) before ``softmax(s q k^T)``. After every epoch they forward two
 fixed batches with ``reconstruct=True`` and log, averaged over layers,
@@ -24,7 +24,7 @@ atomically, then the CSV is rewritten from the checkpoint's rows. Every epoch re
 interrupted run resumed from its last checkpoint gives the same log, byte for byte, as an
 uninterrupted one on the same device and thread count.
 
-The W&B CSV exports of the authors' runs are read by :func:`read_wandb_logs` (method.md
+The W&B CSV exports of the authors' runs are read by :func:`read_wandb_logs` (docs/method.md
 Section 6.2), this pipeline's logs by :func:`read_training_log`; both give the same tidy
 frame, which :mod:`kpca_repro.figures` plots.
 """
@@ -74,7 +74,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The five per-batch quantities the training code logs, under their W&B names (method.md 6.1).
+#: The five per-batch quantities the training code logs, under their W&B names (docs/method.md 6.1).
 RECON_METRICS = ("error", "rel_error_wrt_h", "rel_error_wrt_phiq", "h_norms_ave", "phiq_norms_ave")
 _FROM_KPCA = {"error": "error", "rel_error_wrt_h": "rel_error_wrt_h", "rel_error_wrt_phiq": "rel_error_wrt_phiq", "h_norms_ave": "h_ave", "phiq_norms_ave": "phi_ave"}
 #: Columns of ``results/training/<run>/log.csv``, one row per epoch (0-based, as W&B's rows).
@@ -90,7 +90,7 @@ LOG_COLUMNS = (
 )
 #: The IDX files of Fashion-MNIST in ``<resources>/datasets/fashion-mnist/``.
 FASHION_MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
-#: W&B steps per epoch in the authors' runs up to epoch ~118-122 (method.md 6.2); x = Step / 15.
+#: W&B steps per epoch in the authors' runs up to epoch ~118-122 (docs/method.md 6.2); x = Step / 15.
 WANDB_STEPS_PER_EPOCH = 15
 #: Fashion-MNIST pixel statistics (training set, pixels scaled to [0, 1]).
 FASHION_MNIST_MEAN, FASHION_MNIST_STD = 0.2860, 0.3530
@@ -114,7 +114,7 @@ class RecordingAttention(_timm_attention()):
     except that with ``standardize_qk`` the per-head q and k are first standardized per token
     over their ``d`` features with the unbiased std and no epsilon
     (:func:`kpca_repro.kpca.standardize_tokens` with ``eps=0``; the authors'
-    ``Reconstruction/softmax.py``, method.md 6.1). With ``record = True`` the forward keeps
+    ``Reconstruction/softmax.py``, docs/method.md 6.1). With ``record = True`` the forward keeps
     ``recorded = {"q", "k", "h"}``: the q and k entering the softmax and the per-head output
     ``h`` before the projection, each ``(B, H, N, d)`` float32, detached.
 
@@ -165,7 +165,7 @@ class RecordingAttention(_timm_attention()):
 def build_model(timm_id: str, *, num_heads: int, standardize_qk: bool, num_classes: int, img_size: int, patch_size: int, in_chans: int, drop_path: float = 0.0, depth: int | None = None, embed_dim: int | None = None) -> nn.Module:
     """A randomly initialised timm VisionTransformer with :class:`RecordingAttention` blocks.
 
-    ``timm.create_model(timm_id, pretrained=False, num_heads=..., ...)`` (method.md 6.1: the
+    ``timm.create_model(timm_id, pretrained=False, num_heads=..., ...)`` (docs/method.md 6.1: the
     authors' "DeiT-Tiny" is ``deit_tiny_patch16_224`` with 6 heads; ViT-Tiny keeps 3), then
     ``blocks[l].attn`` is replaced by :meth:`RecordingAttention.from_timm` (same initial
     weights). ``depth``/``embed_dim`` None keep timm's values (12 and 192 for the tiny models).
@@ -205,7 +205,7 @@ def recording_attentions(model: nn.Module) -> list[RecordingAttention]:
 
 @torch.no_grad()
 def reconstruction_metrics(model: nn.Module, images: torch.Tensor, train_mode: bool) -> dict[str, float]:
-    """The five logged quantities of one fixed batch, averaged over layers (method.md 6.1).
+    """The five logged quantities of one fixed batch, averaged over layers (docs/method.md 6.1).
 
     One forward pass with every :class:`RecordingAttention` recording; per layer, over all
     (image, head, token): ``phi = ||phi(q_i)||^2`` by :func:`kpca_repro.kpca.feature_norm_sq`
@@ -403,7 +403,7 @@ def train_run(
 ) -> pd.DataFrame:
     """Train ``model`` for ``scale["epochs"]`` epochs, logging one CSV row per epoch.
 
-    Recipe (method.md 6.1, DeiT defaults): ``timm.optim.create_optimizer_v2`` (``opt``,
+    Recipe (docs/method.md 6.1, DeiT defaults): ``timm.optim.create_optimizer_v2`` (``opt``,
     ``lr``, ``weight_decay``), ``timm.scheduler.create_scheduler_v2`` (``sched``,
     ``epochs``, ``warmup_epochs``, ``min_lr``; stepped per epoch), ``timm.data.Mixup``
     with ``timm.loss.SoftTargetCrossEntropy`` when ``mixup`` or ``cutmix`` > 0 (else cross
@@ -572,7 +572,7 @@ _WANDB_VALUE = re.compile(r"^(?P<run>.+) - (?P<split>train|test)_(?P<metric>.+)$
 
 
 def read_wandb_logs(directory: str | os.PathLike, source: str = "authors (W&B)", epoch_axis: str = "step") -> pd.DataFrame:
-    """The authors' W&B CSV exports (method.md 6.2) as a tidy frame.
+    """The authors' W&B CSV exports (docs/method.md 6.2) as a tidy frame.
 
     Every ``*.csv`` below ``directory`` has a ``"Step"`` column and ``"<run> - <split>_<metric>"``
     (plus ``__MIN``/``__MAX`` copies, ignored). The model is the file's folder relative to

@@ -49,7 +49,7 @@ rule extract_vision:
         "../scripts/extract_vision.py"
 
 
-# Language models (Table 4, method.md Section 3): the text sample, one forward per batch of rows.
+# Language models (Table 4, docs/method.md Section 3): the text sample, one forward per batch of rows.
 
 
 rule sample_text:

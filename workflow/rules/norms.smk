@@ -1,4 +1,4 @@
-# Figures 2 and 5: layer-wise ||phi(q_i)||^2 against ||h_i||^2 (method.md 0.3, 0.4, 8, 9, 15),
+# Figures 2 and 5: layer-wise ||phi(q_i)||^2 against ||h_i||^2 (docs/method.md 0.3, 0.4, 8, 9, 15),
 # from the stored q, k, v, h of the extraction rules; nothing is recomputed from the model.
 #
 #   paper      Figure 2: the k = 1 image draw (results/activations/<model>/vision_1_0of1.h5);

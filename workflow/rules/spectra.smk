@@ -1,4 +1,4 @@
-# Tables 2 and 3: eigenvalues of the centered Gram matrix of the keys (method.md 4-5).
+# Tables 2 and 3: eigenvalues of the centered Gram matrix of the keys (docs/method.md 4-5).
 
 
 rule eigenvalues_vision:

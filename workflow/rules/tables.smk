@@ -45,7 +45,7 @@ rule table1_corrected:
         "../scripts/table1.py"
 
 
-# Table 4: language models (method.md Section 3; corrected: Section 15).
+# Table 4: language models (docs/method.md Section 3; corrected: Section 15).
 
 
 rule table4:

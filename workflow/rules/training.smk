@@ -1,4 +1,4 @@
-# Figures 1 and 4: train a ViT from scratch while logging J_proj (method.md 6-7).
+# Figures 1 and 4: train a ViT from scratch while logging J_proj (docs/method.md 6-7).
 #
 # The checkpoint results/training/<arch>_<scale>/checkpoint.pt is deliberately NOT an output:
 # Snakemake deletes the outputs of a failed or interrupted job (and of an incomplete one on

@@ -1,4 +1,4 @@
-"""Rule sample_images: the paper's seeded draw of n images (method.md Section 1)."""
+"""Rule sample_images: the paper's seeded draw of n images (docs/method.md Section 1)."""
 
 from kpca_repro import images
 from kpca_repro.h5io import atomic_output

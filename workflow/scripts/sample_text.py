@@ -1,4 +1,4 @@
-"""Rule sample_text: the paper's seeded draw of n WikiText-103 test rows (method.md Section 3)."""
+"""Rule sample_text: the paper's seeded draw of n WikiText-103 test rows (docs/method.md Section 3)."""
 
 from kpca_repro import text
 from kpca_repro.smk import setup_logging
