@@ -75,3 +75,59 @@ def test_every_rule_lists_the_modules_of_its_own_script():
         assert code == [script.group(1)], f"{fname}: rule {rule} runs {script.group(1)} but lists code={code}"
         checked += 1
     assert checked >= 20
+
+
+def _modules(script: str) -> set[str]:
+    return {Path(p).name for p in library_modules(REPO / "workflow" / "scripts" / script, LIB)}
+
+
+def test_per_head_metrics_are_outside_the_extraction_and_training_inputs():
+    """Rerun boundaries: the KPCA mathematics, per-head records and sign draws are no code
+    input of extraction or training, and the worker pool is no input of training."""
+    stage2 = {"kpca.py", "records.py", "uncertainty.py", "tables.py"}
+    for script in ("extract_vision.py", "extract_text.py", "sample_images.py", "sample_text.py", "train.py"):
+        assert not (_modules(script) & stage2), (script, sorted(_modules(script) & stage2))
+    assert {"kpca.py", "records.py"} <= _modules("kpca_heads.py")
+    assert "projection.py" in _modules("train.py") and "threads.py" not in _modules("train.py")
+
+
+@pytest.mark.integration
+def test_an_edit_to_the_per_head_metrics_reruns_only_the_kpca_stage(tiny_resources, tmp_path):
+    """After a complete run, an edited kpca.py makes the KPCA and table jobs outdated and leaves
+    sampling and extraction alone; an edited extraction.py makes extraction outdated too
+    (Snakemake's dry run on a copy of the workflow, so the repository is not touched)."""
+    import os
+    import shutil
+    import time
+
+    from conftest import TINY_KWARGS, run_snakemake
+    from test_workflow import _write_config
+
+    wf = tmp_path / "wf"
+    shutil.copytree(REPO / "workflow", wf / "workflow")
+    shutil.copytree(LIB, wf / "src" / "kpca_repro", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("Snakefile", "config", "envs"):
+        src = REPO / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, wf / name)
+    work = tmp_path / "work"
+    work.mkdir()
+    model = "vit_tiny_patch16_224"
+    cfg = _write_config(work / "c.yaml", resources_dir=str(tiny_resources), vision={"models": [model], "model_kwargs": {model: TINY_KWARGS[model]}, "shards": 1})
+    snakefile = ["-s", str(wf / "Snakefile")]
+    run_snakemake(work, *snakefile, "results/table1.csv", "--configfile", str(cfg))
+
+    def outdated() -> set[str]:
+        proc = run_snakemake(work, *snakefile, "-n", "results/table1.csv", "--configfile", str(cfg))
+        return set(re.findall(r"^rule (\w+):", proc.stdout + proc.stderr, flags=re.M))
+
+    def edit(name: str) -> None:  # Snakemake 9 reruns for a newer input only if its content changed
+        path = wf / "src" / "kpca_repro" / name
+        path.write_text(path.read_text() + "\n# edited\n")
+        later = time.time() + 100
+        os.utime(path, (later, later))
+
+    assert outdated() == set()
+    edit("kpca.py")
+    assert outdated() == {"kpca_heads", "table1"}
+    edit("extraction.py")
+    assert outdated() == {"extract_vision", "kpca_heads", "table1"}

@@ -12,7 +12,7 @@ import torch
 import yaml
 from conftest import REPO, TINY_KWARGS, real_deit_tiny, run_snakemake
 
-from kpca_repro import images, kpca, resources
+from kpca_repro import images, kpca, norms, resources
 from kpca_repro.h5io import ActivationWriter, CorruptActivationFileError
 from kpca_repro.norms import norm_statistics, sentence_samples, squared_norms
 from kpca_repro.extraction import extract_vision
@@ -26,7 +26,7 @@ from kpca_repro.vision import attention_modules, load_timm_model
 def test_layer_statistics_closed_form():
     """1..100: the 95th percentile is 95.05, so 1..95 are kept; median 48, quartiles 24.5 / 71.5."""
     x = np.arange(1.0, 101.0)
-    s = kpca.layer_norm_statistics(x, trim=95.0, band=(25.0, 75.0))
+    s = norms.layer_norm_statistics(x, trim=95.0, band=(25.0, 75.0))
     assert s["trim_threshold"] == pytest.approx(95.05) and s["n_kept"] == 95 and s["n_values"] == 100
     assert (s["median"], s["q25"], s["q75"]) == pytest.approx((48.0, 24.5, 71.5))
     assert (s["band_lower"], s["band_upper"]) == pytest.approx((24.5, 71.5))
@@ -39,17 +39,17 @@ def test_layer_statistics_against_numpy_percentiles():
     x[[3, 50]] = [np.nan, np.inf]
     finite = x[np.isfinite(x)]
     kept = finite[finite <= np.percentile(finite, 95)]
-    s = kpca.layer_norm_statistics(x, trim=95.0)
+    s = norms.layer_norm_statistics(x, trim=95.0)
     assert s["n_nonfinite"] == 2 and s["n_kept"] == kept.size == math.floor(0.95 * (995 - 1)) + 1
     np.testing.assert_allclose([s["median"], s["band_lower"], s["band_upper"]], np.percentile(kept, [50, 25, 75]))
-    c = kpca.layer_norm_statistics(x, trim=None, band=kpca.CORRECTED_NORMS_BAND)
+    c = norms.layer_norm_statistics(x, trim=None, band=norms.CORRECTED_NORMS_BAND)
     assert c["n_kept"] == 995 and math.isnan(c["trim_threshold"])
     np.testing.assert_allclose([c["median"], c["band_lower"], c["band_upper"]], np.percentile(finite, [50, 2.5, 97.5]))
     assert c["band_lower"] < c["q25"] < c["median"] < c["q75"] < c["band_upper"]
     with pytest.raises(ValueError, match="no finite value"):
-        kpca.layer_norm_statistics(np.array([np.nan]))
+        norms.layer_norm_statistics(np.array([np.nan]))
     with pytest.raises(ValueError, match="band"):
-        kpca.layer_norm_statistics(x, band=(75.0, 25.0))
+        norms.layer_norm_statistics(x, band=(75.0, 25.0))
 
 
 def test_nlp_norms_form_equals_direct_formula_and_zeroes_overflow():
@@ -125,13 +125,13 @@ def test_stored_h_norms_equal_naive_attention_on_a_tiny_vit(tiny_vit_file):
             _, h_p, _ = squared_norms(t["q"], t["k"], t["v"], t["h"], "paper")
             np.testing.assert_allclose(h_p.numpy(), ref["h"], rtol=1e-4)
     # the per-layer statistics are those of the naive values (d = 64, so s = 1/8 = 1/sqrt(d) here)
-    for variant, trim, band in (("corrected", None, kpca.CORRECTED_NORMS_BAND), ("paper", 95.0, kpca.PAPER_NORMS_BAND)):
+    for variant, trim, band in (("corrected", None, norms.CORRECTED_NORMS_BAND), ("paper", 95.0, norms.PAPER_NORMS_BAND)):
         stats = norm_statistics([path], variant, progress=False)
         assert len(stats) == len(naive) * 2 and (stats["n_values"] == 3 * 3 * 17).all()
         for layer, ref in enumerate(naive):
             for quantity in ("phi", "h"):
                 row = stats[(stats["layer"] == layer) & (stats["quantity"] == quantity)].iloc[0]
-                expected = kpca.layer_norm_statistics(ref[quantity], trim=trim, band=band)
+                expected = norms.layer_norm_statistics(ref[quantity], trim=trim, band=band)
                 assert row["median"] == pytest.approx(expected["median"], rel=1e-4)
                 assert row["band_upper"] == pytest.approx(expected["band_upper"], rel=1e-4)
 

@@ -4,7 +4,7 @@ For every (sequence, layer, head, token ``i``) of an activation file (layout:
 :mod:`kpca_repro.h5io`) this module computes ``||phi(q_i)||^2`` (docs/method.md 0.3) and
 ``||h_i||^2`` (docs/method.md 0.4) with :mod:`kpca_repro.kpca`, pools them per layer over
 sequences, heads and tokens, and summarises each layer with
-:func:`kpca_repro.kpca.layer_norm_statistics`. Nothing is recomputed from the model: q, k,
+:func:`layer_norm_statistics`. Nothing is recomputed from the model: q, k,
 v and h are read from the HDF5 files written by the extraction rules.
 
 Four recipes (``variant`` x images or text):
@@ -33,21 +33,10 @@ import pandas as pd
 import torch
 
 from .h5io import ActivationFile, CorruptActivationFileError
-from .kpca import (
-    CORRECTED,
-    CORRECTED_NORMS_BAND,
-    PAPER,
-    PAPER_NORMS_BAND,
-    PAPER_NORMS_SCALE,
-    PAPER_NORMS_TRIM,
-    VARIANTS,
-    attention_output,
-    feature_norm_sq,
-    layer_norm_statistics,
-    output_norm_sq,
-)
+from .kpca import CORRECTED, PAPER, VARIANTS
+from .projection import attention_output, feature_norm_sq, output_norm_sq
 
-__all__ = ["QUANTITIES", "sentence_samples", "squared_norms", "read_attention_mask", "norm_statistics"]
+__all__ = ["QUANTITIES", "sentence_samples", "squared_norms", "read_attention_mask", "norm_statistics", "layer_norm_statistics", "PAPER_NORMS_SCALE", "PAPER_NORMS_TRIM", "PAPER_NORMS_BAND", "CORRECTED_NORMS_BAND"]
 
 #: Quantity labels of the statistics tables: ``phi`` = ||phi(q_i)||^2, ``h`` = ||h_i||^2.
 QUANTITIES = ("phi", "h")
@@ -155,14 +144,14 @@ def norm_statistics(
     Every file (e.g. every shard of one extraction) must come from the same model. Per
     layer, the values of all sequences, heads and (valid) tokens of all files are pooled;
     the paper variant then applies the 95th-percentile trim and the inter-quartile band
-    (:data:`kpca_repro.kpca.PAPER_NORMS_TRIM`, :data:`~kpca_repro.kpca.PAPER_NORMS_BAND`), the
+    (:data:`PAPER_NORMS_TRIM`, :data:`PAPER_NORMS_BAND`), the
     corrected variant no trim and the central 95 % band
-    (:data:`~kpca_repro.kpca.CORRECTED_NORMS_BAND`).
+    (:data:`CORRECTED_NORMS_BAND`).
 
     Returns:
         One row per (layer, quantity): ``model, variant, layer, quantity (phi | h),
         n_sequences, head_dim, scale, trim_percentile, band`` and the columns of
-        :func:`kpca_repro.kpca.layer_norm_statistics`.
+        :func:`layer_norm_statistics`.
 
     Raises:
         ValueError: no file, unknown variant, or files of different models / shapes.
@@ -225,3 +214,71 @@ def norm_statistics(
         for af in files:
             af.close()
     return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------
+# Figures 2 and 5: per-layer statistics of the squared norms
+# --------------------------------------------------------------------------------------
+
+#: ``s`` of ``norms.py`` / ``nlp_norms.py``: ``sqrt(d) = 8`` hard-coded (docs/method.md 0.3, 8, 9).
+PAPER_NORMS_SCALE = 1.0 / 8.0
+#: Values above this percentile are dropped per layer before the statistics (docs/method.md 8).
+PAPER_NORMS_TRIM = 95.0
+#: The paper's shaded band: 25th-75th percentiles of the trimmed values (docs/method.md 8).
+PAPER_NORMS_BAND = (25.0, 75.0)
+#: The band the captions promise ("95% percentiles"): the central 95 % of all values.
+CORRECTED_NORMS_BAND = (2.5, 97.5)
+
+
+def layer_norm_statistics(values: np.ndarray, trim: float | None = None, band: tuple[float, float] = PAPER_NORMS_BAND) -> dict[str, float]:
+    """Per-layer statistics of one squared-norm quantity (Figures 2 and 5, docs/method.md 8-9).
+
+    The paper's recipe (``norms.py``, ``nlp_norms.py``): drop the values above the
+    ``trim``-th percentile (``np.percentile``, linear interpolation; values equal to it are
+    kept), then the median and the ``band`` percentiles of what is left. With
+    ``trim=None`` (corrected variant) nothing is dropped. Non-finite values are counted and
+    left out (the reference has none after its own overflow handling).
+
+    Args:
+        values: ``||phi(q_i)||^2`` or ``||h_i||^2`` of one layer pooled over images, heads
+            and tokens, any shape, float.
+        trim: percentile in ``(0, 100]`` above which values are dropped, or None.
+        band: ``(lower, upper)`` percentiles of the shaded band, ``0 <= lower <= upper <= 100``.
+
+    Returns:
+        ``n_values`` (finite values), ``n_nonfinite``, ``n_kept`` (after the trim),
+        ``trim_threshold`` (NaN without trim), and over the kept values ``median``, ``q25``,
+        ``q75``, ``band_lower``, ``band_upper``, ``mean``, ``min``, ``max``; also
+        ``mean_all``, the mean of every finite value before the trim.
+
+    Raises:
+        ValueError: no finite value, or ``trim``/``band`` out of range.
+    """
+    if trim is not None and not 0 < trim <= 100:
+        raise ValueError(f"trim must be a percentile in (0, 100], got {trim}")
+    lo, hi = band
+    if not 0 <= lo <= hi <= 100:
+        raise ValueError(f"band must be percentiles 0 <= lower <= upper <= 100, got {band}")
+    x = np.asarray(values, dtype=np.float64).ravel()
+    finite = np.isfinite(x)
+    x, n_nonfinite = x[finite], int((~finite).sum())
+    if x.size == 0:
+        raise ValueError(f"no finite value among {n_nonfinite} values")
+    threshold = float(np.percentile(x, trim)) if trim is not None else float("nan")
+    kept = x[x <= threshold] if trim is not None else x
+    q = np.percentile(kept, [50.0, 25.0, 75.0, lo, hi])
+    return {
+        "n_values": int(x.size),
+        "n_nonfinite": n_nonfinite,
+        "n_kept": int(kept.size),
+        "trim_threshold": threshold,
+        "median": float(q[0]),
+        "q25": float(q[1]),
+        "q75": float(q[2]),
+        "band_lower": float(q[3]),
+        "band_upper": float(q[4]),
+        "mean": float(kept.mean()),
+        "min": float(kept.min()),
+        "max": float(kept.max()),
+        "mean_all": float(x.mean()),
+    }

@@ -9,7 +9,7 @@ fixed batches with ``reconstruct=True`` and log, averaged over layers,
 * ``rel_error_wrt_h``, ``rel_error_wrt_phiq``, ``h_norms_ave``, ``phiq_norms_ave``,
 
 with ``phi_i = exp(s q_i.q_i) / (sum_j exp(s q_i.k_j))^2`` in plain float32 ``exp``
-(:func:`kpca_repro.kpca.feature_norm_sq` with ``log_domain=False``). The "train" batch is the
+(:func:`kpca_repro.projection.feature_norm_sq` with ``log_domain=False``). The "train" batch is the
 third batch (index 2) of the first epoch's training loader, forwarded in **train mode**
 (drop-path active); the "test" batch is the first validation batch, forwarded in **eval
 mode**.
@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .h5io import atomic_output
-from .kpca import feature_norm_sq, output_norm_sq, projection_errors, standardize_tokens
+from .projection import feature_norm_sq, output_norm_sq, projection_errors, standardize_tokens
 
 __all__ = [
     "RECON_METRICS",
@@ -113,7 +113,7 @@ class RecordingAttention(_timm_attention()):
     The forward pass is timm's (fused qkv Linear, ``softmax(s q k^T) v``, output projection),
     except that with ``standardize_qk`` the per-head q and k are first standardized per token
     over their ``d`` features with the unbiased std and no epsilon
-    (:func:`kpca_repro.kpca.standardize_tokens` with ``eps=0``; the authors'
+    (:func:`kpca_repro.projection.standardize_tokens` with ``eps=0``; the authors'
     ``Reconstruction/softmax.py``, docs/method.md 6.1). With ``record = True`` the forward keeps
     ``recorded = {"q", "k", "h"}``: the q and k entering the softmax and the per-head output
     ``h`` before the projection, each ``(B, H, N, d)`` float32, detached.
@@ -208,10 +208,10 @@ def reconstruction_metrics(model: nn.Module, images: torch.Tensor, train_mode: b
     """The five logged quantities of one fixed batch, averaged over layers (docs/method.md 6.1).
 
     One forward pass with every :class:`RecordingAttention` recording; per layer, over all
-    (image, head, token): ``phi = ||phi(q_i)||^2`` by :func:`kpca_repro.kpca.feature_norm_sq`
+    (image, head, token): ``phi = ||phi(q_i)||^2`` by :func:`kpca_repro.projection.feature_norm_sq`
     (``log_domain=False``: plain ``exp`` in float32, as the training code; NaN/inf where it
-    overflows), ``||h_i||^2`` by :func:`kpca_repro.kpca.output_norm_sq`, then
-    :func:`kpca_repro.kpca.projection_errors`; the model-level value is the unweighted mean
+    overflows), ``||h_i||^2`` by :func:`kpca_repro.projection.output_norm_sq`, then
+    :func:`kpca_repro.projection.projection_errors`; the model-level value is the unweighted mean
     over layers (``np.average`` in the reference). The model's train/eval mode is restored.
 
     Args:

@@ -1,11 +1,17 @@
 """Rule train: train one model at one scale from scratch, logging J_proj after every epoch."""
 
+from pathlib import Path
+
 import torch
 
 from kpca_repro.resources import sha256_file
 from kpca_repro.smk import setup_logging
 from kpca_repro.training import build_datasets, build_model, config_fingerprint, train_run
 from kpca_repro.vision import resolve_device
+
+#: Library modules that change no number of a training run (logging, HDF5/atomic files,
+#: resource paths, the package marker): left out of the checkpoint's fingerprint.
+INFRASTRUCTURE = {"__init__.py", "smk.py", "h5io.py", "resources.py"}
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "train")
@@ -36,8 +42,9 @@ train_run(
     smk.params.checkpoint,
     seed=seed,
     device=device,
-    # the library code is part of the run's identity: when Snakemake reruns this job because
-    # training.py or kpca.py changed, an old checkpoint is not resumed
-    fingerprint=config_fingerprint(model_cfg, scale, seed, str(device), sorted(sha256_file(p) for p in smk.input.code)),
+    # the code that computes the numbers is part of the run's identity: when Snakemake reruns
+    # this job because training.py, projection.py or vision.py changed, an old checkpoint is
+    # not resumed; an edit to logging, file or resource helpers (INFRASTRUCTURE) resumes it
+    fingerprint=config_fingerprint(model_cfg, scale, seed, str(device), sorted(sha256_file(p) for p in smk.input.code if Path(p).name not in INFRASTRUCTURE)),
     num_workers=smk.params.num_workers,
 )
