@@ -1,4 +1,4 @@
-"""One-off check behind the README (Figures 1 and 4): per-layer mean, median and maximum of
+"""One-off check behind docs/results.md (Figures 1 and 4): per-layer mean, median and maximum of
 ||phi(q)||^2 and ||h||^2 on the fixed validation batch of a finished `small` checkpoint.
 
     PYTHONPATH=src python docs/phi_tail_check.py vit_tiny 3     # or: deit_tiny 6

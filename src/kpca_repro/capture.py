@@ -159,7 +159,7 @@ def check_attention_invariant(model_id: str, layer: int, *args, tolerance: float
             f"{model_id}: the captured q, k, v of layer {layer} do not reproduce the attention output h "
             f"(input {b}, head {head}: max |h - softmax(s q k^T + mask) v| = {res.max_rel_error:.3g} x max |v|, "
             f"tolerance {tolerance:g}). The model applies a transform the capture does not know "
-            "(a q/k normalisation, a rotary embedding, a position bias, another scale); see the README's "
-            "'Run the analysis on your own model' for the supported architectures."
+            "(a q/k normalisation, a rotary embedding, a position bias, another scale); see "
+            "docs/own_models.md ('Run the analysis on your own model') for the supported architectures."
         )
     return res

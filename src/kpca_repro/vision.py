@@ -239,7 +239,7 @@ def capture_adapters() -> dict[type, CaptureAdapter]:
 def _refuse(model_id: str, reason: str) -> UnsupportedArchitectureError:
     return UnsupportedArchitectureError(
         f"{model_id}: unsupported for the attention capture: {reason}. Supported: {SUPPORTED_FAMILIES} "
-        "(README: 'Run the analysis on your own model')"
+        "(docs/own_models.md: 'Run the analysis on your own model')"
     )
 
 
