@@ -110,15 +110,8 @@ def test_every_citation_resolves():
 README = REPO / "README.md"
 
 
-@pytest.mark.skipif(not README.exists(), reason="no README.md")
-@pytest.mark.xfail(
-    README.exists() and OUTSIDE in README.read_text(encoding="utf-8"),
-    reason="README.md still cites the shared specification; it is rewritten separately (issue 21)",
-    strict=True,
-)
 def test_readme_cites_the_projects_method_doc():
-    """README.md: no :data:`OUTSIDE` and every method.md citation resolves (kept apart
-    from the tests above because README.md is edited separately)."""
+    """README.md: no :data:`OUTSIDE` and every method.md citation resolves."""
     readme = [README]
     assert shared_doc_mentions(readme) == []
     assert unresolved(readme) == []
