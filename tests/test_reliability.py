@@ -328,6 +328,11 @@ CODE_CHANGES = [
         {"kpca_heads": 2, "eigenvalues_vision": 2, "gamma_vision": 1, "table1": 1, "table1_corrected": 1, "table_spectra": 1, "figure3": 1},
         id="kpca-module",
     ),
+    pytest.param(
+        "src/kpca_repro/extraction.py",
+        {"extract_vision": 1, "kpca_heads": 2, "eigenvalues_vision": 2, "gamma_vision": 1, "table1": 1, "table1_corrected": 1, "table_spectra": 1, "figure3": 1},
+        id="extraction-module",
+    ),
     pytest.param("src/kpca_repro/tables.py", {"table1": 1, "table1_corrected": 1, "table_spectra": 1}, id="tables-module"),
     pytest.param("src/kpca_repro/figures.py", {"figure3": 1}, id="figures-module"),
 ]

@@ -637,12 +637,13 @@ def _column_metrics(v: torch.Tensor, vk: torch.Tensor, valid: torch.Tensor, pref
 def _paper_centered_gram(k: torch.Tensor, threads: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(Kphi, g, centered Kphi)`` of the paper variant (:func:`gram_paper`, :func:`center_dense`).
 
-    With ``threads`` (CPU only), one head at a time with ``threads`` torch intra-op threads:
-    the authors' per-head products to the bit, whatever the CPU. Without, batched with the
-    caller's threads (bit-identical per head to the one-at-a-time products with the same
-    thread count, :func:`_matmul_per_matrix`).
+    On the CPU one head at a time, with ``threads`` torch intra-op threads (None: the
+    caller's): the authors' per-head products to the bit, whatever the CPU. A batched
+    product over several heads rounds differently from the per-head ones on some CPUs (MKL's
+    AVX2 path with more than one thread), and these matrices decide the eigenvectors. On
+    CUDA, batched.
     """
-    if threads is None or k.device.type != "cpu" or k.shape[0] == 0:
+    if k.device.type != "cpu" or k.shape[0] == 0:
         kphi, g = gram_paper(k)
         return kphi, g, center_dense(kphi)
     with intra_op_threads(threads):
