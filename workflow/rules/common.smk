@@ -409,4 +409,25 @@ def figure5_models(wildcards):
     return [model_slug(m) for m in FIGURE5_MODELS]
 
 
+def _check_inputs():
+    """Every external input of the requested targets is present or can be downloaded; else one
+    block (each missing path, how to provide it, the offline configuration) before any job.
+    Main Snakemake process only; the logic is kpca_repro.preflight."""
+    if not workflow.is_main_process:
+        return
+    from kpca_repro.preflight import MissingInputsError, check_inputs, needs, offline_alternatives, targets_from_argv
+
+    targets = sorted(workflow.dag_settings.targets) if workflow.dag_settings is not None else targets_from_argv(sys.argv)
+    if targets is None:  # not a snakemake command line: the download rules' guards still check
+        return
+    alternatives = offline_alternatives(needs(targets, config), Path(workflow.basedir) / "config", os.getcwd())
+    try:
+        check_inputs(config, targets, alternatives)
+    except MissingInputsError as exc:
+        # the block alone: a WorkflowError would add the Snakefile lines it was raised from
+        print(exc, file=sys.stderr)
+        sys.exit(1)
+
+
 _check_config()
+_check_inputs()
