@@ -75,7 +75,7 @@ def extract_vision(
             supports (one line: model, reason, supported families), or a hook did not fire.
         kpca_repro.capture.CaptureMismatchError: the captured q, k, v do not reproduce h.
     """
-    from tqdm import tqdm
+    from .progress import progress as progress_bar
 
     model = load_timm_model(model_id, weights_path, model_kwargs).to(device)
     plan = capture_plan(model, model_id)
@@ -123,7 +123,7 @@ def extract_vision(
         writer.write_index("sample_rank", samples["sample_rank"].to_numpy())
         writer.write_index("dataset_index", samples["dataset_index"].to_numpy())
         with torch.no_grad(), CaptureRecorder(plan, model_id) as rec:
-            for run, keep, start in tqdm(batches, desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5):
+            for run, keep, start in progress_bar(batches, desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5):
                 x = torch.stack([transform(img.load_image(p)) for p in all_paths[run]]).to(device)
                 rec.clear()
                 model(x)
@@ -356,7 +356,7 @@ def kpca_records(
     Raises:
         kpca_repro.h5io.CorruptActivationFileError: the file is unreadable (named).
     """
-    from tqdm import tqdm
+    from .progress import progress as progress_bar
 
     from .text import SEQUENCE_FIRST
 
@@ -424,7 +424,7 @@ def kpca_records(
             )
 
         total = (af.attention_mask.shape[1] if transposed else n_in) * n_heads * len(layer_list)
-        with tqdm(total=total, desc=f"kpca {variant} {model_id}", unit="head", disable=not progress, mininterval=5) as bar:
+        with progress_bar(total=total, desc=f"kpca {variant} {model_id}", unit="head", disable=not progress, mininterval=5) as bar:
             draw_parts = []
             for draws, frame in ordered_map(work, chunks(), workers=workers):
                 frames.append(frame)

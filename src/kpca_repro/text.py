@@ -302,7 +302,7 @@ def extract_text(
             the hooks do not fit it (one line: model, reason, supported families).
         kpca_repro.capture.CaptureMismatchError: the stored q, k, v do not reproduce h.
     """
-    from tqdm import tqdm
+    from .progress import progress as progress_bar
 
     from .capture import INVARIANT_RTOL
     from .hf_capture import HFAttentionRecorder, attention_modules, check_capture, check_text_model
@@ -350,7 +350,7 @@ def extract_text(
     with atomic_output(out_path) as tmp, h5py.File(tmp, "w", track_order=False) as f:
         writer, max_error = None, 0.0
         with torch.no_grad(), HFAttentionRecorder(attns) as rec:
-            for run, keep, start in tqdm(batches, desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5):
+            for run, keep, start in progress_bar(batches, desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5):
                 batch = {k: v[run].to(device) for k, v in enc.items()}
                 model(**batch)
                 n_tokens = int(rec.captured[0]["k"].shape[2])

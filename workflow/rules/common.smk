@@ -63,21 +63,21 @@ ENV = "../../envs/pipeline.yaml"
 # Library modules each stage imports: listed as inputs so that changing them reruns the
 # stage (Snakemake tracks only the script file itself).
 LIB = Path(workflow.basedir) / "src" / "kpca_repro"
-LIB_EXTRACT = [str(LIB / m) for m in ("records.py", "vision.py", "capture.py", "images.py", "h5io.py", "resources.py", "smk.py", "threads.py")]
-LIB_KPCA = [str(LIB / m) for m in ("records.py", "kpca.py", "uncertainty.py", "h5io.py", "smk.py", "threads.py")]
-LIB_TABLES = [str(LIB / m) for m in ("tables.py", "uncertainty.py", "h5io.py", "smk.py")]
-LIB_SPECTRA = [str(LIB / m) for m in ("kpca.py", "records.py", "h5io.py", "smk.py", "threads.py")]
-LIB_FIGURES = [str(LIB / m) for m in ("figures.py", "smk.py")]
-LIB_COMPARISON = [str(LIB / m) for m in ("comparison.py", "tables.py", "uncertainty.py", "h5io.py", "smk.py")]
-LIB_REPORT = [str(LIB / m) for m in ("report.py", "h5io.py", "smk.py")]
+LIB_EXTRACT = [str(LIB / m) for m in ("records.py", "vision.py", "capture.py", "images.py", "h5io.py", "resources.py", "smk.py", "progress.py", "threads.py")]
+LIB_KPCA = [str(LIB / m) for m in ("records.py", "kpca.py", "uncertainty.py", "h5io.py", "smk.py", "progress.py", "threads.py")]
+LIB_TABLES = [str(LIB / m) for m in ("tables.py", "uncertainty.py", "h5io.py", "smk.py", "progress.py")]
+LIB_SPECTRA = [str(LIB / m) for m in ("kpca.py", "records.py", "h5io.py", "smk.py", "progress.py", "threads.py")]
+LIB_FIGURES = [str(LIB / m) for m in ("figures.py", "smk.py", "progress.py")]
+LIB_COMPARISON = [str(LIB / m) for m in ("comparison.py", "tables.py", "uncertainty.py", "h5io.py", "smk.py", "progress.py")]
+LIB_REPORT = [str(LIB / m) for m in ("report.py", "h5io.py", "smk.py", "progress.py")]
 # Result tables rendered as HTML for `snakemake --report` (caption: workflow/report/tables.rst).
 REPORT_TABLES = [f"table{t}{sfx}" for sfx in ("", "_corrected") for t in (1, 2, 3, 4)] + ["paper_comparison"]
-LIB_NORMS = [str(LIB / m) for m in ("norms.py", "kpca.py", "h5io.py", "smk.py", "threads.py")]
-LIB_SAMPLE_TEXT = [str(LIB / m) for m in ("text.py", "images.py", "h5io.py", "smk.py")]
-LIB_EXTRACT_TEXT = [str(LIB / m) for m in ("text.py", "hf_capture.py", "capture.py", "vision.py", "images.py", "h5io.py", "resources.py", "smk.py", "threads.py")]
+LIB_NORMS = [str(LIB / m) for m in ("norms.py", "kpca.py", "h5io.py", "smk.py", "progress.py", "threads.py")]
+LIB_SAMPLE_TEXT = [str(LIB / m) for m in ("text.py", "images.py", "h5io.py", "smk.py", "progress.py")]
+LIB_EXTRACT_TEXT = [str(LIB / m) for m in ("text.py", "hf_capture.py", "capture.py", "vision.py", "images.py", "h5io.py", "resources.py", "smk.py", "progress.py", "threads.py")]
 LIB_KPCA_TEXT = LIB_KPCA + [str(LIB / "text.py")]
-LIB_TRAINING = [str(LIB / m) for m in ("training.py", "kpca.py", "h5io.py", "vision.py", "smk.py")]
-LIB_TRAINING_FIGURES = [str(LIB / m) for m in ("training.py", "figures.py", "h5io.py", "smk.py")]
+LIB_TRAINING = [str(LIB / m) for m in ("training.py", "kpca.py", "h5io.py", "vision.py", "smk.py", "progress.py")]
+LIB_TRAINING_FIGURES = [str(LIB / m) for m in ("training.py", "figures.py", "h5io.py", "smk.py", "progress.py")]
 TRAINING = config["training"]
 FIGURE1 = config["figure1"]
 FASHION_MNIST = [
@@ -409,17 +409,21 @@ def figure5_models(wildcards):
     return [model_slug(m) for m in FIGURE5_MODELS]
 
 
-def _check_inputs():
+def _requested_targets():
+    """The targets of this run ([] = the default target), or None when not known at parse time."""
+    from kpca_repro.preflight import targets_from_argv
+
+    if workflow.dag_settings is not None:
+        return sorted(workflow.dag_settings.targets)
+    return targets_from_argv(sys.argv)
+
+
+def _check_inputs(targets):
     """Every external input of the requested targets is present or can be downloaded; else one
     block (each missing path, how to provide it, the offline configuration) before any job.
     Main Snakemake process only; the logic is kpca_repro.preflight."""
-    if not workflow.is_main_process:
-        return
-    from kpca_repro.preflight import MissingInputsError, check_inputs, needs, offline_alternatives, targets_from_argv
+    from kpca_repro.preflight import MissingInputsError, check_inputs, needs, offline_alternatives
 
-    targets = sorted(workflow.dag_settings.targets) if workflow.dag_settings is not None else targets_from_argv(sys.argv)
-    if targets is None:  # not a snakemake command line: the download rules' guards still check
-        return
     alternatives = offline_alternatives(needs(targets, config), Path(workflow.basedir) / "config", os.getcwd())
     try:
         check_inputs(config, targets, alternatives)
@@ -429,5 +433,37 @@ def _check_inputs():
         sys.exit(1)
 
 
+def _report_cost(targets):
+    """Print N, heads, eigh work and activation storage per model the targets need, with a
+    warning for a model far beyond the paper's largest (kpca_repro.cost); dry runs too."""
+    from kpca_repro.cost import cost_report, model_cost, text_model_shape
+    from kpca_repro.preflight import needs
+
+    groups = needs(targets, config)
+    models = list(VISION["models"]) if "vision" in groups else []
+    if "figure3" in groups:
+        models.append(config["figure3"]["model"])
+    models += [g[len("model:") :] for g in groups if g.startswith("model:") and g[len("model:") :] in VISION["models"]]
+    costs = []
+    for model in dict.fromkeys(models):
+        c = _check_vision_model(model, model)  # cached: built on the meta device by _check_config
+        costs.append(model_cost(model, "vision", c.n_tokens, c.depth, c.n_heads, c.head_dim, VISION["n_images"]))
+    text_models = list(TEXT["models"]) if groups & {"text", "figure5"} else []
+    for model_id in text_models:
+        try:
+            shape = text_model_shape(model_source(model_id, TEXT["local_models"], config["offline"]))
+        except MissingModelError:
+            shape = None
+        if shape is not None:
+            costs.append(model_cost(model_id, "text", TEXT["max_length"], *shape, TEXT["n_rows"]))
+    if costs:
+        table, warnings = cost_report(costs)
+        print("\n".join([table, *warnings]), file=sys.stderr)
+
+
 _check_config()
-_check_inputs()
+if workflow.is_main_process:
+    _TARGETS = _requested_targets()
+    if _TARGETS is not None:  # not a snakemake command line: the download rules' guards still check
+        _check_inputs(_TARGETS)
+        _report_cost(_TARGETS)
