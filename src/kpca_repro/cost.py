@@ -115,6 +115,10 @@ def _si(x: float, unit: str = "") -> str:
     return f"{x:.3g} {unit}".rstrip()
 
 
+def _ratio(x: float) -> str:
+    return f"{x:.2g}" if x < 10 else f"{x:.0f}"
+
+
 def _keys(c: ModelCost) -> str:
     if c.domain == "vision":
         return f"vision.model_kwargs.{c.model}.img_size (N) or vision.n_images"
@@ -140,12 +144,12 @@ def cost_report(costs: list[ModelCost]) -> tuple[str, list[str]]:
         if c.n_tokens is None:
             rows.append(f"  {c.model:<40} {'?':>5} {shape:>28} {'?':>20} {'?':>18}")
             continue
-        work = f"{_si(c.eigh_work)} ({c.eigh_ratio:.2g}x ref)"
-        store = f"{_si(c.storage_bytes, 'B')} ({c.storage_ratio:.2g}x)"
+        work = f"{_si(c.eigh_work)} ({_ratio(c.eigh_ratio)}x ref)"
+        store = f"{_si(c.storage_bytes, 'B')} ({_ratio(c.storage_ratio)}x ref)"
         rows.append(f"  {c.model:<40} {c.n_tokens:>5} {shape:>28} {work:>20} {store:>18}")
         if c.eigh_ratio > WARN_FACTOR or c.storage_ratio > WARN_FACTOR:
             warnings.append(
-                f"WARNING: {c.model} (N = {c.n_tokens}) needs {c.eigh_ratio:.3g}x the eigh work and {c.storage_ratio:.3g}x the activation "
+                f"WARNING: {c.model} (N = {c.n_tokens}) needs {_ratio(c.eigh_ratio)}x the eigh work and {_ratio(c.storage_ratio)}x the activation "
                 f"storage ({_si(c.storage_bytes, 'B')}) of {REFERENCE['name']} on {c.n_inputs} inputs; reduce it with {_keys(c)}."
             )
     return "\n".join([head, *rows]), warnings
