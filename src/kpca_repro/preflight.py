@@ -380,6 +380,15 @@ def offline_alternatives(groups: set[str], config_dir: str | os.PathLike, cwd: s
     return out
 
 
+#: Snakemake modes that run no job (lint, report, graphs, summaries, clean-up): nothing to check.
+_NO_JOB_MODES = (
+    "lint", "report", "list_rules", "list_target_rules", "dag", "rulegraph", "filegraph", "d3dag", "summary",
+    "detailed_summary", "unlock", "cleanup_metadata", "cleanup_shadow", "print_compilation", "delete_all_output",
+    "delete_temp_output", "list_changes", "list_code_changes", "list_input_changes", "list_params_changes",
+    "list_untracked", "archive", "containerize", "generate_unit_tests", "export_cwl", "touch",
+)
+
+
 def targets_from_argv(argv: list[str]) -> list[str] | None:
     """The targets of a ``snakemake`` command line, parsed with Snakemake's own argument parser.
 
@@ -390,7 +399,8 @@ def targets_from_argv(argv: list[str]) -> list[str] | None:
 
     Returns:
         The targets (empty list: the default target), or None when ``argv`` is not a
-        ``snakemake`` command line (for example Snakemake driven through its Python API).
+        ``snakemake`` command line (for example Snakemake driven through its Python API) or
+        one that runs no job (``--lint``, ``--report``, ``--dag``, ``--summary``, ...).
     """
     if not argv or "snakemake" not in str(argv[0]):
         return None
@@ -399,6 +409,8 @@ def targets_from_argv(argv: list[str]) -> list[str] | None:
     try:
         args, _ = get_argument_parser().parse_known_args(argv[1:])
     except SystemExit:
+        return None
+    if any(getattr(args, mode, None) for mode in _NO_JOB_MODES):
         return None
     return sorted(str(t) for t in args.targets or ())
 
