@@ -141,6 +141,29 @@ def test_progress_lines_without_a_terminal(monkeypatch):
     assert "4/4 head (100%)" in lines[-1] and "head/s" in lines[-1]
 
 
+def test_hub_retries_take_one_line_each(monkeypatch):
+    """A Hugging Face retry logs one line (the error folded into "Retrying in ..."), once."""
+    import logging
+
+    from kpca_repro.smk import quiet_hub_logging
+
+    quiet_hub_logging(progress_bars=False)
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    monkeypatch.setattr(root, "level", logging.INFO)
+    try:
+        http = logging.getLogger("huggingface_hub.utils._http")
+        for i in (1, 2):
+            http.warning("'[Errno -2] Name or service not known' thrown while requesting HEAD https://huggingface.co/x")
+            http.warning(f"Retrying in {i}s [Retry {i}/5].")
+    finally:
+        root.removeHandler(handler)
+    lines = out.getvalue().splitlines()
+    assert lines == [f"Retrying in {i}s [Retry {i}/5] (after '[Errno -2] Name or service not known')" for i in (1, 2)]
+
+
 def _tiny_config(path, resources, **overrides):
     cfg = {
         "resources_dir": str(resources),

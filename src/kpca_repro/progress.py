@@ -6,7 +6,7 @@ there. Into the rule's log file (:func:`kpca_repro.smk.setup_logging` registers 
 :func:`set_log_stream`) it writes one plain line every ``KPCA_PROGRESS_INTERVAL`` seconds
 (default 30) and one at the end, e.g.::
 
-    2026-11-23 04:41:07 progress kpca paper deit_tiny_patch16_224: 1200/3600 head (33%), 41.2 head/s, elapsed 0:00:29, ETA 0:00:58
+    2026-11-23 04:41:07,512 progress INFO kpca paper deit_tiny_patch16_224: 1200/3600 head (33%), 41.20 head/s, elapsed 0:00:29, ETA 0:00:58
 
 without the carriage-return frames of a bar. Without a terminal and without a log file the
 plain lines go to stderr.
@@ -79,7 +79,7 @@ class Progress:
             self._plain = None if term is not None else sys.stderr
 
     def line(self) -> str:
-        """The plain progress line: ``desc: n/total unit (pct), rate, elapsed, ETA``."""
+        """The plain progress line, in the log format: ``<time> progress INFO desc: n/total unit (pct), rate, elapsed, ETA``."""
         elapsed = time.monotonic() - self.start
         rate = self.n / elapsed if elapsed > 0 else 0.0
         parts = [f"{self.desc}: {self.n}/{self.total} {self.unit}" if self.total else f"{self.desc}: {self.n} {self.unit}"]
@@ -89,7 +89,9 @@ class Progress:
         parts.append(f"elapsed {_hms(elapsed)}")
         if self.total and rate > 0 and self.n < self.total:
             parts.append(f"ETA {_hms((self.total - self.n) / rate)}")
-        return f"{time.strftime('%Y-%m-%d %H:%M:%S')} progress " + ", ".join(parts)
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now * 1000) % 1000:03d}"
+        return f"{stamp} progress INFO " + ", ".join(parts)
 
     def _emit(self) -> None:
         if self._plain is not None:
