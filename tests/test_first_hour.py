@@ -4,7 +4,8 @@ are readable, and the cost of a configuration is stated before any job runs."""
 from __future__ import annotations
 
 import io
-import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -111,6 +112,28 @@ def test_present_inputs_need_no_probe(tiny_resources):
         raise AssertionError("probed although nothing is missing")
 
     assert preflight.check_inputs(cfg, ["results/table1.csv"], probe=probe) == []
+
+
+def test_targets_from_the_command_line():
+    assert preflight.targets_from_argv(["/usr/bin/snakemake", "--cores", "2", "results/table1.csv", "--configfile", "a.yaml"]) == ["results/table1.csv"]
+    assert preflight.targets_from_argv(["python -m snakemake", "-n", "--configfile", "a.yaml", "b.yaml"]) == []  # the default target
+    assert preflight.targets_from_argv(["/usr/bin/snakemake", "--lint"]) is None  # runs no job: nothing to check
+    assert preflight.targets_from_argv(["pytest", "-q"]) is None  # not a snakemake command line
+
+
+@pytest.mark.integration
+def test_a_study_directory_with_relative_paths_fails_in_one_line(tmp_path):
+    """-d makes the study directory the working directory: the offline configuration's
+    ../shared paths then resolve from there, and the error names the key, without Snakefile lines."""
+    study = tmp_path / "study"
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-d", str(study), "-n", "results/table1.csv", "--configfile", "config/offline_deit_tiny.yaml"],
+        capture_output=True, text=True, cwd=REPO,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "config key comparison.published_tables: ../shared/reference/paper_tables is not a directory" in out, out[-2000:]
+    assert 'File "' not in out and "Traceback" not in out
 
 
 def test_network_probe_is_bounded():

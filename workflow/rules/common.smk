@@ -9,6 +9,16 @@ from snakemake.utils import validate
 SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
 
 
+def _stop_on_error(check):
+    """Run a parse-time check; a WorkflowError ends Snakemake with its message alone, exit
+    status 1 (raised, Snakemake would add the Snakefile lines it came from)."""
+    try:
+        check()
+    except WorkflowError as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(1)
+
+
 def _validate_config():
     """Validate ``config`` against the schema (filling defaults); one short message per error.
 
@@ -50,7 +60,7 @@ def _validate_config():
         ) from None
 
 
-_validate_config()
+_stop_on_error(_validate_config)
 
 # The repository's own library (paths, slugs, model sources) for the workflow itself.
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
@@ -388,7 +398,7 @@ def _check_norms_config():
                 raise WorkflowError(f"config key figure5.models[{i}]: {model!r} is not in text.models (its extraction is configured there)")
 
 
-_check_norms_config()
+_stop_on_error(_check_norms_config)
 
 
 def norm_activations(domain, variant, model):
@@ -461,7 +471,7 @@ def _report_cost(targets):
         print("\n".join([table, *warnings]), file=sys.stderr)
 
 
-_check_config()
+_stop_on_error(_check_config)
 if workflow.is_main_process:
     _TARGETS = _requested_targets()
     if _TARGETS is not None:  # not a snakemake command line: the download rules' guards still check
