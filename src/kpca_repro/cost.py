@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ModelCost", "REFERENCE", "WARN_FACTOR", "model_cost", "text_model_shape", "cost_report"]
+__all__ = ["REFERENCE", "WARN_FACTOR", "ModelCost", "cost_report", "model_cost", "text_model_shape"]
 
 #: The paper's largest vision case per image: (layers x heads, N, d) of ViT-Large/16 at 224 px.
 REFERENCE = {"name": "ViT-Large at 197 tokens", "heads": 24 * 16, "n_tokens": 197, "head_dim": 64}
@@ -77,7 +77,17 @@ class ModelCost:
 
 
 def model_cost(model: str, domain: str, n_tokens: int | None, layers: int, heads_per_layer: int, head_dim: int, n_inputs: int) -> ModelCost:
-    """A :class:`ModelCost` (see its attributes for the arguments)."""
+    """A :class:`ModelCost`.
+
+    Args:
+        model: the model id; domain: ``"vision"`` or ``"text"``.
+        n_tokens: N, tokens per image or row (None: unknown, shown as ``?``).
+        layers, heads_per_layer, head_dim: the attention's shape.
+        n_inputs: images or rows analysed.
+
+    Returns:
+        The cost; its properties compute the heads, eigh work, storage and ratios.
+    """
     return ModelCost(model, domain, n_tokens, int(layers), int(heads_per_layer), int(head_dim), int(n_inputs))
 
 

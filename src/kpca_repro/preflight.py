@@ -24,16 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
-    "Requirement",
     "MissingInputsError",
-    "needs",
-    "requirements",
-    "is_present",
-    "network_reachable",
-    "offline_reason",
-    "failure_block",
-    "offline_alternatives",
+    "Requirement",
     "check_inputs",
+    "failure_block",
+    "is_present",
+    "needs",
+    "network_reachable",
+    "offline_alternatives",
+    "offline_reason",
+    "requirements",
     "targets_from_argv",
 ]
 
@@ -235,7 +235,15 @@ def requirements(groups: set[str], config: dict) -> list[Requirement]:
 
 
 def is_present(req: Requirement) -> bool:
-    """Whether the input exists: a file, a non-empty directory, or a hub model in the Hugging Face cache."""
+    """Whether an input exists.
+
+    Args:
+        req: the input.
+
+    Returns:
+        True for an existing file, a non-empty directory, or (``kind == "text_model"``) a hub
+        model whose ``config.json`` is in the Hugging Face cache.
+    """
     if req.kind == "text_model":
         from huggingface_hub import try_to_load_from_cache
 
@@ -257,6 +265,13 @@ def network_reachable(host: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
 
     Name resolution runs in a daemon thread so that a hanging resolver cannot stall the
     caller past ``timeout`` either.
+
+    Args:
+        host: ``"huggingface.co"`` or ``"name:port"``.
+        timeout: seconds for the connection (and, plus 0.5 s, for the whole probe).
+
+    Returns:
+        True when the connection was accepted; False on any error or timeout (never raises).
     """
     name, _, port = host.partition(":")
     port = int(port or 443)
@@ -338,7 +353,7 @@ def failure_block(missing: list[Requirement], reason: str, targets: Iterable[str
             seen.add(r.kind)
             lines.append(f"  - {r.what.split(' of ')[0].split(' (')[0]}: {r.how}")
     lines.append("  - or point config key resources_dir at a directory that has them (--config resources_dir=/path/to/assets)")
-    if reason.startswith("no network") or reason.startswith("HF_"):
+    if reason.startswith(("no network", "HF_")):
         lines.append("  - or connect to the network: the download rules fetch them (offline: false)")
     if offline_runs:
         lines.append("Or run without them (real DeiT-Tiny / MiniLM weights in ../shared/assets):")

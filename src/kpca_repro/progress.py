@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from typing import IO
 
-__all__ = ["progress", "Progress", "set_log_stream", "DEFAULT_INTERVAL_S"]
+__all__ = ["DEFAULT_INTERVAL_S", "Progress", "progress", "set_log_stream"]
 
 #: Seconds between two plain lines (environment variable KPCA_PROGRESS_INTERVAL overrides it).
 DEFAULT_INTERVAL_S = 30.0
@@ -50,7 +50,7 @@ def _interval() -> float:
 
 
 def _hms(seconds: float) -> str:
-    return str(timedelta(seconds=int(round(seconds))))
+    return str(timedelta(seconds=round(seconds)))
 
 
 class Progress:

@@ -7,7 +7,7 @@ import platform
 import sys
 from importlib import metadata
 
-__all__ = ["setup_logging", "quiet_hub_logging", "fail_cleanly", "library_versions"]
+__all__ = ["fail_cleanly", "library_versions", "quiet_hub_logging", "setup_logging"]
 
 
 class _Tee:
@@ -65,9 +65,17 @@ class _HubRetryFilter(logging.Filter):
 
 def quiet_hub_logging(progress_bars: bool) -> None:
     """Hugging Face hub messages through the log format once (not also through the hub's
-    own handler), one line per retry, and its download bars only when ``progress_bars``."""
+    own handler), one line per retry, and its download bars only when ``progress_bars``.
+
+    Args:
+        progress_bars: keep the hub's download progress bars (True on a terminal).
+
+    Returns:
+        None. Does nothing when ``huggingface_hub`` is not installed.
+    """
     try:
-        from huggingface_hub.utils import disable_progress_bars, logging as hub_logging
+        from huggingface_hub.utils import disable_progress_bars
+        from huggingface_hub.utils import logging as hub_logging
     except ImportError:  # pragma: no cover - huggingface_hub comes with timm and transformers
         return
     root = hub_logging.get_logger()  # the library's root logger "huggingface_hub"
