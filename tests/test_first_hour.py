@@ -136,6 +136,16 @@ def test_a_study_directory_with_relative_paths_fails_in_one_line(tmp_path):
     assert 'File "' not in out and "Traceback" not in out
 
 
+def test_allowed_rules_that_read_no_input_need_none(tmp_path):
+    """--allowed-rules without the extraction rules: the activation files exist, no weights are read."""
+    cfg = _default_config()
+    cfg.update(resources_dir=str(tmp_path / "res"), offline=True)
+    assert preflight.allowed_rules_from_argv(["snakemake", "results/table1.csv", "--allowed-rules", "kpca_heads", "table1"]) == {"kpca_heads", "table1"}
+    assert preflight.check_inputs(cfg, ["results/table1.csv"], allowed_rules={"kpca_heads", "table1"}) == []
+    with pytest.raises(preflight.MissingInputsError, match="vit_tiny_patch16_224.safetensors"):
+        preflight.check_inputs(cfg, ["results/table1.csv"], allowed_rules={"extract_vision", "kpca_heads", "table1"})
+
+
 def test_network_probe_is_bounded():
     start = time.monotonic()
     assert not preflight.network_reachable("unresolvable.invalid", timeout=1.0)

@@ -26,6 +26,7 @@ from pathlib import Path
 __all__ = [
     "MissingInputsError",
     "Requirement",
+    "allowed_rules_from_argv",
     "check_inputs",
     "failure_block",
     "is_present",
@@ -62,6 +63,18 @@ class Requirement:
     path: str
     how: str
     host: str | None
+
+
+#: The rules that read each kind of input (with ``--allowed-rules`` excluding all of them, the
+#: input is not needed: the run uses files already made).
+CONSUMERS = {
+    "weights": {"extract_vision"},
+    "images": {"sample_images", "extract_vision"},
+    "wikitext": {"sample_text"},
+    "text_model": {"extract_text"},
+    "fashion_mnist": {"train"},
+    "training_logs": {"figure_training"},
+}
 
 
 class MissingInputsError(FileNotFoundError):
@@ -430,11 +443,33 @@ def targets_from_argv(argv: list[str]) -> list[str] | None:
     return sorted(str(t) for t in args.targets or ())
 
 
+def allowed_rules_from_argv(argv: list[str]) -> set[str] | None:
+    """The ``--allowed-rules`` of a ``snakemake`` command line.
+
+    Args:
+        argv: ``sys.argv`` of the Snakemake process.
+
+    Returns:
+        The rule names, or None when all rules are allowed or ``argv`` is not a
+        ``snakemake`` command line.
+    """
+    if not argv or "snakemake" not in str(argv[0]):
+        return None
+    from snakemake.cli import get_argument_parser
+
+    try:
+        args, _ = get_argument_parser().parse_known_args(argv[1:])
+    except SystemExit:
+        return None
+    return set(args.allowed_rules) if getattr(args, "allowed_rules", None) else None
+
+
 def check_inputs(
     config: dict,
     targets: Iterable[str],
     offline_runs: list[tuple[str, str]] = (),
     probe: Callable[[str], bool] = network_reachable,
+    allowed_rules: set[str] | None = None,
 ) -> list[Requirement]:
     """Check every external input the targets need; stop if one is missing and cannot be fetched.
 
@@ -443,6 +478,8 @@ def check_inputs(
         targets: the requested targets (empty: the default target ``all``).
         offline_runs: see :func:`failure_block`.
         probe: see :func:`offline_reason`.
+        allowed_rules: Snakemake's ``--allowed-rules`` (None: all); an input none of whose
+            reading rules (:data:`CONSUMERS`) is allowed is not checked.
 
     Returns:
         The missing inputs that the download rules will fetch (empty when all are present).
@@ -453,7 +490,10 @@ def check_inputs(
             the block of :func:`failure_block`.
     """
     targets = list(targets)
-    missing = [r for r in requirements(needs(targets, config), config) if not is_present(r)]
+    reqs = requirements(needs(targets, config), config)
+    if allowed_rules is not None:
+        reqs = [r for r in reqs if CONSUMERS[r.kind] & set(allowed_rules)]
+    missing = [r for r in reqs if not is_present(r)]
     if not missing:
         return []
     reason = offline_reason(config, [r.host for r in missing if r.host], probe)

@@ -432,11 +432,15 @@ def _check_inputs(targets):
     """Every external input of the requested targets is present or can be downloaded; else one
     block (each missing path, how to provide it, the offline configuration) before any job.
     Main Snakemake process only; the logic is kpca_repro.preflight."""
-    from kpca_repro.preflight import MissingInputsError, check_inputs, needs, offline_alternatives
+    from kpca_repro.preflight import MissingInputsError, allowed_rules_from_argv, check_inputs, needs, offline_alternatives
 
     alternatives = offline_alternatives(needs(targets, config), Path(workflow.basedir) / "config", os.getcwd())
+    if workflow.dag_settings is not None:
+        allowed = set(workflow.dag_settings.allowed_rules) or None
+    else:
+        allowed = allowed_rules_from_argv(sys.argv)
     try:
-        check_inputs(config, targets, alternatives)
+        check_inputs(config, targets, alternatives, allowed_rules=allowed)
     except MissingInputsError as exc:
         # the block alone: a WorkflowError would add the Snakefile lines it was raised from
         print(exc, file=sys.stderr)
