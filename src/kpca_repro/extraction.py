@@ -73,7 +73,7 @@ def extract_vision(
             supports (one line: model, reason, supported families), or a hook did not fire.
         kpca_repro.capture.CaptureMismatchError: the captured q, k, v do not reproduce h.
     """
-    from tqdm import tqdm
+    from .progress import progress as progress_bar
 
     model = load_timm_model(model_id, weights_path, model_kwargs).to(device)
     plan = capture_plan(model, model_id)
@@ -121,7 +121,7 @@ def extract_vision(
         writer.write_index("sample_rank", samples["sample_rank"].to_numpy())
         writer.write_index("dataset_index", samples["dataset_index"].to_numpy())
         with torch.no_grad(), CaptureRecorder(plan, model_id) as rec:
-            for run, keep, start in tqdm(batches, desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5):
+            for run, keep, start in progress_bar(batches, desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5):
                 x = torch.stack([transform(img.load_image(p)) for p in all_paths[run]]).to(device)
                 rec.clear()
                 model(x)
@@ -193,7 +193,7 @@ def extract_text(
             the hooks do not fit it (one line: model, reason, supported families).
         kpca_repro.capture.CaptureMismatchError: the stored q, k, v do not reproduce h.
     """
-    from tqdm import tqdm
+    from .progress import progress as progress_bar
 
     from .capture import INVARIANT_RTOL
     from .hf_capture import HFAttentionRecorder, attention_modules, check_capture, check_text_model
@@ -241,7 +241,7 @@ def extract_text(
     with atomic_output(out_path) as tmp, h5py.File(tmp, "w", track_order=False) as f:
         writer, max_error = None, 0.0
         with torch.no_grad(), HFAttentionRecorder(attns) as rec:
-            for run, keep, start in tqdm(batches, desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5):
+            for run, keep, start in progress_bar(batches, desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5):
                 batch = {k: v[run].to(device) for k, v in enc.items()}
                 model(**batch)
                 n_tokens = int(rec.captured[0]["k"].shape[2])

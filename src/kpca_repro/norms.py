@@ -158,7 +158,7 @@ def norm_statistics(
         kpca_repro.h5io.CorruptActivationFileError: a file is unreadable or lacks the
             attention mask the corrected text recipe needs (named).
     """
-    from tqdm import tqdm
+    from .progress import progress as progress_bar
 
     if not activations:
         raise ValueError("no activation file given")
@@ -176,7 +176,7 @@ def norm_statistics(
         band = PAPER_NORMS_BAND if variant == PAPER else CORRECTED_NORMS_BAND
         scale = PAPER_NORMS_SCALE if variant == PAPER else 1.0 / math.sqrt(head_dim)
         rows = []
-        for layer in tqdm(range(n_layers), desc=f"norms {variant} {model_id}", unit="layer", disable=not progress, mininterval=5):
+        for layer in progress_bar(range(n_layers), desc=f"norms {variant} {model_id}", unit="layer", disable=not progress, mininterval=5):
             pooled = {name: [] for name in QUANTITIES}
             for af, mask in zip(files, masks):
                 t = {name: torch.from_numpy(a) for name, a in af.read(layer).items()}

@@ -159,7 +159,7 @@ def kpca_records(
     Raises:
         kpca_repro.h5io.CorruptActivationFileError: the file is unreadable (named).
     """
-    from tqdm import tqdm
+    from .progress import progress as progress_bar
 
     from .text import SEQUENCE_FIRST
 
@@ -227,7 +227,7 @@ def kpca_records(
             )
 
         total = (af.attention_mask.shape[1] if transposed else n_in) * n_heads * len(layer_list)
-        with tqdm(total=total, desc=f"kpca {variant} {model_id}", unit="head", disable=not progress, mininterval=5) as bar:
+        with progress_bar(total=total, desc=f"kpca {variant} {model_id}", unit="head", disable=not progress, mininterval=5) as bar:
             draw_parts = []
             for draws, frame in ordered_map(work, chunks(), workers=workers):
                 frames.append(frame)

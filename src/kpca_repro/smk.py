@@ -7,17 +7,25 @@ import platform
 import sys
 from importlib import metadata
 
-__all__ = ["setup_logging", "library_versions"]
+__all__ = ["fail_cleanly", "library_versions", "quiet_hub_logging", "setup_logging"]
 
 
 class _Tee:
-    """A text stream writing to several streams (the log file and the terminal)."""
+    """A text stream writing to several streams (the log file and the terminal).
+
+    Progress-bar frames (writes with a carriage return, e.g. a library's tqdm bar) go only
+    to the streams that are terminals: a log file gets no ``\\r`` frames.
+    """
 
     def __init__(self, *streams):
         self.streams = streams
+        self.ttys = [_isatty(st) for st in streams]
 
     def write(self, s):
-        for st in self.streams:
+        frame = "\r" in s
+        for st, tty in zip(self.streams, self.ttys):
+            if frame and not tty:
+                continue
             st.write(s)
             st.flush()
         return len(s)
@@ -30,17 +38,100 @@ class _Tee:
         return False
 
 
-def setup_logging(snakemake, name: str) -> logging.Logger:
-    """Send stderr (log records, warnings, tracebacks, progress bars) to the rule's log file.
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
-    The log file is ``snakemake.log[0]``; stderr is also kept on the terminal so progress
-    bars stay visible. Returns a logger named ``name``.
+
+class _HubRetryFilter(logging.Filter):
+    """One line per Hugging Face download retry: the error line is folded into the
+    following "Retrying in Ns [Retry i/5]." line instead of being a line of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.error = None
+
+    def filter(self, record):
+        msg = record.getMessage()
+        if "thrown while requesting" in msg:
+            self.error = msg.split(" thrown while requesting")[0]
+            return False
+        if msg.startswith("Retrying in") and self.error:
+            record.msg, record.args, self.error = f"{msg.rstrip('.')} (after {self.error})", (), None
+        return True
+
+
+def quiet_hub_logging(progress_bars: bool) -> None:
+    """Hugging Face hub messages through the log format once (not also through the hub's
+    own handler), one line per retry, and its download bars only when ``progress_bars``.
+
+    Args:
+        progress_bars: keep the hub's download progress bars (True on a terminal).
+
+    Returns:
+        None. Does nothing when ``huggingface_hub`` is not installed.
     """
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+        from huggingface_hub.utils import logging as hub_logging
+    except ImportError:  # pragma: no cover - huggingface_hub comes with timm and transformers
+        return
+    root = hub_logging.get_logger()  # the library's root logger "huggingface_hub"
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.propagate = True
+    http = logging.getLogger("huggingface_hub.utils._http")
+    if not any(isinstance(f, _HubRetryFilter) for f in http.filters):
+        http.addFilter(_HubRetryFilter())
+    if not progress_bars:
+        disable_progress_bars()
+
+
+def setup_logging(snakemake, name: str) -> logging.Logger:
+    """Send stderr (log records, warnings, tracebacks) to the rule's log file.
+
+    The log file is ``snakemake.log[0]``; stderr is also kept on the terminal. Progress: a
+    bar on the terminal only when it is one, plain periodic lines in the log file
+    (:mod:`kpca_repro.progress`); Hugging Face retries take one line each
+    (:func:`quiet_hub_logging`).
+
+    Args:
+        snakemake: the ``snakemake`` object of a rule script (``log[0]`` is used).
+        name: the logger's name (the rule's).
+
+    Returns:
+        A logger named ``name``.
+    """
+    from .progress import set_log_stream
+
     log_file = open(snakemake.log[0], "w", buffering=1)
     sys.stderr = _Tee(log_file, sys.__stderr__)
+    set_log_stream(log_file)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
     logging.captureWarnings(True)
+    quiet_hub_logging(progress_bars=_isatty(sys.__stderr__))
     return logging.getLogger(name)
+
+
+def fail_cleanly(log: logging.Logger, func, *args, **kwargs):
+    """Call ``func``; if it raises, log its message as one ERROR line and exit with status 1.
+
+    For the download rules: a failed download (no network, a moved URL) ends with the
+    message that names the path to fill by hand, without a traceback.
+
+    Returns:
+        What ``func`` returns.
+
+    Raises:
+        SystemExit: status 1, when ``func`` raised any exception.
+    """
+    try:
+        return func(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - every failure ends the job the same way
+        log.error("%s", str(exc) or type(exc).__name__)
+        sys.exit(1)
 
 
 def library_versions() -> dict[str, str]:

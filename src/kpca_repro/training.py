@@ -435,7 +435,7 @@ def train_run(
     from timm.loss import SoftTargetCrossEntropy
     from timm.optim import create_optimizer_v2
     from timm.scheduler import create_scheduler_v2
-    from tqdm import tqdm
+    from .progress import progress as progress_bar
 
     log_csv, checkpoint = Path(log_csv), Path(checkpoint)
     epochs = scale["epochs"]
@@ -482,7 +482,7 @@ def train_run(
         generator.manual_seed(_seed_epoch(seed, epoch))
         model.train()
         total, count = 0.0, 0
-        for i, (x, y) in enumerate(tqdm(loader, desc=f"epoch {epoch + 1}/{epochs}", disable=not progress, leave=False)):
+        for i, (x, y) in enumerate(progress_bar(loader, desc=f"epoch {epoch + 1}/{epochs}", disable=not progress, leave=False)):
             x, y = x.to(device), y.to(device)
             if epoch == 0 and i == recon_index:
                 fixed["train"] = x.detach().cpu().clone()

@@ -333,6 +333,8 @@ class VisionModelCheck:
     Attributes:
         depth: number of blocks; n_heads, head_dim: of every layer; scale: ``1/sqrt(head_dim)``;
         adapter: the adapter name(s), ``"; "``-joined when layers differ.
+        n_tokens: tokens per image (patches + class/distillation tokens) at the configured
+            ``img_size``; None when the model has no ``patch_embed`` to read it from.
     """
 
     depth: int
@@ -340,9 +342,18 @@ class VisionModelCheck:
     head_dim: int
     scale: float
     adapter: str
+    n_tokens: int | None = None
 
 
 _CHECKED: dict[str, VisionModelCheck] = {}
+
+
+def _n_tokens(net: nn.Module) -> int | None:
+    """Tokens per image of a timm ViT: its patches plus its prefix (class, distillation) tokens."""
+    patches = getattr(getattr(net, "patch_embed", None), "num_patches", None)
+    if not isinstance(patches, int):
+        return None
+    return patches + int(getattr(net, "num_prefix_tokens", 0) or 0)
 
 
 def check_vision_model(model_id: str, model_kwargs: dict | None = None) -> VisionModelCheck:
@@ -382,7 +393,7 @@ def check_vision_model(model_id: str, model_kwargs: dict | None = None) -> Visio
     if len(heads) != 1:
         raise _refuse(model_id, f"layers with different numbers of heads {sorted(heads)}")
     scale = attention_scale(attns)
-    result = VisionModelCheck(len(plan), heads.pop(), int(attns[0].head_dim), scale, "; ".join(dict.fromkeys(a.name for _, a in plan)))
+    result = VisionModelCheck(len(plan), heads.pop(), int(attns[0].head_dim), scale, "; ".join(dict.fromkeys(a.name for _, a in plan)), _n_tokens(net))
     _CHECKED[key] = result
     return result
 

@@ -9,6 +9,16 @@ from snakemake.utils import validate
 SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
 
 
+def _stop_on_error(check):
+    """Run a parse-time check; a WorkflowError ends Snakemake with its message alone, exit
+    status 1 (raised, Snakemake would add the Snakefile lines it came from)."""
+    try:
+        check()
+    except WorkflowError as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(1)
+
+
 def _validate_config():
     """Validate ``config`` against the schema (filling defaults); one short message per error.
 
@@ -50,7 +60,7 @@ def _validate_config():
         ) from None
 
 
-_validate_config()
+_stop_on_error(_validate_config)
 
 # The repository's own library (paths, slugs, model sources) for the workflow itself.
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
@@ -384,7 +394,7 @@ def _check_norms_config():
                 raise WorkflowError(f"config key figure5.models[{i}]: {model!r} is not in text.models (its extraction is configured there)")
 
 
-_check_norms_config()
+_stop_on_error(_check_norms_config)
 
 
 def norm_activations(domain, variant, model):
@@ -405,4 +415,65 @@ def figure5_models(wildcards):
     return [model_slug(m) for m in FIGURE5_MODELS]
 
 
-_check_config()
+def _requested_targets():
+    """The targets of this run ([] = the default target), or None when not known at parse time."""
+    from kpca_repro.preflight import targets_from_argv
+
+    if workflow.dag_settings is not None:
+        return sorted(workflow.dag_settings.targets)
+    return targets_from_argv(sys.argv)
+
+
+def _check_inputs(targets):
+    """Every external input of the requested targets is present or can be downloaded; else one
+    block (each missing path, how to provide it, the offline configuration) before any job.
+    Main Snakemake process only; the logic is kpca_repro.preflight."""
+    from kpca_repro.preflight import MissingInputsError, allowed_rules_from_argv, check_inputs, needs, offline_alternatives
+
+    alternatives = offline_alternatives(needs(targets, config), Path(workflow.basedir) / "config", os.getcwd())
+    if workflow.dag_settings is not None:
+        allowed = set(workflow.dag_settings.allowed_rules) or None
+    else:
+        allowed = allowed_rules_from_argv(sys.argv)
+    try:
+        check_inputs(config, targets, alternatives, allowed_rules=allowed)
+    except MissingInputsError as exc:
+        # the block alone: a WorkflowError would add the Snakefile lines it was raised from
+        print(exc, file=sys.stderr)
+        sys.exit(1)
+
+
+def _report_cost(targets):
+    """Print N, heads, eigh work and activation storage per model the targets need, with a
+    warning for a model far beyond the paper's largest (kpca_repro.cost); dry runs too."""
+    from kpca_repro.cost import cost_report, model_cost, text_model_shape
+    from kpca_repro.preflight import needs
+
+    groups = needs(targets, config)
+    models = list(VISION["models"]) if "vision" in groups else []
+    if "figure3" in groups:
+        models.append(config["figure3"]["model"])
+    models += [g[len("model:") :] for g in groups if g.startswith("model:") and g[len("model:") :] in VISION["models"]]
+    costs = []
+    for model in dict.fromkeys(models):
+        c = _check_vision_model(model, model)  # cached: built on the meta device by _check_config
+        costs.append(model_cost(model, "vision", c.n_tokens, c.depth, c.n_heads, c.head_dim, VISION["n_images"]))
+    text_models = list(TEXT["models"]) if groups & {"text", "figure5"} else []
+    for model_id in text_models:
+        try:
+            shape = text_model_shape(model_source(model_id, TEXT["local_models"], config["offline"]))
+        except MissingModelError:
+            shape = None
+        if shape is not None:
+            costs.append(model_cost(model_id, "text", TEXT["max_length"], *shape, TEXT["n_rows"]))
+    if costs:
+        table, warnings = cost_report(costs)
+        print("\n".join([table, *warnings]), file=sys.stderr)
+
+
+_stop_on_error(_check_config)
+if workflow.is_main_process:
+    _TARGETS = _requested_targets()
+    if _TARGETS is not None:  # not a snakemake command line: the download rules' guards still check
+        _check_inputs(_TARGETS)
+        _report_cost(_TARGETS)

@@ -1,0 +1,274 @@
+"""The first hour of a new user (issue 22): missing inputs fail fast in one block, job logs
+are readable, and the cost of a configuration is stated before any job runs."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from conftest import REPO, TINY_KWARGS, run_snakemake
+
+from kpca_repro import cost, preflight, progress
+
+PAPER_VISION = [
+    "vit_tiny_patch16_224",
+    "vit_small_patch16_224",
+    "vit_base_patch16_224",
+    "vit_large_patch16_224",
+    "deit_tiny_patch16_224",
+    "deit_small_patch16_224",
+    "deit_base_patch16_224",
+    "deit_tiny_distilled_patch16_224",
+    "deit_small_distilled_patch16_224",
+    "deit_base_distilled_patch16_224",
+]
+
+
+def _default_config() -> dict:
+    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+# --------------------------------------------------------------------------------------
+# 1. missing inputs: one block, exact paths, the offline configuration, in seconds
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["results/table1.csv", None], ids=["table1", "all"])
+def test_missing_inputs_offline_give_one_block(target, tmp_path, monkeypatch):
+    """The default configuration in an empty directory with HF_HUB_OFFLINE=1 (as on a machine
+    without network): no job, no traceback, each missing path and the offline command."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
+    start = time.monotonic()
+    proc = run_snakemake(tmp_path, *([target] if target else []), check=False)
+    elapsed = time.monotonic() - start
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "Traceback" not in out and 'File "' not in out, out[-3000:]
+    assert "HF_HUB_OFFLINE=1 in the environment" in out
+    for model in PAPER_VISION:
+        assert f"missing pretrained weights of timm model '{model}': resources/weights/timm/{model}.safetensors does not exist" in out
+    assert "missing ImageNet sample images: resources/images/imagenet-sample does not exist" in out
+    assert "--configfile " + str(REPO / "config" / "offline_deit_tiny.yaml") in out
+    block = out[out.index("Cannot start") :]
+    assert block.count("Cannot start") == 1 and len(block.splitlines()) < 60
+    if target is None:  # `all` also needs the language models, WikiText-103 and the training inputs
+        assert "missing language model 'bert-base-uncased'" in out and "text.local_models" in out
+        assert "resources/text/wikitext-103/wiki.test.raw does not exist" in out
+        assert "resources/datasets/fashion-mnist/train-images-idx3-ubyte.gz does not exist" in out
+        assert "config/offline_minilm.yaml" in out
+    else:  # Table 1 needs no language model
+        assert "language model" not in out and "wikitext" not in out.lower()
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "results").exists()
+    assert elapsed < 60, f"{elapsed:.1f} s"  # ~7 s on 2 CPU cores (parse time); loose under load
+
+
+def test_block_names_paths_relative_to_the_repository(tmp_path, monkeypatch):
+    """Run from the repository root, the offline configuration is shown as the repository path."""
+    groups = preflight.needs(["results/table1.csv"], _default_config())
+    alternatives = preflight.offline_alternatives(groups, REPO / "config", REPO)
+    assert alternatives[0][0] == "snakemake --cores 2 results/table1.csv --configfile config/offline_deit_tiny.yaml"
+
+
+def test_needs_follow_the_targets():
+    cfg = _default_config()
+    assert preflight.needs(["results/table1.csv"], cfg) == {"vision"}
+    assert preflight.needs(["results/table4_corrected.csv"], cfg) == {"text"}
+    assert preflight.needs(["results/figure3.pdf"], cfg) == {"figure3"}
+    assert preflight.needs(["results/figure1.pdf"], cfg) == {"training"}
+    assert preflight.needs([], cfg) == {"vision", "figure3", "text", "figure5", "training"}
+    assert preflight.needs(["results/activations/vit_tiny_patch16_224/vision_100_0of1.h5"], cfg) == {"model:vit_tiny_patch16_224", "images"}
+    cfg["text"]["models"] = []
+    assert preflight.needs(["all"], cfg) == {"vision", "figure3", "training"}
+
+
+def test_online_missing_inputs_are_left_to_the_download_rules(tmp_path, monkeypatch):
+    """Reachable hosts: nothing raised, the missing inputs returned (the download rules fetch them);
+    unreachable hosts: the block, naming the hosts."""
+    for var in preflight.OFFLINE_ENV:
+        monkeypatch.delenv(var, raising=False)
+    cfg = _default_config()
+    cfg["resources_dir"] = str(tmp_path / "res")
+    probed = []
+    missing = preflight.check_inputs(cfg, ["results/table1.csv"], probe=lambda h: probed.append(h) or True)
+    assert {r.kind for r in missing} == {"weights", "images"} and len(missing) == 11
+    assert sorted(probed) == ["github.com", "huggingface.co"]
+    with pytest.raises(preflight.MissingInputsError) as err:
+        preflight.check_inputs(cfg, ["results/table1.csv"], probe=lambda h: False)
+    assert "no network: github.com, huggingface.co unreachable within 3 s" in str(err.value)
+    assert str(tmp_path / "res" / "weights" / "timm" / "vit_large_patch16_224.safetensors") in str(err.value)
+
+
+def test_present_inputs_need_no_probe(tiny_resources):
+    cfg = _default_config()
+    cfg.update(resources_dir=str(tiny_resources), offline=False)
+    cfg["vision"]["models"] = sorted(TINY_KWARGS)
+
+    def probe(host):
+        raise AssertionError("probed although nothing is missing")
+
+    assert preflight.check_inputs(cfg, ["results/table1.csv"], probe=probe) == []
+
+
+def test_targets_from_the_command_line():
+    assert preflight.targets_from_argv(["/usr/bin/snakemake", "--cores", "2", "results/table1.csv", "--configfile", "a.yaml"]) == ["results/table1.csv"]
+    assert preflight.targets_from_argv(["python -m snakemake", "-n", "--configfile", "a.yaml", "b.yaml"]) == []  # the default target
+    assert preflight.targets_from_argv(["/usr/bin/snakemake", "--lint"]) is None  # runs no job: nothing to check
+    assert preflight.targets_from_argv(["pytest", "-q"]) is None  # not a snakemake command line
+
+
+@pytest.mark.integration
+def test_a_study_directory_with_relative_paths_fails_in_one_line(tmp_path):
+    """-d makes the study directory the working directory: the offline configuration's
+    ../shared paths then resolve from there, and the error names the key, without Snakefile lines."""
+    study = tmp_path / "study"
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-d", str(study), "-n", "results/table1.csv", "--configfile", "config/offline_deit_tiny.yaml"],
+        capture_output=True, text=True, cwd=REPO, check=False,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "config key comparison.published_tables: ../shared/reference/paper_tables is not a directory" in out, out[-2000:]
+    assert 'File "' not in out and "Traceback" not in out
+
+
+def test_allowed_rules_that_read_no_input_need_none(tmp_path):
+    """--allowed-rules without the extraction rules: the activation files exist, no weights are read."""
+    cfg = _default_config()
+    cfg.update(resources_dir=str(tmp_path / "res"), offline=True)
+    assert preflight.allowed_rules_from_argv(["snakemake", "results/table1.csv", "--allowed-rules", "kpca_heads", "table1"]) == {"kpca_heads", "table1"}
+    assert preflight.check_inputs(cfg, ["results/table1.csv"], allowed_rules={"kpca_heads", "table1"}) == []
+    with pytest.raises(preflight.MissingInputsError, match="vit_tiny_patch16_224.safetensors"):
+        preflight.check_inputs(cfg, ["results/table1.csv"], allowed_rules={"extract_vision", "kpca_heads", "table1"})
+
+
+def test_network_probe_is_bounded():
+    start = time.monotonic()
+    assert not preflight.network_reachable("unresolvable.invalid", timeout=1.0)
+    assert time.monotonic() - start < 5
+
+
+# --------------------------------------------------------------------------------------
+# 2. readable logs
+# --------------------------------------------------------------------------------------
+
+
+def test_progress_lines_without_a_terminal(monkeypatch):
+    """Without a terminal, plain lines (done/total, rate, ETA), no carriage return."""
+    monkeypatch.setenv("KPCA_PROGRESS_INTERVAL", "0")
+    monkeypatch.setattr(progress, "_terminal", lambda: None)
+    log = io.StringIO()
+    progress.set_log_stream(None)
+    monkeypatch.setattr("sys.stderr", log)
+    with progress.progress(total=4, desc="kpca paper m", unit="head") as bar:
+        for _ in range(4):
+            bar.update(1)
+    text = log.getvalue()
+    assert "\r" not in text
+    lines = text.splitlines()
+    assert len(lines) == 4 and "kpca paper m: 1/4 head (25%)" in lines[0] and "ETA" in lines[0]
+    assert "4/4 head (100%)" in lines[-1] and "head/s" in lines[-1]
+
+
+def test_hub_retries_take_one_line_each(monkeypatch):
+    """A Hugging Face retry logs one line (the error folded into "Retrying in ..."), once."""
+    import logging
+
+    from kpca_repro.smk import quiet_hub_logging
+
+    quiet_hub_logging(progress_bars=False)
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    monkeypatch.setattr(root, "level", logging.INFO)
+    try:
+        http = logging.getLogger("huggingface_hub.utils._http")
+        for i in (1, 2):
+            http.warning("'[Errno -2] Name or service not known' thrown while requesting HEAD https://huggingface.co/x")
+            http.warning(f"Retrying in {i}s [Retry {i}/5].")
+    finally:
+        root.removeHandler(handler)
+    lines = out.getvalue().splitlines()
+    assert lines == [f"Retrying in {i}s [Retry {i}/5] (after '[Errno -2] Name or service not known')" for i in (1, 2)]
+
+
+def _tiny_config(path, resources, **overrides):
+    cfg = {
+        "resources_dir": str(resources),
+        "offline": True,
+        "vision": {"models": sorted(TINY_KWARGS), "n_images": 4, "batch_size": 2, "shards": 1, "model_kwargs": TINY_KWARGS},
+        "kpca": {"heads_per_chunk": 4, "threads": 1},
+        "figure3": {"model": "vit_tiny_patch16_224", "block": 1, "n_images": 1, "n_components": 8},
+        "spectra": {"n_images": 3, "n_components": 8},
+        "text": {"models": []},
+    }
+    for key, value in overrides.items():
+        cfg[key].update(value) if isinstance(value, dict) else cfg.__setitem__(key, value)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.integration
+def test_job_logs_have_progress_lines_and_no_bar_frames(tiny_resources, tmp_path, monkeypatch):
+    """Table 1 from the tiny models: the KPCA and extraction logs hold plain progress lines and
+    no tqdm carriage-return frames; Snakemake prints no 'Shell command: None'."""
+    monkeypatch.setenv("KPCA_PROGRESS_INTERVAL", "0")  # a line per update: the frames a bar would draw
+    cfg = _tiny_config(tmp_path / "tiny.yaml", tiny_resources)
+    proc = run_snakemake(tmp_path, "results/table1.csv", "--configfile", str(cfg))
+    assert "Shell command: None" not in proc.stdout + proc.stderr
+    kpca_logs = sorted((tmp_path / "logs" / "kpca_heads").rglob("*.log"))
+    extract_logs = sorted((tmp_path / "logs" / "extract_vision").rglob("*.log"))
+    assert kpca_logs and extract_logs
+    for log in kpca_logs + extract_logs:
+        text = log.read_text()
+        assert "\r" not in text, log
+        assert " progress " in text, log
+    text = kpca_logs[0].read_text()
+    n_heads = 4 * 2 * 3  # images x layers x heads of the tiny models
+    assert f"/{n_heads} head (" in text and f"{n_heads}/{n_heads} head (100%)" in text
+
+
+# --------------------------------------------------------------------------------------
+# 3. the cost estimate
+# --------------------------------------------------------------------------------------
+
+
+def test_cost_of_the_reference_is_one():
+    c = cost.model_cost("vit_large_patch16_224", "vision", 197, 24, 16, 64, 100)
+    assert c.heads == 38400 and c.eigh_work == 38400 * 197**3
+    assert c.storage_bytes == 16 * 38400 * 197 * 64
+    assert c.eigh_ratio == pytest.approx(1) and c.storage_ratio == pytest.approx(1)
+    table, warnings = cost.cost_report([c])
+    assert "vit_large_patch16_224" in table and not warnings
+
+
+def test_cost_warning_names_the_keys():
+    big = cost.model_cost("vit_tiny_patch16_224", "vision", 785, 12, 3, 64, 100)  # img_size 448
+    assert big.eigh_ratio == pytest.approx((36 * 785**3) / (384 * 197**3))
+    _, warnings = cost.cost_report([big])
+    assert len(warnings) == 1 and "vision.model_kwargs.vit_tiny_patch16_224.img_size" in warnings[0] and "vision.n_images" in warnings[0]
+    long = cost.model_cost("bert-base-uncased", "text", 4096, 12, 12, 64, 100)
+    _, warnings = cost.cost_report([long])
+    assert len(warnings) == 1 and "text.max_length" in warnings[0] and "text.n_rows" in warnings[0]
+
+
+@pytest.mark.integration
+def test_dry_run_warns_about_an_oversized_model(tiny_resources, tmp_path):
+    """A tiny model (2 layers x 3 heads) at img_size 320 in 8-pixel patches, 1601 tokens: 8.4x the
+    eigh work of ViT-Large (384 heads, 197 tokens); the dry run states N and warns, naming the key."""
+    kwargs = {**TINY_KWARGS, "vit_tiny_patch16_224": {**TINY_KWARGS["vit_tiny_patch16_224"], "img_size": 320}}
+    cfg = _tiny_config(tmp_path / "big.yaml", tiny_resources, vision={"model_kwargs": kwargs, "n_images": 4})
+    proc = run_snakemake(tmp_path, "-n", "results/table1.csv", "--configfile", str(cfg))
+    out = proc.stdout + proc.stderr
+    assert "Cost estimate" in out
+    n_tokens = (320 // 8) ** 2 + 1
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("vit_tiny_patch16_224"))
+    assert f" {n_tokens} " in line and "(2x3x4)" in line
+    warning = next(ln for ln in out.splitlines() if ln.startswith("WARNING: vit_tiny_patch16_224"))
+    assert f"N = {n_tokens}" in warning and "vision.model_kwargs.vit_tiny_patch16_224.img_size" in warning
+    assert "WARNING: deit_tiny_distilled" not in out  # the other model (17 tokens) is small
