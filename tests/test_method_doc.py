@@ -12,8 +12,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 METHOD = REPO / "docs" / "method.md"
 #: Where citations live (README.md is checked by its own test below).
@@ -36,7 +34,7 @@ def _files(roots=CITING) -> list[Path]:
         if p.is_file():
             out.append(p)
         elif p.is_dir():
-            out += [f for f in sorted(p.rglob("*")) if f.is_file() and f.suffix in TEXT_SUFFIXES and "__pycache__" not in f.parts]
+            out += [f for f in sorted(p.rglob("*")) if f.is_file() and f.suffix in TEXT_SUFFIXES and "__pycache__" not in f.parts and not any(part.endswith(".egg-info") for part in f.parts)]
     return out
 
 
