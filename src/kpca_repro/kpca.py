@@ -495,7 +495,7 @@ def median_nonzero(d: torch.Tensor, which: str, *, symmetric: bool = False) -> t
             the sorted full list is ``u1, u1, u2, u2, ...`` and its ``p``-th entry (the lower
             median of ``2p``) is ``u_ceil(p/2)``, the lower median of the ``p`` upper entries;
             the mean of its entries ``p`` and ``p+1`` is the usual median of ``u``
-            (``tests/test_performance.py`` checks both against the full search).
+            (``tests/test_batching_and_sharding.py`` checks both against the full search).
 
     Returns:
         Shape ``(...)``; NaN where a matrix has no non-zero entry (as ``torch.median`` of an
