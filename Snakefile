@@ -20,6 +20,8 @@ report: "workflow/report/workflow.rst"
 
 # Validates the configuration against workflow/schemas/config.schema.yaml, then checks it.
 include: "workflow/rules/common.smk"
+# Values and functions several rule files share (GPU resource, variant wildcards).
+include: "workflow/rules/helpers.smk"
 
 
 # `snakemake --report` fails on any docutils warning or error in a caption instead of showing

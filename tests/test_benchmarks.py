@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_performance import _activation_file
+from test_batching_and_sharding import _activation_file
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "perf" / "bench_kpca.py"

@@ -124,15 +124,15 @@ def test_linear_cka_matches_kornblith_feature_space_formula():
 
 def test_lower_and_usual_median_of_nonzero_entries():
     d = torch.tensor([[[0.0, 3.0], [1.0, 0.0]], [[0.0, 5.0], [5.0, 2.0]], [[0.0, 0.0], [0.0, 0.0]]])
-    lower = kpca.kth_smallest_nonzero(d, "lower")
-    usual = kpca.kth_smallest_nonzero(d, "mean")
+    lower = kpca.median_nonzero(d, "lower")
+    usual = kpca.median_nonzero(d, "mean")
     assert lower[0] == 1.0 and usual[0] == 2.0  # {1, 3}
     assert lower[1] == 5.0 and usual[1] == 5.0  # {2, 5, 5}
     assert torch.isnan(lower[2]) and torch.isnan(usual[2])
     x = torch.randn(6, 9, 9)
     for i in range(6):
         sel = x[i][x[i] != 0]
-        assert kpca.kth_smallest_nonzero(x[i : i + 1], "lower")[0] == torch.median(sel)
+        assert kpca.median_nonzero(x[i : i + 1], "lower")[0] == torch.median(sel)
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 6])

@@ -20,8 +20,21 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "assets"
 PROFILE = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
-LOCAL_RULES = {"sample_images", "sample_text", "text_sentences", "table1", "table1_corrected", "table4", "table4_corrected", "table_spectra",
-               "norms_vision", "norms_text", "figure2", "figure3", "figure5", "figure_training", "paper_comparison", "table_html"}
+
+
+def _local_rules() -> set[str]:
+    """Rules of workflow/rules/*.smk marked `localrule: True` (they run on the submit host)."""
+    local = set()
+    for path in (REPO / "workflow" / "rules").glob("*.smk"):
+        text = path.read_text()
+        heads = list(re.finditer(r"^\s*rule (\w+):", text, flags=re.M))
+        for head, nxt in zip(heads, heads[1:] + [None]):
+            if re.search(r"^\s+localrule: True", text[head.end() : nxt.start() if nxt else len(text)], re.M):
+                local.add(head.group(1))
+    return local
+
+
+LOCAL_RULES = _local_rules()
 
 
 @pytest.fixture(scope="module")

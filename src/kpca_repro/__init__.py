@@ -1,10 +1,26 @@
 """kpca_repro: the library behind the Snakemake pipeline reproducing arXiv:2505.07908.
 
-Modules: :mod:`kpca_repro.kpca` (all KPCA mathematics), :mod:`kpca_repro.vision`
-(timm models and hooks), :mod:`kpca_repro.images` (inputs and sampling),
-:mod:`kpca_repro.h5io` (activation files, atomic outputs), :mod:`kpca_repro.resources`
-(resources directory), :mod:`kpca_repro.tables` (aggregation), :mod:`kpca_repro.smk`
-(rule-script helpers).
+Modules, by pipeline stage (docs/internals.md):
+
+* stage 1, extraction: :mod:`kpca_repro.extraction` (forward passes, HDF5 of q, k, v, h),
+  :mod:`kpca_repro.vision` (timm models and hooks), :mod:`kpca_repro.hf_capture` (Hugging
+  Face attention adapters), :mod:`kpca_repro.capture` (the capture invariant),
+  :mod:`kpca_repro.text` (text samples, tokenization), :mod:`kpca_repro.images` (image
+  inputs and sampling);
+* stage 2, per-head records: :mod:`kpca_repro.kpca` (all KPCA mathematics),
+  :mod:`kpca_repro.records` (records of an activation file), :mod:`kpca_repro.uncertainty`
+  (sign draws, bootstrap);
+* norms and training: :mod:`kpca_repro.projection` (J_proj, squared norms),
+  :mod:`kpca_repro.norms` (per-layer norm statistics), :mod:`kpca_repro.training`
+  (training runs of Figures 1 and 4);
+* aggregation and rendering: :mod:`kpca_repro.tables`, :mod:`kpca_repro.figures`,
+  :mod:`kpca_repro.comparison` (against the published numbers), :mod:`kpca_repro.report`,
+  :mod:`kpca_repro.report_check` (strict report captions);
+* infrastructure: :mod:`kpca_repro.threads` (thread counts, worker pool),
+  :mod:`kpca_repro.h5io` (HDF5, atomic outputs), :mod:`kpca_repro.smk` (rule-script
+  helpers, logging), :mod:`kpca_repro.resources` (resources directory),
+  :mod:`kpca_repro.code_deps` (each rule's ``code`` input), :mod:`kpca_repro.slurm_preflight`
+  (cluster checks before submission).
 """
 
 __version__ = "0.1.0"

@@ -143,7 +143,9 @@ def plot_norms(stats: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLi
 #: Colours of the authors' scripts: (train = light, test = dark) per model.
 TRAINING_COLOURS = {"vit_tiny": ("#99CCFF", "#0066CC"), "deit_tiny": ("#FF9999", "#CC0000")}
 _OTHER_COLOURS = [("#B3E6B3", "#2E8B2E"), ("#FFD699", "#CC7A00"), ("#D9B3FF", "#7A29CC")]
-MODEL_NAMES = {"vit_tiny": "ViT-Tiny", "deit_tiny": "DeiT-Tiny"}
+#: Display names of the architectures trained for Figures 1 and 4 (training.runs keys);
+#: the pretrained models of the tables are named by :data:`kpca_repro.tables.MODEL_NAMES`.
+TRAINING_MODEL_NAMES = {"vit_tiny": "ViT-Tiny", "deit_tiny": "DeiT-Tiny"}
 
 
 def _colours(model: str, i: int) -> tuple[str, str]:
@@ -188,7 +190,7 @@ def plot_figure1(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.Pat
             ax = axes[row, c]
             for i, model in enumerate(dict.fromkeys(sd["model"])):
                 md = sd[sd["model"] == model]
-                name = MODEL_NAMES.get(model, model)
+                name = TRAINING_MODEL_NAMES.get(model, model)
                 for split, colour in zip(("train", "test"), _colours(model, i)):
                     s = md[md["split"] == split]
                     err = s[s["metric"] == "error"].sort_values("x")
@@ -252,7 +254,7 @@ def plot_figure4(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.Pat
                 v = panel["plotted"]
                 if len(v) and v.between(0.9, 1.1).all():
                     ax.set_ylim(0.9, 1.1)
-                ax.set_title(f"{MODEL_NAMES.get(model, model)}: {source}", fontsize=10)
+                ax.set_title(f"{TRAINING_MODEL_NAMES.get(model, model)}: {source}", fontsize=10)
             else:
                 v = panel["plotted"][np.isfinite(panel["plotted"])]
                 if len(v) and (v > 0).all():

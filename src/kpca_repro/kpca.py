@@ -54,6 +54,7 @@ __all__ = [
     "log_gram",
     "center_dense",
     "center",
+    "centered_gram",
     "eigenpairs",
     "intra_op_threads",
     "v_kpca",
@@ -63,7 +64,7 @@ __all__ = [
     "linear_cka",
     "rbf_kernel",
     "rbf_cka",
-    "kth_smallest_nonzero",
+    "median_nonzero",
     "head_metrics",
     "standardize_tokens",
     "top_eigenvalues",
@@ -481,7 +482,7 @@ def linear_cka(x: torch.Tensor, y: torch.Tensor, paper: bool = True, sqrt_of_pro
     return _cka_from_kernels(x @ x.transpose(-1, -2), y @ y.transpose(-1, -2), paper, sqrt_of_product)
 
 
-def kth_smallest_nonzero(d: torch.Tensor, which: str, *, symmetric: bool = False) -> torch.Tensor:
+def median_nonzero(d: torch.Tensor, which: str, *, symmetric: bool = False) -> torch.Tensor:
     """Median of the non-zero entries of each matrix, batched.
 
     Args:
@@ -494,7 +495,7 @@ def kth_smallest_nonzero(d: torch.Tensor, which: str, *, symmetric: bool = False
             the sorted full list is ``u1, u1, u2, u2, ...`` and its ``p``-th entry (the lower
             median of ``2p``) is ``u_ceil(p/2)``, the lower median of the ``p`` upper entries;
             the mean of its entries ``p`` and ``p+1`` is the usual median of ``u``
-            (``tests/test_performance.py`` checks both against the full search).
+            (``tests/test_batching_and_sharding.py`` checks both against the full search).
 
     Returns:
         Shape ``(...)``; NaN where a matrix has no non-zero entry (as ``torch.median`` of an
@@ -545,7 +546,7 @@ def rbf_kernel(x: torch.Tensor, paper: bool = True, *, gram: torch.Tensor | None
     # D_ij = (G_jj - G_ij) + (G_ii - G_ji) and D_ji add the same two floats in the other
     # order: D is exactly symmetric with an exactly zero diagonal, whatever round-off G has.
     dist = dist + dist.transpose(-1, -2)
-    sigma2 = kth_smallest_nonzero(dist, "lower" if paper else "mean", symmetric=True)
+    sigma2 = median_nonzero(dist, "lower" if paper else "mean", symmetric=True)
     factor = (-0.5 / sigma2.double()).to(x.dtype)
     return torch.exp(dist * factor[..., None, None])
 
@@ -632,6 +633,39 @@ def _column_metrics(v: torch.Tensor, vk: torch.Tensor, valid: torch.Tensor, pref
         f"{prefix}direct_abs_cos_columns": direct.mean(-1),
         f"{prefix}optimal_abs_cos_columns": matched.mean(-1),
     }
+
+
+def _corrected_centered_gram(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(centered Kphi, log g)`` of the corrected variant: :func:`log_gram`, ``exp``, :func:`center`."""
+    log_kphi, log_g = log_gram(k)
+    return center(torch.exp(log_kphi)), log_g
+
+
+def centered_gram(k: torch.Tensor, variant: str) -> torch.Tensor:
+    """The centered normalised Gram matrix of the keys, as ``variant`` builds it, batched over heads.
+
+    ``paper``: :func:`gram_paper` then :func:`center_dense` in ``k``'s dtype (plain ``exp``:
+    NaN where it overflows); ``corrected``: :func:`log_gram`, ``exp``, then :func:`center`
+    (finite for finite keys). :func:`head_metrics` builds the paper variant's matrix one
+    head at a time on the CPU instead (``_paper_centered_gram``), to match the authors'
+    per-head products to the bit.
+
+    Args:
+        k: keys, shape ``(..., N, d)``, already in the variant's dtype (float32 for
+            ``paper``, float64 for ``corrected``) and standardized if wanted.
+        variant: ``"paper"`` or ``"corrected"``.
+
+    Returns:
+        Shape ``(..., N, N)``, ``k``'s dtype and device.
+
+    Raises:
+        ValueError: unknown variant.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+    if variant == PAPER:
+        return center_dense(gram_paper(k)[0])
+    return _corrected_centered_gram(k)[0]
 
 
 def _paper_centered_gram(k: torch.Tensor, threads: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -735,8 +769,7 @@ def head_metrics(
         cols["exp_overflow"] = ~g_finite
         cols["outer_overflow"] = g_finite & torch.isinf(g[..., :, None] * g[..., None, :]).any(-1).any(-1)
     else:
-        log_kphi, log_g = log_gram(k)
-        kc = center(torch.exp(log_kphi))
+        kc, log_g = _corrected_centered_gram(k)
         _, a, finite = eigenpairs(kc, d, order or "desc", fix_signs=True, per_matrix=eigh_per_matrix, solver_device=eigh_device, threads=eigh_threads)
         inv_g = torch.exp(log_g.amin(-1, keepdim=True) - log_g)
         vk = v_kpca(a, inv_g)
@@ -813,10 +846,7 @@ def top_eigenvalues(k: torch.Tensor, n_components: int, variant: str, standardiz
     k = k.to(torch.float32 if variant == PAPER else torch.float64)
     if standardize:
         k = standardize_tokens(k)
-    if variant == PAPER:
-        kc = center_dense(gram_paper(k)[0])
-    else:
-        kc = center(torch.exp(log_gram(k)[0]))
+    kc = centered_gram(k, variant)
     evals, _, finite = eigenpairs(kc, n_components, "desc")
     return evals.abs().double(), finite
 
@@ -893,18 +923,27 @@ def gamma_test(k: torch.Tensor, n_components: int, variant: str, standardize: bo
     for :func:`perturb_eigenvectors` of ``A``.
 
     Args:
-        k: keys ``(heads, N, d)``.
+        k: keys, shape ``(heads, N, d)``, any floating dtype; cast to float32 (``paper``) or
+            float64 (``corrected``).
+        n_components: number of eigenvectors tested (the columns of ``A``), at most ``N``.
+        variant: ``"paper"`` or ``"corrected"`` (also: eigenvector signs fixed, corrected only).
+        standardize: standardize each key vector first (:func:`standardize_tokens`).
+        noise: standard deviation of the perturbation (:func:`perturb_eigenvectors`).
+        generator: CPU ``torch.Generator`` of the perturbation; advanced by the draw.
 
     Returns:
-        ``{"true": spread, "perturbed": spread}`` with :func:`pairwise_spread`'s tensors of
-        shape ``(heads, n_components)``.
+        ``{"true": spread, "perturbed": spread}`` with :func:`pairwise_spread`'s dicts of
+        tensors of shape ``(heads, n_components)``, in the variant's dtype, on ``k``'s device.
+
+    Raises:
+        ValueError: unknown variant.
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
     k = k.to(torch.float32 if variant == PAPER else torch.float64)
     if standardize:
         k = standardize_tokens(k)
-    kc = center_dense(gram_paper(k)[0]) if variant == PAPER else center(torch.exp(log_gram(k)[0]))
+    kc = centered_gram(k, variant)
     _, a, _ = eigenpairs(kc, n_components, "desc", fix_signs=variant != PAPER)
     return {
         "true": pairwise_spread(gamma_matrix(kc, a)),

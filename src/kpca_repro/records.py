@@ -311,9 +311,24 @@ def gamma_records(
 ) -> pd.DataFrame:
     """Figure 3's gamma-constancy statistics for every head of one layer (docs/method.md Section 10).
 
+    The keys of every (image, head) of ``layer`` go through :func:`kpca_repro.kpca.gamma_test`
+    as one batch, with one perturbation generator seeded by ``seed``.
+
+    Args:
+        activations: HDF5 activation file of the extraction (:class:`kpca_repro.h5io.ActivationFile`);
+            its keys have shape ``(images, heads, N, d)`` per layer (float32 on disk).
+        layer: 0-based transformer block (``figure3.block``).
+        variant: ``"paper"`` or ``"corrected"``.
+        standardize: standardize each key vector before the Gram matrix (``figure3.standardize``).
+        noise: standard deviation of the eigenvector perturbation (``figure3.noise``).
+        seed: seed of the CPU ``torch.Generator`` of the perturbation.
+        n_components: number of eigenvectors tested per head (``figure3.n_components``), at most ``N``.
+        device: where the Gram matrices and eigenpairs are computed.
+
     Returns:
         Long table: ``sample_rank, head, eigenvectors ("true" | "perturbed"), component,
-        abs_mean, abs_std, rel_mean, rel_std``; one row per (image, head, kind, component).
+        abs_mean, abs_std, rel_mean, rel_std``; one row per (image, head, kind, component),
+        the four statistics as float64, ``sample_rank`` the images' draw ranks from the file.
 
     Raises:
         ValueError: ``layer`` is not a layer of the model.

@@ -33,7 +33,8 @@ __all__ = [
 #: Uncertainty settings (config key ``uncertainty`` plus ``seed``; docs/uncertainty.md).
 UNCERTAINTY_DEFAULTS = {"seed": 0, "bootstrap": 1000, "coverage": 0.95, "sign_coverage": 0.9}
 
-#: Short names used in the paper's tables.
+#: Short names of the pretrained models (timm and Hugging Face ids) in the paper's tables.
+#: (:data:`kpca_repro.figures.TRAINING_MODEL_NAMES` names the architectures trained for Figures 1 and 4.)
 MODEL_NAMES = {
     "vit_tiny_patch16_224": "ViT-Tiny",
     "vit_small_patch16_224": "ViT-Small",
@@ -256,7 +257,9 @@ def table1_paper(heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np
     (a NaN propagates, as ``np.mean`` does in the reference). Also the means over heads of the
     two cosines, head counts and the weights' SHA-256. Every head with a non-finite
     statistic is counted: ``n_heads_dropped`` (dropped as the reference drops them) and
-    ``n_heads_nonfinite`` (kept by the reference with a NaN statistic).
+    ``n_heads_nonfinite`` (kept by the reference with a NaN statistic). The two are
+    disjoint. Table 4's ``n_heads_nonfinite`` counts something else: see
+    :func:`table4_paper`.
 
     Args:
         heads: per-head records of the paper variant with a ``model`` column.
@@ -312,6 +315,13 @@ def table4_paper(heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np
     because its NaN costs were set to 0), LCKA and KCKA = means over heads. Beside them,
     Table 1's statistics of the same records (max over heads of the token means) and head
     counts (non-finite heads are skipped, not dropped, by the reference).
+
+    ``n_heads_nonfinite`` here is the number of heads whose centered Gram matrix or
+    ``V_KPCA`` is not finite (the per-head ``dropped`` flag: heads Table 1's reference
+    would drop). The language-model reference keeps them and its means skip their NaNs, so
+    this table has no ``n_heads_dropped``. Table 1's ``n_heads_nonfinite`` instead counts
+    the *kept* heads with a non-finite statistic, and the heads counted here are Table 1's
+    ``n_heads_dropped``.
 
     Args:
         heads: per-head records of the paper variant with a ``model`` column.

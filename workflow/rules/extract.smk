@@ -37,7 +37,7 @@ rule extract_vision:
         seed=config["seed"],
     threads: config["kpca"]["threads"]
     resources:
-        gpu=1 if config["device"] != "cpu" else 0,
+        gpu=GPU,
         mem_mb=8000,
     log:
         "logs/extract_vision/{model}/vision_{n}_{shard}.log",
@@ -90,7 +90,7 @@ rule extract_text:
         checksum=lambda wc: config["checksums"].get(model_id_from_slug(wc.slug)),
     threads: config["kpca"]["threads"]
     resources:
-        gpu=1 if config["device"] != "cpu" else 0,
+        gpu=GPU,
         mem_mb=8000,
     log:
         "logs/extract_text/{slug}/text_{sample}_{shard}.log",

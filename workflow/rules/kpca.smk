@@ -22,7 +22,7 @@ rule kpca_heads:
         sign_draws=lambda wc: (config["uncertainty"]["sign_draws"], config["uncertainty"]["sign_draws_optimal"]) if wc.variant == "paper" else (0, 0),
     threads: config["kpca"]["threads"]
     resources:
-        gpu=1 if config["device"] != "cpu" else 0,
+        gpu=GPU,
         mem_mb=8000,
     log:
         "logs/kpca_heads/{variant}/{model}/{stem}.log",

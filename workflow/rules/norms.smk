@@ -73,11 +73,7 @@ rule norms_text:
 rule figure2:
     localrule: True
     input:
-        stats=lambda wc: expand(
-            "results/norms/{variant}/{model}/vision.csv",
-            variant="corrected" if wc.suffix else "paper",
-            model=VISION["models"],
-        ),
+        stats=norm_stats("vision", lambda wc: VISION["models"]),
         code=code_inputs("figure_norms.py"),
     output:
         pdf="results/figure2{suffix}.pdf",
@@ -85,7 +81,7 @@ rule figure2:
             "results/figure2{suffix}.png",
             caption="../report/figure2.rst",
             category="Figures",
-            labels=lambda wc: {"figure": "Figure 2", "variant": "corrected" if wc.suffix else "paper"},
+            labels=norm_figure_labels("Figure 2"),
         ),
         csv="results/figure2{suffix}.csv",
     wildcard_constraints:
@@ -97,7 +93,7 @@ rule figure2:
             else f"Figure 2, paper variant: {FIGURE2['n_images']} image (seed {config['seed']}), s = 1/8 hard-coded, "
             "values above the 95th percentile dropped per layer"
         ),
-        band_label=lambda wc: "2.5-97.5th percentile (central 95 %)" if wc.suffix else "25-75th percentile after trim",
+        band_label=norm_band_label,
     log:
         "logs/figure2/figure2{suffix}.log",
     benchmark:
@@ -111,11 +107,7 @@ rule figure2:
 rule figure5:
     localrule: True
     input:
-        stats=lambda wc: expand(
-            "results/norms/{variant}/{model}/text.csv",
-            variant="corrected" if wc.suffix else "paper",
-            model=figure5_models(wc),
-        ),
+        stats=norm_stats("text", figure5_models),
         code=code_inputs("figure_norms.py"),
     output:
         pdf="results/figure5{suffix}.pdf",
@@ -123,7 +115,7 @@ rule figure5:
             "results/figure5{suffix}.png",
             caption="../report/figure5.rst",
             category="Figures",
-            labels=lambda wc: {"figure": "Figure 5", "variant": "corrected" if wc.suffix else "paper"},
+            labels=norm_figure_labels("Figure 5"),
         ),
         csv="results/figure5{suffix}.csv",
     wildcard_constraints:
@@ -135,7 +127,7 @@ rule figure5:
             else f"Figure 5, paper variant: the {len(FIGURE5['sentences'])} figure5.sentences, every padded position, "
             "s = 1/8 hard-coded, h without attention mask, values above the 95th percentile dropped per layer"
         ),
-        band_label=lambda wc: "2.5-97.5th percentile (central 95 %)" if wc.suffix else "25-75th percentile after trim",
+        band_label=norm_band_label,
     log:
         "logs/figure5/figure5{suffix}.log",
     benchmark:

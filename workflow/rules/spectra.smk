@@ -13,7 +13,7 @@ rule eigenvalues_vision:
         heads_per_chunk=config["kpca"]["heads_per_chunk"],
     threads: config["kpca"]["threads"]
     resources:
-        gpu=1 if config["device"] != "cpu" else 0,
+        gpu=GPU,
         mem_mb=8000,
     log:
         "logs/eigenvalues_vision/{variant}/{model}/vision_{n}_{shard}_{keyset}.log",
@@ -74,7 +74,7 @@ rule gamma_vision:
         seed=config["seed"],
     threads: config["kpca"]["threads"]
     resources:
-        gpu=1 if config["device"] != "cpu" else 0,
+        gpu=GPU,
     log:
         "logs/gamma_vision/{variant}.log",
     benchmark:

@@ -1,44 +1,25 @@
 # Stage 3: aggregate per-head records into the paper's tables (CSV + Markdown).
+# One rule per table; {suffix} is "" (paper variant) or "_corrected" (corrected variant).
+# Only the paper variant reads the sign draws and computes intervals (docs/uncertainty.md).
 
 
 rule table1:
     localrule: True
     input:
-        heads=lambda wc: [f for m in VISION["models"] for f in heads_files("paper", m)],
-        meta=lambda wc: [f for m in VISION["models"] for f in heads_files("paper", m, "json")],
-        signs=lambda wc: [f.replace(".csv", "_signs.h5") for m in VISION["models"] for f in heads_files("paper", m)],
+        unpack(table_inputs(lambda variant, ext: [f for m in VISION["models"] for f in heads_files(variant, m, ext)])),
         code=code_inputs("table1.py"),
     output:
-        csv="results/table1.csv",
-        md="results/table1.md",
+        csv="results/table1{suffix}.csv",
+        md="results/table1{suffix}.md",
+    wildcard_constraints:
+        suffix="|_corrected",
     params:
-        variant="paper",
-        uncertainty={"seed": config["seed"], **config["uncertainty"]},
+        variant=variant_of,
+        uncertainty=paper_uncertainty,
     log:
-        "logs/table1/paper.log",
+        "logs/table1/table1{suffix}.log",
     benchmark:
-        "benchmarks/table1/paper.tsv"
-    conda:
-        ENV
-    script:
-        "../scripts/table1.py"
-
-
-rule table1_corrected:
-    localrule: True
-    input:
-        heads=lambda wc: [f for m in VISION["models"] for f in heads_files("corrected", m)],
-        meta=lambda wc: [f for m in VISION["models"] for f in heads_files("corrected", m, "json")],
-        code=code_inputs("table1.py"),
-    output:
-        csv="results/table1_corrected.csv",
-        md="results/table1_corrected.md",
-    params:
-        variant="corrected",
-    log:
-        "logs/table1/corrected.log",
-    benchmark:
-        "benchmarks/table1/corrected.tsv"
+        "benchmarks/table1/table1{suffix}.tsv"
     conda:
         ENV
     script:
@@ -51,41 +32,20 @@ rule table1_corrected:
 rule table4:
     localrule: True
     input:
-        heads=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "csv", "paper")],
-        meta=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "json", "paper")],
-        signs=lambda wc: [f.replace(".csv", "_signs.h5") for m in TEXT["models"] for f in text_stage_files(m, "csv", "paper")],
+        unpack(table_inputs(lambda variant, ext: [f for m in TEXT["models"] for f in text_stage_files(m, ext, variant)])),
         code=code_inputs("table4.py"),
     output:
-        csv="results/table4.csv",
-        md="results/table4.md",
+        csv="results/table4{suffix}.csv",
+        md="results/table4{suffix}.md",
+    wildcard_constraints:
+        suffix="|_corrected",
     params:
-        variant="paper",
-        uncertainty={"seed": config["seed"], **config["uncertainty"]},
+        variant=variant_of,
+        uncertainty=paper_uncertainty,
     log:
-        "logs/table4/paper.log",
+        "logs/table4/table4{suffix}.log",
     benchmark:
-        "benchmarks/table4/paper.tsv"
-    conda:
-        ENV
-    script:
-        "../scripts/table4.py"
-
-
-rule table4_corrected:
-    localrule: True
-    input:
-        heads=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "csv", "corrected")],
-        meta=lambda wc: [f for m in TEXT["models"] for f in text_stage_files(m, "json", "corrected")],
-        code=code_inputs("table4.py"),
-    output:
-        csv="results/table4_corrected.csv",
-        md="results/table4_corrected.md",
-    params:
-        variant="corrected",
-    log:
-        "logs/table4/corrected.log",
-    benchmark:
-        "benchmarks/table4/corrected.tsv"
+        "benchmarks/table4/table4{suffix}.tsv"
     conda:
         ENV
     script:

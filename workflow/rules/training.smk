@@ -83,7 +83,7 @@ rule train:
         num_workers=TRAINING["num_workers"],
     threads: TRAINING["threads"]
     resources:
-        gpu=1 if config["device"] != "cpu" else 0,
+        gpu=GPU,
         mem_mb=8000,
     log:
         "logs/train/{arch}_{scale}.log",

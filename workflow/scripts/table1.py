@@ -1,4 +1,4 @@
-"""Rule table1 / table1_corrected: aggregate per-head records into Table 1 (CSV + Markdown)."""
+"""Rule table1 (paper and corrected variant): aggregate per-head records into Table 1 (CSV + Markdown)."""
 
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging

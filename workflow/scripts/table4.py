@@ -1,4 +1,4 @@
-"""Rule table4 / table4_corrected: aggregate per-head records of the language models into Table 4 (CSV + Markdown)."""
+"""Rule table4 (paper and corrected variant): aggregate per-head records of the language models into Table 4 (CSV + Markdown)."""
 
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging

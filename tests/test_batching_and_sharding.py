@@ -124,8 +124,8 @@ def _symmetric_distances(n_mats=6, n=15, seed=0, ties=False):
 def test_median_from_the_upper_triangle_equals_the_full_search(which, ties, n):
     d = _symmetric_distances(n=n, ties=ties and n > 5)
     assert torch.equal(d, d.transpose(-1, -2)) and (torch.diagonal(d, dim1=-2, dim2=-1) == 0).all()
-    full = kpca.kth_smallest_nonzero(d, which)
-    upper = kpca.kth_smallest_nonzero(d, which, symmetric=True)
+    full = kpca.median_nonzero(d, which)
+    upper = kpca.median_nonzero(d, which, symmetric=True)
     assert torch.equal(full, upper)
     if which == "lower":  # and both are torch.median of the non-zero entries, as the reference takes it
         for i in range(d.shape[0]):
@@ -134,8 +134,8 @@ def test_median_from_the_upper_triangle_equals_the_full_search(which, ties, n):
 
 def test_median_of_a_matrix_without_nonzero_distance_is_nan():
     d = torch.zeros(2, 4, 4)
-    assert torch.isnan(kpca.kth_smallest_nonzero(d, "lower", symmetric=True)).all()
-    assert torch.isnan(kpca.kth_smallest_nonzero(torch.zeros(1, 1, 1), "lower", symmetric=True)).all()
+    assert torch.isnan(kpca.median_nonzero(d, "lower", symmetric=True)).all()
+    assert torch.isnan(kpca.median_nonzero(torch.zeros(1, 1, 1), "lower", symmetric=True)).all()
 
 
 def test_ordered_map_keeps_order_bounds_pending_and_raises():

@@ -1,0 +1,50 @@
+# Values and input/params functions shared by several rule files. Only functions here, as
+# Snakemake's linter asks for rules and functions in separate files. Included right after common.smk,
+# whose configuration checks and path helpers they use.
+
+# `resources: gpu=GPU` of the rules that run on config["device"]: one GPU unless it is "cpu".
+GPU = 1 if config["device"] != "cpu" else 0
+
+
+def variant_of(wildcards):
+    """The variant a `{suffix}` wildcard names: "" is the paper variant, "_corrected" the corrected one."""
+    return "corrected" if wildcards.suffix else "paper"
+
+
+def paper_uncertainty(wildcards):
+    """`params.uncertainty` of a table rule: the interval settings (docs/uncertainty.md), paper variant only."""
+    return None if wildcards.suffix else {"seed": config["seed"], **config["uncertainty"]}
+
+
+def table_inputs(records):
+    """Input function (for `unpack`) of rules table1 and table4.
+
+    records(variant, ext) lists the per-head records files of every model of the table
+    (ext "csv": the records, "json": their metadata). The paper variant also reads the sign
+    draws stored next to each records file (`<records>_signs.h5`, docs/uncertainty.md).
+    """
+
+    def inputs(wildcards):
+        variant = variant_of(wildcards)
+        files = {"heads": records(variant, "csv"), "meta": records(variant, "json")}
+        if variant == "paper":
+            files["signs"] = [f.replace(".csv", "_signs.h5") for f in files["heads"]]
+        return files
+
+    return inputs
+
+
+def norm_stats(domain, models):
+    """Input function of rules figure2 (domain "vision") and figure5 ("text"): the norm
+    statistics of the variant's models; models(wildcards) gives the model list."""
+    return lambda wc: expand(f"results/norms/{{variant}}/{{model}}/{domain}.csv", variant=variant_of(wc), model=models(wc))
+
+
+def norm_figure_labels(figure):
+    """`labels` of a norm figure's PNG in the report."""
+    return lambda wc: {"figure": figure, "variant": variant_of(wc)}
+
+
+def norm_band_label(wildcards):
+    """Legend of the band of rules figure2 and figure5: the corrected variant's central 95 %, the paper's IQR after the trim."""
+    return "2.5-97.5th percentile (central 95 %)" if wildcards.suffix else "25-75th percentile after trim"
