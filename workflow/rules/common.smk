@@ -78,7 +78,7 @@ LIB = Path(workflow.basedir) / "src" / "kpca_repro"
 
 
 def code_inputs(script):
-    """The `code` input of a rule whose `script:` is workflow/scripts/<script>."""
+    """The `code` input of the rules that run workflow/scripts/<script>."""
     return library_modules(Path(workflow.basedir) / "workflow" / "scripts" / script, LIB)
 
 
