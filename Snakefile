@@ -32,9 +32,9 @@ strict_docutils(f"{workflow.basedir}/workflow/report/docutils.conf")
 
 
 rule all:
+    default_target: True
     input:
         all_targets(),
-    default_target: True
 
 
 include: "workflow/rules/resources.smk"

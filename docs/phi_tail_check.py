@@ -27,6 +27,5 @@ for layer, a in enumerate(attns):
     print(
         arch,
         layer,
-        f"phi mean {phi.mean():.3g} median {phi.median():.3g} max {phi.max():.3g} | "
-        f"h mean {h.mean():.3g} median {h.median():.3g} | frac phi>h {(phi > h).float().mean():.3f}",
+        f"phi mean {phi.mean():.3g} median {phi.median():.3g} max {phi.max():.3g} | h mean {h.mean():.3g} median {h.median():.3g} | frac phi>h {(phi > h).float().mean():.3f}",
     )

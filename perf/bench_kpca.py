@@ -90,6 +90,7 @@ def _random_heads(n_heads: int, n: int, d: int, seed: int = 0, baseline: bool = 
 
 def _per_head_paper(k, v):
     import numpy as np
+
     from paper_reference import head_metrics_reference
 
     rows = [head_metrics_reference(k[h], v[h]) for h in range(k.shape[0])]
@@ -356,7 +357,18 @@ def cmd_table1(args) -> dict:
             row = {"model": model, **res}
             print(json.dumps(row), flush=True)
             rows.append(row)
-    return {"command": "table1", "images": args.images, "device": args.device, "eigh_device": args.eigh_device, "streams": args.streams, "threads": args.threads, "chunk": args.chunk, "total_heads": total_heads, "total_seconds": total_s, "rows": rows}
+    return {
+        "command": "table1",
+        "images": args.images,
+        "device": args.device,
+        "eigh_device": args.eigh_device,
+        "streams": args.streams,
+        "threads": args.threads,
+        "chunk": args.chunk,
+        "total_heads": total_heads,
+        "total_seconds": total_s,
+        "rows": rows,
+    }
 
 
 def _rss_of(cmd: list[str], env: dict) -> tuple[float, float]:

@@ -21,12 +21,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from paper_reference import head_metrics_reference, head_metrics_reference_nlp  # noqa: E402
-
 from kpca_repro.h5io import ActivationFile  # noqa: E402
 from kpca_repro.kpca import intra_op_threads  # noqa: E402
 from kpca_repro.records import kpca_records  # noqa: E402
 from kpca_repro.threads import torch_default_threads  # noqa: E402
+
+from paper_reference import head_metrics_reference, head_metrics_reference_nlp  # noqa: E402
 
 METRICS = ("direct_cos_mean", "direct_cos_max", "optimal_cos_mean", "optimal_cos_max", "linear_cka", "rbf_cka")
 

@@ -1,6 +1,6 @@
 """Print the Markdown tables of docs/performance.md from perf/results/*.json.
 
-    python perf/report.py perf/results
+python perf/report.py perf/results
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ def stage(r):
         for key, p in row.items():
             if key.startswith("per_head_"):
                 same = p.get("bit_identical", p.get("same_dropped_heads"))
-                print(f"| {row['variant']} | per-head baseline, {key[9:].replace('thr', ' torch thread(s)')} | {p['heads']} | {_f(p['seconds'])} | {_f(p['heads_per_second'])} | {_f(p['peak_rss_mb'], 0)} | {p['speedup_of_batched']:.2f}x | {p['max_abs_diff']:.1e} | {same} |")
+                print(
+                    f"| {row['variant']} | per-head baseline, {key[9:].replace('thr', ' torch thread(s)')} | {p['heads']} | {_f(p['seconds'])} | {_f(p['heads_per_second'])} | {_f(p['peak_rss_mb'], 0)} | {p['speedup_of_batched']:.2f}x | {p['max_abs_diff']:.1e} | {same} |"
+                )
         for key, t in row.items():
             if key.startswith("table1_"):
                 print(f"\n{key}: " + ", ".join(f"{k} {v:.6f}" for k, v in t.items()))
@@ -68,7 +70,9 @@ def table1(r):
 
 
 def allocator(r):
-    print(f"{r['activations']}, {r['threads']} worker threads, {r['chunk']} heads per chunk, paper variant; loadavg {r['environment']['loadavg_1min_at_start']:.2f} / {r['environment']['loadavg_1min_at_end']:.2f}\n")
+    print(
+        f"{r['activations']}, {r['threads']} worker threads, {r['chunk']} heads per chunk, paper variant; loadavg {r['environment']['loadavg_1min_at_start']:.2f} / {r['environment']['loadavg_1min_at_end']:.2f}\n"
+    )
     print("| glibc setting | layers | heads | seconds | peak RSS MB |\n|---|---|---|---|---|")
     for row in r["rows"]:
         print(f"| {row['mode']} | {row['layers']} | {row['heads']} | {row['seconds']:.1f} | {row['peak_rss_mb']:.0f} |")
@@ -76,7 +80,9 @@ def allocator(r):
 
 
 def chain(r):
-    print(f"{r['tree']}: {' '.join(r['targets'])} in {r['wall_seconds']:.1f} s (cores {r['cores']}); loadavg {r['environment']['loadavg_1min_at_start']:.2f} / {r['environment']['loadavg_1min_at_end']:.2f}\n")
+    print(
+        f"{r['tree']}: {' '.join(r['targets'])} in {r['wall_seconds']:.1f} s (cores {r['cores']}); loadavg {r['environment']['loadavg_1min_at_start']:.2f} / {r['environment']['loadavg_1min_at_end']:.2f}\n"
+    )
     print("| job | seconds | max RSS MB |\n|---|---|---|")
     for name, v in r["rules"].items():
         print(f"| {name} | {v['seconds']:.1f} | {v['max_rss_mb']:.0f} |")
@@ -86,7 +92,9 @@ def chain(r):
 def memory(r):
     print("| model | images | extraction s | extraction peak RSS MB | KPCA layers | KPCA s | KPCA peak RSS MB | HDF5 MB |\n|---|---|---|---|---|---|---|---|")
     for row in r["rows"]:
-        print(f"| {row['model']} | {row['images']} | {row['extract_seconds']:.0f} | {row['extract_peak_rss_mb']:.0f} | {row['kpca_layers']} | {row['kpca_seconds']:.0f} | {row['kpca_peak_rss_mb']:.0f} | {row['h5_mb']:.0f} |")
+        print(
+            f"| {row['model']} | {row['images']} | {row['extract_seconds']:.0f} | {row['extract_peak_rss_mb']:.0f} | {row['kpca_layers']} | {row['kpca_seconds']:.0f} | {row['kpca_peak_rss_mb']:.0f} | {row['h5_mb']:.0f} |"
+        )
     print()
 
 

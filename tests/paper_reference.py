@@ -45,9 +45,7 @@ class CudaCKA:
         return self.linear_hsic(x, y) / (torch.sqrt(self.linear_hsic(x, x)) * torch.sqrt(self.linear_hsic(y, y)) + 1e-10)
 
     def kernel_cka(self, x, y, sigma=None):
-        return self.kernel_hsic(x, y, sigma) / (
-            torch.sqrt(self.kernel_hsic(x, x, sigma)) * torch.sqrt(self.kernel_hsic(y, y, sigma)) + 1e-10
-        )
+        return self.kernel_hsic(x, y, sigma) / (torch.sqrt(self.kernel_hsic(x, x, sigma)) * torch.sqrt(self.kernel_hsic(y, y, sigma)) + 1e-10)
 
 
 def centered_gram_reference(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -10,13 +10,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import TINY_KWARGS, run_snakemake
-from paper_reference import head_metrics_reference
 
 from kpca_repro import kpca
 from kpca_repro.h5io import ActivationFile, ActivationWriter
 from kpca_repro.records import kpca_records, layer_chunks
 from kpca_repro.threads import ordered_map
+
+from conftest import TINY_KWARGS, run_snakemake
+from paper_reference import head_metrics_reference
 
 
 @pytest.fixture

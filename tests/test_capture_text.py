@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import run_snakemake
 
 from kpca_repro import extraction, hf_capture, text
 from kpca_repro.capture import INVARIANT_RTOL, CaptureMismatchError, attention_invariant, attention_mask_matrix
 from kpca_repro.h5io import ActivationFile
 from kpca_repro.vision import UnsupportedArchitectureError
+
+from conftest import run_snakemake
 
 ROWS = [
     " the cat sat on the mat and looked at the dog .\n",
@@ -159,7 +160,9 @@ def test_a_wrong_capture_fails_the_invariant(kind, wrong):
     with pytest.raises(CaptureMismatchError, match="do not reproduce the attention output h"):
         hf_capture.check_capture(kind, attns, layers, key_mask=_key_mask(inputs, layers[0]["q"].shape[2]), inputs=range(3))
     worst = max(
-        attention_invariant(t["q"], t["k"], t["v"], t["h"], scale=a.scale, allowed=attention_mask_matrix(t["q"].shape[2], _key_mask(inputs, t["q"].shape[2]), a.window), query_mask=_key_mask(inputs, t["q"].shape[2])).max_rel_error
+        attention_invariant(
+            t["q"], t["k"], t["v"], t["h"], scale=a.scale, allowed=attention_mask_matrix(t["q"].shape[2], _key_mask(inputs, t["q"].shape[2]), a.window), query_mask=_key_mask(inputs, t["q"].shape[2])
+        ).max_rel_error
         for a, t in zip(attns, layers)
     )
     assert worst > 100 * INVARIANT_RTOL

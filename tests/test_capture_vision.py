@@ -17,11 +17,12 @@ import pytest
 import timm
 import torch
 import yaml
-from conftest import real_deit_tiny, run_snakemake
 
 from kpca_repro import capture, images, vision
-from kpca_repro.h5io import ActivationFile
 from kpca_repro.extraction import extract_vision
+from kpca_repro.h5io import ActivationFile
+
+from conftest import real_deit_tiny, run_snakemake
 
 SMALL = {"depth": 2, "img_size": 32, "patch_size": 8, "embed_dim": 48, "num_heads": 3}
 
@@ -134,7 +135,7 @@ def test_the_projection_hooks_alone_miss_what_the_attention_uses():
         with torch.no_grad(), vision.CaptureRecorder(plan, model_id) as rec:
             model(x)
         for layer in range(len(plan)):
-            err = {name: capture.attention_invariant(*(r.captured[layer][t] for t in "qkvh"), scale=plan[0][0].head_dim**-0.5).max_rel_error for name, r in (("raw", raw), ("adapter", rec))}
+            err = {name: capture.attention_invariant(*(r.captured[layer][t] for t in "qkvh"), scale=plan[0][0].head_dim ** -0.5).max_rel_error for name, r in (("raw", raw), ("adapter", rec))}
             assert err["raw"] > 100 * capture.INVARIANT_RTOL and err["adapter"] < 1e-5, (case, layer, err)
 
 

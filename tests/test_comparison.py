@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 
 from kpca_repro import comparison as cmp
@@ -83,7 +82,10 @@ def test_comparison_statuses_on_a_small_fixture(tmp_path):
         model_kwargs={"c": {"depth": 2}},
         checksums={"d": "cd" * 32, "a": sha},
     )
-    get = lambda table, model, col: out[(out["table"] == table) & (out["model_id"] == model) & (out["column"] == col)].iloc[0]
+
+    def get(table, model, col):
+        return out[(out["table"] == table) & (out["model_id"] == model) & (out["column"] == col)].iloc[0]
+
     mdc = get("Table 1", "a", "MDC")
     assert mdc["status"] == cmp.CONSISTENT and (mdc["lower"], mdc["upper"], mdc["sign_lower"], mdc["sign_upper"]) == (0.08, 0.16, 0.09, 0.14)
     assert mdc["difference"] == pytest.approx(0.124 - 0.15)

@@ -6,13 +6,14 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_KWARGS
 
 from kpca_repro import images, resources
-from kpca_repro.h5io import ActivationFile, CorruptActivationFileError, atomic_output
 from kpca_repro.extraction import extract_vision
+from kpca_repro.h5io import ActivationFile, CorruptActivationFileError, atomic_output
 from kpca_repro.records import kpca_records
 from kpca_repro.vision import AttentionRecorder, attention_modules, load_timm_model
+
+from conftest import TINY_KWARGS
 
 
 @pytest.mark.parametrize("model_id", sorted(TINY_KWARGS))

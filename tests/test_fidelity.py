@@ -14,15 +14,16 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import real_deit_tiny, resources_dir_for_real_weights
-from paper_reference import head_metrics_reference, head_metrics_reference_nlp
 
 from kpca_repro import images, text
+from kpca_repro.extraction import extract_text, extract_vision
 from kpca_repro.h5io import ActivationFile
 from kpca_repro.kpca import intra_op_threads
-from kpca_repro.extraction import extract_text, extract_vision
 from kpca_repro.records import TEXT_PAPER_OPTIONS, kpca_records
 from kpca_repro.threads import torch_default_threads
+
+from conftest import real_deit_tiny, resources_dir_for_real_weights
+from paper_reference import head_metrics_reference, head_metrics_reference_nlp
 
 CPU = torch.device("cpu")
 #: Per-head tolerances: cosines and linear CKA; RBF CKA (float32 median and exp amplify round-off).

@@ -10,9 +10,10 @@ import time
 
 import pytest
 import yaml
-from conftest import REPO, TINY_KWARGS, run_snakemake
 
 from kpca_repro import cost, preflight, progress
+
+from conftest import REPO, TINY_KWARGS, run_snakemake
 
 PAPER_VISION = [
     "vit_tiny_patch16_224",
@@ -128,7 +129,10 @@ def test_a_study_directory_with_relative_paths_fails_in_one_line(tmp_path):
     study = tmp_path / "study"
     proc = subprocess.run(
         [sys.executable, "-m", "snakemake", "-d", str(study), "-n", "results/table1.csv", "--configfile", "config/offline_deit_tiny.yaml"],
-        capture_output=True, text=True, cwd=REPO, check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0

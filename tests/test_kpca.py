@@ -8,9 +8,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from paper_reference import head_metrics_reference
 
 from kpca_repro import kpca
+
+from paper_reference import head_metrics_reference
 
 
 def _keys(heads=4, n=23, d=8, scale=1.0, seed=0):

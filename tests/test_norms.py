@@ -10,13 +10,14 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import REPO, TINY_KWARGS, real_deit_tiny, run_snakemake
 
 from kpca_repro import images, kpca, norms, resources
+from kpca_repro.extraction import extract_vision
 from kpca_repro.h5io import ActivationWriter, CorruptActivationFileError
 from kpca_repro.norms import norm_statistics, sentence_samples, squared_norms
-from kpca_repro.extraction import extract_vision
 from kpca_repro.vision import attention_modules, load_timm_model
+
+from conftest import REPO, TINY_KWARGS, real_deit_tiny, run_snakemake
 
 # --------------------------------------------------------------------------------------
 # The statistics and the formulas

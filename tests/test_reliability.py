@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, TINY_KWARGS
-from test_workflow import _write_config
 
 from kpca_repro.h5io import CorruptActivationFileError
 from kpca_repro.records import eigenvalue_records, gamma_records, kpca_records
+
+from conftest import REPO
+from test_workflow import _write_config
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +66,11 @@ def _kill_when(root: Path, workdir: Path, marker: Path, cfg: Path, timeout: floa
     with open(workdir / "killed_run.out", "w") as out:
         proc = subprocess.Popen(
             _cmd(root, workdir, *RELIABILITY_TARGETS, "--configfile", str(cfg)),
-            stdout=out, stderr=subprocess.STDOUT, cwd=workdir, env=_env(root), start_new_session=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+            env=_env(root),
+            start_new_session=True,
         )
         t0 = time.monotonic()
         while not marker.exists():

@@ -11,13 +11,14 @@ import re
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, TINY_KWARGS
 
 from kpca_repro import report_check as rc
 from kpca_repro.tables import CORRECTED_METRICS, TEXT_CORRECTED_METRICS, corrected_markdown, markdown_table
 
+from conftest import REPO, TINY_KWARGS
+
 # docutils 0.22 deprecates writer_name=, which Snakemake (and so these tests) pass
-pytestmark = pytest.mark.filterwarnings("ignore:Argument \"writer_name\":PendingDeprecationWarning")
+pytestmark = pytest.mark.filterwarnings('ignore:Argument "writer_name":PendingDeprecationWarning')
 
 #: Configurations whose captions must render cleanly: the defaults, the offline ones of the
 #: README, and one that takes every other branch of workflow.rst (architectures changed by
@@ -67,9 +68,7 @@ def test_the_lint_reports_substitutions_markup_and_undefined_variables(tmp_path)
     (tmp_path / "Snakefile").write_text('report: "workflow/report/front.rst"\n')
     (tmp_path / "workflow" / "rules" / "a.smk").write_text('rule a:\n    output: report("x.png", caption="../report/a.rst", category="Figures")\n')
     (tmp_path / "workflow" / "report" / "front.rst").write_text("Models: {{ snakemake.config['vison'] }}.\n")
-    (tmp_path / "workflow" / "report" / "a.rst").write_text(
-        "{% if snakemake.wildcards.suffix %}the spread |γᵢ − γⱼ| of *emphasis{% else %}\\|λ\\| is fine, see Figures_{% endif %}\n"
-    )
+    (tmp_path / "workflow" / "report" / "a.rst").write_text("{% if snakemake.wildcards.suffix %}the spread |γᵢ − γⱼ| of *emphasis{% else %}\\|λ\\| is fine, see Figures_{% endif %}\n")
     problems = rc.lint_captions(tmp_path, {"vision": {}})
     assert any("front.rst" in p and "vison" in p for p in problems), problems
     assert any("a.rst {'suffix': '_corrected'}" in p and 'Undefined substitution referenced: "γᵢ − γⱼ"' in p for p in problems), problems
@@ -110,11 +109,7 @@ def test_corrected_markdown_is_a_whole_table(metrics):
     """|cosine| in a metric label is escaped: one cell per column, and GFM renders the header as written."""
     from markdown_it import MarkdownIt
 
-    rows = [
-        {"model": m, "metric": label, "mean": 0.5, "std": 0.1, "baseline_mean": 0.2, "n_heads": 36, "n_nonfinite": 0}
-        for m in ("A|B", "C")
-        for _, label, _ in metrics
-    ]
+    rows = [{"model": m, "metric": label, "mean": 0.5, "std": 0.1, "baseline_mean": 0.2, "n_heads": 36, "n_nonfinite": 0} for m in ("A|B", "C") for _, label, _ in metrics]
     md = corrected_markdown(pd.DataFrame(rows), metrics)
     assert rc.markdown_problems(md) == []
     expected = ["model", *(label for _, label, _ in metrics), "heads (non-finite)"]

@@ -21,9 +21,9 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+
 from conftest import REPO, TINY_KWARGS, run_snakemake
 from test_workflow import _write_config
 
@@ -81,8 +81,13 @@ def tiny_config(tiny_resources) -> dict:
     """One tiny random ViT, 4 photographs in 2 shards, Tables 2-3 on the same 4 images: 10 SLURM jobs
     (2 extractions + 1 for Figure 3's image, 2 KPCA, 4 eigenvalue, 1 gamma)."""
     model = "vit_tiny_patch16_224"
-    return {"resources_dir": str(tiny_resources), "device": "cpu", "vision": {"models": [model], "n_images": 4, "shards": 2, "model_kwargs": {model: TINY_KWARGS[model]}},
-            "spectra": {"n_images": 4}, "figure3": {"model": model}}
+    return {
+        "resources_dir": str(tiny_resources),
+        "device": "cpu",
+        "vision": {"models": [model], "n_images": 4, "shards": 2, "model_kwargs": {model: TINY_KWARGS[model]}},
+        "spectra": {"n_images": 4},
+        "figure3": {"model": model},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +103,27 @@ def runs(cluster, tiny_config, tmp_path_factory):
     run_snakemake(local, *TARGETS, "--configfile", str(cfg))
     local_s = time.monotonic() - t0
 
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(remote),
-           "--profile", str(REPO / "profiles" / "slurm"), "--workflow-profile", "none", "--configfile", str(cfg),
-           "--set-resources", *FIT_NODE, "--set-threads", *FIT_THREADS, *FAST_POLL, *TARGETS]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(remote),
+        "--profile",
+        str(REPO / "profiles" / "slurm"),
+        "--workflow-profile",
+        "none",
+        "--configfile",
+        str(cfg),
+        "--set-resources",
+        *FIT_NODE,
+        "--set-threads",
+        *FIT_THREADS,
+        *FAST_POLL,
+        *TARGETS,
+    ]
     before = frozenset(j["id"] for j in _jobs())
     log = open(base / "slurm_run.log", "w")
     t0 = time.monotonic()
@@ -136,8 +159,7 @@ def runs(cluster, tiny_config, tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=30)
-        pytest.fail(f"the SLURM run did not finish in {RUN_TIMEOUT} s; squeue:\n{_slurm('squeue', '--states=all')}\n"
-                    f"log:\n{(base / 'slurm_run.log').read_text()[-8000:]}")
+        pytest.fail(f"the SLURM run did not finish in {RUN_TIMEOUT} s; squeue:\n{_slurm('squeue', '--states=all')}\nlog:\n{(base / 'slurm_run.log').read_text()[-8000:]}")
     finally:
         log.close()
     slurm_s = time.monotonic() - t0
@@ -180,8 +202,23 @@ def test_a_request_no_node_can_hold_fails_before_submission(cluster, tiny_config
     """The profile as shipped asks for 8 CPUs per extraction job; the node has fewer: the pre-flight
     check stops the run at once instead of leaving the job PENDING forever."""
     cfg = _write_config(tmp_path / "tiny.yaml", **tiny_config)
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
-           "--profile", str(REPO / "profiles" / "slurm"), "--workflow-profile", "none", "--configfile", str(cfg), *FAST_POLL, "results/table1.csv"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(tmp_path),
+        "--profile",
+        str(REPO / "profiles" / "slurm"),
+        "--workflow-profile",
+        "none",
+        "--configfile",
+        str(cfg),
+        *FAST_POLL,
+        "results/table1.csv",
+    ]
     before = _slurm("squeue", "-h", "--states=all", "-o", "%i")
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert proc.returncode != 0

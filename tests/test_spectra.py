@@ -49,12 +49,15 @@ def test_corrected_spectrum_is_finite_where_the_paper_variant_overflows():
 
 def test_spectrum_statistics_on_a_hand_made_case():
     # 2 images, 2 heads, 4 ranks; rank-wise mean over heads, then max/min/mean/lower median
-    ev = np.array(
-        [
-            [[4.0, 3.0, 2.0, 1.0], [6.0, 5.0, 2.0, 1.0]],  # mean over heads: 5, 4, 2, 1
-            [[8.0, 4.0, 4.0, 2.0], [8.0, 6.0, 2.0, 0.0]],  # mean over heads: 8, 5, 3, 1
-        ]
-    ) * 1e-6
+    ev = (
+        np.array(
+            [
+                [[4.0, 3.0, 2.0, 1.0], [6.0, 5.0, 2.0, 1.0]],  # mean over heads: 5, 4, 2, 1
+                [[8.0, 4.0, 4.0, 2.0], [8.0, 6.0, 2.0, 0.0]],  # mean over heads: 8, 5, 3, 1
+            ]
+        )
+        * 1e-6
+    )
     s = spectrum_statistics(ev)
     assert s["max_mean"] == pytest.approx(6.5) and s["max_std"] == pytest.approx(np.std([5, 8], ddof=1))
     assert s["min_mean"] == pytest.approx(1.0) and s["min_std"] == pytest.approx(0.0)

@@ -10,14 +10,15 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import REPO, resources_dir_for_real_weights, run_snakemake
 
 from kpca_repro import extraction, hf_capture, kpca, text
 from kpca_repro.h5io import ActivationFile
-from kpca_repro.resources import sha256_file
 from kpca_repro.records import TEXT_PAPER_OPTIONS, _head_groups, kpca_records
+from kpca_repro.resources import sha256_file
 from kpca_repro.tables import table4_paper
 from kpca_repro.vision import UnsupportedArchitectureError
+
+from conftest import REPO, resources_dir_for_real_weights, run_snakemake
 
 TINY_ID = "tiny-org/tiny-bert"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -299,9 +300,9 @@ def test_corrected_variant_excludes_padding(tiny_files):
 
 def test_longformer_misreading_in_the_paper_variant(tmp_path):
     """Sequence-first files: each paper "head" is the B inputs at one position (docs/method.md 3)."""
-    from kpca_repro.h5io import ActivationWriter
-
     import h5py
+
+    from kpca_repro.h5io import ActivationWriter
 
     b, h, n, d = 3, 2, 5, 4
     rng = np.random.default_rng(0)

@@ -10,11 +10,12 @@ import pytest
 import timm
 import torch
 import yaml
-from conftest import REPO, run_snakemake
 
 from kpca_repro import kpca, training
 from kpca_repro.figures import plot_figure1, plot_figure4
 from kpca_repro.vision import AttentionRecorder
+
+from conftest import REPO, run_snakemake
 
 TINY = dict(num_classes=10, img_size=8, patch_size=4, in_chans=1, depth=2, embed_dim=32)
 

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+
 from conftest import REPO, TINY_KWARGS, real_deit_tiny, run_snakemake
 
 pytestmark = pytest.mark.integration
@@ -214,7 +215,7 @@ def test_report_reads_cleanly(tiny_run, tmp_path):
     assert report_problems(report) == []
     page = front_page(report)
     for model_id, kwargs in TINY_KWARGS.items():
-        assert f"<tt class=\"docutils literal\">{model_id}</tt>" in page
+        assert f'<tt class="docutils literal">{model_id}</tt>' in page
         assert f"depth={kwargs['depth']}" in page  # the changed architectures are said
     assert "vit_large_patch16_224" not in page and "bert-base-uncased" not in page  # not the default models
     assert "none configured" in page and "4 images per model in 2 shard(s)" in page

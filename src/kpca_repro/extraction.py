@@ -131,9 +131,7 @@ def extract_vision(
                 for layer in range(len(attns)):
                     t = {name: a[keep] for name, a in rec.numpy_layer(layer).items()}
                     if t["q"].shape[1:] != (heads, n_tokens, head_dim) or t["h"].shape != t["q"].shape:
-                        raise UnsupportedArchitectureError(
-                            f"{model_id}: layer {layer} captured q {t['q'].shape}, h {t['h'].shape}; expected (B, {heads}, {n_tokens}, {head_dim})"
-                        )
+                        raise UnsupportedArchitectureError(f"{model_id}: layer {layer} captured q {t['q'].shape}, h {t['h'].shape}; expected (B, {heads}, {n_tokens}, {head_dim})")
                     res = check_attention_invariant(model_id, layer, t["q"], t["k"], t["v"], t["h"], scale=scale, inputs=checked)
                     worst_rel, worst_abs = max(worst_rel, res.max_rel_error), max(worst_abs, res.max_abs_error)
                     n_checked += res.n_heads_checked
@@ -193,11 +191,10 @@ def extract_text(
             the hooks do not fit it (one line: model, reason, supported families).
         kpca_repro.capture.CaptureMismatchError: the stored q, k, v do not reproduce h.
     """
-    from .progress import progress as progress_bar
-
     from .capture import INVARIANT_RTOL
     from .hf_capture import HFAttentionRecorder, attention_modules, check_capture, check_text_model
     from .images import shard_batches, shard_slice
+    from .progress import progress as progress_bar
     from .resources import check_checksum
 
     check_text_model(model_id, source)  # refuse from config.json before loading any weights

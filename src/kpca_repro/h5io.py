@@ -151,10 +151,7 @@ class ActivationFile:
             #: ``(B, N)`` int64 attention mask of a language-model file; None for vision files.
             self.attention_mask = self.f["attention_mask"][:] if "attention_mask" in self.f else None
         except (OSError, KeyError, ValueError) as exc:
-            raise CorruptActivationFileError(
-                f"activation file {self.path} is unreadable, truncated or incomplete ({exc}); "
-                "delete it and rerun the extraction rule"
-            ) from exc
+            raise CorruptActivationFileError(f"activation file {self.path} is unreadable, truncated or incomplete ({exc}); delete it and rerun the extraction rule") from exc
 
     def attr_json(self, name: str):
         """A root attribute decoded from JSON."""

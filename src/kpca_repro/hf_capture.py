@@ -273,10 +273,7 @@ def supported_summary() -> str:
 
 
 def _refuse(who: str, model_type, reason: str) -> UnsupportedArchitectureError:
-    return UnsupportedArchitectureError(
-        f"{who}: Hugging Face model type {model_type!r} is refused: {reason}. "
-        f"Supported (attention = softmax(q k^T / sqrt(d) + mask) v): {supported_summary()}"
-    )
+    return UnsupportedArchitectureError(f"{who}: Hugging Face model type {model_type!r} is refused: {reason}. Supported (attention = softmax(q k^T / sqrt(d) + mask) v): {supported_summary()}")
 
 
 def _decoder_types() -> set[str]:

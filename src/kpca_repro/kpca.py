@@ -443,9 +443,7 @@ def _cka_side(kx: torch.Tensor, paper: bool) -> tuple[torch.Tensor, torch.Tensor
     return cx, _hsic(cx, cx)
 
 
-def _cka_from_sides(
-    sx: tuple[torch.Tensor, torch.Tensor], sy: tuple[torch.Tensor, torch.Tensor], paper: bool, sqrt_of_product: bool = False
-) -> torch.Tensor:
+def _cka_from_sides(sx: tuple[torch.Tensor, torch.Tensor], sy: tuple[torch.Tensor, torch.Tensor], paper: bool, sqrt_of_product: bool = False) -> torch.Tensor:
     """CKA from two :func:`_cka_side` results (denominators: see :func:`linear_cka`)."""
     (cx, hxx), (cy, hyy) = sx, sy
     if paper:

@@ -36,7 +36,18 @@ from .h5io import ActivationFile, CorruptActivationFileError
 from .kpca import CORRECTED, PAPER, VARIANTS
 from .projection import attention_output, feature_norm_sq, output_norm_sq
 
-__all__ = ["QUANTITIES", "sentence_samples", "squared_norms", "read_attention_mask", "norm_statistics", "layer_norm_statistics", "PAPER_NORMS_SCALE", "PAPER_NORMS_TRIM", "PAPER_NORMS_BAND", "CORRECTED_NORMS_BAND"]
+__all__ = [
+    "QUANTITIES",
+    "sentence_samples",
+    "squared_norms",
+    "read_attention_mask",
+    "norm_statistics",
+    "layer_norm_statistics",
+    "PAPER_NORMS_SCALE",
+    "PAPER_NORMS_TRIM",
+    "PAPER_NORMS_BAND",
+    "CORRECTED_NORMS_BAND",
+]
 
 #: Quantity labels of the statistics tables: ``phi`` = ||phi(q_i)||^2, ``h`` = ||h_i||^2.
 QUANTITIES = ("phi", "h")
@@ -188,8 +199,14 @@ def norm_statistics(
                 for lo in range(0, flat["q"].shape[0], step):
                     sl = slice(lo, lo + step)
                     phi, h_sq, valid = squared_norms(
-                        flat["q"][sl], flat["k"][sl], flat["v"][sl], flat["h"][sl], variant,
-                        language=language, head_dim=head_dim, token_mask=None if tm is None else tm[sl],
+                        flat["q"][sl],
+                        flat["k"][sl],
+                        flat["v"][sl],
+                        flat["h"][sl],
+                        variant,
+                        language=language,
+                        head_dim=head_dim,
+                        token_mask=None if tm is None else tm[sl],
                     )
                     pooled["phi"].append(phi[valid].double().numpy())
                     pooled["h"].append(h_sq[valid].double().numpy())

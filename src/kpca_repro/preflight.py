@@ -145,8 +145,7 @@ def _weights(resources: str, model: str) -> Requirement:
         "weights",
         f"pretrained weights of timm model {model!r}",
         path,
-        "on a machine with network, save timm.create_model(<id>, pretrained=True).state_dict() with "
-        "safetensors.torch.save_file to exactly that path (or run once online: the download rule does it)",
+        "on a machine with network, save timm.create_model(<id>, pretrained=True).state_dict() with safetensors.torch.save_file to exactly that path (or run once online: the download rule does it)",
         HF_HOST,
     )
 
@@ -156,8 +155,7 @@ def _text_model(model_id: str) -> Requirement:
         "text_model",
         f"language model {model_id!r} (Hugging Face model directory)",
         model_id,
-        "map the id to a directory saved with save_pretrained in config key text.local_models "
-        "(e.g. 'text: {local_models: {<id>: /path/to/dir}}'), put it in the Hugging Face cache, or run online",
+        "map the id to a directory saved with save_pretrained in config key text.local_models (e.g. 'text: {local_models: {<id>: /path/to/dir}}'), put it in the Hugging Face cache, or run online",
         HF_HOST,
     )
 
@@ -200,8 +198,7 @@ def requirements(groups: set[str], config: dict) -> list[Requirement]:
                 "images",
                 "ImageNet sample images",
                 str(Path(res) / "images" / "imagenet-sample"),
-                "put the 1000 files <wnid>_<label>.JPEG of the ImageNet sample there "
-                f"({vision['imagenet_sample_url']}), or set vision.imagenet_val_dir to an ImageNet validation root",
+                f"put the 1000 files <wnid>_<label>.JPEG of the ImageNet sample there ({vision['imagenet_sample_url']}), or set vision.imagenet_val_dir to an ImageNet validation root",
                 "github.com",
             )
         )
@@ -214,8 +211,7 @@ def requirements(groups: set[str], config: dict) -> list[Requirement]:
                 "wikitext",
                 "WikiText-103 raw test split",
                 str(Path(res) / "text" / "wikitext-103" / "wiki.test.raw"),
-                "put the file wiki.test.raw of wikitext-103-raw-v1 there (one dataset row per line; "
-                "datasets.load_dataset('wikitext', 'wikitext-103-raw-v1', split='test') on a machine with network)",
+                "put the file wiki.test.raw of wikitext-103-raw-v1 there (one dataset row per line; datasets.load_dataset('wikitext', 'wikitext-103-raw-v1', split='test') on a machine with network)",
                 HF_HOST,
             )
         )
@@ -239,8 +235,7 @@ def requirements(groups: set[str], config: dict) -> list[Requirement]:
                     "training_logs",
                     "the authors' W&B training logs",
                     str(Path(res) / "training_logs"),
-                    "set figure1.reference_logs to a folder holding vit_tiny/*.csv and deit_tiny/*.csv "
-                    "(scripts/wandb_data of KarahanS/Reproduction-Study-KPCA), or figure1.use_reference: false",
+                    "set figure1.reference_logs to a folder holding vit_tiny/*.csv and deit_tiny/*.csv (scripts/wandb_data of KarahanS/Reproduction-Study-KPCA), or figure1.use_reference: false",
                     "raw.githubusercontent.com",
                 )
             )
@@ -410,10 +405,32 @@ def offline_alternatives(groups: set[str], config_dir: str | os.PathLike, cwd: s
 
 #: Snakemake modes that run no job (lint, report, graphs, summaries, clean-up): nothing to check.
 _NO_JOB_MODES = (
-    "lint", "report", "list_rules", "list_target_rules", "dag", "rulegraph", "filegraph", "d3dag", "summary",
-    "detailed_summary", "unlock", "cleanup_metadata", "cleanup_shadow", "print_compilation", "delete_all_output",
-    "delete_temp_output", "list_changes", "list_code_changes", "list_input_changes", "list_params_changes",
-    "list_untracked", "archive", "containerize", "generate_unit_tests", "export_cwl", "touch",
+    "lint",
+    "report",
+    "list_rules",
+    "list_target_rules",
+    "dag",
+    "rulegraph",
+    "filegraph",
+    "d3dag",
+    "summary",
+    "detailed_summary",
+    "unlock",
+    "cleanup_metadata",
+    "cleanup_shadow",
+    "print_compilation",
+    "delete_all_output",
+    "delete_temp_output",
+    "list_changes",
+    "list_code_changes",
+    "list_input_changes",
+    "list_params_changes",
+    "list_untracked",
+    "archive",
+    "containerize",
+    "generate_unit_tests",
+    "export_cwl",
+    "touch",
 )
 
 

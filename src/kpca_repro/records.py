@@ -65,8 +65,14 @@ def _head_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str, lay
         k, v = k.transpose(2, 1, 0, 3), v.transpose(2, 1, 0, 3)
         n_pos = k.shape[0]
         ranks = np.repeat(np.arange(n_pos), n_heads)
-        yield (torch.from_numpy(np.ascontiguousarray(k)).reshape(-1, *k.shape[2:]), torch.from_numpy(np.ascontiguousarray(v)).reshape(-1, *v.shape[2:]),
-               ranks, np.full(len(ranks), -1), np.tile(np.arange(n_heads), n_pos), None)
+        yield (
+            torch.from_numpy(np.ascontiguousarray(k)).reshape(-1, *k.shape[2:]),
+            torch.from_numpy(np.ascontiguousarray(v)).reshape(-1, *v.shape[2:]),
+            ranks,
+            np.full(len(ranks), -1),
+            np.tile(np.arange(n_heads), n_pos),
+            None,
+        )
     elif corrected and af.attention_mask is not None:
         mask = af.attention_mask.astype(bool)
         lengths = mask.sum(axis=1)
@@ -74,13 +80,23 @@ def _head_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str, lay
             sel = np.flatnonzero(lengths == n)
             kk = np.stack([k[i][:, mask[i]] for i in sel])
             vv = np.stack([v[i][:, mask[i]] for i in sel])
-            yield (torch.from_numpy(kk).reshape(-1, n, kk.shape[-1]), torch.from_numpy(vv).reshape(-1, n, vv.shape[-1]),
-                   np.repeat(af.sample_rank[sel], n_heads), np.repeat(af.dataset_index[sel], n_heads), np.tile(np.arange(n_heads), len(sel)),
-                   base(af.dataset_index[sel], (n_heads, n, vv.shape[-1])))
+            yield (
+                torch.from_numpy(kk).reshape(-1, n, kk.shape[-1]),
+                torch.from_numpy(vv).reshape(-1, n, vv.shape[-1]),
+                np.repeat(af.sample_rank[sel], n_heads),
+                np.repeat(af.dataset_index[sel], n_heads),
+                np.tile(np.arange(n_heads), len(sel)),
+                base(af.dataset_index[sel], (n_heads, n, vv.shape[-1])),
+            )
     else:
-        yield (torch.from_numpy(k).reshape(-1, *k.shape[2:]), torch.from_numpy(v).reshape(-1, *v.shape[2:]),
-               np.repeat(af.sample_rank, n_heads), np.repeat(af.dataset_index, n_heads), np.tile(np.arange(n_heads), n_in),
-               base(af.dataset_index, tuple(v.shape[1:])))
+        yield (
+            torch.from_numpy(k).reshape(-1, *k.shape[2:]),
+            torch.from_numpy(v).reshape(-1, *v.shape[2:]),
+            np.repeat(af.sample_rank, n_heads),
+            np.repeat(af.dataset_index, n_heads),
+            np.tile(np.arange(n_heads), n_in),
+            base(af.dataset_index, tuple(v.shape[1:])),
+        )
 
 
 def layer_chunks(af: ActivationFile, layers: Sequence[int], heads_per_chunk: int, names: tuple[str, ...] = ("k", "v")) -> Iterator[tuple[int, np.ndarray, dict[str, torch.Tensor]]]:
@@ -160,7 +176,6 @@ def kpca_records(
         kpca_repro.h5io.CorruptActivationFileError: the file is unreadable (named).
     """
     from .progress import progress as progress_bar
-
     from .text import SEQUENCE_FIRST
 
     frames = []

@@ -11,9 +11,7 @@ import pandas as pd
 __all__ = ["table_html"]
 
 _STYLE = (
-    "<style>table{border-collapse:collapse;font:13px sans-serif}"
-    "th,td{border:1px solid #ccc;padding:3px 6px;text-align:right}"
-    "th{background:#eee}td:first-child,th:first-child{text-align:left}</style>"
+    "<style>table{border-collapse:collapse;font:13px sans-serif}th,td{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#eee}td:first-child,th:first-child{text-align:left}</style>"
 )
 
 

@@ -254,14 +254,11 @@ def load_config(root: str | Path, configfiles: list[str] = ()) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description="Check the report captions for docutils messages, and Markdown tables and built reports given as files."
-    )
+    parser = argparse.ArgumentParser(description="Check the report captions for docutils messages, and Markdown tables and built reports given as files.")
     parser.add_argument(
         "files",
         nargs="*",
-        help="by suffix: .yaml/.yml configuration files layered on config/config.yaml (as --configfile), "
-        ".md Markdown tables, .html/.zip built reports",
+        help="by suffix: .yaml/.yml configuration files layered on config/config.yaml (as --configfile), .md Markdown tables, .html/.zip built reports",
     )
     parser.add_argument("--root", default=str(Path(__file__).resolve().parents[2]), help="repository root (default: this checkout)")
     args = parser.parse_args(argv)

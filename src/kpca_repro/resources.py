@@ -80,8 +80,7 @@ def check_checksum(path: str | os.PathLike, expected: str | None) -> str:
     actual = sha256_file(path)
     if expected and actual.lower() != expected.lower():
         raise ChecksumMismatchError(
-            f"{path}: SHA-256 is {actual}, but the configuration records {expected} "
-            "(config key 'checksums'). Replace the file with the recorded weights or update the checksum."
+            f"{path}: SHA-256 is {actual}, but the configuration records {expected} (config key 'checksums'). Replace the file with the recorded weights or update the checksum."
         )
     return actual
 
@@ -134,10 +133,7 @@ def download_imagenet_sample(url: str, out_dir: str | os.PathLike, expected_coun
             ``expected_count`` images; the message names the directory to fill.
     """
     out = Path(out_dir)
-    how = (
-        f"Put the 1000 files <wnid>_<label>.JPEG of the ImageNet sample there "
-        f"(source: {url}), or set vision.imagenet_val_dir to an ImageNet validation root."
-    )
+    how = f"Put the 1000 files <wnid>_<label>.JPEG of the ImageNet sample there (source: {url}), or set vision.imagenet_val_dir to an ImageNet validation root."
     try:
         with urllib.request.urlopen(url, timeout=60) as resp:
             payload = resp.read()
@@ -149,6 +145,4 @@ def download_imagenet_sample(url: str, out_dir: str | os.PathLike, expected_coun
             for name in names:
                 (tmp / Path(name).name).write_bytes(zf.read(name))
         if len(names) != expected_count:
-            raise MissingResourceError(
-                missing_message(out, "ImageNet sample images", f"The archive held {len(names)} images, expected {expected_count}. {how}")
-            )
+            raise MissingResourceError(missing_message(out, "ImageNet sample images", f"The archive held {len(names)} images, expected {expected_count}. {how}"))

@@ -176,9 +176,7 @@ TABLE4_STATISTICS = (("MDC", "direct_cos_max", "nanmean"), ("MOC", "optimal_cos_
 SIGN_DEPENDENT = ("MDC", "MOC")
 
 
-def similarity_intervals(
-    df: pd.DataFrame, statistics: tuple, draws: dict[str, np.ndarray] | None, settings: dict, tag: str, model: str
-) -> dict[str, float]:
+def similarity_intervals(df: pd.DataFrame, statistics: tuple, draws: dict[str, np.ndarray] | None, settings: dict, tag: str, model: str) -> dict[str, float]:
     """Sign and bootstrap intervals of one row of Table 1 or Table 4 (docs/uncertainty.md).
 
     Resampling units are the images (``sample_rank``; sentences for Table 4). For each
@@ -434,9 +432,7 @@ def markdown_table(frame: pd.DataFrame, **kwargs) -> str:
 
 def corrected_markdown(table: pd.DataFrame, metrics: tuple = CORRECTED_METRICS) -> str:
     """Markdown: one row per model, one column per metric, ``mean ± std (random: mean)``."""
-    cells = table.assign(
-        cell=[f"{m:.3f} ± {s:.3f} (random {b:.3f})" for m, s, b in zip(table["mean"], table["std"], table["baseline_mean"])]
-    )
+    cells = table.assign(cell=[f"{m:.3f} ± {s:.3f} (random {b:.3f})" for m, s, b in zip(table["mean"], table["std"], table["baseline_mean"])])
     wide = cells.pivot(index="model", columns="metric", values="cell")
     order = list(dict.fromkeys(table["model"]))
     wide = wide.loc[order, [label for _, label, _ in metrics if label in wide.columns]]

@@ -51,7 +51,6 @@ __all__ = [
     "read_samples",
     "download_wikitext",
     "tokenize_sample",
-    
 ]
 
 #: The configuration key that maps a Hugging Face id to a local model directory.
@@ -226,7 +225,9 @@ def download_wikitext(out_path: str | os.PathLike) -> None:
         rows = load_dataset(WIKITEXT["path"], WIKITEXT["name"], split=WIKITEXT["split"])["text"]
     except Exception as exc:
         raise MissingResourceError(
-            missing_message(out_path, "WikiText-103 raw test split", f"load_dataset{tuple(WIKITEXT.values())} failed ({type(exc).__name__}: {exc}). Put the file wiki.test.raw of wikitext-103-raw-v1 there.")
+            missing_message(
+                out_path, "WikiText-103 raw test split", f"load_dataset{tuple(WIKITEXT.values())} failed ({type(exc).__name__}: {exc}). Put the file wiki.test.raw of wikitext-103-raw-v1 there."
+            )
         ) from exc
     with atomic_output(out_path) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:

@@ -162,7 +162,19 @@ class RecordingAttention(_timm_attention()):
         return self.proj_drop(self.proj(x))
 
 
-def build_model(timm_id: str, *, num_heads: int, standardize_qk: bool, num_classes: int, img_size: int, patch_size: int, in_chans: int, drop_path: float = 0.0, depth: int | None = None, embed_dim: int | None = None) -> nn.Module:
+def build_model(
+    timm_id: str,
+    *,
+    num_heads: int,
+    standardize_qk: bool,
+    num_classes: int,
+    img_size: int,
+    patch_size: int,
+    in_chans: int,
+    drop_path: float = 0.0,
+    depth: int | None = None,
+    embed_dim: int | None = None,
+) -> nn.Module:
     """A randomly initialised timm VisionTransformer with :class:`RecordingAttention` blocks.
 
     ``timm.create_model(timm_id, pretrained=False, num_heads=..., ...)`` (docs/method.md 6.1: the
@@ -328,8 +340,7 @@ def build_datasets(scale: dict, resources_dir: str | os.PathLike, download: bool
         missing = [str(root / f) for f in FASHION_MNIST_FILES if not (root / f).is_file()]
         if missing and not download:
             raise FileNotFoundError(
-                f"missing Fashion-MNIST: {', '.join(missing)} (config key resources_dir). Place the four IDX .gz files of "
-                "https://github.com/zalandoresearch/fashion-mnist there, or run online."
+                f"missing Fashion-MNIST: {', '.join(missing)} (config key resources_dir). Place the four IDX .gz files of https://github.com/zalandoresearch/fashion-mnist there, or run online."
             )
         norm = [T.ToTensor(), T.Normalize((FASHION_MNIST_MEAN,), (FASHION_MNIST_STD,))]
         base = [] if size == 28 else [T.Resize(size)]
@@ -435,6 +446,7 @@ def train_run(
     from timm.loss import SoftTargetCrossEntropy
     from timm.optim import create_optimizer_v2
     from timm.scheduler import create_scheduler_v2
+
     from .progress import progress as progress_bar
 
     log_csv, checkpoint = Path(log_csv), Path(checkpoint)
@@ -564,7 +576,9 @@ def read_training_log(path: str | os.PathLike, model: str, source: str) -> pd.Da
     parts = []
     for split in ("train", "test"):
         for m in RECON_METRICS:
-            parts.append(pd.DataFrame({"source": source, "model": model, "split": split, "metric": m, "epoch": df["epoch"], "x": df["epoch"].astype(float), "step": np.nan, "value": df[f"{split}_{m}"]}))
+            parts.append(
+                pd.DataFrame({"source": source, "model": model, "split": split, "metric": m, "epoch": df["epoch"], "x": df["epoch"].astype(float), "step": np.nan, "value": df[f"{split}_{m}"]})
+            )
     return pd.concat(parts, ignore_index=True)[_TIDY]
 
 
@@ -614,11 +628,17 @@ def read_wandb_logs(directory: str | os.PathLike, source: str = "authors (W&B)",
         df = df[["Step", value_cols[0]]].dropna().sort_values("Step").reset_index(drop=True)
         epoch = np.arange(len(df))
         x = df["Step"].to_numpy(float) / WANDB_STEPS_PER_EPOCH if epoch_axis == "step" else epoch.astype(float)
-        parts.append(pd.DataFrame({"source": source, "model": model, "split": match["split"], "metric": metric, "epoch": epoch, "x": x, "step": df["Step"].to_numpy(float), "value": df[value_cols[0]].to_numpy(float)}))
+        parts.append(
+            pd.DataFrame(
+                {"source": source, "model": model, "split": match["split"], "metric": metric, "epoch": epoch, "x": x, "step": df["Step"].to_numpy(float), "value": df[value_cols[0]].to_numpy(float)}
+            )
+        )
     return pd.concat(parts, ignore_index=True)[_TIDY]
 
 
-def training_curves(runs: Sequence[tuple[str | os.PathLike, str, str]], reference_dir: str | os.PathLike | None, epoch_axis: str = "step", reference_source: str = "authors (W&B, ImageNet-1k)") -> pd.DataFrame:
+def training_curves(
+    runs: Sequence[tuple[str | os.PathLike, str, str]], reference_dir: str | os.PathLike | None, epoch_axis: str = "step", reference_source: str = "authors (W&B, ImageNet-1k)"
+) -> pd.DataFrame:
     """The tidy curves of Figures 1 and 4 from any set of runs.
 
     Args:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -108,9 +107,7 @@ def direct_sign_statistics(vn: torch.Tensor, vkn: torch.Tensor, signs: torch.Ten
     return out
 
 
-def optimal_sign_statistics(
-    vn: torch.Tensor, vkn: torch.Tensor, signs: torch.Tensor, valid: torch.Tensor | None = None, nan_to_zero: bool = False
-) -> dict[str, torch.Tensor]:
+def optimal_sign_statistics(vn: torch.Tensor, vkn: torch.Tensor, signs: torch.Tensor, valid: torch.Tensor | None = None, nan_to_zero: bool = False) -> dict[str, torch.Tensor]:
     """Matched (optimal-assignment) token-row cosine statistics under given sign patterns.
 
     One :func:`kpca_repro.kpca.assignment_similarities` call per pattern, on
@@ -183,9 +180,7 @@ def head_sign_draws(
 
     def patterns(n, stream):
         return torch.from_numpy(
-            np.stack(
-                [sign_patterns(head_generator(seed, ident["layer"][i], ident["sample_rank"][i], ident["dataset_index"][i], ident["head"][i], stream), n, d) for i in range(h)]
-            ).reshape(h, n, d)
+            np.stack([sign_patterns(head_generator(seed, ident["layer"][i], ident["sample_rank"][i], ident["dataset_index"][i], ident["head"][i], stream), n, d) for i in range(h)]).reshape(h, n, d)
         )
 
     direct = direct_sign_statistics(vn64, vkn64, patterns(n_direct, 0), token_max=token_max)

@@ -237,10 +237,7 @@ def capture_adapters() -> dict[type, CaptureAdapter]:
 
 
 def _refuse(model_id: str, reason: str) -> UnsupportedArchitectureError:
-    return UnsupportedArchitectureError(
-        f"{model_id}: unsupported for the attention capture: {reason}. Supported: {SUPPORTED_FAMILIES} "
-        "(docs/own_models.md: 'Run the analysis on your own model')"
-    )
+    return UnsupportedArchitectureError(f"{model_id}: unsupported for the attention capture: {reason}. Supported: {SUPPORTED_FAMILIES} (docs/own_models.md: 'Run the analysis on your own model')")
 
 
 def capture_plan(model: nn.Module, model_id: str | None = None) -> list[tuple[nn.Module, CaptureAdapter]]:

@@ -55,9 +55,7 @@ def _validate_config():
             what = f"unknown config key {', '.join(hints)}; allowed here: {', '.join(allowed)}"
         else:
             what = f"config key {where or '(top level)'}: {err.message}"
-        raise WorkflowError(
-            f"{what}. Fix it in your --configfile / --config; every key, type and range is in {SCHEMA.relative_to(workflow.basedir)}."
-        ) from None
+        raise WorkflowError(f"{what}. Fix it in your --configfile / --config; every key, type and range is in {SCHEMA.relative_to(workflow.basedir)}.") from None
 
 
 _stop_on_error(_validate_config)
@@ -86,10 +84,7 @@ def code_inputs(script):
 REPORT_TABLES = [f"table{t}{sfx}" for sfx in ("", "_corrected") for t in (1, 2, 3, 4)] + ["paper_comparison"]
 TRAINING = config["training"]
 FIGURE1 = config["figure1"]
-FASHION_MNIST = [
-    f"{RESOURCES}/datasets/fashion-mnist/{f}"
-    for f in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
-]
+FASHION_MNIST = [f"{RESOURCES}/datasets/fashion-mnist/{f}" for f in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")]
 
 
 wildcard_constraints:
@@ -108,10 +103,7 @@ def _check_config():
 
     for i, model in enumerate(VISION["models"]):
         if not timm.is_model(model):
-            raise WorkflowError(
-                f"config key vision.models[{i}]: {model!r} is not a timm model id "
-                f"(see timm.list_models()); the paper's ids are listed in config/config.yaml"
-            )
+            raise WorkflowError(f"config key vision.models[{i}]: {model!r} is not a timm model id " f"(see timm.list_models()); the paper's ids are listed in config/config.yaml")
     if not timm.is_model(config["figure3"]["model"]):
         raise WorkflowError(f"config key figure3.model: {config['figure3']['model']!r} is not a timm model id")
     _check_figure3_block()
@@ -143,9 +135,7 @@ def _check_config():
         if not os.path.isdir(root):
             raise WorkflowError(f"config key vision.imagenet_val_dir: {root} is not a directory")
         if not any(e.is_dir() for e in os.scandir(root)):
-            raise WorkflowError(
-                f"config key vision.imagenet_val_dir: {root} has no class folders; expected <dir>/<wnid>/*.JPEG (the ImageNet validation set sorted into class folders)"
-            )
+            raise WorkflowError(f"config key vision.imagenet_val_dir: {root} has no class folders; expected <dir>/<wnid>/*.JPEG (the ImageNet validation set sorted into class folders)")
     _check_image_counts()
     _check_weights_checksums()
     _check_training_config()
@@ -240,10 +230,7 @@ def _check_image_counts():
     available = len(list_images(root, layout))
     for key, n in (("vision.n_images", VISION["n_images"]), ("spectra.n_images", config["spectra"]["n_images"]), ("figure3.n_images", config["figure3"]["n_images"])):
         if n > available:
-            raise WorkflowError(
-                f"config key {key}: {n} images requested, but {root} holds {available}; "
-                f"lower {key} or set vision.imagenet_val_dir to a larger image set"
-            )
+            raise WorkflowError(f"config key {key}: {n} images requested, but {root} holds {available}; " f"lower {key} or set vision.imagenet_val_dir to a larger image set")
 
 
 _SHA256 = {}
@@ -273,6 +260,7 @@ def reference_logs_input():
     if not FIGURE1["use_reference"]:
         return []
     return [FIGURE1["reference_logs"] or f"{RESOURCES}/training_logs"]
+
 
 SHARDS = [f"{i}of{VISION['shards']}" for i in range(VISION["shards"])]
 N_IMAGES = VISION["n_images"]

@@ -2,21 +2,21 @@
 
 
 rule sample_images:
-    localrule: True
     input:
         images=image_source()[0],
         code=code_inputs("sample_images.py"),
     output:
         "results/samples/vision_{n}.tsv",
-    params:
-        layout=image_source()[1],
-        seed=config["seed"],
     log:
         "logs/sample_images/vision_{n}.log",
     benchmark:
         "benchmarks/sample_images/vision_{n}.tsv"
+    localrule: True
     conda:
         ENV
+    params:
+        layout=image_source()[1],
+        seed=config["seed"],
     script:
         "../scripts/sample_images.py"
 
@@ -28,6 +28,16 @@ rule extract_vision:
         code=code_inputs("extract_vision.py"),
     output:
         "results/activations/{model}/vision_{n}_{shard}.h5",
+    log:
+        "logs/extract_vision/{model}/vision_{n}_{shard}.log",
+    benchmark:
+        "benchmarks/extract_vision/{model}/vision_{n}_{shard}.tsv"
+    conda:
+        ENV
+    threads: config["kpca"]["threads"]
+    resources:
+        gpu=GPU,
+        mem_mb=8000,
     params:
         intra_op_threads=config["kpca"]["intra_op_threads"],
         batch_size=VISION["batch_size"],
@@ -35,16 +45,6 @@ rule extract_vision:
         model_kwargs=lambda wc: VISION["model_kwargs"].get(wc.model, {}),
         checksum=lambda wc: config["checksums"].get(wc.model),
         seed=config["seed"],
-    threads: config["kpca"]["threads"]
-    resources:
-        gpu=GPU,
-        mem_mb=8000,
-    log:
-        "logs/extract_vision/{model}/vision_{n}_{shard}.log",
-    benchmark:
-        "benchmarks/extract_vision/{model}/vision_{n}_{shard}.tsv"
-    conda:
-        ENV
     script:
         "../scripts/extract_vision.py"
 
@@ -53,21 +53,21 @@ rule extract_vision:
 
 
 rule sample_text:
-    localrule: True
     input:
         rows=f"{RESOURCES}/text/wikitext-103/wiki.test.raw",
         code=code_inputs("sample_text.py"),
     output:
         "results/samples/text_{n}.tsv",
-    params:
-        seed=config["seed"],
-        min_chars=TEXT["min_chars"],
     log:
         "logs/sample_text/text_{n}.log",
     benchmark:
         "benchmarks/sample_text/text_{n}.tsv"
+    localrule: True
     conda:
         ENV
+    params:
+        seed=config["seed"],
+        min_chars=TEXT["min_chars"],
     script:
         "../scripts/sample_text.py"
 
@@ -79,6 +79,16 @@ rule extract_text:
         code=code_inputs("extract_text.py"),
     output:
         "results/activations/{slug}/text_{sample}_{shard}.h5",
+    log:
+        "logs/extract_text/{slug}/text_{sample}_{shard}.log",
+    benchmark:
+        "benchmarks/extract_text/{slug}/text_{sample}_{shard}.tsv"
+    conda:
+        ENV
+    threads: config["kpca"]["threads"]
+    resources:
+        gpu=GPU,
+        mem_mb=8000,
     params:
         intra_op_threads=config["kpca"]["intra_op_threads"],
         model_id=lambda wc: model_id_from_slug(wc.slug),
@@ -88,15 +98,5 @@ rule extract_text:
         device=config["device"],
         offline=config["offline"],
         checksum=lambda wc: config["checksums"].get(model_id_from_slug(wc.slug)),
-    threads: config["kpca"]["threads"]
-    resources:
-        gpu=GPU,
-        mem_mb=8000,
-    log:
-        "logs/extract_text/{slug}/text_{sample}_{shard}.log",
-    benchmark:
-        "benchmarks/extract_text/{slug}/text_{sample}_{shard}.tsv"
-    conda:
-        ENV
     script:
         "../scripts/extract_text.py"

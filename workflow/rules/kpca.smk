@@ -11,8 +11,18 @@ rule kpca_heads:
         heads="results/heads/{variant}/{model}/{stem}.csv",
         meta="results/heads/{variant}/{model}/{stem}.json",
         signs="results/heads/{variant}/{model}/{stem}_signs.h5",
+    log:
+        "logs/kpca_heads/{variant}/{model}/{stem}.log",
+    benchmark:
+        "benchmarks/kpca_heads/{variant}/{model}/{stem}.tsv"
     wildcard_constraints:
         stem=r"(vision_\d+|text_(\d+|sentences))_\d+of\d+",
+    conda:
+        ENV
+    threads: config["kpca"]["threads"]
+    resources:
+        gpu=GPU,
+        mem_mb=8000,
     params:
         device=config["device"],
         seed=config["seed"],
@@ -20,15 +30,5 @@ rule kpca_heads:
         eigh_threads=config["kpca"].get("eigh_threads", "auto"),
         # eigenvector-sign draws per head (paper variant only; docs/uncertainty.md)
         sign_draws=lambda wc: (config["uncertainty"]["sign_draws"], config["uncertainty"]["sign_draws_optimal"]) if wc.variant == "paper" else (0, 0),
-    threads: config["kpca"]["threads"]
-    resources:
-        gpu=GPU,
-        mem_mb=8000,
-    log:
-        "logs/kpca_heads/{variant}/{model}/{stem}.log",
-    benchmark:
-        "benchmarks/kpca_heads/{variant}/{model}/{stem}.tsv"
-    conda:
-        ENV
     script:
         "../scripts/kpca_heads.py"

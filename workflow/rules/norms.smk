@@ -7,71 +7,70 @@
 
 
 rule text_sentences:
-    localrule: True
     input:
         code=code_inputs("text_sentences.py"),
     output:
         "results/samples/text_sentences.tsv",
-    params:
-        sentences=FIGURE5["sentences"],
     log:
         "logs/text_sentences/text_sentences.log",
     benchmark:
         "benchmarks/text_sentences/text_sentences.tsv"
+    localrule: True
     conda:
         ENV
+    params:
+        sentences=FIGURE5["sentences"],
     script:
         "../scripts/text_sentences.py"
 
 
 rule norms_vision:
-    localrule: True
     input:
         activations=lambda wc: norm_activations("vision", wc.variant, wc.model),
         code=code_inputs("norm_stats.py"),
     output:
         "results/norms/{variant}/{model}/vision.csv",
-    params:
-        intra_op_threads=config["kpca"]["intra_op_threads"],
-        language=False,
-    threads: config["kpca"]["threads"]
-    resources:
-        mem_mb=4000,
     log:
         "logs/norms_vision/{variant}/{model}.log",
     benchmark:
         "benchmarks/norms_vision/{variant}/{model}.tsv"
+    localrule: True
     conda:
         ENV
+    threads: config["kpca"]["threads"]
+    resources:
+        mem_mb=4000,
+    params:
+        intra_op_threads=config["kpca"]["intra_op_threads"],
+        language=False,
     script:
         "../scripts/norm_stats.py"
 
 
 rule norms_text:
-    localrule: True
     input:
         activations=lambda wc: norm_activations("text", wc.variant, wc.model),
         code=code_inputs("norm_stats.py"),
     output:
         "results/norms/{variant}/{model}/text.csv",
-    params:
-        intra_op_threads=config["kpca"]["intra_op_threads"],
-        language=True,
-    threads: config["kpca"]["threads"]
-    resources:
-        mem_mb=4000,
     log:
         "logs/norms_text/{variant}/{model}.log",
     benchmark:
         "benchmarks/norms_text/{variant}/{model}.tsv"
+    localrule: True
     conda:
         ENV
+    threads: config["kpca"]["threads"]
+    resources:
+        mem_mb=4000,
+    params:
+        intra_op_threads=config["kpca"]["intra_op_threads"],
+        language=True,
     script:
         "../scripts/norm_stats.py"
 
 
 rule figure2:
-    localrule: True
     input:
         stats=norm_stats("vision", lambda wc: VISION["models"]),
         code=code_inputs("figure_norms.py"),
@@ -84,28 +83,27 @@ rule figure2:
             labels=norm_figure_labels("Figure 2"),
         ),
         csv="results/figure2{suffix}.csv",
-    wildcard_constraints:
-        suffix="|_corrected",
-    params:
-        title=lambda wc: (
-            f"Figure 2, corrected: all {N_IMAGES} images of Table 1, s = 1/sqrt(head_dim), log domain (float64), no trim"
-            if wc.suffix
-            else f"Figure 2, paper variant: {FIGURE2['n_images']} image (seed {config['seed']}), s = 1/8 hard-coded, "
-            "values above the 95th percentile dropped per layer"
-        ),
-        band_label=norm_band_label,
     log:
         "logs/figure2/figure2{suffix}.log",
     benchmark:
         "benchmarks/figure2/figure2{suffix}.tsv"
+    wildcard_constraints:
+        suffix="|_corrected",
+    localrule: True
     conda:
         ENV
+    params:
+        title=lambda wc: (
+            f"Figure 2, corrected: all {N_IMAGES} images of Table 1, s = 1/sqrt(head_dim), log domain (float64), no trim"
+            if wc.suffix
+            else f"Figure 2, paper variant: {FIGURE2['n_images']} image (seed {config['seed']}), s = 1/8 hard-coded, " "values above the 95th percentile dropped per layer"
+        ),
+        band_label=norm_band_label,
     script:
         "../scripts/figure_norms.py"
 
 
 rule figure5:
-    localrule: True
     input:
         stats=norm_stats("text", figure5_models),
         code=code_inputs("figure_norms.py"),
@@ -118,8 +116,15 @@ rule figure5:
             labels=norm_figure_labels("Figure 5"),
         ),
         csv="results/figure5{suffix}.csv",
+    log:
+        "logs/figure5/figure5{suffix}.log",
+    benchmark:
+        "benchmarks/figure5/figure5{suffix}.tsv"
     wildcard_constraints:
         suffix="|_corrected",
+    localrule: True
+    conda:
+        ENV
     params:
         title=lambda wc: (
             f"Figure 5, corrected: all {TEXT_ROWS} WikiText rows, padding excluded, s = 1/sqrt(head_dim), log domain (float64), no trim"
@@ -128,11 +133,5 @@ rule figure5:
             "s = 1/8 hard-coded, h without attention mask, values above the 95th percentile dropped per layer"
         ),
         band_label=norm_band_label,
-    log:
-        "logs/figure5/figure5{suffix}.log",
-    benchmark:
-        "benchmarks/figure5/figure5{suffix}.tsv"
-    conda:
-        ENV
     script:
         "../scripts/figure_norms.py"

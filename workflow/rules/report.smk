@@ -2,7 +2,6 @@
 
 
 rule paper_comparison:
-    localrule: True
     input:
         tables=lambda wc: [p for pair in comparison_tables().values() for p in pair if p],
         code=code_inputs("paper_comparison.py"),
@@ -14,6 +13,13 @@ rule paper_comparison:
             labels={"table": "published vs reproduced"},
         ),
         md="results/paper_comparison.md",
+    log:
+        "logs/paper_comparison/paper_comparison.log",
+    benchmark:
+        "benchmarks/paper_comparison/paper_comparison.tsv"
+    localrule: True
+    conda:
+        ENV
     params:
         published=config["comparison"]["published_tables"],
         tables=comparison_tables(),
@@ -23,18 +29,11 @@ rule paper_comparison:
         # "not comparable": built with model_kwargs, or weights without the configured SHA-256
         model_kwargs=VISION["model_kwargs"],
         checksums=config["checksums"],
-    log:
-        "logs/paper_comparison/paper_comparison.log",
-    benchmark:
-        "benchmarks/paper_comparison/paper_comparison.tsv"
-    conda:
-        ENV
     script:
         "../scripts/paper_comparison.py"
 
 
 rule table_html:
-    localrule: True
     input:
         csv="results/{table}.csv",
         code=code_inputs("table_html.py"),
@@ -45,12 +44,13 @@ rule table_html:
             category="Tables",
             labels=lambda wc: {"table": wc.table},
         ),
-    wildcard_constraints:
-        table="|".join(REPORT_TABLES),
     log:
         "logs/table_html/{table}.log",
     benchmark:
         "benchmarks/table_html/{table}.tsv"
+    wildcard_constraints:
+        table="|".join(REPORT_TABLES),
+    localrule: True
     conda:
         ENV
     script:

@@ -13,7 +13,6 @@ IMAGES_MISSING = VISION["imagenet_val_dir"] is None and not os.path.isdir(image_
 if MISSING_WEIGHTS:
 
     rule download_timm_weights:
-        localrule: True
         input:
             offline_guard(
                 f"{RESOURCES}/weights/timm/{{model}}.safetensors",
@@ -24,12 +23,13 @@ if MISSING_WEIGHTS:
             ),
         output:
             f"{RESOURCES}/weights/timm/{{model}}.safetensors",
-        wildcard_constraints:
-            model="|".join(re.escape(m) for m in MISSING_WEIGHTS),
         log:
             "logs/download_timm_weights/{model}.log",
         benchmark:
             "benchmarks/download_timm_weights/{model}.tsv"
+        wildcard_constraints:
+            model="|".join(re.escape(m) for m in MISSING_WEIGHTS),
+        localrule: True
         conda:
             ENV
         script:
@@ -39,24 +39,23 @@ if MISSING_WEIGHTS:
 if IMAGES_MISSING:
 
     rule download_imagenet_sample:
-        localrule: True
         input:
             offline_guard(
                 f"{RESOURCES}/images/imagenet-sample",
                 "ImageNet sample images",
-                "Put the 1000 files <wnid>_<label>.JPEG of the ImageNet sample there, "
-                "or set vision.imagenet_val_dir to an ImageNet validation root.",
+                "Put the 1000 files <wnid>_<label>.JPEG of the ImageNet sample there, " "or set vision.imagenet_val_dir to an ImageNet validation root.",
             ),
         output:
             directory(f"{RESOURCES}/images/imagenet-sample"),
-        params:
-            url=VISION["imagenet_sample_url"],
         log:
             "logs/download_imagenet_sample/download.log",
         benchmark:
             "benchmarks/download_imagenet_sample/download.tsv"
+        localrule: True
         conda:
             ENV
+        params:
+            url=VISION["imagenet_sample_url"],
         script:
             "../scripts/download_imagenet_sample.py"
 
@@ -67,7 +66,6 @@ WIKITEXT_MISSING = not os.path.exists(f"{RESOURCES}/text/wikitext-103/wiki.test.
 if WIKITEXT_MISSING:
 
     rule download_wikitext:
-        localrule: True
         input:
             offline_guard(
                 f"{RESOURCES}/text/wikitext-103/wiki.test.raw",
@@ -81,6 +79,7 @@ if WIKITEXT_MISSING:
             "logs/download_wikitext/download.log",
         benchmark:
             "benchmarks/download_wikitext/download.tsv"
+        localrule: True
         conda:
             ENV
         script:

@@ -7,49 +7,46 @@ rule eigenvalues_vision:
         code=code_inputs("eigenvalues_vision.py"),
     output:
         "results/spectra/{variant}/{model}/vision_{n}_{shard}_{keyset}.csv",
-    params:
-        device=config["device"],
-        n_components=config["spectra"]["n_components"],
-        heads_per_chunk=config["kpca"]["heads_per_chunk"],
-    threads: config["kpca"]["threads"]
-    resources:
-        gpu=GPU,
-        mem_mb=8000,
     log:
         "logs/eigenvalues_vision/{variant}/{model}/vision_{n}_{shard}_{keyset}.log",
     benchmark:
         "benchmarks/eigenvalues_vision/{variant}/{model}/vision_{n}_{shard}_{keyset}.tsv"
     conda:
         ENV
+    threads: config["kpca"]["threads"]
+    resources:
+        gpu=GPU,
+        mem_mb=8000,
+    params:
+        device=config["device"],
+        n_components=config["spectra"]["n_components"],
+        heads_per_chunk=config["kpca"]["heads_per_chunk"],
     script:
         "../scripts/eigenvalues_vision.py"
 
 
 rule table_spectra:
-    localrule: True
     input:
         records=lambda wc: [
-            f
-            for m in VISION["models"]
-            for keys in (["standardized"] if wc.table == "2" else ["standardized", "raw"])
-            for f in spectra_files("corrected" if wc.suffix else "paper", m, keys)
+            f for m in VISION["models"] for keys in (["standardized"] if wc.table == "2" else ["standardized", "raw"]) for f in spectra_files("corrected" if wc.suffix else "paper", m, keys)
         ],
         code=code_inputs("table_spectra.py"),
     output:
         csv="results/table{table}{suffix}.csv",
         md="results/table{table}{suffix}.md",
-    wildcard_constraints:
-        table="2|3",
-        suffix="|_corrected",
-    params:
-        variant=lambda wc: "corrected" if wc.suffix else "paper",
-        uncertainty={"seed": config["seed"], **config["uncertainty"]},
     log:
         "logs/table_spectra/table{table}{suffix}.log",
     benchmark:
         "benchmarks/table_spectra/table{table}{suffix}.tsv"
+    wildcard_constraints:
+        table="2|3",
+        suffix="|_corrected",
+    localrule: True
     conda:
         ENV
+    params:
+        variant=lambda wc: "corrected" if wc.suffix else "paper",
+        uncertainty={"seed": config["seed"], **config["uncertainty"]},
     script:
         "../scripts/table_spectra.py"
 
@@ -64,6 +61,15 @@ rule gamma_vision:
         code=code_inputs("gamma_vision.py"),
     output:
         "results/figure3/gamma_{variant}.csv",
+    log:
+        "logs/gamma_vision/{variant}.log",
+    benchmark:
+        "benchmarks/gamma_vision/{variant}.tsv"
+    conda:
+        ENV
+    threads: config["kpca"]["threads"]
+    resources:
+        gpu=GPU,
     params:
         intra_op_threads=config["kpca"]["intra_op_threads"],
         device=config["device"],
@@ -72,21 +78,11 @@ rule gamma_vision:
         noise=config["figure3"]["noise"],
         n_components=config["figure3"]["n_components"],
         seed=config["seed"],
-    threads: config["kpca"]["threads"]
-    resources:
-        gpu=GPU,
-    log:
-        "logs/gamma_vision/{variant}.log",
-    benchmark:
-        "benchmarks/gamma_vision/{variant}.tsv"
-    conda:
-        ENV
     script:
         "../scripts/gamma_vision.py"
 
 
 rule figure3:
-    localrule: True
     input:
         gamma=lambda wc: f"results/figure3/gamma_{'corrected' if wc.suffix else 'paper'}.csv",
         code=code_inputs("figure3.py"),
@@ -99,18 +95,18 @@ rule figure3:
             labels=lambda wc: {"figure": "Figure 3", "variant": "corrected" if wc.suffix else "paper"},
         ),
         csv="results/figure3{suffix}.csv",
-    wildcard_constraints:
-        suffix="|_corrected",
-    params:
-        title=lambda wc: (
-            f"{config['figure3']['model']}, block {config['figure3']['block']}, "
-            f"{'corrected' if wc.suffix else 'paper'} variant; perturbed = QR(A + {config['figure3']['noise']} N(0, 1))"
-        ),
     log:
         "logs/figure3/figure3{suffix}.log",
     benchmark:
         "benchmarks/figure3/figure3{suffix}.tsv"
+    wildcard_constraints:
+        suffix="|_corrected",
+    localrule: True
     conda:
         ENV
+    params:
+        title=lambda wc: (
+            f"{config['figure3']['model']}, block {config['figure3']['block']}, " f"{'corrected' if wc.suffix else 'paper'} variant; perturbed = QR(A + {config['figure3']['noise']} N(0, 1))"
+        ),
     script:
         "../scripts/figure3.py"

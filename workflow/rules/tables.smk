@@ -4,24 +4,24 @@
 
 
 rule table1:
-    localrule: True
     input:
         unpack(table_inputs(lambda variant, ext: [f for m in VISION["models"] for f in heads_files(variant, m, ext)])),
         code=code_inputs("table1.py"),
     output:
         csv="results/table1{suffix}.csv",
         md="results/table1{suffix}.md",
-    wildcard_constraints:
-        suffix="|_corrected",
-    params:
-        variant=variant_of,
-        uncertainty=paper_uncertainty,
     log:
         "logs/table1/table1{suffix}.log",
     benchmark:
         "benchmarks/table1/table1{suffix}.tsv"
+    wildcard_constraints:
+        suffix="|_corrected",
+    localrule: True
     conda:
         ENV
+    params:
+        variant=variant_of,
+        uncertainty=paper_uncertainty,
     script:
         "../scripts/table1.py"
 
@@ -30,23 +30,23 @@ rule table1:
 
 
 rule table4:
-    localrule: True
     input:
         unpack(table_inputs(lambda variant, ext: [f for m in TEXT["models"] for f in text_stage_files(m, ext, variant)])),
         code=code_inputs("table4.py"),
     output:
         csv="results/table4{suffix}.csv",
         md="results/table4{suffix}.md",
-    wildcard_constraints:
-        suffix="|_corrected",
-    params:
-        variant=variant_of,
-        uncertainty=paper_uncertainty,
     log:
         "logs/table4/table4{suffix}.log",
     benchmark:
         "benchmarks/table4/table4{suffix}.tsv"
+    wildcard_constraints:
+        suffix="|_corrected",
+    localrule: True
     conda:
         ENV
+    params:
+        variant=variant_of,
+        uncertainty=paper_uncertainty,
     script:
         "../scripts/table4.py"

@@ -16,7 +16,6 @@ TRAINING_LOGS_MISSING = FIGURE1["use_reference"] and FIGURE1["reference_logs"] i
 if FASHION_MNIST_MISSING:
 
     rule download_fashion_mnist:
-        localrule: True
         input:
             offline_guard(
                 f"{RESOURCES}/datasets/fashion-mnist",
@@ -26,14 +25,15 @@ if FASHION_MNIST_MISSING:
             ),
         output:
             FASHION_MNIST,
-        params:
-            root=lambda wc, output: os.path.dirname(output[0]),
         log:
             "logs/download_fashion_mnist.log",
         benchmark:
             "benchmarks/download_fashion_mnist.tsv"
+        localrule: True
         conda:
             ENV
+        params:
+            root=lambda wc, output: os.path.dirname(output[0]),
         script:
             "../scripts/download_fashion_mnist.py"
 
@@ -41,24 +41,23 @@ if FASHION_MNIST_MISSING:
 if TRAINING_LOGS_MISSING:
 
     rule download_training_logs:
-        localrule: True
         input:
             offline_guard(
                 f"{RESOURCES}/training_logs",
                 "the authors' W&B training logs",
-                "Set figure1.reference_logs to a folder holding vit_tiny/*.csv and deit_tiny/*.csv "
-                "(scripts/wandb_data of KarahanS/Reproduction-Study-KPCA), or figure1.use_reference: false.",
+                "Set figure1.reference_logs to a folder holding vit_tiny/*.csv and deit_tiny/*.csv " "(scripts/wandb_data of KarahanS/Reproduction-Study-KPCA), or figure1.use_reference: false.",
             ),
         output:
             directory(f"{RESOURCES}/training_logs"),
-        params:
-            url=FIGURE1["reference_url"],
         log:
             "logs/download_training_logs.log",
         benchmark:
             "benchmarks/download_training_logs.tsv"
+        localrule: True
         conda:
             ENV
+        params:
+            url=FIGURE1["reference_url"],
         script:
             "../scripts/download_training_logs.py"
 
@@ -69,9 +68,19 @@ rule train:
         code=code_inputs("train.py"),
     output:
         log="results/training/{arch}_{scale}/log.csv",
+    log:
+        "logs/train/{arch}_{scale}.log",
+    benchmark:
+        "benchmarks/train/{arch}_{scale}.tsv"
     wildcard_constraints:
         arch="|".join(TRAINING["models"]),
         scale="|".join(TRAINING["scales"]),
+    conda:
+        ENV
+    threads: TRAINING["threads"]
+    resources:
+        gpu=GPU,
+        mem_mb=8000,
     params:
         model=lambda wc: TRAINING["models"][wc.arch],
         scale=lambda wc: TRAINING["scales"][wc.scale],
@@ -81,22 +90,11 @@ rule train:
         resources_dir=RESOURCES,
         offline=config["offline"],
         num_workers=TRAINING["num_workers"],
-    threads: TRAINING["threads"]
-    resources:
-        gpu=GPU,
-        mem_mb=8000,
-    log:
-        "logs/train/{arch}_{scale}.log",
-    benchmark:
-        "benchmarks/train/{arch}_{scale}.tsv"
-    conda:
-        ENV
     script:
         "../scripts/train.py"
 
 
 rule figure_training:
-    localrule: True
     input:
         logs=[f"results/training/{run}/log.csv" for run in FIGURE1["runs"]],
         reference=reference_logs_input(),
@@ -110,18 +108,19 @@ rule figure_training:
             labels=lambda wc: {"figure": f"Figure {wc.fig}", "variant": "training logs"},
         ),
         csv="results/figure{fig}.csv",
+    log:
+        "logs/figure_training/figure{fig}.log",
+    benchmark:
+        "benchmarks/figure_training/figure{fig}.tsv"
     wildcard_constraints:
         fig="1|4",
+    localrule: True
+    conda:
+        ENV
     params:
         runs=[(run, *run_model_scale(run)) for run in FIGURE1["runs"]],
         epoch_axis=FIGURE1["epoch_axis"],
         skip_epochs_reference=FIGURE1["skip_epochs_reference"],
         skip_epochs_runs=FIGURE1["skip_epochs_runs"],
-    log:
-        "logs/figure_training/figure{fig}.log",
-    benchmark:
-        "benchmarks/figure_training/figure{fig}.tsv"
-    conda:
-        ENV
     script:
         "../scripts/figure_training.py"

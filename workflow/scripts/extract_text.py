@@ -2,10 +2,10 @@
 
 import torch
 
-from kpca_repro.smk import setup_logging
-from kpca_repro.threads import resolve_threads
 from kpca_repro.extraction import extract_text
+from kpca_repro.smk import setup_logging
 from kpca_repro.text import read_samples
+from kpca_repro.threads import resolve_threads
 from kpca_repro.vision import resolve_device
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)

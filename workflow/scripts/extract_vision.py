@@ -4,9 +4,9 @@ import pandas as pd
 import torch
 
 from kpca_repro.extraction import extract_vision
-from kpca_repro.threads import resolve_threads
 from kpca_repro.resources import check_checksum
 from kpca_repro.smk import setup_logging
+from kpca_repro.threads import resolve_threads
 from kpca_repro.vision import resolve_device
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)

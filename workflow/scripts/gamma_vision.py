@@ -4,8 +4,8 @@ import torch
 
 from kpca_repro.h5io import atomic_output
 from kpca_repro.records import gamma_records
-from kpca_repro.threads import resolve_threads
 from kpca_repro.smk import setup_logging
+from kpca_repro.threads import resolve_threads
 from kpca_repro.vision import resolve_device
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)

@@ -7,8 +7,8 @@ import torch
 
 from kpca_repro.h5io import atomic_output
 from kpca_repro.records import kpca_records
-from kpca_repro.threads import resolve_eigh_threads
 from kpca_repro.smk import setup_logging
+from kpca_repro.threads import resolve_eigh_threads
 from kpca_repro.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES, write_sign_draws
 from kpca_repro.vision import resolve_device
 

@@ -10,10 +10,7 @@ smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "paper_comparison")
 configured = {"vision": list(smk.params.vision_models), "text": list(smk.params.text_models)}
 weights = {"vision": lambda m: os.path.join(smk.params.weights_dir, f"{m}.safetensors")}
-not_run = {
-    m: not_run_reason(m, kind, configured.get(kind, []), weights[kind](m) if kind in weights else None)
-    for m, kind in published_model_ids(smk.params.published).items()
-}
+not_run = {m: not_run_reason(m, kind, configured.get(kind, []), weights[kind](m) if kind in weights else None) for m, kind in published_model_ids(smk.params.published).items()}
 table = comparison_table(
     smk.params.published,
     {k: tuple(v) for k, v in smk.params.tables.items()},
