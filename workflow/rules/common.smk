@@ -20,50 +20,30 @@ def _stop_on_error(check):
 
 
 def _validate_config():
-    """Validate ``config`` against the schema (filling defaults); one short message per error.
-
-    Snakemake's own message dumps the whole sub-schema; this one names the key (dotted
-    path), what is wrong, the closest allowed key for a misspelling, and what to do.
-    """
-    import difflib
-
-    import jsonschema
+    """Validate ``config`` against the schema (filling defaults); one short message per error
+    (kpca_repro.config_checks.schema_error_message)."""
     import yaml
 
     try:
         validate(config, str(SCHEMA))
     except WorkflowError:
-        # Snakemake's error keeps only text: find the error again with plain jsonschema.
-        # Defaults are filled only partly when validation stops, so "required" errors are
-        # reported only when there is nothing else.
-        schema = yaml.safe_load(SCHEMA.read_text())
-        errors = list(jsonschema.Draft202012Validator(schema).iter_errors(config))
-        errors = [e for e in errors if e.validator != "required"] or errors
-        if not errors:
+        sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+        from kpca_repro.config_checks import schema_error_message
+
+        message = schema_error_message(config, yaml.safe_load(SCHEMA.read_text()), str(SCHEMA.relative_to(workflow.basedir)))
+        if message is None:
             raise
-        err = min(errors, key=lambda e: len(e.absolute_path))
-        where = ".".join(str(p) for p in err.absolute_path)
-        if err.validator == "additionalProperties":
-            allowed = list(err.schema.get("properties", {}))
-            unknown = sorted(set(err.instance) - set(allowed))
-            prefix = f"{where}." if where else ""
-            hints = []
-            for key in unknown:
-                close = difflib.get_close_matches(key, allowed, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                hints.append(f"{prefix}{key}{hint}")
-            what = f"unknown config key {', '.join(hints)}; allowed here: {', '.join(allowed)}"
-        else:
-            what = f"config key {where or '(top level)'}: {err.message}"
-        raise WorkflowError(f"{what}. Fix it in your --configfile / --config; every key, type and range is in {SCHEMA.relative_to(workflow.basedir)}.") from None
+        raise WorkflowError(message) from None
 
 
 _stop_on_error(_validate_config)
 
 # The repository's own library (paths, slugs, model sources) for the workflow itself.
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+from kpca_repro import config_checks
 from kpca_repro.code_deps import library_modules
-from kpca_repro.text import LOCAL_MODELS_KEY, MissingModelError, model_id_from_slug, model_slug, model_source, resolve_local_dir
+from kpca_repro.config_checks import ConfigError, check_config, run_model_scale
+from kpca_repro.text import MissingModelError, model_id_from_slug, model_slug, model_source
 
 RESOURCES = config["resources_dir"]
 VISION = config["vision"]
@@ -98,161 +78,12 @@ wildcard_constraints:
 
 
 def _check_config():
-    """Checks a JSON schema cannot express; raise before any job runs."""
-    import timm
-
-    for i, model in enumerate(VISION["models"]):
-        if not timm.is_model(model):
-            raise WorkflowError(f"config key vision.models[{i}]: {model!r} is not a timm model id " f"(see timm.list_models()); the paper's ids are listed in config/config.yaml")
-    if not timm.is_model(config["figure3"]["model"]):
-        raise WorkflowError(f"config key figure3.model: {config['figure3']['model']!r} is not a timm model id")
-    _check_figure3_block()
-    _check_vision_models()
-    for key in [*VISION["model_kwargs"], *config["checksums"]]:
-        if key not in VISION["models"] and key not in TEXT["models"]:
-            if key != config["figure3"]["model"]:
-                raise WorkflowError(f"config keys vision.model_kwargs / checksums: {key!r} is not in vision.models, text.models or figure3.model")
-    for key, n in (("vision.n_images", VISION["n_images"]), ("spectra.n_images", config["spectra"]["n_images"])):
-        if VISION["shards"] > n:
-            raise WorkflowError(f"config key vision.shards: {VISION['shards']} shards for {n} images ({key}); use at most one shard per image")
-    published = config["comparison"]["published_tables"]
-    if published is not None and not os.path.isdir(published):
-        raise WorkflowError(
-            f"config key comparison.published_tables: {published} is not a directory; point it at the paper's "
-            "published tables as CSV (for example ../shared/reference/paper_tables) or set it to null"
-        )
-    if TEXT["shards"] > TEXT["n_rows"]:
-        raise WorkflowError(f"config key text.shards: {TEXT['shards']} shards for {TEXT['n_rows']} rows (text.n_rows); use at most one shard per row")
-    for model_id, spec in TEXT["local_models"].items():
-        if model_id in TEXT["models"]:
-            try:
-                resolve_local_dir(spec)
-            except MissingModelError as exc:
-                raise WorkflowError(f"config key {LOCAL_MODELS_KEY}[{model_id}]: {exc}") from None
-    _check_text_models()
-    root = VISION["imagenet_val_dir"]
-    if root is not None:
-        if not os.path.isdir(root):
-            raise WorkflowError(f"config key vision.imagenet_val_dir: {root} is not a directory")
-        if not any(e.is_dir() for e in os.scandir(root)):
-            raise WorkflowError(f"config key vision.imagenet_val_dir: {root} has no class folders; expected <dir>/<wnid>/*.JPEG (the ImageNet validation set sorted into class folders)")
-    _check_image_counts()
-    _check_weights_checksums()
-    _check_training_config()
-
-
-def _check_text_models():
-    """Every text.models entry has an attention the capture supports, read from its config.json
-    alone (local directory or Hugging Face cache; no weights). Main Snakemake process only."""
-    if not TEXT["models"] or not workflow.is_main_process:
-        return
-    from kpca_repro.hf_capture import check_text_model
-    from kpca_repro.vision import UnsupportedArchitectureError
-
-    for i, model_id in enumerate(TEXT["models"]):
-        try:
-            source = model_source(model_id, TEXT["local_models"], config["offline"])
-        except MissingModelError:
-            continue  # reported by the extract_text input function when a target needs the model
-        try:
-            check_text_model(model_id, source)
-        except UnsupportedArchitectureError as exc:
-            raise WorkflowError(f"config key text.models[{i}]: {exc}") from None
-
-
-def _check_vision_model(key, model):
-    """Build ``model`` on the meta device and check that the capture supports it (kpca_repro.vision.check_vision_model)."""
-    from kpca_repro.vision import ModelBuildError, UnsupportedArchitectureError, check_vision_model
-
+    """Checks a JSON schema cannot express (kpca_repro.config_checks); raise before any job runs.
+    Cluster jobs re-parse the workflow and skip the costly ones (the jobs check again)."""
     try:
-        return check_vision_model(model, VISION["model_kwargs"].get(model, {}))
-    except (UnsupportedArchitectureError, ModelBuildError) as exc:
-        raise WorkflowError(f"config key {key}: {exc}") from None
-
-
-def _check_figure3_block():
-    """figure3.model is supported and figure3.block is one of its blocks (depth from the meta device: no weights, no memory)."""
-    model, block = config["figure3"]["model"], config["figure3"]["block"]
-    depth = _check_vision_model("figure3.model", model).depth
-    if block >= depth:
-        raise WorkflowError(f"config key figure3.block: {block} is out of range for {model}, which has {depth} blocks (0 to {depth - 1})")
-
-
-def _check_vision_models():
-    """Every vision.models entry is supported by the capture; main Snakemake process only
-    (cluster jobs re-parse the workflow and skip it; extract_vision checks again)."""
-    if not workflow.is_main_process:
-        return
-    for i, model in enumerate(VISION["models"]):
-        _check_vision_model(f"vision.models[{i}]", model)
-
-
-def run_model_scale(run):
-    """``"<model>_<scale>"`` (a figure1.runs entry) -> (model, scale)."""
-    model, _, scale = run.rpartition("_")
-    return model, scale
-
-
-def _check_training_config():
-    """Figure 1/4 runs name configured models and scales; the paper scale needs ImageNet."""
-    import timm
-
-    for i, run in enumerate(FIGURE1["runs"]):
-        model, scale = run_model_scale(run)
-        if model not in TRAINING["models"] or scale not in TRAINING["scales"]:
-            raise WorkflowError(
-                f"config key figure1.runs[{i}]: {run!r} is not <model>_<scale> with a model of training.models "
-                f"({', '.join(TRAINING['models'])}) and a scale of training.scales ({', '.join(TRAINING['scales'])})"
-            )
-        sc = TRAINING["scales"][scale]
-        if sc["dataset"] == "imagenet":
-            root = sc["imagenet_root"]
-            if root is None or not all(os.path.isdir(os.path.join(root, s)) for s in ("train", "val")):
-                raise WorkflowError(f"config key training.scales.{scale}.imagenet_root: {root} must hold train/ and val/ class folders (ImageNet-1k) for run {run}")
-        if sc["img_size"] % sc["patch_size"]:
-            raise WorkflowError(f"config key training.scales.{scale}.patch_size: {sc['patch_size']} does not divide img_size {sc['img_size']}")
-    for name, m in TRAINING["models"].items():
-        if not timm.is_model(m["timm_id"]):
-            raise WorkflowError(f"config key training.models.{name}.timm_id: {m['timm_id']!r} is not a timm model id")
-    ref = FIGURE1["reference_logs"]
-    if FIGURE1["use_reference"] and ref is not None and not os.path.isdir(ref):
-        raise WorkflowError(f"config key figure1.reference_logs: {ref} is not a directory (the authors' W&B CSV exports)")
-
-
-def _check_image_counts():
-    """Every configured image count fits the image set (when it exists; offline, a missing
-    set is reported by the download rule's guard). Main Snakemake process only."""
-    from kpca_repro.images import list_images
-
-    root, layout = image_source()
-    if not workflow.is_main_process or not os.path.isdir(root):
-        return
-    available = len(list_images(root, layout))
-    for key, n in (("vision.n_images", VISION["n_images"]), ("spectra.n_images", config["spectra"]["n_images"]), ("figure3.n_images", config["figure3"]["n_images"])):
-        if n > available:
-            raise WorkflowError(f"config key {key}: {n} images requested, but {root} holds {available}; " f"lower {key} or set vision.imagenet_val_dir to a larger image set")
-
-
-_SHA256 = {}
-
-
-def _check_weights_checksums():
-    """The weights of every configured model that has an entry in ``checksums`` and exists
-    must have that SHA-256; checked once per file in the main Snakemake process (cluster
-    jobs re-parse the workflow and skip it; extract_vision checks again before use)."""
-    from kpca_repro.resources import ChecksumMismatchError, check_checksum
-
-    if not workflow.is_main_process:
-        return
-    for model in dict.fromkeys([*VISION["models"], config["figure3"]["model"]]):
-        expected = config["checksums"].get(model)
-        path = weights_path(model)
-        if not expected or path in _SHA256 or not os.path.exists(path):
-            continue
-        try:
-            _SHA256[path] = check_checksum(path, expected)
-        except ChecksumMismatchError as exc:
-            raise WorkflowError(f"config key checksums.{model}: {exc}") from None
+        check_config(config, main_process=workflow.is_main_process)
+    except ConfigError as exc:
+        raise WorkflowError(str(exc)) from None
 
 
 def reference_logs_input():
@@ -268,13 +99,11 @@ N_IMAGES = VISION["n_images"]
 
 def image_source():
     """(directory, layout) of the images sampled for the vision analyses."""
-    if VISION["imagenet_val_dir"] is not None:
-        return VISION["imagenet_val_dir"], "imagefolder"
-    return f"{RESOURCES}/images/imagenet-sample", "flat"
+    return config_checks.image_source(config)
 
 
 def weights_path(model):
-    return f"{RESOURCES}/weights/timm/{model}.safetensors"
+    return config_checks.weights_path(config, model)
 
 
 def heads_files(variant, model, ext="csv"):
@@ -374,17 +203,6 @@ TEXT_ROWS = TEXT["n_rows"]
 TEXT_SHARDS = [f"{i}of{TEXT['shards']}" for i in range(TEXT["shards"])]
 
 
-def _check_norms_config():
-    """Checks of figure2 / figure5 a JSON schema cannot express; raise before any job runs."""
-    if FIGURE5["models"] is not None:
-        for i, model in enumerate(FIGURE5["models"]):
-            if model not in TEXT["models"]:
-                raise WorkflowError(f"config key figure5.models[{i}]: {model!r} is not in text.models (its extraction is configured there)")
-
-
-_stop_on_error(_check_norms_config)
-
-
 def norm_activations(domain, variant, model):
     """Activation files behind one model's squared-norm statistics (norms.smk header)."""
     if domain == "vision":
@@ -444,7 +262,7 @@ def _report_cost(targets):
     models += [g[len("model:") :] for g in groups if g.startswith("model:") and g[len("model:") :] in VISION["models"]]
     costs = []
     for model in dict.fromkeys(models):
-        c = _check_vision_model(model, model)  # cached: built on the meta device by _check_config
+        c = config_checks.check_vision_model(config, model, model)  # cached: built on the meta device by _check_config
         costs.append(model_cost(model, "vision", c.n_tokens, c.depth, c.n_heads, c.head_dim, VISION["n_images"]))
     text_models = list(TEXT["models"]) if groups & {"text", "figure5"} else []
     for model_id in text_models:

@@ -1,0 +1,268 @@
+"""Checks of the configuration that a JSON schema cannot express, run before any job.
+
+``workflow/rules/common.smk`` validates ``config`` against
+``workflow/schemas/config.schema.yaml`` (Snakemake's ``validate``, which also fills defaults),
+then calls :func:`check_config`. Every failure is a :class:`ConfigError` whose message names
+the configuration key, what is wrong and what to do, in one line; the workflow prints it
+alone and exits with status 1 before building the DAG. Keeping the checks here, rather than
+in the rule file, lets the tests call them directly.
+
+What is checked: timm model ids; every ``vision.models`` entry and ``figure3.model`` built on
+the meta device and supported by the attention capture (:func:`kpca_repro.vision.check_vision_model`;
+no weights, no memory); ``figure3.block`` within the model's depth; ``model_kwargs`` and
+``checksums`` keys naming configured models; shard counts against image and row counts; the
+published-tables and ImageNet directories; ``text.local_models`` entries; each text model's
+attention from its ``config.json``; image counts against the image set; weights against their
+SHA-256; the training runs of Figures 1 and 4; ``figure5.models``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+
+__all__ = [
+    "ConfigError",
+    "schema_error_message",
+    "check_config",
+    "check_vision_model",
+    "run_model_scale",
+    "image_source",
+    "weights_path",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration value the pipeline cannot run with; the message names the key."""
+
+
+def schema_error_message(config: dict, schema: dict, schema_name: str) -> str | None:
+    """One short line for the first JSON-schema violation of ``config``, or None if none.
+
+    Snakemake's own message dumps the whole sub-schema; this one names the key (dotted
+    path), what is wrong, the closest allowed key for a misspelling, and where every key is
+    documented. ``required`` errors are reported only when there is nothing else (defaults
+    are filled only partly when validation stops).
+
+    Args:
+        config: the merged configuration (a dict of plain YAML values).
+        schema: the JSON schema (draft 2020-12) as a dict.
+        schema_name: how to name the schema file in the message.
+
+    Returns:
+        The message, or None when ``config`` satisfies ``schema``.
+    """
+    import jsonschema
+
+    errors = list(jsonschema.Draft202012Validator(schema).iter_errors(config))
+    errors = [e for e in errors if e.validator != "required"] or errors
+    if not errors:
+        return None
+    err = min(errors, key=lambda e: len(e.absolute_path))
+    where = ".".join(str(p) for p in err.absolute_path)
+    if err.validator == "additionalProperties":
+        allowed = list(err.schema.get("properties", {}))
+        unknown = sorted(set(err.instance) - set(allowed))
+        prefix = f"{where}." if where else ""
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hints.append(f"{prefix}{key}{hint}")
+        what = f"unknown config key {', '.join(hints)}; allowed here: {', '.join(allowed)}"
+    else:
+        what = f"config key {where or '(top level)'}: {err.message}"
+    return f"{what}. Fix it in your --configfile / --config; every key, type and range is in {schema_name}."
+
+
+def image_source(config: dict) -> tuple[str, str]:
+    """``(directory, layout)`` of the images sampled for the vision analyses."""
+    vision = config["vision"]
+    if vision["imagenet_val_dir"] is not None:
+        return vision["imagenet_val_dir"], "imagefolder"
+    return f"{config['resources_dir']}/images/imagenet-sample", "flat"
+
+
+def weights_path(config: dict, model: str) -> str:
+    """Where a timm model's weights are read: ``<resources_dir>/weights/timm/<model>.safetensors``."""
+    return f"{config['resources_dir']}/weights/timm/{model}.safetensors"
+
+
+def run_model_scale(run: str) -> tuple[str, str]:
+    """``"<model>_<scale>"`` (a ``figure1.runs`` entry) -> ``(model, scale)``."""
+    model, _, scale = run.rpartition("_")
+    return model, scale
+
+
+def check_vision_model(config: dict, key: str, model: str):
+    """Build ``model`` on the meta device and check that the capture supports it
+    (:func:`kpca_repro.vision.check_vision_model`, cached per model and ``model_kwargs``).
+
+    Returns:
+        The :class:`kpca_repro.vision.VisionModelCheck` (depth, tokens, heads, ...).
+
+    Raises:
+        ConfigError: unsupported attention, or a model that cannot be built; names ``key``.
+    """
+    from .vision import ModelBuildError, UnsupportedArchitectureError
+    from .vision import check_vision_model as build
+
+    try:
+        return build(model, config["vision"]["model_kwargs"].get(model, {}))
+    except (UnsupportedArchitectureError, ModelBuildError) as exc:
+        raise ConfigError(f"config key {key}: {exc}") from None
+
+
+def _check_figure3_block(config: dict) -> None:
+    """figure3.model is supported and figure3.block is one of its blocks."""
+    model, block = config["figure3"]["model"], config["figure3"]["block"]
+    depth = check_vision_model(config, "figure3.model", model).depth
+    if block >= depth:
+        raise ConfigError(f"config key figure3.block: {block} is out of range for {model}, which has {depth} blocks (0 to {depth - 1})")
+
+
+def _check_text_models(config: dict) -> None:
+    """Every text.models entry has an attention the capture supports, read from its config.json
+    alone (local directory or Hugging Face cache; no weights)."""
+    from .hf_capture import check_text_model
+    from .text import MissingModelError, model_source
+    from .vision import UnsupportedArchitectureError
+
+    text = config["text"]
+    for i, model_id in enumerate(text["models"]):
+        try:
+            source = model_source(model_id, text["local_models"], config["offline"])
+        except MissingModelError:
+            continue  # reported by the extract_text input function when a target needs the model
+        try:
+            check_text_model(model_id, source)
+        except UnsupportedArchitectureError as exc:
+            raise ConfigError(f"config key text.models[{i}]: {exc}") from None
+
+
+def _check_training_config(config: dict) -> None:
+    """Figure 1/4 runs name configured models and scales; the paper scale needs ImageNet."""
+    import timm
+
+    training, figure1 = config["training"], config["figure1"]
+    for i, run in enumerate(figure1["runs"]):
+        model, scale = run_model_scale(run)
+        if model not in training["models"] or scale not in training["scales"]:
+            raise ConfigError(
+                f"config key figure1.runs[{i}]: {run!r} is not <model>_<scale> with a model of training.models "
+                f"({', '.join(training['models'])}) and a scale of training.scales ({', '.join(training['scales'])})"
+            )
+        sc = training["scales"][scale]
+        if sc["dataset"] == "imagenet":
+            root = sc["imagenet_root"]
+            if root is None or not all(os.path.isdir(os.path.join(root, s)) for s in ("train", "val")):
+                raise ConfigError(f"config key training.scales.{scale}.imagenet_root: {root} must hold train/ and val/ class folders (ImageNet-1k) for run {run}")
+        if sc["img_size"] % sc["patch_size"]:
+            raise ConfigError(f"config key training.scales.{scale}.patch_size: {sc['patch_size']} does not divide img_size {sc['img_size']}")
+    for name, m in training["models"].items():
+        if not timm.is_model(m["timm_id"]):
+            raise ConfigError(f"config key training.models.{name}.timm_id: {m['timm_id']!r} is not a timm model id")
+    ref = figure1["reference_logs"]
+    if figure1["use_reference"] and ref is not None and not os.path.isdir(ref):
+        raise ConfigError(f"config key figure1.reference_logs: {ref} is not a directory (the authors' W&B CSV exports)")
+
+
+def _check_image_counts(config: dict) -> None:
+    """Every configured image count fits the image set (when it exists; offline, a missing
+    set is reported by the download rule's guard)."""
+    from .images import list_images
+
+    root, layout = image_source(config)
+    if not os.path.isdir(root):
+        return
+    available = len(list_images(root, layout))
+    counts = (("vision.n_images", config["vision"]["n_images"]), ("spectra.n_images", config["spectra"]["n_images"]), ("figure3.n_images", config["figure3"]["n_images"]))
+    for key, n in counts:
+        if n > available:
+            raise ConfigError(f"config key {key}: {n} images requested, but {root} holds {available}; lower {key} or set vision.imagenet_val_dir to a larger image set")
+
+
+def _check_weights_checksums(config: dict, checked: dict[str, str]) -> None:
+    """The weights of every configured model that has an entry in ``checksums`` and exists
+    must have that SHA-256; ``checked`` (path -> digest) skips files already hashed."""
+    from .resources import ChecksumMismatchError, check_checksum
+
+    for model in dict.fromkeys([*config["vision"]["models"], config["figure3"]["model"]]):
+        expected = config["checksums"].get(model)
+        path = weights_path(config, model)
+        if not expected or path in checked or not os.path.exists(path):
+            continue
+        try:
+            checked[path] = check_checksum(path, expected)
+        except ChecksumMismatchError as exc:
+            raise ConfigError(f"config key checksums.{model}: {exc}") from None
+
+
+def _check_norms_config(config: dict) -> None:
+    """figure5.models name configured language models."""
+    models = config["figure5"]["models"]
+    if models is not None:
+        for i, model in enumerate(models):
+            if model not in config["text"]["models"]:
+                raise ConfigError(f"config key figure5.models[{i}]: {model!r} is not in text.models (its extraction is configured there)")
+
+
+def check_config(config: dict, *, main_process: bool = True, checksums_done: dict[str, str] | None = None) -> None:
+    """Every check of the configuration a JSON schema cannot express (module docstring).
+
+    Args:
+        config: the configuration after schema validation (defaults filled).
+        main_process: False in a cluster job re-parsing the workflow: the checks that build
+            models, read ``config.json`` files, count images or hash weights are skipped
+            there (the jobs check what they use again).
+        checksums_done: path -> SHA-256 of weights already hashed in this process (filled).
+
+    Raises:
+        ConfigError: the first problem found, naming its configuration key.
+    """
+    import timm
+
+    from .text import LOCAL_MODELS_KEY, MissingModelError, resolve_local_dir
+
+    vision, text = config["vision"], config["text"]
+    for i, model in enumerate(vision["models"]):
+        if not timm.is_model(model):
+            raise ConfigError(f"config key vision.models[{i}]: {model!r} is not a timm model id (see timm.list_models()); the paper's ids are listed in config/config.yaml")
+    if not timm.is_model(config["figure3"]["model"]):
+        raise ConfigError(f"config key figure3.model: {config['figure3']['model']!r} is not a timm model id")
+    _check_figure3_block(config)
+    if main_process:
+        for i, model in enumerate(vision["models"]):
+            check_vision_model(config, f"vision.models[{i}]", model)
+    for key in [*vision["model_kwargs"], *config["checksums"]]:
+        if key not in vision["models"] and key not in text["models"] and key != config["figure3"]["model"]:
+            raise ConfigError(f"config keys vision.model_kwargs / checksums: {key!r} is not in vision.models, text.models or figure3.model")
+    for key, n in (("vision.n_images", vision["n_images"]), ("spectra.n_images", config["spectra"]["n_images"])):
+        if vision["shards"] > n:
+            raise ConfigError(f"config key vision.shards: {vision['shards']} shards for {n} images ({key}); use at most one shard per image")
+    published = config["comparison"]["published_tables"]
+    if published is not None and not os.path.isdir(published):
+        raise ConfigError(
+            f"config key comparison.published_tables: {published} is not a directory; point it at the paper's published tables as CSV (for example ../shared/reference/paper_tables) or set it to null"
+        )
+    if text["shards"] > text["n_rows"]:
+        raise ConfigError(f"config key text.shards: {text['shards']} shards for {text['n_rows']} rows (text.n_rows); use at most one shard per row")
+    for model_id, spec in text["local_models"].items():
+        if model_id in text["models"]:
+            try:
+                resolve_local_dir(spec)
+            except MissingModelError as exc:
+                raise ConfigError(f"config key {LOCAL_MODELS_KEY}[{model_id}]: {exc}") from None
+    if main_process:
+        _check_text_models(config)
+    root = vision["imagenet_val_dir"]
+    if root is not None:
+        if not os.path.isdir(root):
+            raise ConfigError(f"config key vision.imagenet_val_dir: {root} is not a directory")
+        if not any(e.is_dir() for e in os.scandir(root)):
+            raise ConfigError(f"config key vision.imagenet_val_dir: {root} has no class folders; expected <dir>/<wnid>/*.JPEG (the ImageNet validation set sorted into class folders)")
+    if main_process:
+        _check_image_counts(config)
+        _check_weights_checksums(config, {} if checksums_done is None else checksums_done)
+    _check_training_config(config)
+    _check_norms_config(config)

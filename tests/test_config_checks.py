@@ -1,0 +1,110 @@
+"""The configuration checks a JSON schema cannot express (kpca_repro.config_checks), called
+directly; tests/test_workflow.py and tests/test_reliability.py check that Snakemake stops on
+them before any job."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kpca_repro.config_checks import ConfigError, check_config, image_source, run_model_scale, schema_error_message, weights_path
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+BASE = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def _config(tmp_path, **overrides) -> dict:
+    """config/config.yaml with one small vision model, no language model, resources in tmp_path."""
+    cfg = copy.deepcopy(BASE)
+    cfg.update(resources_dir=str(tmp_path), offline=True, checksums={})
+    cfg["vision"].update(models=["vit_tiny_patch16_224"], model_kwargs={}, n_images=4, shards=1)
+    cfg["text"].update(models=[], local_models={})
+    cfg["figure3"].update(model="vit_tiny_patch16_224", block=11, n_images=1)
+    cfg["spectra"].update(n_images=3)
+    cfg["figure1"].update(runs=[], use_reference=False)
+    cfg["comparison"]["published_tables"] = None
+    for key, value in overrides.items():
+        if isinstance(value, dict):
+            cfg[key].update(value)
+        else:
+            cfg[key] = value
+    assert schema_error_message(cfg, SCHEMA, "schema") is None
+    return cfg
+
+
+def test_the_shipped_configuration_satisfies_the_schema():
+    assert schema_error_message(BASE, SCHEMA, "schema") is None
+
+
+def test_schema_errors_name_the_key_and_the_closest_allowed_one():
+    bad = copy.deepcopy(BASE)
+    bad["vision"]["n_imagse"] = 3
+    msg = schema_error_message(bad, SCHEMA, "config.schema.yaml")
+    assert msg.startswith("unknown config key vision.n_imagse (did you mean 'n_images'?)") and "config.schema.yaml" in msg
+    bad = copy.deepcopy(BASE)
+    bad["seed"] = "zero"
+    assert schema_error_message(bad, SCHEMA, "s").startswith("config key seed: 'zero' is not of type 'integer'")
+
+
+def test_a_valid_small_configuration_passes(tmp_path):
+    check_config(_config(tmp_path))
+    assert image_source(_config(tmp_path)) == (f"{tmp_path}/images/imagenet-sample", "flat")
+    assert weights_path(_config(tmp_path), "m") == f"{tmp_path}/weights/timm/m.safetensors"
+    assert run_model_scale("vit_tiny_small") == ("vit_tiny", "small")
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        ({"vision": {"models": ["vit_tiny_patch16_224", "not_a_model_xyz"]}}, "config key vision.models[1]: 'not_a_model_xyz' is not a timm model id"),
+        ({"figure3": {"block": 12}}, "config key figure3.block: 12 is out of range for vit_tiny_patch16_224, which has 12 blocks (0 to 11)"),
+        ({"vision": {"shards": 5}}, "config key vision.shards: 5 shards for 4 images (vision.n_images)"),
+        ({"vision": {"model_kwargs": {"deit_small_patch16_224": {}}}}, "'deit_small_patch16_224' is not in vision.models"),
+        ({"vision": {"models": ["vit_relpos_small_patch16_224"]}}, "config key vision.models[0]: vit_relpos_small_patch16_224"),
+        ({"figure1": {"runs": ["nonexistent_small"]}}, "config key figure1.runs[0]: 'nonexistent_small'"),
+        ({"figure5": {"models": ["bert-base-uncased"]}}, "config key figure5.models[0]: 'bert-base-uncased' is not in text.models"),
+        ({"comparison": {"published_tables": "/nonexistent/tables"}}, "config key comparison.published_tables: /nonexistent/tables is not a directory"),
+        ({"vision": {"imagenet_val_dir": "/nonexistent/val"}}, "config key vision.imagenet_val_dir: /nonexistent/val is not a directory"),
+    ],
+)
+def test_each_problem_is_one_error_naming_its_key(tmp_path, overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        check_config(_config(tmp_path, **overrides))
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_cluster_jobs_skip_the_model_builds(tmp_path):
+    """A re-parsing cluster job (main_process=False) does not build models; the main process does."""
+    cfg = _config(tmp_path, vision={"models": ["vit_relpos_small_patch16_224"]})
+    check_config(cfg, main_process=False)
+    with pytest.raises(ConfigError, match="relative position"):
+        check_config(cfg)
+
+
+def test_image_counts_and_weights_checksums(tmp_path, photos_dir):
+    """More images requested than the set holds, and weights whose SHA-256 differs."""
+    cfg = _config(tmp_path, vision={"imagenet_val_dir": None, "n_images": 4})
+    images = tmp_path / "images" / "imagenet-sample"
+    images.mkdir(parents=True)
+    for p in sorted(Path(photos_dir).iterdir())[:2]:
+        (images / p.name).write_bytes(p.read_bytes())
+    with pytest.raises(ConfigError, match=r"config key vision.n_images: 4 images requested, but .* holds 2"):
+        check_config(cfg)
+    for p in sorted(Path(photos_dir).iterdir())[2:]:
+        (images / p.name).write_bytes(p.read_bytes())
+    weights = Path(weights_path(cfg, "vit_tiny_patch16_224"))
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"not weights")
+    cfg["checksums"] = {"vit_tiny_patch16_224": "0" * 64}
+    with pytest.raises(ConfigError, match="config key checksums.vit_tiny_patch16_224"):
+        check_config(cfg)
+    done: dict[str, str] = {}
+    cfg["checksums"] = {"vit_tiny_patch16_224": hashlib.sha256(b"not weights").hexdigest()}
+    check_config(cfg, checksums_done=done)
+    assert done == {str(weights): cfg["checksums"]["vit_tiny_patch16_224"]}
