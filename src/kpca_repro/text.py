@@ -34,6 +34,7 @@ from torch import nn
 
 from .h5io import atomic_output
 from .images import sample_indices
+from .paths import model_id_from_slug, model_slug
 
 __all__ = [
     "LOCAL_MODELS_KEY",
@@ -64,19 +65,6 @@ BATCH_FIRST, SEQUENCE_FIRST = "batch_first", "sequence_first"
 
 class MissingModelError(FileNotFoundError):
     """A language model is neither in a configured local directory nor reachable on the hub."""
-
-
-def model_slug(model_id: str) -> str:
-    """Path component of a Hugging Face id: ``"/"`` -> ``"--"`` (``org/name`` -> ``org--name``).
-
-    Reversible (:func:`model_id_from_slug`) because hub repository names never contain ``--``.
-    """
-    return model_id.replace("/", "--")
-
-
-def model_id_from_slug(slug: str) -> str:
-    """Inverse of :func:`model_slug`."""
-    return slug.replace("--", "/")
 
 
 def resolve_local_dir(spec: str) -> Path:

@@ -40,7 +40,7 @@ _stop_on_error(_validate_config)
 
 # The repository's own library (paths, slugs, model sources) for the workflow itself.
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
-from kpca_repro import config_checks
+from kpca_repro import config_checks, paths
 from kpca_repro.code_deps import library_modules
 from kpca_repro.config_checks import ConfigError, check_config, run_model_scale
 from kpca_repro.text import MissingModelError, model_id_from_slug, model_slug, model_source
@@ -61,7 +61,7 @@ def code_inputs(script):
 
 
 # Result tables rendered as HTML for `snakemake --report` (caption: workflow/report/tables.rst).
-REPORT_TABLES = [f"table{t}{sfx}" for sfx in ("", "_corrected") for t in (1, 2, 3, 4)] + ["paper_comparison"]
+REPORT_TABLES = paths.REPORT_TABLES
 TRAINING = config["training"]
 FIGURE1 = config["figure1"]
 FASHION_MNIST = [f"{RESOURCES}/datasets/fashion-mnist/{f}" for f in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")]
@@ -93,7 +93,7 @@ def reference_logs_input():
     return [FIGURE1["reference_logs"] or f"{RESOURCES}/training_logs"]
 
 
-SHARDS = [f"{i}of{VISION['shards']}" for i in range(VISION["shards"])]
+SHARDS = paths.vision_shards(config)
 N_IMAGES = VISION["n_images"]
 
 
@@ -106,34 +106,29 @@ def weights_path(model):
     return config_checks.weights_path(config, model)
 
 
+# Output paths (kpca_repro.paths), bound to this run's configuration.
 def heads_files(variant, model, ext="csv"):
-    """Per-head records (ext csv) or their metadata (ext json) of one model, all shards."""
-    return expand(
-        f"results/heads/{{variant}}/{{model}}/vision_{{n}}_{{shard}}.{ext}",
-        variant=variant,
-        model=model,
-        n=N_IMAGES,
-        shard=SHARDS,
-    )
+    return paths.heads_files(config, variant, model, ext)
 
 
 def spectra_files(variant, model, keys):
-    """Per-head eigenvalue records of one model for Tables 2 and 3, all shards."""
-    return expand(
-        "results/spectra/{variant}/{model}/vision_{n}_{shard}_{keyset}.csv",
-        variant=variant,
-        model=model,
-        n=config["spectra"]["n_images"],
-        shard=SHARDS,
-        keyset=keys,
-    )
+    return paths.spectra_files(config, variant, model, keys)
 
 
 def text_stage_files(model_id, ext="h5", variant=None):
-    """Activation files (ext h5) or per-head records (ext csv/json, with variant) of one language model on the Table 4 sample, all shards."""
-    stem = f"text_{TEXT['n_rows']}_{{shard}}.{ext}"
-    prefix = "results/activations" if ext == "h5" else f"results/heads/{variant}"
-    return expand(f"{prefix}/{model_slug(model_id)}/{stem}", shard=[f"{i}of{TEXT['shards']}" for i in range(TEXT["shards"])])
+    return paths.text_stage_files(config, model_id, ext, variant)
+
+
+def norm_activations(domain, variant, model):
+    return paths.norm_activations(config, domain, variant, model)
+
+
+def comparison_tables():
+    return paths.comparison_tables(config)
+
+
+def all_targets():
+    return paths.all_targets(config)
 
 
 def text_model_source(wildcards):
@@ -164,34 +159,6 @@ def offline_guard(path, what, how):
     return guard
 
 
-def comparison_tables():
-    """Table number -> (paper-variant CSV, corrected CSV or None) for the tables this run builds."""
-    out = {"1": "results/table1.csv", "2": "results/table2.csv", "3": "results/table3.csv"}
-    if TEXT["models"]:
-        out["4"] = "results/table4.csv"
-    corrected = "corrected" in config["variants"]
-    return {t: (p, p.replace(".csv", "_corrected.csv") if corrected else None) for t, p in out.items()}
-
-
-def all_targets():
-    """Every table and figure the configuration asks for, then their HTML and the comparison."""
-    suffixes = {"paper": "", "corrected": "_corrected"}
-    targets = []
-    if FIGURE1["runs"] or FIGURE1["use_reference"]:  # training curves: no variants
-        targets += ["results/figure1.pdf", "results/figure4.pdf"]
-    for variant in config["variants"]:
-        sfx = suffixes[variant]
-        targets += [f"results/table{t}{sfx}.csv" for t in (1, 2, 3)] + [f"results/table1{sfx}.md"]
-        targets += [f"results/figure{f}{sfx}.pdf" for f in (2, 3)]
-        if TEXT["models"]:  # text.models: [] (a vision-only configuration) leaves Table 4 and Figure 5 out
-            targets += [f"results/table4{sfx}.csv", f"results/table4{sfx}.md", f"results/figure5{sfx}.pdf"]
-    # the tables as HTML for `snakemake --report`; last, the comparison with the paper
-    built = [t for t in REPORT_TABLES if f"results/{t}.csv" in targets]
-    targets += [f"results/html/{t}.html" for t in built + ["paper_comparison"]]
-    targets += ["results/paper_comparison.csv"]
-    return targets
-
-
 # --------------------------------------------------------------------------------------
 # Figures 2 and 5 (norms.smk): squared norms, vision and language models
 # --------------------------------------------------------------------------------------
@@ -200,18 +167,7 @@ FIGURE2 = config["figure2"]
 FIGURE5 = config["figure5"]
 FIGURE5_MODELS = FIGURE5["models"] if FIGURE5["models"] is not None else list(TEXT["models"])
 TEXT_ROWS = TEXT["n_rows"]
-TEXT_SHARDS = [f"{i}of{TEXT['shards']}" for i in range(TEXT["shards"])]
-
-
-def norm_activations(domain, variant, model):
-    """Activation files behind one model's squared-norm statistics (norms.smk header)."""
-    if domain == "vision":
-        if variant == "paper":
-            return [f"results/activations/{model}/vision_{FIGURE2['n_images']}_0of1.h5"]
-        return expand("results/activations/{model}/vision_{n}_{shard}.h5", model=model, n=N_IMAGES, shard=SHARDS)
-    if variant == "paper":
-        return [f"results/activations/{model}/text_sentences_0of1.h5"]
-    return expand("results/activations/{model}/text_{n}_{shard}.h5", model=model, n=TEXT_ROWS, shard=TEXT_SHARDS)
+TEXT_SHARDS = paths.text_shards(config)
 
 
 def figure5_models(wildcards):
