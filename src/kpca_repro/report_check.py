@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 #: Values of the wildcards the captions branch on, as the rules produce them: ``table`` of
-#: ``table_html`` (REPORT_TABLES in workflow/rules/common.smk), ``fig`` of
+#: ``table_html`` (``kpca_repro.paths.REPORT_TABLES``), ``fig`` of
 #: ``figure_training``, ``suffix`` of the figure rules.
 WILDCARD_VALUES = {
     "table": tuple(f"table{t}{sfx}" for sfx in ("", "_corrected") for t in (1, 2, 3, 4)) + ("paper_comparison",),
