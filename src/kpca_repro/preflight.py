@@ -447,6 +447,16 @@ def targets_from_argv(argv: list[str]) -> list[str] | None:
         ``snakemake`` command line (for example Snakemake driven through its Python API) or
         one that runs no job (``--lint``, ``--report``, ``--dag``, ``--summary``, ...).
     """
+    args = _parse_argv(argv)
+    if args is None:
+        return None
+    if any(getattr(args, mode, None) for mode in _NO_JOB_MODES):
+        return None
+    return sorted(str(t) for t in args.targets or ())
+
+
+def _parse_argv(argv: list[str]):
+    """Snakemake's own parse of a ``snakemake`` command line, or None for any other argv."""
     if not argv or "snakemake" not in str(argv[0]):
         return None
     from snakemake.cli import get_argument_parser
@@ -455,9 +465,7 @@ def targets_from_argv(argv: list[str]) -> list[str] | None:
         args, _ = get_argument_parser().parse_known_args(argv[1:])
     except SystemExit:
         return None
-    if any(getattr(args, mode, None) for mode in _NO_JOB_MODES):
-        return None
-    return sorted(str(t) for t in args.targets or ())
+    return args
 
 
 def allowed_rules_from_argv(argv: list[str]) -> set[str] | None:
@@ -470,13 +478,8 @@ def allowed_rules_from_argv(argv: list[str]) -> set[str] | None:
         The rule names, or None when all rules are allowed or ``argv`` is not a
         ``snakemake`` command line.
     """
-    if not argv or "snakemake" not in str(argv[0]):
-        return None
-    from snakemake.cli import get_argument_parser
-
-    try:
-        args, _ = get_argument_parser().parse_known_args(argv[1:])
-    except SystemExit:
+    args = _parse_argv(argv)
+    if args is None:
         return None
     return set(args.allowed_rules) if getattr(args, "allowed_rules", None) else None
 
