@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kpca_repro.config_checks import ConfigError, check_config, image_source, run_model_scale, schema_error_message, weights_path
+from kpca_repro.config_checks import ConfigError, check_config, image_source, resolve_scales, run_model_scale, schema_error_message, weights_path
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
@@ -49,6 +49,51 @@ def test_schema_errors_name_the_key_and_the_closest_allowed_one():
     bad = copy.deepcopy(BASE)
     bad["seed"] = "zero"
     assert schema_error_message(bad, SCHEMA, "s").startswith("config key seed: 'zero' is not of type 'integer'")
+
+
+SCALE_KEYS = SCHEMA["$defs"]["scale"]["anyOf"][1]["required"]
+
+
+def test_scales_inherit_from_their_base_and_override_only_what_they_set():
+    raw = BASE["training"]["scales"]
+    scales = resolve_scales(raw)
+    assert raw["small"]["base"] == "paper" and "base" in raw["medium-n17"]  # the shipped config uses inheritance
+    for name, scale in scales.items():
+        assert sorted(scale) == sorted(SCALE_KEYS), name  # every key, and no `base`
+    # each key comes from the nearest scale in the chain that sets it
+    for key in SCALE_KEYS:
+        expected = raw["small"][key] if key in raw["small"] else raw["paper"][key]
+        assert scales["small"][key] == expected
+    assert list(scales["small"]) == list(raw["paper"])  # the base's key order
+    # medium differs from small only in its images and patches; the ablation scales only in patches
+    assert {k for k in SCALE_KEYS if scales["medium"][k] != scales["small"][k]} == {"n_train", "patch_size"}
+    for name in ("medium-n50", "medium-n17"):
+        assert {k for k in SCALE_KEYS if scales[name][k] != scales["medium"][k]} == {"patch_size"}
+    # tokens = (img_size / patch_size)^2 + the class token: the paper's 197, and 50, 17
+    tokens = {n: (scales[n]["img_size"] // scales[n]["patch_size"]) ** 2 + 1 for n in ("medium", "medium-n50", "medium-n17", "small")}
+    assert tokens == {"medium": 197, "medium-n50": 50, "medium-n17": 17, "small": 17}
+    assert raw["small"]["base"] == "paper"  # not modified
+    assert resolve_scales(scales) == scales  # idempotent on full scales
+
+
+def test_scale_bases_that_name_no_scale_or_form_a_cycle_are_errors():
+    with pytest.raises(ConfigError, match=r"training.scales.b.base: 'nope' is not a scale"):
+        resolve_scales({"a": {"epochs": 1}, "b": {"base": "nope"}})
+    with pytest.raises(ConfigError, match=r"cycle \(a -> b -> a\)"):
+        resolve_scales({"a": {"base": "b"}, "b": {"base": "a"}})
+
+
+def test_the_schema_takes_override_scales_and_rejects_incomplete_or_misnamed_ones():
+    cfg = copy.deepcopy(BASE)
+    cfg["training"]["scales"]["mine"] = {"base": "medium", "epochs": 30}
+    assert schema_error_message(cfg, SCHEMA, "s") is None
+    cfg["training"]["scales"]["mine"] = {"epochs": 30}  # no base: every key is required
+    assert schema_error_message(cfg, SCHEMA, "s").startswith("config key training.scales.mine: set 'base', or every key (missing: 'dataset', 'imagenet_root'")
+    cfg["training"]["scales"]["mine"] = {"base": "medium", "epoch": 30}
+    assert "training.scales.mine" in schema_error_message(cfg, SCHEMA, "s")
+    del cfg["training"]["scales"]["mine"]
+    cfg["training"]["scales"]["my_scale"] = {"base": "medium"}  # runs are <model>_<scale>: no '_'
+    assert "my_scale" in schema_error_message(cfg, SCHEMA, "s")
 
 
 def test_a_valid_small_configuration_passes(tmp_path):

@@ -12,6 +12,7 @@ import torch
 import yaml
 
 from kpca_repro import kpca, training
+from kpca_repro.config_checks import resolve_scales
 from kpca_repro.figures import plot_figure1, plot_figure4
 from kpca_repro.vision import AttentionRecorder
 
@@ -27,7 +28,7 @@ def _tiny_model(num_heads=2, standardize_qk=True, seed=0, drop_path=0.0, depth=2
 
 def _scale(**overrides):
     with open(REPO / "config" / "config.yaml") as f:
-        scale = yaml.safe_load(f)["training"]["scales"]["small"]
+        scale = resolve_scales(yaml.safe_load(f)["training"]["scales"])["small"]
     scale.update(n_train=None, n_val=None, img_size=8, patch_size=4, depth=2, embed_dim=32, epochs=2, batch_size=8, eval_batch_size=16, warmup_epochs=0)
     scale.update(overrides)
     return scale

@@ -27,6 +27,7 @@ __all__ = [
     "check_config",
     "check_vision_model",
     "run_model_scale",
+    "resolve_scales",
     "image_source",
     "weights_path",
 ]
@@ -70,9 +71,53 @@ def schema_error_message(config: dict, schema: dict, schema_name: str) -> str | 
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             hints.append(f"{prefix}{key}{hint}")
         what = f"unknown config key {', '.join(hints)}; allowed here: {', '.join(allowed)}"
+    elif err.validator == "anyOf" and err.context and all(e.validator == "required" for e in err.context):
+        # alternatives of required keys (a training scale: `base`, or every key)
+        branches: dict = {}
+        for e in err.context:
+            branches.setdefault(e.schema_path[0], []).append(repr(e.message.split("'")[1]))
+        what = f"config key {where}: set " + ", or ".join(f"{' and '.join(keys)}" if len(keys) < 4 else f"every key (missing: {', '.join(keys)})" for keys in branches.values())
     else:
         what = f"config key {where or '(top level)'}: {err.message}"
     return f"{what}. Fix it in your --configfile / --config; every key, type and range is in {schema_name}."
+
+
+def resolve_scales(scales: dict) -> dict:
+    """Training scales with every key: each ``base`` replaced by the keys it inherits.
+
+    A scale of ``training.scales`` either gives every key of the schema's ``scale`` or names
+    ``base: <another scale>`` and sets only the keys that differ; bases chain (``medium-n17``
+    -> ``medium`` -> ``small`` -> ``paper``). The result keeps the base's key order, then the
+    scale's own new keys, and has no ``base`` key, so a scale written out in full and the same
+    scale written as overrides give the same dict (and the same training checkpoint
+    fingerprint).
+
+    Args:
+        scales: ``config["training"]["scales"]`` after schema validation.
+
+    Returns:
+        A new dict, scale name -> full scale dict; ``scales`` is not modified.
+
+    Raises:
+        ConfigError: a ``base`` that names no scale, or a cycle of bases.
+    """
+    resolved: dict = {}
+
+    def resolve(name: str, chain: tuple) -> dict:
+        if name in resolved:
+            return resolved[name]
+        own = dict(scales[name])
+        base = own.pop("base", None)
+        if base is not None:
+            if base not in scales:
+                raise ConfigError(f"config key training.scales.{name}.base: {base!r} is not a scale of training.scales ({', '.join(scales)})")
+            if base in chain:
+                raise ConfigError(f"config key training.scales.{name}.base: the bases form a cycle ({' -> '.join((*chain, name, base))})")
+            own = {**resolve(base, (*chain, name)), **own}
+        resolved[name] = own
+        return own
+
+    return {name: resolve(name, ()) for name in scales}
 
 
 def image_source(config: dict) -> tuple[str, str]:
@@ -145,6 +190,7 @@ def _check_training_config(config: dict) -> None:
     import timm
 
     training, figure1 = config["training"], config["figure1"]
+    scales = resolve_scales(training["scales"])
     for i, run in enumerate(figure1["runs"]):
         model, scale = run_model_scale(run)
         if model not in training["models"] or scale not in training["scales"]:
@@ -152,7 +198,7 @@ def _check_training_config(config: dict) -> None:
                 f"config key figure1.runs[{i}]: {run!r} is not <model>_<scale> with a model of training.models "
                 f"({', '.join(training['models'])}) and a scale of training.scales ({', '.join(training['scales'])})"
             )
-        sc = training["scales"][scale]
+        sc = scales[scale]
         if sc["dataset"] == "imagenet":
             root = sc["imagenet_root"]
             if root is None or not all(os.path.isdir(os.path.join(root, s)) for s in ("train", "val")):

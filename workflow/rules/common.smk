@@ -45,6 +45,16 @@ from kpca_repro.code_deps import library_modules
 from kpca_repro.config_checks import ConfigError, check_config, run_model_scale
 from kpca_repro.text import MissingModelError, model_id_from_slug, model_slug, model_source
 
+
+def _resolve_scales():
+    """Training scales written as overrides of a `base` scale get every key, before any use."""
+    try:
+        config["training"]["scales"] = config_checks.resolve_scales(config["training"]["scales"])
+    except ConfigError as exc:
+        raise WorkflowError(str(exc)) from None
+
+
+_stop_on_error(_resolve_scales)
 RESOURCES = config["resources_dir"]
 VISION = config["vision"]
 TEXT = config["text"]
