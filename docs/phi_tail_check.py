@@ -1,18 +1,36 @@
-"""One-off check behind docs/results.md (Figures 1 and 4): per-layer mean, median and maximum of
-||phi(q)||^2 and ||h||^2 on the fixed validation batch of a finished `small` checkpoint.
+"""One-off check behind docs/training.md (Figures 1 and 4): per-layer mean, median and maximum of
+||phi(q)||^2 and ||h||^2 on the fixed validation batch of a finished training checkpoint.
 
-    PYTHONPATH=src python docs/phi_tail_check.py vit_tiny 3     # or: deit_tiny 6
+    PYTHONPATH=src python docs/phi_tail_check.py vit_tiny small     # or: deit_tiny medium, ...
+
+The model and scale are read from config/config.yaml (scales resolved through their `base`).
+The last line is over all layers: the mean is what J_proj's log averages, the median is the
+typical token.
 """
 
 import sys
 
 import torch
+import yaml
 
 from kpca_repro import kpca, training
+from kpca_repro.config_checks import resolve_scales
 
-arch, heads = sys.argv[1], int(sys.argv[2])
-m = training.build_model(f"{arch}_patch16_224", num_heads=heads, standardize_qk=True, num_classes=10, img_size=28, patch_size=7, in_chans=1, depth=6)
-st = torch.load(f"results/training/{arch}_small/checkpoint.pt", weights_only=False)
+arch, scale_name = sys.argv[1], sys.argv[2]
+cfg = yaml.safe_load(open("config/config.yaml"))["training"]
+model_cfg, scale = cfg["models"][arch], resolve_scales(cfg["scales"])[scale_name]
+m = training.build_model(
+    model_cfg["timm_id"],
+    num_heads=model_cfg["num_heads"],
+    standardize_qk=model_cfg["standardize_qk"],
+    num_classes=10,
+    img_size=scale["img_size"],
+    patch_size=scale["patch_size"],
+    in_chans=1,
+    depth=scale["depth"],
+    embed_dim=scale["embed_dim"],
+)
+st = torch.load(f"results/training/{arch}_{scale_name}/checkpoint.pt", weights_only=False)
 m.load_state_dict(st["model"])
 m.eval()
 attns = training.recording_attentions(m)
@@ -20,12 +38,18 @@ for a in attns:
     a.record = True
 with torch.no_grad():
     m(st["fixed"]["test"])
+phis, hs = [], []
 for layer, a in enumerate(attns):
     r = a.recorded
     phi = kpca.feature_norm_sq(r["q"], r["k"], scale=a.scale, log_domain=False)
     h = kpca.output_norm_sq(r["h"])
+    phis.append(phi.flatten())
+    hs.append(h.flatten())
     print(
         arch,
+        scale_name,
         layer,
         f"phi mean {phi.mean():.3g} median {phi.median():.3g} max {phi.max():.3g} | h mean {h.mean():.3g} median {h.median():.3g} | frac phi>h {(phi > h).float().mean():.3f}",
     )
+phi, h = torch.cat(phis), torch.cat(hs)
+print(arch, scale_name, "all", f"phi mean {phi.mean():.3g} median {phi.median():.3g} max {phi.max():.3g} | h mean {h.mean():.3g} median {h.median():.3g} | frac phi>h {(phi > h).float().mean():.3f}")

@@ -225,22 +225,36 @@ def _run_method(spec, device, k, v, base):
 
 
 def _read_file(path, variant, seed):
-    """Every head of an activation file as (heads, N, d) tensors, in (layer, image, head) order."""
+    """Every head of an activation file as (heads, N, d) tensors, in (layer, image, head) order
+    (read as the KPCA stage reads it: :func:`kpca_repro.records.layer_chunks`, one chunk per layer)."""
     import torch
 
     from kpca_repro.h5io import ActivationFile
-    from kpca_repro.records import baseline_noise
+    from kpca_repro.records import baseline_noise, layer_chunks
 
     ks, vs, bs = [], [], []
     with ActivationFile(path) as af:
-        for layer in range(af.n_layers):
-            t = af.read(layer, ("k", "v"))
-            ks.append(torch.from_numpy(t["k"]).reshape(-1, *t["k"].shape[2:]))
-            vs.append(torch.from_numpy(t["v"]).reshape(-1, *t["v"].shape[2:]))
+        per_layer = len(af.sample_rank) * int(af.attrs["n_heads"])
+        for layer, _, t in layer_chunks(af, range(af.n_layers), per_layer):
+            ks.append(t["k"])
+            vs.append(t["v"])
             if variant == "corrected":
-                bs.append(torch.cat([baseline_noise(seed, di, layer, tuple(t["v"].shape[1:])) for di in af.dataset_index]))
+                shape = (int(af.attrs["n_heads"]), *t["v"].shape[1:])
+                bs.append(torch.cat([baseline_noise(seed, di, layer, shape) for di in af.dataset_index]))
     k, v = torch.cat(ks), torch.cat(vs)
     return k, v, (torch.cat(bs) if bs else torch.zeros(0))
+
+
+def _table1_row(out: dict, dropped) -> dict:
+    """Table 1's four numbers from one method's per-head outputs, by the pipeline's own
+    aggregation (:func:`kpca_repro.tables.table1_paper`) over the heads not ``dropped``."""
+    import pandas as pd
+
+    from kpca_repro.tables import table1_paper
+
+    heads = pd.DataFrame({c: out[c] for c in PAPER_COLUMNS}).assign(model="m", dropped=dropped, exp_overflow=False, outer_overflow=False, allclose=False)
+    row = table1_paper(heads, {"m": {"n_images": 0, "weights_sha256": ""}}).iloc[0]
+    return {c: float(row[c]) for c in ("MDC", "MOC", "LCKA", "KCKA")}
 
 
 def _measure(spec: dict, tmp: Path) -> tuple[dict, dict]:
@@ -315,17 +329,9 @@ def cmd_stage(args) -> dict:
                 base_res, base_out = _measure(dict(common, method="per_head", torch_threads=threads), Path(tmp))
                 row[f"per_head_{threads}thr"] = {**base_res, "speedup_of_batched": base_res["seconds"] / fast_res["seconds"], **_compare(variant, base_out, fast_out)}
                 outs[f"per_head_{threads}thr"] = base_out
-            if variant == "paper":  # the Table 1 numbers each gives
-                import numpy as np
-
-                kept = ~fast_out["dropped"].astype(bool)
+            if variant == "paper":  # the Table 1 numbers each gives, over the heads the batched code keeps
                 for name, out in outs.items():
-                    row[f"table1_{name}"] = {
-                        "MDC": float(np.nanmax(out["direct_cos_mean"][kept])),
-                        "MOC": float(np.nanmax(out["optimal_cos_mean"][kept])),
-                        "LCKA": float(np.mean(out["linear_cka"][kept])),
-                        "KCKA": float(np.mean(out["rbf_cka"][kept])),
-                    }
+                    row[f"table1_{name}"] = _table1_row(out, fast_out["dropped"].astype(bool))
             print(json.dumps(row), flush=True)
             rows.append(row)
     return {"command": "stage", "activations": str(args.activations), "rows": rows}

@@ -14,6 +14,7 @@ import yaml
 from kpca_repro import kpca, training
 from kpca_repro.config_checks import resolve_scales
 from kpca_repro.figures import plot_figure1, plot_figure4
+from kpca_repro.training_summary import ABLATION_COLUMNS, scale_setting, scale_tokens, token_ablation_markdown, token_ablation_table
 from kpca_repro.vision import AttentionRecorder
 
 from conftest import REPO, run_snakemake
@@ -232,7 +233,7 @@ def test_figures_from_a_log_and_wandb_exports(tmp_path):
     train_set, val_set = _synthetic_sets()
     training.train_run(_tiny_model(), train_set, val_set, _scale(), tmp_path / "log.csv", tmp_path / "ck.pt", seed=0, device=torch.device("cpu"), fingerprint="f", progress=False)
     curves = training.training_curves([(tmp_path / "log.csv", "deit_tiny", "ours")], tmp_path / "ref", reference_source="ref")
-    plotted = plot_figure1(curves, tmp_path / "f1.pdf", tmp_path / "f1.png", {"ref": 3})
+    plotted = plot_figure1(curves, tmp_path / "f1.pdf", tmp_path / "f1.png", {"ref": 3}, {"ours": scale_setting(_scale()), "ref": "ImageNet"})
     assert (tmp_path / "f1.pdf").read_bytes()[:4] == b"%PDF" and (tmp_path / "f1.png").stat().st_size > 10_000
     assert plotted[plotted["source"] == "ref"]["x"].min() >= 3 and plotted[plotted["source"] == "ours"]["x"].min() == 0
     assert set(plotted["metric"]) == {"error", "h_norms_ave", "phiq_norms_ave"}
@@ -303,3 +304,74 @@ def test_bad_training_configuration_fails_before_any_job(figure1, needle, tmp_pa
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and needle in out, out[-3000:]
     assert not (tmp_path / "results").exists()
+
+
+# --------------------------------------------------------------------------------------
+# Scales and the token-count ablation
+# --------------------------------------------------------------------------------------
+
+
+def test_scale_tokens_and_setting():
+    scale = _scale(img_size=28, patch_size=2, n_train=3072, depth=6, epochs=10, dataset="fashion_mnist")
+    assert scale_tokens(scale) == 197 and scale_tokens({**scale, "patch_size": 4}) == 50 and scale_tokens({**scale, "patch_size": 7}) == 17
+    assert scale_tokens({**scale, "img_size": 224, "patch_size": 16}) == 197
+    assert scale_setting(scale) == "Fashion-MNIST, 3072 images, 28x28 in 2x2 patches: 197 tokens, 6 blocks, 10 epochs"
+    assert scale_setting({**scale, "n_train": None, "depth": None}).startswith("Fashion-MNIST, all images,")
+    with pytest.raises(ValueError, match="does not divide"):
+        scale_tokens({**scale, "patch_size": 3})
+
+
+def test_token_ablation_table_takes_the_first_and_last_epoch_of_each_log(tmp_path):
+    rng = np.random.default_rng(0)
+    runs = []
+    for tokens in (197, 17):
+        log = pd.DataFrame(rng.uniform(0.1, 100, size=(5, len(training.LOG_COLUMNS))), columns=list(training.LOG_COLUMNS))
+        log["epoch"] = [3, 0, 4, 1, 2]  # rows in any order: first and last are by epoch
+        log.to_csv(tmp_path / f"{tokens}.csv", index=False)
+        runs.append((tmp_path / f"{tokens}.csv", "vit_tiny", f"s{tokens}", tokens))
+    table = token_ablation_table(runs)
+    assert list(table.columns) == list(ABLATION_COLUMNS) and len(table) == 4
+    assert list(table["tokens"]) == [17, 17, 197, 197] and list(table["split"]) == ["test", "train"] * 2
+    for _, row in table.iterrows():
+        log = pd.read_csv(tmp_path / f"{row['tokens']}.csv").set_index("epoch")
+        split = row["split"]
+        assert row["epochs"] == 5
+        assert row["j_proj_first"] == log.loc[0, f"{split}_error"] and row["j_proj_last"] == log.loc[4, f"{split}_error"]
+        assert row["h_norm_sq_first"] == log.loc[0, f"{split}_h_norms_ave"] and row["h_norm_sq_last"] == log.loc[4, f"{split}_h_norms_ave"]
+        assert row["phiq_norm_sq_first"] == log.loc[0, f"{split}_phiq_norms_ave"] and row["phiq_norm_sq_last"] == log.loc[4, f"{split}_phiq_norms_ave"]
+        assert row["train_loss_last"] == log.loc[4, "train_loss"] and row["test_acc1_last"] == log.loc[4, "test_acc1"]
+    md = token_ablation_markdown(table, "test", {"vit_tiny": "ViT-Tiny"})
+    assert md.count("| ViT-Tiny |") == 2 and md.index("| ViT-Tiny | 17 |") < md.index("| ViT-Tiny | 197 |")
+    (tmp_path / "empty.csv").write_text(",".join(training.LOG_COLUMNS) + "\n")
+    with pytest.raises(ValueError, match="no epochs"):
+        token_ablation_table([(tmp_path / "empty.csv", "m", "s", 5)])
+
+
+@pytest.mark.integration
+def test_token_ablation_end_to_end_with_inherited_scales_and_resumption(tmp_path):
+    """Two scales written as overrides of `small` (patch 4: 5 tokens, patch 2: 17 tokens on 8x8
+    images) train with the token count their patches give, the ablation table holds their logs'
+    first and last epochs, and a lost log is rebuilt from the checkpoint."""
+    res = tmp_path / "res"
+    write_fashion_mnist(res / "datasets" / "fashion-mnist")
+    cfg = yaml.safe_load(_training_config(tmp_path / "c.yaml", res, runs=[], use_reference=False).read_text())
+    cfg["training"]["scales"].update({"t-n5": {"base": "small", "n_val": 8}, "t-n17": {"base": "t-n5", "patch_size": 2}})
+    cfg["token_ablation"] = {"models": ["vit_tiny"], "scales": ["t-n17", "t-n5"]}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    run_snakemake(tmp_path, "results/token_ablation.csv", "--configfile", str(tmp_path / "c.yaml"))
+    table = pd.read_csv(tmp_path / "results" / "token_ablation.csv")
+    assert list(table["tokens"]) == [5, 5, 17, 17] and list(table["scale"]) == ["t-n5", "t-n5", "t-n17", "t-n17"]
+    for scale, tokens in (("t-n5", 5), ("t-n17", 17)):
+        run = tmp_path / "results" / "training" / f"vit_tiny_{scale}"
+        state = torch.load(run / "checkpoint.pt", weights_only=False)
+        assert state["model"]["pos_embed"].shape == (1, tokens, 48)  # the inherited 8x8 images in this scale's patches
+        log = pd.read_csv(run / "log.csv")
+        row = table[(table["scale"] == scale) & (table["split"] == "test")].iloc[0]
+        np.testing.assert_allclose([row["j_proj_first"], row["j_proj_last"]], log["test_error"].iloc[[0, -1]], rtol=1e-5)
+    assert "| ViT-Tiny | 17 |" in (tmp_path / "results" / "token_ablation.md").read_text()
+    run = tmp_path / "results" / "training" / "vit_tiny_t-n17"
+    before = (run / "log.csv").read_bytes()
+    (run / "log.csv").unlink()
+    run_snakemake(tmp_path, "results/training/vit_tiny_t-n17/log.csv", "--configfile", str(tmp_path / "c.yaml"))
+    assert "resuming" in (tmp_path / "logs" / "train" / "vit_tiny_t-n17.log").read_text()
+    assert (run / "log.csv").read_bytes() == before

@@ -21,6 +21,8 @@ from __future__ import annotations
 import difflib
 import os
 
+from .resources import imagenet_sample_dir, timm_weights_path
+
 __all__ = [
     "ConfigError",
     "schema_error_message",
@@ -125,12 +127,12 @@ def image_source(config: dict) -> tuple[str, str]:
     vision = config["vision"]
     if vision["imagenet_val_dir"] is not None:
         return vision["imagenet_val_dir"], "imagefolder"
-    return f"{config['resources_dir']}/images/imagenet-sample", "flat"
+    return str(imagenet_sample_dir(config["resources_dir"])), "flat"
 
 
 def weights_path(config: dict, model: str) -> str:
     """Where a timm model's weights are read: ``<resources_dir>/weights/timm/<model>.safetensors``."""
-    return f"{config['resources_dir']}/weights/timm/{model}.safetensors"
+    return str(timm_weights_path(config["resources_dir"], model))
 
 
 def run_model_scale(run: str) -> tuple[str, str]:
@@ -186,7 +188,7 @@ def _check_text_models(config: dict) -> None:
 
 
 def _check_training_config(config: dict) -> None:
-    """Figure 1/4 runs name configured models and scales; the paper scale needs ImageNet."""
+    """Figure 1/4 runs and the token ablation name configured models and scales; the paper scale needs ImageNet."""
     import timm
 
     training, figure1 = config["training"], config["figure1"]
@@ -205,6 +207,11 @@ def _check_training_config(config: dict) -> None:
                 raise ConfigError(f"config key training.scales.{scale}.imagenet_root: {root} must hold train/ and val/ class folders (ImageNet-1k) for run {run}")
         if sc["img_size"] % sc["patch_size"]:
             raise ConfigError(f"config key training.scales.{scale}.patch_size: {sc['patch_size']} does not divide img_size {sc['img_size']}")
+    ablation = config.get("token_ablation", {})
+    for key, known, where in (("models", training["models"], "training.models"), ("scales", scales, "training.scales")):
+        for i, name in enumerate(ablation.get(key, [])):
+            if name not in known:
+                raise ConfigError(f"config key token_ablation.{key}[{i}]: {name!r} is not in {where} ({', '.join(known)})")
     for name, m in training["models"].items():
         if not timm.is_model(m["timm_id"]):
             raise ConfigError(f"config key training.models.{name}.timm_id: {m['timm_id']!r} is not a timm model id")

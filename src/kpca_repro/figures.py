@@ -158,20 +158,24 @@ def _keep(curves: pd.DataFrame, skip_epochs: dict[str, float]) -> pd.DataFrame:
     return curves[curves["x"] >= skip]
 
 
-def plot_figure1(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLike, skip_epochs: dict[str, float]) -> pd.DataFrame:
+def plot_figure1(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLike, skip_epochs: dict[str, float], settings: dict[str, str] | None = None) -> pd.DataFrame:
     """Figure 1: J_proj of the train and test batch, with ||h||^2 (circles) and ||phi(q)||^2 (triangles).
 
     docs/method.md 6.3: per model, train J_proj as a light line and test as a dark line (ViT
     blue, DeiT red), ``h_norms_ave`` as circles and ``phiq_norms_ave`` as triangles on every
     k-th kept point (k = 3 for ~130 epochs; about 40 markers per series), points with
     ``x >= skip_epochs[source]``, linear y with limits ``(-0.5, ymax + 0.1 (ymax - ymin))``.
-    One column per source (the authors' logs, this pipeline's runs); the second row shows the
-    same series on a log y-axis, where ``||phi(q)||^2`` is visible.
+    One column per source (the authors' logs, this pipeline's runs at each scale), titled
+    with the source and, from ``settings``, what it was trained on; the second row shows the
+    same series on a log y-axis, where ``||phi(q)||^2`` is visible. One legend for the whole
+    figure, below it: a colour per model and batch, a line or marker per quantity.
 
     Args:
         curves: tidy frame of :func:`kpca_repro.training.read_wandb_logs` /
             :func:`kpca_repro.training.read_training_log` rows.
         skip_epochs: per source, the first x kept.
+        settings: per source, one line saying what it trained on
+            (:func:`kpca_repro.training_summary.scale_setting`); sources without one get none.
 
     Returns:
         The plotted points (``curves`` rows of the metrics error, h_norms_ave, phiq_norms_ave).
@@ -180,43 +184,62 @@ def plot_figure1(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.Pat
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
+    settings = settings or {}
     data = _keep(curves[curves["metric"].isin(["error", "h_norms_ave", "phiq_norms_ave"])], skip_epochs)
     sources = list(dict.fromkeys(data["source"]))
-    fig, axes = plt.subplots(2, len(sources), figsize=(6.5 * len(sources), 8), squeeze=False, constrained_layout=True)
+    fig, axes = plt.subplots(2, len(sources), figsize=(5.5 * len(sources), 8.5), squeeze=False, constrained_layout=True)
+    colours = {}
     for c, source in enumerate(sources):
         sd = data[data["source"] == source]
         for row, log_y in enumerate((False, True)):
             ax = axes[row, c]
-            for i, model in enumerate(dict.fromkeys(sd["model"])):
+            for model in dict.fromkeys(sd["model"]):
                 md = sd[sd["model"] == model]
                 name = TRAINING_MODEL_NAMES.get(model, model)
-                for split, colour in zip(("train", "test"), _colours(model, i)):
+                pair = colours.setdefault(name, _colours(model, len(colours)))
+                for split, colour in zip(("train", "test"), pair):
                     s = md[md["split"] == split]
                     err = s[s["metric"] == "error"].sort_values("x")
                     every = max(1, round(len(err) / 40))
-                    ax.plot(err["x"], err["value"], color=colour, lw=1.5, label=f"{name} {split} $J_{{proj}}$")
-                    for metric, marker, size, label in (("h_norms_ave", "o", 6, r"$\|h\|^2$"), ("phiq_norms_ave", "^", 15, r"$\|\varphi(q)\|^2$")):
+                    ax.plot(err["x"], err["value"], color=colour, lw=1.5)
+                    for metric, marker, size in (("h_norms_ave", "o", 12), ("phiq_norms_ave", "^", 22)):
                         pts = s[s["metric"] == metric].sort_values("x").iloc[::every]
-                        ax.scatter(pts["x"], pts["value"], marker=marker, s=size, color=colour, alpha=0.7, label=f"{name} {split} {label}")
+                        ax.scatter(pts["x"], pts["value"], marker=marker, s=size, color=colour, alpha=0.7)
             if log_y:
                 ax.set_yscale("log")
-                ax.set_xlabel("epoch")
+                ax.set_xlabel("epoch", fontsize=10)
             else:
                 v = sd["value"][pd.notna(sd["value"]) & (sd["value"].abs() < float("inf"))]
                 if len(v):
                     ax.set_ylim(-0.5, v.max() + 0.1 * (v.max() - v.min()))
-                ax.set_title(f"Reconstruction loss: {source}", fontsize=10)
-            ax.set_ylabel(r"$J_{proj}$ and squared norms" + (" (log)" if log_y else ""))
+                title = source if source not in settings else f"{source}\n{_wrap(settings[source])}"
+                ax.set_title(title, fontsize=10)
+            ax.set_ylabel(r"$J_{proj}$ and squared norms" + (" (log)" if log_y else ""), fontsize=10)
+            ax.tick_params(labelsize=9)
             ax.grid(alpha=0.3)
-        axes[0, c].legend(fontsize=6, ncol=2)
+    handles = [Line2D([], [], color=colour, lw=2.5, label=f"{name} {split}") for name, pair in colours.items() for split, colour in zip(("train batch", "test batch"), pair)]
+    handles += [
+        Line2D([], [], color="0.3", lw=1.5, label=r"line: $J_{proj}$"),
+        Line2D([], [], color="0.3", ls="", marker="o", ms=5, label=r"circles: $\|h\|^2$"),
+        Line2D([], [], color="0.3", ls="", marker="^", ms=6, label=r"triangles: $\|\varphi(q)\|^2$"),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 7), fontsize=10, frameon=False)
     fig.savefig(pdf, metadata=PDF_METADATA)
     fig.savefig(png, dpi=150)
     plt.close(fig)
     return data.reset_index(drop=True)
 
 
-def plot_figure4(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLike, skip_epochs: dict[str, float]) -> pd.DataFrame:
+def _wrap(text: str, width: int = 60) -> str:
+    """``text`` on lines of at most ``width`` characters, broken after a comma or colon where possible."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
+
+
+def plot_figure4(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLike, skip_epochs: dict[str, float], settings: dict[str, str] | None = None) -> pd.DataFrame:
     """Figure 4: the relative errors ``rel_error_wrt_h`` (top) and ``rel_error_wrt_phiq`` (bottom).
 
     docs/method.md 7, one column per (source, model): train (blue #0066CC) and test (red #CC0000)
@@ -225,6 +248,8 @@ def plot_figure4(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.Pat
     epoch, on a log y-axis (symlog if a value is not positive), so the values of order
     10^5-10^7 are read as they are. The authors' script instead divides them by 1e6 and
     appends "x 10^-6" to the label, which reads as values of order 10^-6.
+
+    ``settings`` (per source, what it trained on) goes under each column's title.
 
     Returns:
         The plotted points (``curves`` rows), with ``panel`` (``rel_h`` or ``rel_phi``) and
@@ -237,7 +262,7 @@ def plot_figure4(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.Pat
 
     rel = curves[curves["metric"].isin(["rel_error_wrt_h", "rel_error_wrt_phiq"])]
     runs = list(dict.fromkeys(zip(rel["source"], rel["model"])))
-    fig, axes = plt.subplots(2, len(runs), figsize=(5.5 * len(runs), 6.5), squeeze=False, constrained_layout=True)
+    fig, axes = plt.subplots(2, len(runs), figsize=(4.5 * len(runs), 6.5), squeeze=False, constrained_layout=True)
     out = []
     for c, (source, model) in enumerate(runs):
         rd = rel[(rel["source"] == source) & (rel["model"] == model)]
@@ -254,7 +279,8 @@ def plot_figure4(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.Pat
                 v = panel["plotted"]
                 if len(v) and v.between(0.9, 1.1).all():
                     ax.set_ylim(0.9, 1.1)
-                ax.set_title(f"{TRAINING_MODEL_NAMES.get(model, model)}: {source}", fontsize=10)
+                title = f"{TRAINING_MODEL_NAMES.get(model, model)}: {source}"
+                ax.set_title(title if source not in (settings or {}) else f"{title}\n{_wrap(settings[source], 45)}", fontsize=9)
             else:
                 v = panel["plotted"][np.isfinite(panel["plotted"])]
                 if len(v) and (v > 0).all():

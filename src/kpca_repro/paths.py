@@ -108,6 +108,8 @@ def all_targets(config: dict) -> list[str]:
     targets = []
     if figure1["runs"] or figure1["use_reference"]:  # training curves: no variants
         targets += ["results/figure1.pdf", "results/figure4.pdf"]
+    if config.get("token_ablation", {}).get("models") and config["token_ablation"]["scales"]:
+        targets += ["results/token_ablation.csv"]
     for variant in config["variants"]:
         sfx = _SUFFIX[variant]
         targets += [f"results/table{t}{sfx}.csv" for t in (1, 2, 3)] + [f"results/table1{sfx}.md"]

@@ -22,8 +22,6 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
-from .h5io import atomic_directory
-
 __all__ = [
     "MissingResourceError",
     "ChecksumMismatchError",
@@ -48,12 +46,14 @@ class ChecksumMismatchError(ValueError):
 
 
 def timm_weights_path(resources_dir: str | os.PathLike, model_id: str) -> Path:
-    """``<resources>/weights/timm/<model_id>.safetensors``."""
+    """``<resources>/weights/timm/<model_id>.safetensors`` (the workflow's weights input,
+    through :func:`kpca_repro.config_checks.weights_path`)."""
     return Path(resources_dir) / "weights" / "timm" / f"{model_id}.safetensors"
 
 
 def imagenet_sample_dir(resources_dir: str | os.PathLike) -> Path:
-    """``<resources>/images/imagenet-sample``."""
+    """``<resources>/images/imagenet-sample`` (the default image source,
+    :func:`kpca_repro.config_checks.image_source`)."""
     return Path(resources_dir) / IMAGENET_SAMPLE_SUBDIR
 
 
@@ -139,6 +139,8 @@ def download_imagenet_sample(url: str, out_dir: str | os.PathLike, expected_coun
             payload = resp.read()
     except Exception as exc:
         raise MissingResourceError(missing_message(out, "ImageNet sample images", f"Download failed ({exc}). {how}")) from exc
+    from .h5io import atomic_directory  # h5py: imported only when downloading (config checks use the paths)
+
     with atomic_directory(out) as tmp:
         with zipfile.ZipFile(io.BytesIO(payload)) as zf:
             names = [n for n in zf.namelist() if n.endswith(".JPEG") and Path(n).name.startswith("n")]

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from kpca_repro import config_checks, paths
 from kpca_repro.code_deps import library_modules
 from kpca_repro.config_checks import ConfigError, check_config, run_model_scale
+from kpca_repro.training_summary import scale_setting, scale_tokens
 from kpca_repro.text import MissingModelError, model_id_from_slug, model_slug, model_source
 
 
@@ -74,6 +75,7 @@ def code_inputs(script):
 REPORT_TABLES = paths.REPORT_TABLES
 TRAINING = config["training"]
 FIGURE1 = config["figure1"]
+ABLATION = config["token_ablation"]
 FASHION_MNIST = [f"{RESOURCES}/datasets/fashion-mnist/{f}" for f in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")]
 
 

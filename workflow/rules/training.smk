@@ -119,8 +119,29 @@ rule figure_training:
         ENV
     params:
         runs=[(run, *run_model_scale(run)) for run in FIGURE1["runs"]],
+        settings={run_model_scale(run)[1]: scale_setting(TRAINING["scales"][run_model_scale(run)[1]]) for run in FIGURE1["runs"]},
         epoch_axis=FIGURE1["epoch_axis"],
         skip_epochs_reference=FIGURE1["skip_epochs_reference"],
         skip_epochs_runs=FIGURE1["skip_epochs_runs"],
     script:
         "../scripts/figure_training.py"
+
+
+rule token_ablation:
+    input:
+        logs=[f"results/training/{model}_{scale}/log.csv" for model in ABLATION["models"] for scale in ABLATION["scales"]],
+        code=code_inputs("token_ablation.py"),
+    output:
+        csv="results/token_ablation.csv",
+        md="results/token_ablation.md",
+    log:
+        "logs/token_ablation.log",
+    benchmark:
+        "benchmarks/token_ablation.tsv"
+    localrule: True
+    conda:
+        ENV
+    params:
+        runs=[(model, scale, scale_tokens(TRAINING["scales"][scale])) for model in ABLATION["models"] for scale in ABLATION["scales"]],
+    script:
+        "../scripts/token_ablation.py"
