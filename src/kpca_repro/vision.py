@@ -53,6 +53,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .model_info import VisionModelCheck
+
 __all__ = [
     "UnsupportedArchitectureError",
     "ModelBuildError",
@@ -321,25 +323,6 @@ def attention_scale(attns: Iterable[nn.Module]) -> float:
     if len(scales) != 1:
         raise UnsupportedArchitectureError(f"layers with different head dimensions (scales {sorted(scales)}); the activation file holds one d")
     return float(scales.pop())
-
-
-@dataclass(frozen=True)
-class VisionModelCheck:
-    """Structure of a supported model (from :func:`check_vision_model`).
-
-    Attributes:
-        depth: number of blocks; n_heads, head_dim: of every layer; scale: ``1/sqrt(head_dim)``;
-        adapter: the adapter name(s), ``"; "``-joined when layers differ.
-        n_tokens: tokens per image (patches + class/distillation tokens) at the configured
-            ``img_size``; None when the model has no ``patch_embed`` to read it from.
-    """
-
-    depth: int
-    n_heads: int
-    head_dim: int
-    scale: float
-    adapter: str
-    n_tokens: int | None = None
 
 
 _CHECKED: dict[str, VisionModelCheck] = {}

@@ -43,8 +43,9 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from kpca_repro import config_checks, paths
 from kpca_repro.code_deps import library_modules
 from kpca_repro.config_checks import ConfigError, check_config, run_model_scale
+from kpca_repro.model_info import MissingModelError, model_source
+from kpca_repro.paths import model_id_from_slug, model_slug
 from kpca_repro.training_summary import scale_setting, scale_tokens
-from kpca_repro.text import MissingModelError, model_id_from_slug, model_slug, model_source
 
 
 def _resolve_scales():
@@ -89,11 +90,16 @@ wildcard_constraints:
     sample=r"\d+|sentences",
 
 
+# Passed model checks, kept between runs (kpca_repro.check_cache): a repeated command imports
+# no torch, timm or transformers while parsing. Safe to delete.
+CHECK_CACHE = os.path.join(".snakemake", "kpca_repro", "checks")
+
+
 def _check_config():
     """Checks a JSON schema cannot express (kpca_repro.config_checks); raise before any job runs.
     Cluster jobs re-parse the workflow and skip the costly ones (the jobs check again)."""
     try:
-        check_config(config, main_process=workflow.is_main_process)
+        check_config(config, main_process=workflow.is_main_process, cache_dir=CHECK_CACHE)
     except ConfigError as exc:
         raise WorkflowError(str(exc)) from None
 
@@ -230,7 +236,7 @@ def _report_cost(targets):
     models += [g[len("model:") :] for g in groups if g.startswith("model:") and g[len("model:") :] in VISION["models"]]
     costs = []
     for model in dict.fromkeys(models):
-        c = config_checks.check_vision_model(config, model, model)  # cached: built on the meta device by _check_config
+        c = config_checks.check_vision_model(config, model, model, CHECK_CACHE)  # cached by _check_config
         costs.append(model_cost(model, "vision", c.n_tokens, c.depth, c.n_heads, c.head_dim, VISION["n_images"]))
     text_models = list(TEXT["models"]) if groups & {"text", "figure5"} else []
     for model_id in text_models:
