@@ -69,6 +69,7 @@ def test_scales_inherit_from_their_base_and_override_only_what_they_set():
     assert {k for k in SCALE_KEYS if scales["medium"][k] != scales["small"][k]} == {"n_train", "patch_size"}
     for name in ("medium-n50", "medium-n17"):
         assert {k for k in SCALE_KEYS if scales[name][k] != scales["medium"][k]} == {"patch_size"}
+    assert {k for k in SCALE_KEYS if scales["medium-n17-long"][k] != scales["medium-n17"][k]} == {"epochs"}
     # tokens = (img_size / patch_size)^2 + the class token: the paper's 197, and 50, 17
     tokens = {n: (scales[n]["img_size"] // scales[n]["patch_size"]) ** 2 + 1 for n in ("medium", "medium-n50", "medium-n17", "small")}
     assert tokens == {"medium": 197, "medium-n50": 50, "medium-n17": 17, "small": 17}

@@ -90,7 +90,7 @@ def token_ablation_table(runs: Sequence[tuple[str | os.PathLike, str, str, int]]
 
     Returns:
         One row per run and split (train, test), columns :data:`ABLATION_COLUMNS`, sorted by
-        model, tokens and split. Values are the logged float64 numbers; J_proj is the logged
+        model, tokens, number of epochs and split. Values are the logged float64 numbers; J_proj is the logged
         ``error`` (the mean of ``|phi_i - ||h_i||^2|``), the norms ``h_norms_ave`` and
         ``phiq_norms_ave`` (docs/method.md 6.1).
 
@@ -124,7 +124,7 @@ def token_ablation_table(runs: Sequence[tuple[str | os.PathLike, str, str, int]]
                 }
             )
     table = pd.DataFrame(rows, columns=list(ABLATION_COLUMNS))
-    return table.sort_values(["model", "tokens", "split"], kind="stable").reset_index(drop=True)
+    return table.sort_values(["model", "tokens", "epochs", "split"], kind="stable").reset_index(drop=True)
 
 
 def token_ablation_markdown(table: "pd.DataFrame", split: str = "test", names: dict[str, str] | None = None) -> str:
@@ -141,12 +141,12 @@ def token_ablation_markdown(table: "pd.DataFrame", split: str = "test", names: d
         return f"{row[f'{name}_first']:.3g} → {row[f'{name}_last']:.3g}"
 
     lines = [
-        "| model | N | train loss | test acc@1 (last) | J_proj | ‖h‖² | ‖φ(q)‖² |",
-        "|---|---|---|---|---|---|---|",
+        "| model | N | epochs | train loss | test acc@1 (last) | J_proj | ‖h‖² | ‖φ(q)‖² |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for _, row in table[table["split"] == split].iterrows():
         lines.append(
-            f"| {names.get(row['model'], row['model'])} | {row['tokens']} | {row['train_loss_first']:.3f} → {row['train_loss_last']:.3f} | "
+            f"| {names.get(row['model'], row['model'])} | {row['tokens']} | {row['epochs']} | {row['train_loss_first']:.3f} → {row['train_loss_last']:.3f} | "
             f"{row['test_acc1_last']:.1f} % | {pair(row, 'j_proj')} | {pair(row, 'h_norm_sq')} | {pair(row, 'phiq_norm_sq')} |"
         )
     return "\n".join(lines) + "\n"
