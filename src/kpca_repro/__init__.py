@@ -12,7 +12,8 @@ Modules, by pipeline stage (docs/internals.md):
   (sign draws, bootstrap);
 * norms and training: :mod:`kpca_repro.projection` (J_proj, squared norms),
   :mod:`kpca_repro.norms` (per-layer norm statistics), :mod:`kpca_repro.training`
-  (training runs of Figures 1 and 4);
+  (training runs of Figures 1 and 4), :mod:`kpca_repro.training_summary` (each run's
+  setting and token count, the token-count ablation table);
 * aggregation and rendering: :mod:`kpca_repro.tables`, :mod:`kpca_repro.figures`,
   :mod:`kpca_repro.comparison` (against the published numbers), :mod:`kpca_repro.report`,
   :mod:`kpca_repro.report_check` (strict report captions);
@@ -20,7 +21,8 @@ Modules, by pipeline stage (docs/internals.md):
   :mod:`kpca_repro.h5io` (HDF5, atomic outputs), :mod:`kpca_repro.smk` (rule-script
   helpers, logging), :mod:`kpca_repro.resources` (resources directory),
   :mod:`kpca_repro.code_deps` (each rule's ``code`` input), :mod:`kpca_repro.slurm_preflight`
-  (cluster checks before submission).
+  (cluster checks before submission), :mod:`kpca_repro.check_cache` (passed model checks
+  kept between runs), :mod:`kpca_repro.model_info` (torch-free model facts for parse time).
 """
 
 __version__ = "0.1.0"
