@@ -442,44 +442,11 @@ def train_run(
     Returns:
         The log as a DataFrame.
     """
-    from timm.data import Mixup
-    from timm.loss import SoftTargetCrossEntropy
-    from timm.optim import create_optimizer_v2
-    from timm.scheduler import create_scheduler_v2
-
-    from .progress import progress as progress_bar
-
     log_csv, checkpoint = Path(log_csv), Path(checkpoint)
     epochs = scale["epochs"]
     model = model.to(device)
-    optimizer = create_optimizer_v2(model, opt=scale["opt"], lr=scale["lr"], weight_decay=scale["weight_decay"])
-    scheduler, _ = create_scheduler_v2(optimizer, sched=scale["sched"], num_epochs=epochs, warmup_epochs=scale["warmup_epochs"], min_lr=scale["min_lr"], warmup_lr=scale["min_lr"])
-    use_mix = scale["mixup"] > 0 or scale["cutmix"] > 0
-    num_classes = model.num_classes
-    mixup = Mixup(mixup_alpha=scale["mixup"], cutmix_alpha=scale["cutmix"], label_smoothing=scale["smoothing"], num_classes=num_classes) if use_mix else None
-    criterion = SoftTargetCrossEntropy() if use_mix else nn.CrossEntropyLoss(label_smoothing=scale["smoothing"])
-    amp = bool(scale["amp"]) and device.type == "cuda"
-    scaler = torch.amp.GradScaler("cuda", enabled=amp)
-    ema = None
-    if scale["model_ema"]:
-        from timm.utils import ModelEmaV2
-
-        ema = ModelEmaV2(model, decay=scale["model_ema_decay"])
-
-    start, rows, fixed = 0, [], {}
-    if checkpoint.exists():
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
-        if state.get("fingerprint") == fingerprint:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-            scaler.load_state_dict(state["scaler"])
-            if ema is not None:
-                ema.module.load_state_dict(state["ema"])
-            start, rows, fixed = state["epoch"], state["rows"], state["fixed"]
-            log.info("resuming %s after epoch %d of %d", checkpoint, start, epochs)
-        else:
-            log.warning("ignoring %s: it belongs to another configuration (fingerprint differs)", checkpoint)
+    recipe = _Recipe.build(model, scale, device)
+    start, rows, fixed = _resume(checkpoint, fingerprint, model, recipe, epochs)
     if start > 0:
         _write_rows(rows, log_csv)  # drop any row written after the checkpoint
 
@@ -492,57 +459,16 @@ def train_run(
 
     for epoch in range(start, epochs):
         generator.manual_seed(_seed_epoch(seed, epoch))
-        model.train()
-        total, count = 0.0, 0
-        for i, (x, y) in enumerate(progress_bar(loader, desc=f"epoch {epoch + 1}/{epochs}", disable=not progress, leave=False)):
-            x, y = x.to(device), y.to(device)
-            if epoch == 0 and i == recon_index:
-                fixed["train"] = x.detach().cpu().clone()
-            if mixup is not None:
-                x, y = mixup(x, y)
-            with torch.autocast(device_type=device.type, enabled=amp):
-                loss = criterion(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            if ema is not None:
-                ema.update(model)
-            total += float(loss.detach()) * x.shape[0]
-            count += x.shape[0]
-        lr = optimizer.param_groups[0]["lr"]
-        row = {"epoch": epoch, "lr": lr, "train_loss": total / count}
+        # the fixed "train" batch is taken from the first epoch's loader, before mixup
+        keep = recon_index if epoch == 0 else None
+        train_loss = _train_epoch(model, loader, recipe, device, fixed, keep, desc=f"epoch {epoch + 1}/{epochs}", progress=progress)
+        row = {"epoch": epoch, "lr": recipe.optimizer.param_groups[0]["lr"], "train_loss": train_loss}
         row.update({f"train_{k}": v for k, v in reconstruction_metrics(model, fixed["train"].to(device), train_mode=True).items()})
-
-        model.eval()
-        vloss, n, c1, c5 = 0.0, 0, 0.0, 0.0
-        with torch.no_grad():
-            for i, (x, y) in enumerate(val_loader):
-                if "test" not in fixed and i == 0:
-                    fixed["test"] = x.clone()
-                x, y = x.to(device), y.to(device)
-                logits = model(x)
-                vloss += float(F.cross_entropy(logits, y, reduction="sum"))
-                a1, a5 = _accuracy(logits, y)
-                c1, c5, n = c1 + a1, c5 + a5, n + x.shape[0]
-        row.update({"test_loss": vloss / n, "test_acc1": 100.0 * c1 / n, "test_acc5": 100.0 * c5 / n})
+        row.update(_evaluate(model, val_loader, device, fixed))
         row.update({f"test_{k}": v for k, v in reconstruction_metrics(model, fixed["test"].to(device), train_mode=False).items()})
-        scheduler.step(epoch + 1)
+        recipe.scheduler.step(epoch + 1)
         rows.append(row)
-
-        state = {
-            "fingerprint": fingerprint,
-            "epoch": epoch + 1,
-            "rows": rows,
-            "fixed": fixed,
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "scaler": scaler.state_dict(),
-            "ema": ema.module.state_dict() if ema is not None else None,
-        }
-        with atomic_output(checkpoint) as tmp:
-            torch.save(state, tmp)
+        _save_checkpoint(checkpoint, fingerprint, epoch + 1, rows, fixed, model, recipe)
         _write_rows(rows, log_csv)
         log.info("epoch %d/%d: loss %.4f, acc1 %.2f, J_proj train %.4g test %.4g", epoch + 1, epochs, row["train_loss"], row["test_acc1"], row["train_error"], row["test_error"])
         if on_epoch_end is not None:
@@ -550,6 +476,119 @@ def train_run(
     if start >= epochs:
         _write_rows(rows, log_csv)
     return pd.DataFrame(rows, columns=list(LOG_COLUMNS))
+
+
+class _Recipe:
+    """The training recipe of one run (docs/method.md 6.1): optimizer, per-epoch scheduler,
+    Mixup/CutMix with its loss, AMP scaler and optional weight EMA, built from a scale."""
+
+    def __init__(self, optimizer, scheduler, mixup, criterion, amp: bool, scaler, ema):
+        self.optimizer, self.scheduler, self.mixup, self.criterion = optimizer, scheduler, mixup, criterion
+        self.amp, self.scaler, self.ema = amp, scaler, ema
+
+    @classmethod
+    def build(cls, model: nn.Module, scale: dict, device: torch.device) -> "_Recipe":
+        """timm's factories with the scale's settings (see :func:`train_run`)."""
+        from timm.data import Mixup
+        from timm.loss import SoftTargetCrossEntropy
+        from timm.optim import create_optimizer_v2
+        from timm.scheduler import create_scheduler_v2
+
+        optimizer = create_optimizer_v2(model, opt=scale["opt"], lr=scale["lr"], weight_decay=scale["weight_decay"])
+        scheduler, _ = create_scheduler_v2(optimizer, sched=scale["sched"], num_epochs=scale["epochs"], warmup_epochs=scale["warmup_epochs"], min_lr=scale["min_lr"], warmup_lr=scale["min_lr"])
+        use_mix = scale["mixup"] > 0 or scale["cutmix"] > 0
+        mixup = Mixup(mixup_alpha=scale["mixup"], cutmix_alpha=scale["cutmix"], label_smoothing=scale["smoothing"], num_classes=model.num_classes) if use_mix else None
+        criterion = SoftTargetCrossEntropy() if use_mix else nn.CrossEntropyLoss(label_smoothing=scale["smoothing"])
+        amp = bool(scale["amp"]) and device.type == "cuda"
+        scaler = torch.amp.GradScaler("cuda", enabled=amp)
+        ema = None
+        if scale["model_ema"]:
+            from timm.utils import ModelEmaV2
+
+            ema = ModelEmaV2(model, decay=scale["model_ema_decay"])
+        return cls(optimizer, scheduler, mixup, criterion, amp, scaler, ema)
+
+
+def _resume(checkpoint: Path, fingerprint: str, model: nn.Module, recipe: _Recipe, epochs: int) -> tuple[int, list[dict], dict]:
+    """``(first epoch to train, rows so far, fixed batches)`` from a checkpoint of the same
+    fingerprint (its model, optimizer, scheduler, scaler and EMA states loaded), else
+    ``(0, [], {})``; a checkpoint of another fingerprint is ignored with a warning."""
+    if not checkpoint.exists():
+        return 0, [], {}
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    if state.get("fingerprint") != fingerprint:
+        log.warning("ignoring %s: it belongs to another configuration (fingerprint differs)", checkpoint)
+        return 0, [], {}
+    model.load_state_dict(state["model"])
+    recipe.optimizer.load_state_dict(state["optimizer"])
+    recipe.scheduler.load_state_dict(state["scheduler"])
+    recipe.scaler.load_state_dict(state["scaler"])
+    if recipe.ema is not None:
+        recipe.ema.module.load_state_dict(state["ema"])
+    log.info("resuming %s after epoch %d of %d", checkpoint, state["epoch"], epochs)
+    return state["epoch"], state["rows"], state["fixed"]
+
+
+def _train_epoch(model: nn.Module, loader, recipe: _Recipe, device: torch.device, fixed: dict, keep: int | None, desc: str, progress: bool) -> float:
+    """One pass over ``loader`` in train mode; the mean training loss (per image).
+
+    ``fixed["train"]`` becomes a copy of batch ``keep`` (before mixup) when ``keep`` is not None.
+    """
+    from .progress import progress as progress_bar
+
+    model.train()
+    total, count = 0.0, 0
+    for i, (x, y) in enumerate(progress_bar(loader, desc=desc, disable=not progress, leave=False)):
+        x, y = x.to(device), y.to(device)
+        if i == keep:
+            fixed["train"] = x.detach().cpu().clone()
+        if recipe.mixup is not None:
+            x, y = recipe.mixup(x, y)
+        with torch.autocast(device_type=device.type, enabled=recipe.amp):
+            loss = recipe.criterion(model(x), y)
+        recipe.optimizer.zero_grad(set_to_none=True)
+        recipe.scaler.scale(loss).backward()
+        recipe.scaler.step(recipe.optimizer)
+        recipe.scaler.update()
+        if recipe.ema is not None:
+            recipe.ema.update(model)
+        total += float(loss.detach()) * x.shape[0]
+        count += x.shape[0]
+    return total / count
+
+
+def _evaluate(model: nn.Module, val_loader, device: torch.device, fixed: dict) -> dict:
+    """Validation loss and top-1/top-5 accuracy (%) in eval mode; ``fixed["test"]`` becomes
+    the first validation batch if it is not set yet."""
+    model.eval()
+    vloss, n, c1, c5 = 0.0, 0, 0.0, 0.0
+    with torch.no_grad():
+        for i, (x, y) in enumerate(val_loader):
+            if "test" not in fixed and i == 0:
+                fixed["test"] = x.clone()
+            x, y = x.to(device), y.to(device)
+            logits = model(x)
+            vloss += float(F.cross_entropy(logits, y, reduction="sum"))
+            a1, a5 = _accuracy(logits, y)
+            c1, c5, n = c1 + a1, c5 + a5, n + x.shape[0]
+    return {"test_loss": vloss / n, "test_acc1": 100.0 * c1 / n, "test_acc5": 100.0 * c5 / n}
+
+
+def _save_checkpoint(checkpoint: Path, fingerprint: str, epoch: int, rows: list[dict], fixed: dict, model: nn.Module, recipe: _Recipe) -> None:
+    """Everything :func:`_resume` needs after ``epoch`` completed epochs, written atomically."""
+    state = {
+        "fingerprint": fingerprint,
+        "epoch": epoch,
+        "rows": rows,
+        "fixed": fixed,
+        "model": model.state_dict(),
+        "optimizer": recipe.optimizer.state_dict(),
+        "scheduler": recipe.scheduler.state_dict(),
+        "scaler": recipe.scaler.state_dict(),
+        "ema": recipe.ema.module.state_dict() if recipe.ema is not None else None,
+    }
+    with atomic_output(checkpoint) as tmp:
+        torch.save(state, tmp)
 
 
 # --------------------------------------------------------------------------------------
