@@ -35,7 +35,7 @@ for m in cfg["vision"]["models"]:
     (work / "resources/weights/timm" / f"{m}.safetensors").touch()
 over = {"resources_dir": str(work / "resources"), "offline": True, "vision": {"shards": shards}}
 if workload == "vision":  # language models and training runs left out
-    over |= {"text": {"models": []}, "figure1": {"runs": [], "use_reference": False}}
+    over |= {"text": {"models": []}, "figure1": {"runs": [], "use_reference": False}, "token_ablation": {"models": []}}
 else:
     local = {}
     for model_id in cfg["text"]["models"]:
@@ -52,6 +52,7 @@ else:
         "text": {"local_models": local},
         "training": {"scales": {"paper": {"imagenet_root": str(imagenet)}}},
         "figure1": {"runs": [f"{arch}_paper" for arch in cfg["training"]["models"]], "use_reference": True, "reference_logs": f"{shared}/reference/training_logs"},
+        "token_ablation": {"models": []},  # this project's CPU ablation, not part of the paper's workload
     }
 if models:
     over["vision"]["models"] = models.split(",")

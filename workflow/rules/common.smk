@@ -104,6 +104,15 @@ def _check_config():
         raise WorkflowError(str(exc)) from None
 
 
+def ablation_runs():
+    """(model, scale, tokens) of each token-ablation run; evaluated only when the table is
+    requested, so a configuration that shrinks the images of `small` still builds the rest."""
+    try:
+        return [(model, scale, scale_tokens(TRAINING["scales"][scale])) for model in ABLATION["models"] for scale in ABLATION["scales"]]
+    except ValueError as exc:
+        raise WorkflowError(f"config key token_ablation.scales: {exc} in one of {', '.join(ABLATION['scales'])} (training.scales)") from None
+
+
 def reference_logs_input():
     """The authors' W&B logs folder of Figures 1 and 4 ([] when figure1.use_reference is false)."""
     if not FIGURE1["use_reference"]:

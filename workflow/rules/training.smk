@@ -142,6 +142,6 @@ rule token_ablation:
     conda:
         ENV
     params:
-        runs=[(model, scale, scale_tokens(TRAINING["scales"][scale])) for model in ABLATION["models"] for scale in ABLATION["scales"]],
+        runs=lambda wc: ablation_runs(),
     script:
         "../scripts/token_ablation.py"
