@@ -104,6 +104,14 @@ def test_a_valid_small_configuration_passes(tmp_path):
     assert run_model_scale("vit_tiny_small") == ("vit_tiny", "small")
 
 
+def test_a_run_whose_inherited_images_its_patches_do_not_divide_is_an_error(tmp_path):
+    cfg = _config(tmp_path)
+    cfg["training"]["scales"]["medium"]["patch_size"] = 5  # 28x28 images inherited from small
+    cfg["figure1"]["runs"] = ["vit_tiny_medium"]
+    with pytest.raises(ConfigError, match=r"^config key training.scales.medium.patch_size: patch_size 5 does not divide img_size 28$"):
+        check_config(cfg)
+
+
 @pytest.mark.parametrize(
     "overrides, needle",
     [
@@ -116,6 +124,8 @@ def test_a_valid_small_configuration_passes(tmp_path):
         ({"figure5": {"models": ["bert-base-uncased"]}}, "config key figure5.models[0]: 'bert-base-uncased' is not in text.models"),
         ({"comparison": {"published_tables": "/nonexistent/tables"}}, "config key comparison.published_tables: /nonexistent/tables is not a directory"),
         ({"vision": {"imagenet_val_dir": "/nonexistent/val"}}, "config key vision.imagenet_val_dir: /nonexistent/val is not a directory"),
+        ({"token_ablation": {"scales": ["medium", "nope"]}}, "config key token_ablation.scales[1]: 'nope' is not in training.scales"),
+        ({"token_ablation": {"models": ["vit_huge"]}}, "config key token_ablation.models[0]: 'vit_huge' is not in training.models"),
     ],
 )
 def test_each_problem_is_one_error_naming_its_key(tmp_path, overrides, needle):

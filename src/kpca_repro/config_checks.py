@@ -31,6 +31,7 @@ import os
 from .check_cache import CheckCache, file_sha256, library_fingerprint, package_version
 from .model_info import LOCAL_MODELS_KEY, MissingModelError, VisionModelCheck, model_source, resolve_local_dir
 from .resources import imagenet_sample_dir, timm_weights_path
+from .training_summary import scale_tokens
 
 __all__ = [
     "ConfigError",
@@ -288,8 +289,10 @@ def _check_training_config(config: dict, cache: CheckCache) -> None:
             root = sc["imagenet_root"]
             if root is None or not all(os.path.isdir(os.path.join(root, s)) for s in ("train", "val")):
                 raise ConfigError(f"config key training.scales.{scale}.imagenet_root: {root} must hold train/ and val/ class folders (ImageNet-1k) for run {run}")
-        if sc["img_size"] % sc["patch_size"]:
-            raise ConfigError(f"config key training.scales.{scale}.patch_size: {sc['patch_size']} does not divide img_size {sc['img_size']}")
+        try:
+            scale_tokens(sc)
+        except ValueError as exc:
+            raise ConfigError(f"config key training.scales.{scale}.patch_size: {exc}") from None
     ablation = config.get("token_ablation", {})
     for key, known, where in (("models", training["models"], "training.models"), ("scales", scales, "training.scales")):
         for i, name in enumerate(ablation.get(key, [])):
