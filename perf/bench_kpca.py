@@ -5,6 +5,8 @@
     python perf/bench_kpca.py table1  [--images 1] [--device cuda] [--threads 14] [--breakdown] [--out ...]
     python perf/bench_kpca.py memory  --images 4 16 100 [--model vit_large_patch16_224] [--out ...]
     python perf/bench_kpca.py chain   --configfile config/offline_deit_tiny.yaml [--cores 2] [--out ...]
+    python perf/bench_kpca.py authors [--model deit_tiny_patch16_224] [--images 100] [--out ...]
+    python perf/bench_kpca.py extract [--tree OTHER_CHECKOUT] [--repeats 2] [--out ...]
     python perf/bench_kpca.py allocator ACTIVATIONS.h5 [--layers 1 12] [--threads 2] [--out ...]
 
 Methods compared (each measurement runs in its own subprocess, so peak RSS is its own):
@@ -107,7 +109,7 @@ def _per_head(k, v, base, variant):
     return {c: np.concatenate([r[c] for r in rows]) for c in rows[0]}
 
 
-def _batched(k, v, base, variant, device, chunk, workers, eigh_device=None, streams=False):
+def _batched(k, v, base, variant, device, chunk, workers, eigh_device=None, streams=False, eigh_threads=None):
     import numpy as np
 
     from kpca_repro import kpca
@@ -117,7 +119,7 @@ def _batched(k, v, base, variant, device, chunk, workers, eigh_device=None, stre
         hi = min(lo + chunk, k.shape[0])
         with device_stream(device, streams):
             b = base[lo:hi].to(device) if variant == "corrected" else None
-            return kpca.head_metrics(k[lo:hi].to(device), v[lo:hi].to(device), variant, baseline=b, eigh_device=eigh_device)
+            return kpca.head_metrics(k[lo:hi].to(device), v[lo:hi].to(device), variant, baseline=b, eigh_device=eigh_device, eigh_threads=eigh_threads)
 
     parts = list(ordered_map(work, range(0, k.shape[0], chunk), workers=workers))
     return {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
@@ -221,7 +223,14 @@ def _run_method(spec, device, k, v, base):
         # the oracle builds its constant matrices on the CPU: on CUDA the per-head baseline is
         # head_metrics on one head at a time (same per-head structure: one eigh, CKA, assignment)
         return _per_head(k.to(device), v.to(device), base.to(device), spec["variant"])
-    return _batched(k, v, base, spec["variant"], device, spec["chunk"], spec["workers"], spec.get("eigh_device"), spec.get("streams", False))
+    eigh_threads = spec.get("eigh_threads")
+    if eigh_threads == "auto":  # the kpca_heads rule: torch's default count for the paper variant, the caller's for the corrected one
+        from kpca_repro.threads import torch_default_threads
+
+        eigh_threads = torch_default_threads() if spec["variant"] == "paper" else None
+    elif eigh_threads is not None:
+        eigh_threads = int(eigh_threads)
+    return _batched(k, v, base, spec["variant"], device, spec["chunk"], spec["workers"], spec.get("eigh_device"), spec.get("streams", False), eigh_threads)
 
 
 def _read_file(path, variant, seed):
@@ -321,11 +330,12 @@ def cmd_stage(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for variant in args.variants:
             common = {"variant": variant, "device": args.device, "activations": str(args.activations), "seed": 0}
-            batched = dict(common, method="batched", chunk=args.chunk, workers=args.threads, torch_threads=1, eigh_device=args.eigh_device, breakdown=args.breakdown)
+            batched = dict(common, method="batched", chunk=args.chunk, workers=args.threads, torch_threads=1, eigh_device=args.eigh_device, breakdown=args.breakdown, eigh_threads=args.eigh_threads)
             fast_res, fast_out = _measure(batched, Path(tmp))
             row = {"variant": variant, "batched": fast_res}
             outs = {"batched": fast_out}
-            for threads in sorted({1, args.threads} if args.baseline_threads is None else {args.baseline_threads}):
+            baselines = sorted({1, args.threads} if args.baseline_threads is None else {args.baseline_threads})
+            for threads in [] if args.skip_baseline else baselines:
                 base_res, base_out = _measure(dict(common, method="per_head", torch_threads=threads), Path(tmp))
                 row[f"per_head_{threads}thr"] = {**base_res, "speedup_of_batched": base_res["seconds"] / fast_res["seconds"], **_compare(variant, base_out, fast_out)}
                 outs[f"per_head_{threads}thr"] = base_out
@@ -443,6 +453,92 @@ def cmd_chain(args) -> dict:
     return out
 
 
+def _authors_head(k, v) -> dict | None:
+    """One head the way ``value_vectors.py`` treats it: the oracle's Table 1 metrics plus the
+    quantities that script also computes per head and never aggregates (Frobenius error,
+    token-wise Euclidean, L1 and Pearson, Python lists of the per-token values and a Python
+    loop counting negative cosines; docs/method.md 2). Their cost belongs to the baseline."""
+    import torch
+
+    from paper_reference import head_metrics_reference
+
+    out = head_metrics_reference(k, v)
+    if out is None:
+        return None
+    from paper_reference import v_kpca_reference
+
+    vhat = v_kpca_reference(k)
+    vn = v / (v.norm(2, dim=1, keepdim=True) + 1e-8)
+    vhn = vhat / (vhat.norm(2, dim=1, keepdim=True) + 1e-8)
+    direct = (vn * vhn).sum(dim=1).tolist()
+    out["negative_count"] = sum(1 for c in direct if c < 0)
+    out["frobenius"] = torch.norm(v - vhat, p="fro").item() / torch.norm(v, p="fro").item()
+    out["euclidean"] = torch.norm(v - vhat, dim=1).tolist()
+    out["l1"] = torch.sum(torch.abs(v - vhat), dim=1).tolist()
+    vc, vhc = v - v.mean(dim=1, keepdim=True), vhat - vhat.mean(dim=1, keepdim=True)
+    out["pearson"] = (vc / (vc.norm(dim=1, keepdim=True) + 1e-8) * (vhc / (vhc.norm(dim=1, keepdim=True) + 1e-8))).sum(dim=1).tolist()
+    return out
+
+
+def _authors(spec: dict) -> dict:
+    """The structure of the authors' ``value_vectors.py`` for one model (docs/method.md 2 and 12),
+    run in its own process: decode the images one by one, then for every layer a hook on
+    ``blocks[l].attn.qkv`` and a full forward pass of all images, then a Python loop over
+    images and heads. Same weights, images and preprocessing as the pipeline, torch's
+    default thread count (the authors never set one)."""
+    t0 = time.perf_counter()
+    import numpy as np
+    import pandas as pd
+    import torch
+
+    from kpca_repro import images as img
+    from kpca_repro.vision import load_timm_model
+
+    model = load_timm_model(spec["model"], spec["weights"]).eval()
+    records = img.list_images(spec["image_dir"], spec["layout"])
+    paths = list(img.sample_images(records, spec["images"], spec["seed"])["path"])
+    transform = img.paper_transform(224)
+    x = torch.stack([transform(img.load_image(p)) for p in paths])
+    rows = []
+    for layer, block in enumerate(model.blocks):
+        attn, captured = block.attn, {}
+        handle = attn.qkv.register_forward_hook(lambda _m, _i, out: captured.__setitem__("qkv", out.detach().clone()))
+        with torch.no_grad():
+            model(x)
+        handle.remove()
+        qkv = captured["qkv"]
+        b, n = qkv.shape[:2]
+        _, k, v = qkv.reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        for i in range(b):
+            for h in range(attn.num_heads):
+                out = _authors_head(k[i, h], v[i, h])
+                if out is not None:
+                    rows.append({"layer": layer, "image": i, "head": h, **{c: out[c] for c in ("direct_cos_mean", "optimal_cos_mean", "linear_cka", "rbf_cka")}})
+    df = pd.DataFrame(rows)
+    table = {
+        "MDC": float(df["direct_cos_mean"].max()),
+        "MOC": float(df["optimal_cos_mean"].max()),
+        "LCKA": float(np.mean(df["linear_cka"])),
+        "KCKA": float(np.mean(df["rbf_cka"])),
+    }
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"seconds_in_process": time.perf_counter() - t0, "cpu_seconds": usage.ru_utime + usage.ru_stime, "heads": len(df), "torch_threads": torch.get_num_threads(), "table1": table}
+
+
+def cmd_authors(args) -> dict:
+    """Wall and CPU time of the authors' structure (:func:`_authors`) as one whole process."""
+    spec = {"model": args.model, "weights": args.weights, "image_dir": args.image_dir, "layout": "flat", "images": args.images, "seed": args.seed}
+    env = dict(os.environ, PYTHONPATH=f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, "_authors", json.dumps(spec)], capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-4000:])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(json.dumps({"wall_seconds": wall, **out["table1"]}), flush=True)
+    return {"command": "authors", "spec": spec, "wall_seconds": wall, **out}
+
+
 # --------------------------------------------------------------------------------------
 # Helpers run in subprocesses by `memory`
 # --------------------------------------------------------------------------------------
@@ -469,6 +565,42 @@ def _extract(spec: dict) -> dict:
     samples = pd.DataFrame({"sample_rank": range(len(files)), "dataset_index": range(len(files)), "path": [str(f) for f in files]})
     extract_vision(spec["model"], spec["weights"], "0" * 64, samples, spec["out"], batch_size=spec["batch_size"], device=torch.device("cpu"), progress=False)
     return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _extract_timed(spec: dict) -> dict:
+    """Images per second of ``extract_vision`` alone (imports and timm's own import not timed)."""
+    import pandas as pd
+    import timm  # noqa: F401  (imported by the model loader; its ~2 s are start-up, not extraction)
+    import torch
+
+    from kpca_repro.extraction import extract_vision
+
+    torch.set_num_threads(spec["threads"])
+    files = sorted(Path(spec["image_dir"]).glob("*.JPEG"))[: spec["images"]]
+    samples = pd.DataFrame({"sample_rank": range(len(files)), "dataset_index": range(len(files)), "path": [str(f) for f in files]})
+    t0, c0 = time.perf_counter(), time.process_time()
+    extract_vision(spec["model"], spec["weights"], "0" * 64, samples, spec["out"], batch_size=spec["batch_size"], device=torch.device("cpu"), progress=False)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"images": len(files), "seconds": wall, "cpu_seconds": cpu, "images_per_second": len(files) / wall, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def cmd_extract(args) -> dict:
+    """``extract_vision`` on the real DeiT-Tiny weights, this tree and optionally another one (``--tree``), alternating."""
+    rows = []
+    trees = [("this", REPO)] + ([("other", Path(args.tree).resolve())] if args.tree else [])
+    with tempfile.TemporaryDirectory(dir=args.tmpdir) as tmp:
+        for rep in range(args.repeats):
+            for name, tree in trees:
+                spec = {"model": args.model, "weights": args.weights, "image_dir": args.image_dir, "images": args.images, "batch_size": args.batch_size}
+                spec.update(threads=args.threads, out=str(Path(tmp) / f"{name}.h5"))
+                env = dict(os.environ, PYTHONPATH=f"{tree / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+                proc = subprocess.run([sys.executable, __file__, "_extract_timed", json.dumps(spec)], capture_output=True, text=True, env=env)
+                if proc.returncode != 0:
+                    raise RuntimeError(proc.stderr[-3000:])
+                row = {"tree": str(tree), "repeat": rep, **json.loads(proc.stdout.strip().splitlines()[-1])}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    return {"command": "extract", "rows": rows}
 
 
 def _kpca(spec: dict) -> dict:
@@ -523,8 +655,8 @@ def cmd_allocator(args) -> dict:
 
 
 def main(argv=None) -> None:
-    if len(sys.argv) > 2 and sys.argv[1] in ("_one", "_extract", "_kpca"):
-        fn = {"_one": _one, "_extract": _extract, "_kpca": _kpca}[sys.argv[1]]
+    if len(sys.argv) > 2 and sys.argv[1] in ("_one", "_extract", "_extract_timed", "_kpca", "_authors"):
+        fn = {"_one": _one, "_extract": _extract, "_extract_timed": _extract_timed, "_kpca": _kpca, "_authors": _authors}[sys.argv[1]]
         print(json.dumps(fn(json.loads(sys.argv[2]))))
         return
     if len(sys.argv) > 3 and sys.argv[1] == "_weights":
@@ -548,6 +680,9 @@ def main(argv=None) -> None:
             s.add_argument("--breakdown", action="store_true", help="time the batched run spends in eigh, the assignments and head_metrics, summed over threads")
         if name in ("stage", "shapes"):
             s.add_argument("--baseline-threads", type=int, default=None, help="torch threads of the per-head baseline (default: 1 and --threads)")
+        if name == "stage":
+            s.add_argument("--skip-baseline", action="store_true", help="time the batched method only")
+            s.add_argument("--eigh-threads", default=None, help="'auto': the kpca_heads rule's eigh threads (torch's default for the paper variant); an int; default: the caller's (one)")
         if name == "table1":
             s.add_argument("--images", type=int, default=1)
             s.add_argument("--streams", action="store_true", help="one CUDA stream per worker thread")
@@ -565,6 +700,22 @@ def main(argv=None) -> None:
     s.add_argument("--layers", type=int, nargs="+", default=[1, 12], help="first n layers the KPCA run covers")
     s.add_argument("--chunk", type=int, default=64, help="heads per chunk (the rule's default kpca.heads_per_chunk)")
     s.add_argument("--threads", type=int, default=2)
+    s = sub.add_parser("authors", help="the authors' value_vectors.py structure, one whole process (the chain's baseline)")
+    s.add_argument("--model", default="deit_tiny_patch16_224")
+    s.add_argument("--weights", default=str(REPO / ".." / "shared" / "assets" / "weights" / "timm" / "deit_tiny_patch16_224.safetensors"))
+    s.add_argument("--image-dir", default=str(REPO / ".." / "shared" / "assets" / "images" / "imagenet-sample"))
+    s.add_argument("--images", type=int, default=100)
+    s.add_argument("--seed", type=int, default=0, help="the configuration seed of the image draw")
+    s = sub.add_parser("extract", help="images/s of extract_vision on the real DeiT-Tiny weights")
+    s.add_argument("--model", default="deit_tiny_patch16_224")
+    s.add_argument("--weights", default=str(REPO / ".." / "shared" / "assets" / "weights" / "timm" / "deit_tiny_patch16_224.safetensors"))
+    s.add_argument("--image-dir", default=str(REPO / ".." / "shared" / "assets" / "images" / "imagenet-sample"))
+    s.add_argument("--images", type=int, default=100)
+    s.add_argument("--batch-size", type=int, default=25)
+    s.add_argument("--threads", type=int, default=2, help="torch intra-op threads of the forward pass")
+    s.add_argument("--repeats", type=int, default=2)
+    s.add_argument("--tree", default=None, help="another checkout to compare with (its src/)")
+    s.add_argument("--tmpdir", default=None)
     s = sub.add_parser("chain")
     s.add_argument("--configfile", default=str(REPO / "config" / "offline_deit_tiny.yaml"))
     s.add_argument("--cores", type=int, default=2)

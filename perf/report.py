@@ -89,6 +89,21 @@ def chain(r):
     print()
 
 
+def authors(r):
+    t = r["table1"]
+    print(
+        f"authors' structure, {r['spec']['model']} x {r['spec']['images']} images: {r['wall_seconds']:.1f} s wall, {r['cpu_seconds']:.1f} CPU-s, {r['heads']} heads, "
+        f"{r['torch_threads']} torch threads; MDC {t['MDC']:.6f} MOC {t['MOC']:.6f} LCKA {t['LCKA']:.6f} KCKA {t['KCKA']:.6f}\n"
+    )
+
+
+def extract(r):
+    print("| tree | repeat | images | seconds | CPU-s | images/s | peak RSS MB |\n|---|---|---|---|---|---|---|")
+    for row in r["rows"]:
+        print(f"| {row['tree']} | {row['repeat']} | {row['images']} | {row['seconds']:.2f} | {row['cpu_seconds']:.2f} | {row['images_per_second']:.1f} | {row['peak_rss_mb']:.0f} |")
+    print()
+
+
 def memory(r):
     print("| model | images | extraction s | extraction peak RSS MB | KPCA layers | KPCA s | KPCA peak RSS MB | HDF5 MB |\n|---|---|---|---|---|---|---|---|")
     for row in r["rows"]:

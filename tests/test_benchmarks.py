@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_batching_and_sharding import _activation_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,3 +53,37 @@ def test_allocator_benchmark_covers_the_layers_it_names(tmp_path):
     assert len(seen) == 6  # three glibc settings x two depths
     assert all(heads == 15 * layers for (_, layers), heads in seen.items())
     assert all(row["peak_rss_mb"] > 0 for row in res["rows"])
+
+
+@pytest.mark.realweights
+def test_authors_structure_baseline_gives_the_pipelines_table1_row(tmp_path):
+    """The chain's baseline (the authors' value_vectors.py structure: a full forward pass per
+    layer, a Python loop over images and heads) and the pipeline (one forward pass per batch,
+    batched heads on worker threads, the rule's eigh threads) give the same Table 1 row for
+    the same two real images: the speed-up compares like with like."""
+    import numpy as np
+    import torch
+
+    from kpca_repro import images
+    from kpca_repro.extraction import extract_vision
+    from kpca_repro.records import kpca_records
+    from kpca_repro.threads import torch_default_threads
+
+    from conftest import real_deit_tiny
+
+    _, weights, image_dir = real_deit_tiny()
+    res = _bench("authors", "--images", "2", "--weights", str(weights), "--image-dir", str(image_dir), out=tmp_path / "authors.json")
+    assert res["heads"] == 2 * 12 * 3 and res["wall_seconds"] > 0
+    samples = images.sample_images(images.list_images(image_dir, "flat"), 2, seed=0)
+    extract_vision("deit_tiny_patch16_224", weights, "x", samples, tmp_path / "a.h5", batch_size=2, device=torch.device("cpu"), progress=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the kpca_heads rule runs
+    try:
+        rec, _ = kpca_records(tmp_path / "a.h5", "paper", device=torch.device("cpu"), heads_per_chunk=5, workers=2, eigh_threads=torch_default_threads(), progress=False)
+    finally:
+        torch.set_num_threads(before)
+    ours = {"MDC": rec["direct_cos_mean"].max(), "MOC": rec["optimal_cos_mean"].max(), "LCKA": np.mean(rec["linear_cka"]), "KCKA": np.mean(rec["rbf_cka"])}
+    for name, value in res["table1"].items():
+        assert abs(ours[name] - value) <= (1e-4 if name == "KCKA" else 1e-5), (name, ours[name], value)
+    report = subprocess.run([sys.executable, str(REPO / "perf" / "report.py"), str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    assert "authors' structure" in report

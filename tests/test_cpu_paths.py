@@ -48,7 +48,7 @@ def test_paper_centered_gram_is_the_per_head_product_for_every_chunk_and_thread_
             got = torch.cat([center_dense(gram_paper(k[i:i + chunk])[0]) for i in range(0, 20, chunk)])
             assert torch.equal(got, per_head[1]), chunk
             for t in (1, 2):
-                kc = torch.cat([_paper_centered_gram(k[i:i + chunk], t)[2] for i in range(0, 20, chunk)])
+                kc = torch.cat([_paper_centered_gram(k[i:i + chunk], t)[1] for i in range(0, 20, chunk)])
                 assert torch.equal(kc, per_head[t]), (chunk, t)
         print("ok", int((per_head[1] != per_head[2]).sum()))
         """

@@ -200,3 +200,52 @@ def test_sharded_extraction_gives_the_unsharded_rows(tiny_resources, photos_dir,
         whole = af.read(1)
     for t in "qkvh":
         np.testing.assert_array_equal(np.concatenate([p[t] for p in parts]), whole[t])
+
+
+def test_prefetch_batches_keeps_order_raises_in_place_and_stops_cleanly():
+    """Decoding ahead on a thread pool: batches in order and whole, an unreadable image raises
+    when its batch is reached (the batches before it are delivered), and a consumer that stops
+    early leaves no thread running."""
+    import threading
+    import time
+
+    from kpca_repro.extraction import prefetch_batches
+
+    def load(p):
+        time.sleep(0.002 * (p % 3))  # finish out of order
+        return torch.full((2,), float(p))
+
+    batches = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
+    for threads in (1, 3):
+        got = [b[:, 0].tolist() for b in prefetch_batches(load, batches, threads)]
+        assert got == [[1.0, 2.0, 3.0], [4.0, 5.0], [6.0], [7.0, 8.0, 9.0, 10.0]]
+    assert list(prefetch_batches(load, [], 2)) == []
+
+    def unreadable(p):
+        if p == 6:
+            raise images.UnreadableImageError("cannot read image 6.jpg")
+        return load(p)
+
+    seen = []
+    with pytest.raises(images.UnreadableImageError, match="6.jpg"):
+        for b in prefetch_batches(unreadable, batches, 2):
+            seen.append(b.shape[0])
+    assert seen == [3, 2]
+    gen = prefetch_batches(load, batches, 2)
+    next(gen)
+    gen.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("decode")]
+    with pytest.raises(ValueError, match="threads"):
+        next(prefetch_batches(load, batches, 0))
+
+
+def test_decoding_threads_do_not_change_the_activation_file(tiny_resources, photos_dir, tmp_path):
+    """The file is byte-identical whether images are decoded in order on one thread or ahead
+    on three, with the HDF5 writes in the background either way."""
+    model_id = "vit_tiny_patch16_224"
+    weights = tiny_resources / "weights" / "timm" / f"{model_id}.safetensors"
+    samples = images.sample_images(images.list_images(photos_dir, "flat"), 5, seed=0)
+    paths = {t: tmp_path / f"d{t}.h5" for t in (1, 3)}
+    for t, p in paths.items():
+        extract_vision(model_id, weights, "x", samples, p, batch_size=2, device=torch.device("cpu"), model_kwargs=TINY_KWARGS[model_id], progress=False, decode_threads=t)
+    assert paths[1].read_bytes() == paths[3].read_bytes()

@@ -168,3 +168,29 @@ def test_auto_eigh_threads_ignore_the_jobs_thread_variables(monkeypatch):
     for bad in (0, "two", True, 1.5):
         with pytest.raises(ValueError, match="kpca.eigh_threads"):
             resolve_eigh_threads(bad)
+
+
+def test_default_thread_count_is_cached_per_machine(tmp_path, monkeypatch):
+    """With a cache directory the child process runs once: a second job on the same machine
+    reads the count; another host name (another node of a cluster) asks again."""
+    import subprocess
+
+    import kpca_repro.threads as threads
+
+    calls = []
+    real_run = subprocess.run
+
+    def counting_run(*a, **kw):
+        calls.append(a)
+        return real_run(*a, **kw)
+
+    monkeypatch.setattr(threads.subprocess, "run", counting_run)
+    torch_default_threads.cache_clear()
+    first = torch_default_threads(tmp_path)
+    torch_default_threads.cache_clear()
+    assert torch_default_threads(tmp_path) == first >= 1 and len(calls) == 1
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    monkeypatch.setattr(threads.socket, "gethostname", lambda: "another-node")
+    torch_default_threads.cache_clear()
+    assert torch_default_threads(tmp_path) == first and len(calls) == 2
+    torch_default_threads.cache_clear()

@@ -259,3 +259,67 @@ def test_projection_errors_against_a_loop():
     assert float(out["h_ave"]) == pytest.approx(2.25) and float(out["phi_ave"]) == pytest.approx(sum(p for p, _ in pairs) / 4)
     masked = kpca.projection_errors(phi, h, mask=torch.tensor([[True, False], [True, True]]))
     assert float(masked["h_ave"]) == pytest.approx((1 + 3 + 4) / 3)
+
+
+def test_median_of_nonzero_entries_matches_a_full_sort_with_zeros_negatives_and_ties():
+    """The CPU search (numpy introselect, ranks shifted past zeros) against sorting the
+    selection ``d[d != 0]``, with negative entries (float32 distances can be), runs of zeros
+    and ties; both medians, float32 and float64."""
+    gen = torch.Generator().manual_seed(11)
+    for dtype in (torch.float32, torch.float64):
+        for trial in range(200):
+            n = int(torch.randint(1, 10, (1,), generator=gen))
+            d = torch.randint(-3, 5, (5, n, n), generator=gen).to(dtype)
+            if trial % 2:
+                d = d + torch.rand(5, n, n, generator=gen, dtype=dtype)
+            d[torch.rand(5, n, n, generator=gen) < 0.35] = 0
+            for which in ("lower", "mean"):
+                got = kpca.median_nonzero(d, which)
+                for i in range(5):
+                    sel = d[i][d[i] != 0].sort().values
+                    m = sel.numel()
+                    if m == 0:
+                        assert torch.isnan(got[i])
+                        continue
+                    want = sel[(m - 1) // 2] if which == "lower" or m % 2 else (sel[m // 2 - 1] + sel[m // 2]) / 2
+                    assert got[i] == want, (dtype, trial, which, i)
+                    if which == "lower":
+                        assert got[i] == torch.median(d[i][d[i] != 0])
+
+
+def test_cka_centering_by_means_equals_the_explicit_h_products():
+    """Linear CKA from token-centered features and RBF CKA from mean-centered kernels equal
+    the CKA helper's explicit ``(H K) H`` form (tests/paper_reference.py) in float64, and
+    stay within float32 round-off of it in float32."""
+    from paper_reference import CudaCKA
+
+    cka = CudaCKA()
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 60, 8, generator=gen, dtype=torch.float64) + 3.0  # a common offset: centering matters
+    y = x[..., :6] @ torch.randn(4, 6, 5, generator=gen, dtype=torch.float64) + torch.randn(4, 60, 5, generator=gen, dtype=torch.float64)
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 2e-6)):
+        xs, ys = x.to(dtype), y.to(dtype)
+        lin, rbf = kpca.linear_cka(xs, ys), kpca.rbf_cka(xs, ys)
+        for i in range(4):
+            assert abs(lin[i].item() - cka.linear_cka(xs[i], ys[i]).item()) < tol
+            assert abs(rbf[i].item() - cka.kernel_cka(xs[i], ys[i]).item()) < 10 * tol
+        assert (lin > 0.05).all() and (lin < 0.99).all()
+
+
+def test_reduced_costs_give_the_plain_assignment():
+    """Row and column reduction before scipy's solver returns exactly the matched values of
+    ``linear_sum_assignment(-S)`` on the same matrices (square: a constant per row or column
+    does not change the optimum), and a NaN in a matrix that counts still raises."""
+    from scipy.optimize import linear_sum_assignment
+
+    gen = torch.Generator().manual_seed(2)
+    sim = torch.randn(30, 25, 8, generator=gen, dtype=torch.float64) @ torch.randn(30, 8, 25, generator=gen, dtype=torch.float64)
+    got = kpca.assignment_similarities(sim)
+    for i in range(30):
+        rows, cols = linear_sum_assignment(-sim[i].numpy())
+        assert np.array_equal(got[i].numpy(), sim[i].numpy()[rows, cols])
+    bad = sim[:2].clone()
+    bad[1, 3, 4] = float("nan")
+    with pytest.raises(ValueError):
+        kpca.assignment_similarities(bad)
+    assert torch.isnan(kpca.assignment_similarities(bad, valid=torch.tensor([True, False]))[1]).all()

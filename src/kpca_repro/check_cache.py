@@ -29,10 +29,14 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["FORMAT", "CheckCache", "package_version", "library_fingerprint", "file_sha256"]
+__all__ = ["FORMAT", "WORKFLOW_CACHE_DIR", "CheckCache", "package_version", "library_fingerprint", "file_sha256"]
 
 #: Stored with every key; changing the layout of the entries changes it.
 FORMAT = 1
+
+#: Where the workflow keeps its entries, relative to the working directory (the rule files'
+#: configuration checks, and the jobs' count of torch's default threads).
+WORKFLOW_CACHE_DIR = os.path.join(".snakemake", "kpca_repro", "checks")
 
 
 @functools.cache

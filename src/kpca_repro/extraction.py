@@ -12,6 +12,8 @@ extraction (the rules' code inputs follow the imports, :mod:`kpca_repro.code_dep
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import h5py
 import numpy as np
@@ -25,7 +27,71 @@ from .smk import library_versions
 from .text import MissingModelError, load_text_model, tokenize_sample, weights_file
 from .vision import CaptureRecorder, UnsupportedArchitectureError, attention_scale, capture_plan, load_timm_model
 
-__all__ = ["extract_vision", "extract_text"]
+__all__ = ["extract_vision", "extract_text", "prefetch_batches"]
+
+
+def prefetch_batches(load: Callable[[str], torch.Tensor], batches: Sequence[Sequence[str]], threads: int) -> Iterator[torch.Tensor]:
+    """Yield ``torch.stack([load(p) for p in batch])`` for each batch, decoding ahead.
+
+    A pool of ``threads`` threads decodes and transforms the next batch's images while the
+    caller runs the forward pass of the current one (PIL's decoder and resampler and torch's
+    tensor operations release the GIL). At most one batch ahead is held, so memory stays at
+    two batches of images. Batches come out in order; an image that cannot be read raises
+    its :class:`kpca_repro.images.UnreadableImageError` when its batch is reached.
+
+    Args:
+        load: path -> image tensor ``(3, H, W)`` float32.
+        batches: image paths per batch.
+        threads: decoding threads (at least 1).
+
+    Raises:
+        ValueError: ``threads`` below 1.
+    """
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode")
+    try:
+        ahead = [pool.submit(load, p) for p in batches[0]] if len(batches) else []
+        for i in range(len(batches)):
+            current = ahead
+            ahead = [pool.submit(load, p) for p in batches[i + 1]] if i + 1 < len(batches) else []
+            yield torch.stack([f.result() for f in current])
+    finally:  # also when the caller stops early: drop what was not started
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _BackgroundWriter:
+    """Writes batches to HDF5 on one background thread, one batch at most in flight.
+
+    :meth:`submit` waits for the previous batch's writes (re-raising their error) before it
+    queues the next, so at most one captured batch waits in memory. :meth:`wait` must be
+    called before the file is closed or its attributes are written.
+    """
+
+    def __init__(self, writer: ActivationWriter):
+        self.writer = writer
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="h5write")
+        self.pending: Future | None = None
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()
+
+    def submit(self, start: int, layers: list[dict[str, np.ndarray]]) -> None:
+        self.wait()
+        self.pending = self.pool.submit(lambda: [self.writer.write_batch(layer, start, t) for layer, t in enumerate(layers)])
+
+    def close(self, raise_errors: bool = True) -> None:
+        """Wait for the last batch and stop the thread; ``raise_errors=False`` while another
+        error is already on its way out (that error is the one to report)."""
+        try:
+            self.wait()
+        except Exception:
+            if raise_errors:
+                raise
+        finally:
+            self.pool.shutdown(wait=True)
 
 
 def extract_vision(
@@ -40,6 +106,7 @@ def extract_vision(
     model_kwargs: dict | None = None,
     shard: tuple[int, int] = (0, 1),
     progress: bool = True,
+    decode_threads: int = 2,
 ) -> None:
     """Run ``model_id`` over the sampled images and write q, k, v, h of every layer to HDF5.
 
@@ -66,6 +133,10 @@ def extract_vision(
             (:func:`kpca_repro.images.shard_slice`). Forward batches are the whole sample's
             blocks of ``batch_size`` (:func:`kpca_repro.images.shard_batches`), so an image's
             activations do not depend on the shard count.
+        decode_threads: threads that decode and resize the next batch's images while the
+            current batch runs through the model (:func:`prefetch_batches`). The HDF5 writes
+            of a batch run on one more thread while the next batch is computed; the file is
+            the same as with everything in order.
 
     Raises:
         kpca_repro.images.UnreadableImageError: an image cannot be decoded (named).
@@ -120,22 +191,34 @@ def extract_vision(
         writer = ActivationWriter(f, n, len(attns), heads, n_tokens, head_dim, attrs)
         writer.write_index("sample_rank", samples["sample_rank"].to_numpy())
         writer.write_index("dataset_index", samples["dataset_index"].to_numpy())
-        with torch.no_grad(), CaptureRecorder(plan, model_id) as rec:
-            for run, keep, start in progress_bar(batches, desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5):
-                x = torch.stack([transform(img.load_image(p)) for p in all_paths[run]]).to(device)
-                rec.clear()
-                model(x)
-                if rec.missing():
-                    raise UnsupportedArchitectureError(f"{model_id}: the capture hooks did not fire for (layer, tensor) {rec.missing()[:4]}")
-                checked = sorted({0, keep.stop - keep.start - 1})
-                for layer in range(len(attns)):
-                    t = {name: a[keep] for name, a in rec.numpy_layer(layer).items()}
-                    if t["q"].shape[1:] != (heads, n_tokens, head_dim) or t["h"].shape != t["q"].shape:
-                        raise UnsupportedArchitectureError(f"{model_id}: layer {layer} captured q {t['q'].shape}, h {t['h'].shape}; expected (B, {heads}, {n_tokens}, {head_dim})")
-                    res = check_attention_invariant(model_id, layer, t["q"], t["k"], t["v"], t["h"], scale=scale, inputs=checked)
-                    worst_rel, worst_abs = max(worst_rel, res.max_rel_error), max(worst_abs, res.max_abs_error)
-                    n_checked += res.n_heads_checked
-                    writer.write_batch(layer, start, t)
+        background = _BackgroundWriter(writer)
+        decoded = prefetch_batches(lambda p: transform(img.load_image(p)), [all_paths[run] for run, _, _ in batches], decode_threads)
+        try:
+            with torch.no_grad(), CaptureRecorder(plan, model_id) as rec:
+                bar = progress_bar(batches, desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5)
+                for (_run, keep, start), x in zip(bar, decoded):
+                    x = x.to(device)
+                    rec.clear()
+                    model(x)
+                    if rec.missing():
+                        raise UnsupportedArchitectureError(f"{model_id}: the capture hooks did not fire for (layer, tensor) {rec.missing()[:4]}")
+                    checked = sorted({0, keep.stop - keep.start - 1})
+                    layers = []
+                    for layer in range(len(attns)):
+                        t = {name: a[keep] for name, a in rec.numpy_layer(layer).items()}
+                        if t["q"].shape[1:] != (heads, n_tokens, head_dim) or t["h"].shape != t["q"].shape:
+                            raise UnsupportedArchitectureError(f"{model_id}: layer {layer} captured q {t['q'].shape}, h {t['h'].shape}; expected (B, {heads}, {n_tokens}, {head_dim})")
+                        res = check_attention_invariant(model_id, layer, t["q"], t["k"], t["v"], t["h"], scale=scale, inputs=checked)
+                        worst_rel, worst_abs = max(worst_rel, res.max_rel_error), max(worst_abs, res.max_abs_error)
+                        n_checked += res.n_heads_checked
+                        layers.append(t)
+                    background.submit(start, layers)  # every layer checked: written while the next batch runs
+        except BaseException:
+            decoded.close()
+            background.close(raise_errors=False)
+            raise
+        decoded.close()
+        background.close()
         f.attrs["capture_max_rel_error"] = worst_rel
         f.attrs["capture_max_abs_error"] = worst_abs
         f.attrs["capture_heads_checked"] = n_checked

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -27,15 +28,41 @@ __all__ = ["torch_default_threads", "resolve_threads", "resolve_eigh_threads", "
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-@functools.lru_cache(maxsize=1)
-def torch_default_threads() -> int:
+def _default_threads_key() -> dict:
+    """Everything a fresh process's default thread count depends on, as a cache key."""
+    from .check_cache import package_version
+
+    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("OMP_", "MKL_", "KMP_", "GOMP_")) and k not in _THREAD_ENV}
+    return {
+        "check": "torch default intra-op threads",
+        "torch": package_version("torch"),
+        "python": sys.executable,
+        "host": socket.gethostname(),
+        "cpu_count": os.cpu_count(),
+        "affinity": affinity,
+        "env": env,
+    }
+
+
+@functools.lru_cache(maxsize=4)
+def torch_default_threads(cache_dir: str | os.PathLike | None = None) -> int:
     """``torch.get_num_threads()`` of a fresh Python process without thread variables.
 
     That is the intra-op thread count the authors' scripts ran with (they never set one):
     torch's default, MKL's count of physical cores, unless ``OMP_NUM_THREADS`` or
-    ``MKL_NUM_THREADS`` is set. Asked of a child process (about 1-2 s, once per process)
-    with both variables removed from its environment, because this process's own count
-    may already be set (a Snakemake job's ``OMP_NUM_THREADS``, ``torch.set_num_threads``).
+    ``MKL_NUM_THREADS`` is set. Asked of a child process (about 1.7 s) with both variables
+    removed from its environment, because this process's own count may already be set (a
+    Snakemake job's ``OMP_NUM_THREADS``, ``torch.set_num_threads``).
+
+    With ``cache_dir`` the answer is kept there (:class:`kpca_repro.check_cache.CheckCache`)
+    under a key of the host name, the CPU count and affinity, the interpreter, torch's
+    version and the other OpenMP/MKL variables, so that the jobs of a run (the rule scripts
+    pass :data:`kpca_repro.check_cache.WORKFLOW_CACHE_DIR`) start the child process once per
+    machine instead of once each.
+
+    Args:
+        cache_dir: directory of the answer's cache entry, or None to always ask.
 
     Returns:
         A positive int.
@@ -43,21 +70,31 @@ def torch_default_threads() -> int:
     Raises:
         RuntimeError: the child process failed or printed no positive integer.
     """
+    from .check_cache import CheckCache
+
+    cache = CheckCache(cache_dir)
+    key = _default_threads_key() if cache_dir is not None else {}
+    hit = cache.get(key) if cache_dir is not None else None
+    if hit is not None and isinstance(hit.get("threads"), int) and hit["threads"] >= 1:
+        return hit["threads"]
     env = {k: v for k, v in os.environ.items() if k not in _THREAD_ENV}
     proc = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True, text=True, env=env, timeout=300)
     out = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not out or not out[-1].isdigit() or int(out[-1]) < 1:
         raise RuntimeError(f"could not read torch's default thread count from a child process (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    if cache_dir is not None:
+        cache.put(key, {"threads": int(out[-1])})
     return int(out[-1])
 
 
-def resolve_threads(setting: int | str | None, key: str = "kpca.eigh_threads") -> int | None:
+def resolve_threads(setting: int | str | None, key: str = "kpca.eigh_threads", cache_dir: str | os.PathLike | None = None) -> int | None:
     """A thread setting of the configuration (``kpca.eigh_threads``, ``kpca.intra_op_threads``) as a count.
 
     Args:
         setting: ``"auto"`` (:func:`torch_default_threads`, the authors' thread semantics),
             a positive int, or None (keep the caller's intra-op threads).
         key: the configuration key, named in the error.
+        cache_dir: passed to :func:`torch_default_threads` for ``"auto"``.
 
     Returns:
         A positive int, or None.
@@ -68,15 +105,15 @@ def resolve_threads(setting: int | str | None, key: str = "kpca.eigh_threads") -
     if setting is None:
         return None
     if setting == "auto":
-        return torch_default_threads()
+        return torch_default_threads(cache_dir)
     if isinstance(setting, int) and not isinstance(setting, bool) and setting >= 1:
         return setting
     raise ValueError(f"config key {key}: expected 'auto' or a positive integer, got {setting!r}")
 
 
-def resolve_eigh_threads(setting: int | str | None) -> int | None:
+def resolve_eigh_threads(setting: int | str | None, cache_dir: str | os.PathLike | None = None) -> int | None:
     """The ``kpca.eigh_threads`` setting as a thread count (:func:`resolve_threads`)."""
-    return resolve_threads(setting, "kpca.eigh_threads")
+    return resolve_threads(setting, "kpca.eigh_threads", cache_dir)
 
 
 _THREAD_STREAMS = threading.local()

@@ -41,6 +41,7 @@ _stop_on_error(_validate_config)
 # The repository's own library (paths, slugs, model sources) for the workflow itself.
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from kpca_repro import config_checks, paths
+from kpca_repro.check_cache import WORKFLOW_CACHE_DIR
 from kpca_repro.code_deps import library_modules
 from kpca_repro.config_checks import ConfigError, check_config, run_model_scale
 from kpca_repro.model_info import MissingModelError, model_source
@@ -92,7 +93,7 @@ wildcard_constraints:
 
 # Passed model checks, kept between runs (kpca_repro.check_cache): a repeated command imports
 # no torch, timm or transformers while parsing. Safe to delete.
-CHECK_CACHE = os.path.join(".snakemake", "kpca_repro", "checks")
+CHECK_CACHE = WORKFLOW_CACHE_DIR
 
 
 def _check_config():

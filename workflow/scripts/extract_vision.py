@@ -3,6 +3,7 @@
 import pandas as pd
 import torch
 
+from kpca_repro.check_cache import WORKFLOW_CACHE_DIR
 from kpca_repro.extraction import extract_vision
 from kpca_repro.resources import check_checksum
 from kpca_repro.smk import setup_logging
@@ -11,7 +12,7 @@ from kpca_repro.vision import resolve_device
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "extract_vision")
-torch.set_num_threads(resolve_threads(smk.params.intra_op_threads, "kpca.intra_op_threads"))
+torch.set_num_threads(resolve_threads(smk.params.intra_op_threads, "kpca.intra_op_threads", WORKFLOW_CACHE_DIR))
 log.info("torch intra-op threads: %d", torch.get_num_threads())
 sha = check_checksum(smk.input.weights, smk.params.checksum)
 shard, n_shards = (int(x) for x in smk.wildcards.shard.split("of"))

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import torch
 
+from kpca_repro.check_cache import WORKFLOW_CACHE_DIR
 from kpca_repro.h5io import atomic_output
 from kpca_repro.records import kpca_records
 from kpca_repro.smk import setup_logging
@@ -18,7 +19,7 @@ log = setup_logging(smk, "kpca_heads")
 # head's numbers are then the same whatever threads, heads_per_chunk or shards say. The
 # paper variant's eigh calls alone run with kpca.eigh_threads (the authors' thread count).
 torch.set_num_threads(1)
-eigh_threads = resolve_eigh_threads(smk.params.eigh_threads) if smk.wildcards.variant == "paper" else None
+eigh_threads = resolve_eigh_threads(smk.params.eigh_threads, WORKFLOW_CACHE_DIR) if smk.wildcards.variant == "paper" else None
 device = resolve_device(smk.params.device)
 records, meta = kpca_records(
     smk.input.activations,
