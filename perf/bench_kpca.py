@@ -7,6 +7,7 @@
     python perf/bench_kpca.py chain   --configfile config/offline_deit_tiny.yaml [--cores 2] [--out ...]
     python perf/bench_kpca.py authors [--model deit_tiny_patch16_224] [--images 100] [--out ...]
     python perf/bench_kpca.py extract [--tree OTHER_CHECKOUT] [--repeats 2] [--out ...]
+    python perf/bench_kpca.py concurrent ACTIVATIONS.h5 [--layers 0 1] [--spincounts 3000 default] [--out ...]
     python perf/bench_kpca.py allocator ACTIVATIONS.h5 [--layers 1 12] [--threads 2] [--out ...]
 
 Methods compared (each measurement runs in its own subprocess, so peak RSS is its own):
@@ -603,6 +604,44 @@ def cmd_extract(args) -> dict:
     return {"command": "extract", "rows": rows}
 
 
+def _kpca_layer(spec: dict) -> dict:
+    """One layer of an activation file through the paper variant as the kpca_heads rule runs it
+    (one intra-op thread, ``eigh`` on torch's default count), timed."""
+    import torch
+
+    from kpca_repro.records import kpca_records
+    from kpca_repro.threads import torch_default_threads
+
+    eigh_threads = torch_default_threads()
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    rec, _ = kpca_records(spec["activations"], "paper", device=torch.device("cpu"), heads_per_chunk=spec["chunk"], workers=1, eigh_threads=eigh_threads, layers=[spec["layer"]], progress=False)
+    return {"layer": spec["layer"], "heads": len(rec), "seconds": time.perf_counter() - t0, "eigh_threads": eigh_threads, "moc": float(rec["optimal_cos_mean"].max())}
+
+
+def cmd_concurrent(args) -> dict:
+    """Several paper-variant KPCA processes at once on the same cores (one per ``--layers``
+    entry), with libgomp's default spin and with ``GOMP_SPINCOUNT`` values."""
+    rows = []
+    base_env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    base_env["PYTHONPATH"] = f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    for spin in args.spincounts:
+        env = dict(base_env) if spin == "default" else dict(base_env, GOMP_SPINCOUNT=spin)
+        t0 = time.perf_counter()
+        specs = [json.dumps({"activations": str(args.activations), "layer": layer, "chunk": args.chunk}) for layer in args.layers]
+        procs = [subprocess.Popen([sys.executable, __file__, "_kpca_layer", spec], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for spec in specs]
+        outs = []
+        for proc in procs:
+            out, err = proc.communicate()
+            if proc.returncode != 0:
+                raise RuntimeError(err[-3000:])
+            outs.append(json.loads(out.strip().splitlines()[-1]))
+        row = {"gomp_spincount": spin, "processes": len(procs), "wall_seconds": time.perf_counter() - t0, "per_process": outs}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return {"command": "concurrent", "activations": str(args.activations), "rows": rows}
+
+
 def _kpca(spec: dict) -> dict:
     import torch
 
@@ -655,8 +694,9 @@ def cmd_allocator(args) -> dict:
 
 
 def main(argv=None) -> None:
-    if len(sys.argv) > 2 and sys.argv[1] in ("_one", "_extract", "_extract_timed", "_kpca", "_authors"):
-        fn = {"_one": _one, "_extract": _extract, "_extract_timed": _extract_timed, "_kpca": _kpca, "_authors": _authors}[sys.argv[1]]
+    helpers = {"_one": _one, "_extract": _extract, "_extract_timed": _extract_timed, "_kpca": _kpca, "_kpca_layer": _kpca_layer, "_authors": _authors}
+    if len(sys.argv) > 2 and sys.argv[1] in helpers:
+        fn = helpers[sys.argv[1]]
         print(json.dumps(fn(json.loads(sys.argv[2]))))
         return
     if len(sys.argv) > 3 and sys.argv[1] == "_weights":
@@ -716,6 +756,11 @@ def main(argv=None) -> None:
     s.add_argument("--repeats", type=int, default=2)
     s.add_argument("--tree", default=None, help="another checkout to compare with (its src/)")
     s.add_argument("--tmpdir", default=None)
+    s = sub.add_parser("concurrent", help="paper-variant KPCA processes at once on the same cores, by GOMP_SPINCOUNT")
+    s.add_argument("activations", type=Path)
+    s.add_argument("--layers", type=int, nargs="+", default=[0, 1], help="one process per layer")
+    s.add_argument("--chunk", type=int, default=16)
+    s.add_argument("--spincounts", nargs="+", default=["3000", "default"], help="GOMP_SPINCOUNT values; 'default': libgomp's own")
     s = sub.add_parser("chain")
     s.add_argument("--configfile", default=str(REPO / "config" / "offline_deit_tiny.yaml"))
     s.add_argument("--cores", type=int, default=2)

@@ -104,6 +104,15 @@ def extract(r):
     print()
 
 
+def concurrent(r):
+    print("| GOMP_SPINCOUNT | processes | wall s | seconds per process | heads per process |\n|---|---|---|---|---|")
+    for row in r["rows"]:
+        per = row["per_process"]
+        seconds = " / ".join(f"{p['seconds']:.1f}" for p in per)
+        print(f"| {row['gomp_spincount']} | {row['processes']} | {row['wall_seconds']:.1f} | {seconds} | {per[0]['heads']} |")
+    print()
+
+
 def memory(r):
     print("| model | images | extraction s | extraction peak RSS MB | KPCA layers | KPCA s | KPCA peak RSS MB | HDF5 MB |\n|---|---|---|---|---|---|---|---|")
     for row in r["rows"]:

@@ -285,6 +285,15 @@ def test_interrupted_and_fresh_runs_give_identical_bytes(fresh_run, interrupted_
     assert not any(".partial" in p for p in fresh)
 
 
+def test_jobs_get_a_short_openmp_spin(fresh_run):
+    """The workflow exports GOMP_SPINCOUNT=3000 unless the user set one, so concurrent jobs
+    with OpenMP teams on the same cores do not stall each other (docs/performance.md); both
+    KPCA jobs saw it."""
+    for variant in ("paper", "corrected"):
+        log = (fresh_run[0] / f"logs/kpca_heads/{variant}/{MODEL}/vision_4_0of1.log").read_text()
+        assert f"OpenMP spin count {os.environ.get('GOMP_SPINCOUNT', '3000')}" in log, log[-2000:]
+
+
 def test_truncated_activation_file_is_named_by_every_reader(fresh_run, tmp_path):
     """A real activation file cut in half: each stage that reads it names it."""
     whole = (fresh_run[0] / ACTIVATIONS).read_bytes()

@@ -1,6 +1,7 @@
 """Rule kpca_heads: per-head KPCA records (paper or corrected variant) of one activation file (vision or text)."""
 
 import json
+import os
 
 import numpy as np
 import torch
@@ -35,7 +36,14 @@ records, meta = kpca_records(
 )
 # per-head sign draws, rows as the records CSV (the corrected variant's signs are fixed: none)
 draws = meta.pop("sign_draws", None) or {name: np.empty((len(records), 0), np.float32) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR)}
-log.info("%d heads, %d dropped, on %s, eigh on %s threads", len(records), int(records["dropped"].sum()), device, meta["eigh_threads"])
+log.info(
+    "%d heads, %d dropped, on %s, eigh on %s threads, OpenMP spin count %s",
+    len(records),
+    int(records["dropped"].sum()),
+    device,
+    meta["eigh_threads"],
+    os.environ.get("GOMP_SPINCOUNT", "libgomp's default"),
+)
 with atomic_output(smk.output.heads) as tmp:
     records.to_csv(tmp, index=False)
 with atomic_output(smk.output.signs) as tmp:
