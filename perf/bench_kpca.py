@@ -455,20 +455,20 @@ def cmd_chain(args) -> dict:
 
 
 def _authors_head(k, v) -> dict | None:
-    """One head the way ``value_vectors.py`` treats it: the oracle's Table 1 metrics plus the
-    quantities that script also computes per head and never aggregates (Frobenius error,
-    token-wise Euclidean, L1 and Pearson, Python lists of the per-token values and a Python
-    loop counting negative cosines; docs/method.md 2). Their cost belongs to the baseline."""
+    """One head the way ``value_vectors.py`` treats it: one ``Vhat``, the oracle's Table 1
+    metrics on it, plus the quantities that script also computes per head and never
+    aggregates (Frobenius error, token-wise Euclidean, L1 and Pearson, Python lists of the
+    per-token values and a Python loop counting negative cosines; docs/method.md 2). Their
+    cost belongs to the baseline. None where the script drops the head."""
     import torch
 
-    from paper_reference import head_metrics_reference
-
-    out = head_metrics_reference(k, v)
-    if out is None:
-        return None
-    from paper_reference import v_kpca_reference
+    from paper_reference import metrics_reference, v_kpca_reference
 
     vhat = v_kpca_reference(k)
+    try:
+        out = metrics_reference(v, vhat)
+    except ValueError:  # scipy on a NaN cost matrix: the script drops the head
+        return None
     vn = v / (v.norm(2, dim=1, keepdim=True) + 1e-8)
     vhn = vhat / (vhat.norm(2, dim=1, keepdim=True) + 1e-8)
     direct = (vn * vhn).sum(dim=1).tolist()
@@ -555,34 +555,38 @@ def _make_weights(model: str, path: str) -> None:
     save_file({k: v.contiguous() for k, v in m.state_dict().items()}, path)
 
 
-def _extract(spec: dict) -> dict:
+def _first_images(image_dir: str, n: int):
+    """The sample table of the first ``n`` JPEGs of a flat folder, in name order."""
     import pandas as pd
+
+    files = sorted(Path(image_dir).glob("*.JPEG"))[:n]
+    return pd.DataFrame({"sample_rank": range(len(files)), "dataset_index": range(len(files)), "path": [str(f) for f in files]})
+
+
+def _extract(spec: dict) -> dict:
     import torch
 
     from kpca_repro.extraction import extract_vision
 
     torch.set_num_threads(os.cpu_count() or 1)
-    files = sorted(Path(spec["image_dir"]).glob("*.JPEG"))[: spec["images"]]
-    samples = pd.DataFrame({"sample_rank": range(len(files)), "dataset_index": range(len(files)), "path": [str(f) for f in files]})
+    samples = _first_images(spec["image_dir"], spec["images"])
     extract_vision(spec["model"], spec["weights"], "0" * 64, samples, spec["out"], batch_size=spec["batch_size"], device=torch.device("cpu"), progress=False)
     return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def _extract_timed(spec: dict) -> dict:
     """Images per second of ``extract_vision`` alone (imports and timm's own import not timed)."""
-    import pandas as pd
     import timm  # noqa: F401  (imported by the model loader; its ~2 s are start-up, not extraction)
     import torch
 
     from kpca_repro.extraction import extract_vision
 
     torch.set_num_threads(spec["threads"])
-    files = sorted(Path(spec["image_dir"]).glob("*.JPEG"))[: spec["images"]]
-    samples = pd.DataFrame({"sample_rank": range(len(files)), "dataset_index": range(len(files)), "path": [str(f) for f in files]})
+    samples = _first_images(spec["image_dir"], spec["images"])
     t0, c0 = time.perf_counter(), time.process_time()
     extract_vision(spec["model"], spec["weights"], "0" * 64, samples, spec["out"], batch_size=spec["batch_size"], device=torch.device("cpu"), progress=False)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return {"images": len(files), "seconds": wall, "cpu_seconds": cpu, "images_per_second": len(files) / wall, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {"images": len(samples), "seconds": wall, "cpu_seconds": cpu, "images_per_second": len(samples) / wall, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def cmd_extract(args) -> dict:
@@ -604,21 +608,6 @@ def cmd_extract(args) -> dict:
     return {"command": "extract", "rows": rows}
 
 
-def _kpca_layer(spec: dict) -> dict:
-    """One layer of an activation file through the paper variant as the kpca_heads rule runs it
-    (one intra-op thread, ``eigh`` on torch's default count), timed."""
-    import torch
-
-    from kpca_repro.records import kpca_records
-    from kpca_repro.threads import torch_default_threads
-
-    eigh_threads = torch_default_threads()
-    torch.set_num_threads(1)
-    t0 = time.perf_counter()
-    rec, _ = kpca_records(spec["activations"], "paper", device=torch.device("cpu"), heads_per_chunk=spec["chunk"], workers=1, eigh_threads=eigh_threads, layers=[spec["layer"]], progress=False)
-    return {"layer": spec["layer"], "heads": len(rec), "seconds": time.perf_counter() - t0, "eigh_threads": eigh_threads, "moc": float(rec["optimal_cos_mean"].max())}
-
-
 def cmd_concurrent(args) -> dict:
     """Several paper-variant KPCA processes at once on the same cores (one per ``--layers``
     entry), with libgomp's default spin and with ``GOMP_SPINCOUNT`` values."""
@@ -628,8 +617,8 @@ def cmd_concurrent(args) -> dict:
     for spin in args.spincounts:
         env = dict(base_env) if spin == "default" else dict(base_env, GOMP_SPINCOUNT=spin)
         t0 = time.perf_counter()
-        specs = [json.dumps({"activations": str(args.activations), "layer": layer, "chunk": args.chunk}) for layer in args.layers]
-        procs = [subprocess.Popen([sys.executable, __file__, "_kpca_layer", spec], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for spec in specs]
+        specs = [json.dumps({"activations": str(args.activations), "layers": [layer], "chunk": args.chunk, "workers": 1, "eigh_threads": "auto"}) for layer in args.layers]
+        procs = [subprocess.Popen([sys.executable, __file__, "_kpca", spec], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for spec in specs]
         outs = []
         for proc in procs:
             out, err = proc.communicate()
@@ -660,9 +649,17 @@ def _kpca(spec: dict) -> dict:
                 libc.malloc_trim(0)
 
         records.head_metrics = trimmed
+    eigh_threads = None
+    if spec.get("eigh_threads") == "auto":  # the kpca_heads rule's paper variant
+        from kpca_repro.threads import torch_default_threads
+
+        eigh_threads = torch_default_threads()
     t0 = time.perf_counter()
-    out, _ = records.kpca_records(spec["activations"], "paper", device=torch.device("cpu"), heads_per_chunk=spec["chunk"], layers=spec["layers"], workers=spec["workers"], progress=False)
-    return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "seconds": time.perf_counter() - t0, "heads": len(out)}
+    out, _ = records.kpca_records(
+        spec["activations"], "paper", device=torch.device("cpu"), heads_per_chunk=spec["chunk"], layers=spec["layers"], workers=spec["workers"], eigh_threads=eigh_threads, progress=False
+    )
+    res = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "seconds": time.perf_counter() - t0, "heads": len(out)}
+    return {**res, "eigh_threads": eigh_threads, "moc": float(out["optimal_cos_mean"].max())}
 
 
 #: glibc settings compared by ``allocator``: name -> (extra environment, malloc_trim after each chunk)
@@ -694,7 +691,7 @@ def cmd_allocator(args) -> dict:
 
 
 def main(argv=None) -> None:
-    helpers = {"_one": _one, "_extract": _extract, "_extract_timed": _extract_timed, "_kpca": _kpca, "_kpca_layer": _kpca_layer, "_authors": _authors}
+    helpers = {"_one": _one, "_extract": _extract, "_extract_timed": _extract_timed, "_kpca": _kpca, "_authors": _authors}
     if len(sys.argv) > 2 and sys.argv[1] in helpers:
         fn = helpers[sys.argv[1]]
         print(json.dumps(fn(json.loads(sys.argv[2]))))

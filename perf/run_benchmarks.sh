@@ -1,13 +1,39 @@
 #!/usr/bin/env bash
-# The CPU measurements of docs/performance.md, as they were run (about 15 minutes on a quiet
-# 2-core CPU). Needs results/activations/deit_tiny_patch16_224/vision_100_0of1.h5 (real DeiT-Tiny):
+# The CPU measurements of docs/performance.md, as they were run: `bash perf/run_benchmarks.sh`
+# for the 2026-11-22 stage measurements (about 15 minutes on a quiet 2-core CPU),
+# `bash perf/run_benchmarks.sh chain` for the 2026-11-23 chain against the authors' code
+# structure (about 15 minutes). Needs the real DeiT-Tiny activation file (and, for the chain's
+# fidelity check, MiniLM's):
 #   snakemake --cores 2 results/activations/deit_tiny_patch16_224/vision_100_0of1.h5 --configfile config/offline_deit_tiny.yaml
+# and, for the chain's before/after comparisons, the code before the change in /tmp/base:
+#   git archive 6deb9c2 | tar -x -C /tmp/base
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 OUT=perf/results
 H5=results/activations/deit_tiny_patch16_224/vision_100_0of1.h5
 uptime
+if [ "${1:-stage}" = chain ]; then
+  # alternating: the authors' structure, then the chain (on 2026-11-23 the third pair came
+  # after the corrected and the before-change chains)
+  for run in 1 2 3; do
+    python perf/bench_kpca.py authors --out "$OUT/authors_deit_tiny_100_run$run.json"
+    python perf/bench_kpca.py chain --cores 2 --targets results/table1.csv --out "$OUT/chain_table1_deit_tiny_run$run.json"
+  done
+  python perf/bench_kpca.py chain --cores 2 --targets results/table1_corrected.csv --out "$OUT/chain_table1_corrected_deit_tiny.json"
+  python perf/bench_kpca.py chain --cores 2 --targets results/table1.csv --tree /tmp/base --configfile /tmp/base/config/offline_deit_tiny.yaml --out "$OUT/chain_table1_deit_tiny_before_issue18.json"
+  # per head: eigh, assignments and everything else, one and two worker threads
+  python perf/bench_kpca.py stage "$H5" --variants paper corrected --threads 1 --chunk 64 --eigh-threads auto --skip-baseline --breakdown --out "$OUT/stage_deit_tiny_100_breakdown_1worker.json"
+  python perf/bench_kpca.py stage "$H5" --variants paper corrected --threads 2 --chunk 64 --eigh-threads auto --skip-baseline --breakdown --out "$OUT/stage_deit_tiny_100_breakdown_2workers.json"
+  # extraction images/s, this code against the code before; concurrent KPCA jobs by spin count
+  python perf/bench_kpca.py extract --tree /tmp/base --repeats 5 --out "$OUT/extract_deit_tiny_100.json"
+  python perf/bench_kpca.py concurrent "$H5" --layers 0 1 --spincounts 3000 default --out "$OUT/concurrent_kpca_deit_tiny_100.json"
+  # per-head fidelity with the rule's settings
+  python perf/fidelity_check.py "$H5" --layers 0,5,9,11 --inputs 25 > "$OUT/fidelity_deit_tiny_after_issue18.txt" 2>&1
+  python perf/fidelity_check.py results/activations/sentence-transformers--all-MiniLM-L6-v2/text_100_0of1.h5 --layers 0,3,5 --inputs 20 > "$OUT/fidelity_minilm_after_issue18.txt" 2>&1
+  uptime
+  exit 0
+fi
 python perf/bench_kpca.py stage "$H5" --variants paper --threads 2 --chunk 16 --out "$OUT/stage_deit_tiny_100_cpu_paper.json"
 python perf/bench_kpca.py stage "$H5" --variants corrected --baseline-threads 1 --threads 2 --chunk 16 --out "$OUT/stage_deit_tiny_100_cpu_corrected.json"
 python perf/bench_kpca.py chain --cores 2 --targets results/table1.csv --out "$OUT/chain_table1_deit_tiny.json"

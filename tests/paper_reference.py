@@ -75,28 +75,37 @@ def v_kpca_reference(k: torch.Tensor) -> torch.Tensor:
 
 def head_metrics_reference(k: torch.Tensor, v: torch.Tensor) -> dict[str, float] | None:
     """Per-head metrics of Table 1 for one head, or None where the reference drops the head."""
-    cka = CudaCKA()
     try:
-        vhat = v_kpca_reference(k)
-        allclose = bool(torch.allclose(v, vhat, rtol=1e-3, atol=1e-5))
-        vn = v / (torch.norm(v, dim=1, keepdim=True) + 1e-8)
-        vhn = vhat / (torch.norm(vhat, dim=1, keepdim=True) + 1e-8)
-        direct = (vn * vhn).sum(dim=1)
-        sim = vn @ vhn.T
-        rows, cols = linear_sum_assignment(-sim.numpy())
-        matched = sim.numpy()[rows, cols]
-        return {
-            "allclose": allclose,
-            "direct_cos_mean": direct.mean().item(),
-            "direct_cos_max": direct.max().item(),
-            "direct_cos_min": direct.min().item(),
-            "optimal_cos_mean": float(np.mean(matched)),
-            "optimal_cos_max": float(np.max(matched)),
-            "linear_cka": cka.linear_cka(v, vhat).item(),
-            "rbf_cka": cka.kernel_cka(v, vhat).item(),
-        }
+        return metrics_reference(v, v_kpca_reference(k))
     except ValueError:  # scipy on a NaN cost matrix: the head is dropped
         return None
+
+
+def metrics_reference(v: torch.Tensor, vhat: torch.Tensor) -> dict[str, float]:
+    """Table 1's per-head metrics of ``V`` against a computed ``Vhat`` (the part of
+    :func:`head_metrics_reference` after the eigendecomposition).
+
+    Raises:
+        ValueError: from scipy, when the cost matrix holds NaN (the reference drops the head).
+    """
+    cka = CudaCKA()
+    allclose = bool(torch.allclose(v, vhat, rtol=1e-3, atol=1e-5))
+    vn = v / (torch.norm(v, dim=1, keepdim=True) + 1e-8)
+    vhn = vhat / (torch.norm(vhat, dim=1, keepdim=True) + 1e-8)
+    direct = (vn * vhn).sum(dim=1)
+    sim = vn @ vhn.T
+    rows, cols = linear_sum_assignment(-sim.numpy())
+    matched = sim.numpy()[rows, cols]
+    return {
+        "allclose": allclose,
+        "direct_cos_mean": direct.mean().item(),
+        "direct_cos_max": direct.max().item(),
+        "direct_cos_min": direct.min().item(),
+        "optimal_cos_mean": float(np.mean(matched)),
+        "optimal_cos_max": float(np.max(matched)),
+        "linear_cka": cka.linear_cka(v, vhat).item(),
+        "rbf_cka": cka.kernel_cka(v, vhat).item(),
+    }
 
 
 def v_kpca_reference_nlp(k: torch.Tensor) -> torch.Tensor:

@@ -181,13 +181,11 @@ def center(m: torch.Tensor) -> torch.Tensor:
     Returns:
         The centered matrix, same shape and dtype.
     """
-    row = m.mean(dim=-1, keepdim=True)
-    col = m.mean(dim=-2, keepdim=True)
-    return m - row - col + m.mean(dim=(-1, -2), keepdim=True)
+    return _center_(m.clone())
 
 
 def _center_(m: torch.Tensor) -> torch.Tensor:
-    """:func:`center` in place (``m`` is overwritten and returned): the same operations and order."""
+    """:func:`center` in place: ``m`` is overwritten and returned."""
     row = m.mean(dim=-1, keepdim=True)
     col = m.mean(dim=-2, keepdim=True)
     total = m.mean(dim=(-1, -2), keepdim=True)
