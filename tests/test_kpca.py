@@ -46,12 +46,13 @@ def test_centering_is_h_m_h(centering):
     assert torch.allclose(centering(m).sum(-1), torch.zeros(3, 11, dtype=torch.float64), atol=1e-12)
 
 
+@pytest.mark.parametrize("per_matrix", [True, False])
 @pytest.mark.parametrize("order", ["abs_desc", "desc", "asc_top"])
-def test_eigenpairs_satisfy_eigen_equation(order):
+def test_eigenpairs_satisfy_eigen_equation(order, per_matrix):
     k = _keys(n=31, d=6)
     log_kphi, _ = kpca.log_gram(k)
     kc = kpca.center(torch.exp(log_kphi))
-    evals, a, finite = kpca.eigenpairs(kc, 6, order, fix_signs=True)
+    evals, a, finite = kpca.eigenpairs(kc, 6, order, fix_signs=True, per_matrix=per_matrix)
     assert finite.all()
     torch.testing.assert_close(kc @ a, a * evals[..., None, :], rtol=0, atol=1e-12)  # K~ A = A Lambda
     torch.testing.assert_close(a.transpose(-1, -2) @ a, torch.eye(6, dtype=torch.float64).expand(4, 6, 6), rtol=0, atol=1e-10)
@@ -323,3 +324,52 @@ def test_reduced_costs_give_the_plain_assignment():
     with pytest.raises(ValueError):
         kpca.assignment_similarities(bad)
     assert torch.isnan(kpca.assignment_similarities(bad, valid=torch.tensor([True, False]))[1]).all()
+
+
+def test_corrected_rbf_cka_by_sums_equals_the_centered_kernels():
+    """The corrected variant's RBF CKA (uncentered kernels with their row sums, distances
+    ``(G_ii + G_jj) - 2 G_ij``, usual median over the pairs ``i < j``) equals the explicit
+    ``sum((H K H) * (H L H))`` form with a bandwidth found by sorting, in float64."""
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(3, 40, 6, generator=gen, dtype=torch.float64) + 2.0
+    y = x[..., :4] @ torch.randn(3, 4, 5, generator=gen, dtype=torch.float64) + torch.randn(3, 40, 5, generator=gen, dtype=torch.float64)
+    n = x.shape[1]
+    h = torch.eye(n, dtype=torch.float64) - 1.0 / n
+
+    def kernel(m):
+        d = torch.cdist(m, m) ** 2
+        iu = torch.triu_indices(n, n, offset=1)
+        pairs = d[iu[0], iu[1]]
+        sigma2 = pairs[pairs != 0].median() if pairs.numel() % 2 else pairs.sort().values[pairs.numel() // 2 - 1 : pairs.numel() // 2 + 1].mean()
+        return torch.exp(-d / (2 * sigma2))
+
+    for i in range(3):
+        kx, ky = h @ kernel(x[i]) @ h, h @ kernel(y[i]) @ h
+        want = (kx * ky).sum() / torch.sqrt((kx * kx).sum() * (ky * ky).sum())
+        assert abs(kpca.rbf_cka(x[i : i + 1], y[i : i + 1], paper=False)[0].item() - want.item()) < 1e-10
+    k = kpca.rbf_kernel(x, paper=False)
+    sums, centered = kpca._cka_side("kernel_sums", k), kpca._cka_side("kernel", k.clone())
+    torch.testing.assert_close(sums[2], centered[2], rtol=1e-12, atol=0)
+
+
+def test_finite_flags_survive_an_overflowing_sum_and_catch_nan_and_inf():
+    """Every matrix of finite entries is solved, also when the sum of all entries overflows to
+    inf (the fast check then falls back to the entry test); a matrix with a NaN or an inf entry
+    is flagged, gets NaN eigenpairs, and leaves the others' eigenpairs as they were."""
+    gen = torch.Generator().manual_seed(4)
+    m = torch.randn(4, 9, 9, generator=gen)
+    m = m + m.transpose(-1, -2)
+    want, want_a, _ = kpca.eigenpairs(m, 3, "desc", fix_signs=True)
+    big = m.clone()
+    big[0] = big[0] * 3e37  # finite entries whose total overflows float32
+    assert not torch.isfinite(big.sum())
+    _, _, finite = kpca.eigenpairs(big, 3, "desc")
+    assert finite.all()
+    for bad in (float("nan"), float("inf")):
+        x = m.clone()
+        x[2, 4, 1] = x[2, 1, 4] = bad
+        evals, a, finite = kpca.eigenpairs(x, 3, "desc", fix_signs=True)
+        assert finite.tolist() == [True, True, False, True]
+        assert torch.isnan(evals[2]).all() and torch.isnan(a[2]).all()
+        keep = [0, 1, 3]
+        assert torch.equal(evals[keep], want[keep]) and torch.equal(a[keep], want_a[keep])
