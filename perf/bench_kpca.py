@@ -9,6 +9,7 @@
     python perf/bench_kpca.py extract [--tree OTHER_CHECKOUT] [--repeats 2] [--out ...]
     python perf/bench_kpca.py concurrent ACTIVATIONS.h5 [--layers 0 1] [--spincounts 3000 default] [--out ...]
     python perf/bench_kpca.py allocator ACTIVATIONS.h5 [--layers 1 12] [--threads 2] [--out ...]
+    python perf/bench_kpca.py ab      ACTIVATIONS.h5 --tree OTHER_CHECKOUT [--variant paper] [--chunk 64] [--repeats 3] [--out ...]
 
 Methods compared (each measurement runs in its own subprocess, so peak RSS is its own):
 
@@ -690,6 +691,108 @@ def cmd_allocator(args) -> dict:
     return {"command": "allocator", "activations": str(args.activations), "threads": args.threads, "chunk": args.chunk, "rows": rows}
 
 
+def cmd_ab(args) -> dict:
+    """``head_metrics`` of this tree and of ``--tree`` on the same heads in one process, interleaved.
+
+    On a shared virtual machine the speed of the CPU drifts by tens of percent between runs a
+    minute apart (the same ``eigh`` took 1.7 to 2.3 ms per head), so two separate ``stage``
+    runs cannot resolve a 10 % change. Here the other tree's ``kpca`` module is imported under
+    another package name, and the two run chunk by chunk in turn over the same heads (one
+    worker, one intra-op thread, the rule's ``eigh`` threads), each with its own timers for
+    ``eigh`` and the assignments; the drift then falls on both alike. Also reports the largest
+    difference of every per-head column between the two.
+    """
+    import importlib.util
+    import shutil
+
+    import numpy as np
+    import torch
+
+    from kpca_repro import kpca as this
+    from kpca_repro.h5io import ActivationFile
+    from kpca_repro.records import baseline_noise, layer_chunks
+
+    tmp = Path(tempfile.mkdtemp())
+    shutil.copytree(Path(args.tree).resolve() / "src" / "kpca_repro", tmp / "kpca_other")
+    spec = importlib.util.spec_from_file_location("kpca_other", tmp / "kpca_other" / "__init__.py", submodule_search_locations=[str(tmp / "kpca_other")])
+    pkg = importlib.util.module_from_spec(spec)
+    sys.modules["kpca_other"] = pkg
+    spec.loader.exec_module(pkg)
+    import kpca_other.kpca as other  # the copied tree's module
+
+    torch.set_num_threads(1)
+    ks, vs, bs = [], [], []
+    with ActivationFile(args.activations) as af:
+        per_layer = len(af.sample_rank) * int(af.attrs["n_heads"])
+        for layer, _, t in layer_chunks(af, args.layers, per_layer):
+            ks.append(t["k"][: args.heads_per_layer])
+            vs.append(t["v"][: args.heads_per_layer])
+            if args.variant == "corrected":
+                shape = (int(af.attrs["n_heads"]), *t["v"].shape[1:])
+                bs.append(torch.cat([baseline_noise(0, di, layer, shape) for di in af.dataset_index])[: args.heads_per_layer])
+    k, v = torch.cat(ks), torch.cat(vs)
+    base = torch.cat(bs) if bs else None
+    n = k.shape[0]
+    eigh_threads = None
+    if args.variant == "paper":
+        from kpca_repro.threads import torch_default_threads
+
+        eigh_threads = torch_default_threads()
+    seconds = {name: {"total": 0.0, "eigh": 0.0, "assignment": 0.0} for name in ("this", "other")}
+    current = ["this"]
+    real_eigh = torch.linalg.eigh
+
+    def timed(kind, fn):
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                seconds[current[0]][kind] += time.perf_counter() - t0
+
+        return wrapper
+
+    torch.linalg.eigh = timed("eigh", real_eigh)
+    for mod in (this, other):
+        mod.linear_sum_assignment = timed("assignment", mod.linear_sum_assignment)
+
+    def run(name, mod):
+        current[0] = name
+        parts = []
+        t0 = time.perf_counter()
+        for lo in range(0, n, args.chunk):
+            b = None if base is None else base[lo : lo + args.chunk]
+            parts.append(mod.head_metrics(k[lo : lo + args.chunk], v[lo : lo + args.chunk], args.variant, baseline=b, eigh_threads=eigh_threads))
+        seconds[name]["total"] += time.perf_counter() - t0
+        return {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
+
+    run("other", other)  # warm-up, not counted
+    run("this", this)
+    seconds = {name: dict.fromkeys(sec, 0.0) for name, sec in seconds.items()}
+    for _ in range(args.repeats):
+        out_other, out_this = run("other", other), run("this", this)
+    torch.linalg.eigh = real_eigh
+    shutil.rmtree(tmp)
+    per_head = {}
+    for name, sec in seconds.items():
+        ms = {key: 1e3 * val / (args.repeats * n) for key, val in sec.items()}
+        ms["everything_else"] = ms["total"] - ms["eigh"] - ms["assignment"]
+        per_head[name] = ms
+        print(json.dumps({"tree": name, "ms_per_head": {key: round(val, 3) for key, val in ms.items()}}), flush=True)
+    diffs = {c: float(np.nanmax(np.abs(out_this[c].astype(float) - out_other[c].astype(float)), initial=0.0)) for c in out_this if out_this[c].dtype != bool}
+    return {
+        "command": "ab",
+        "tree": str(Path(args.tree).resolve()),
+        "variant": args.variant,
+        "heads": n,
+        "chunk": args.chunk,
+        "repeats": args.repeats,
+        "eigh_threads": eigh_threads,
+        "ms_per_head": per_head,
+        "max_abs_diff": diffs,
+    }
+
+
 def main(argv=None) -> None:
     helpers = {"_one": _one, "_extract": _extract, "_extract_timed": _extract_timed, "_kpca": _kpca, "_authors": _authors}
     if len(sys.argv) > 2 and sys.argv[1] in helpers:
@@ -758,6 +861,14 @@ def main(argv=None) -> None:
     s.add_argument("--layers", type=int, nargs="+", default=[0, 1], help="one process per layer")
     s.add_argument("--chunk", type=int, default=16)
     s.add_argument("--spincounts", nargs="+", default=["3000", "default"], help="GOMP_SPINCOUNT values; 'default': libgomp's own")
+    s = sub.add_parser("ab", help="head_metrics of this tree against another (--tree) on the same heads, interleaved in one process")
+    s.add_argument("activations", type=Path)
+    s.add_argument("--tree", required=True, help="the other checkout (its src/kpca_repro is imported as kpca_other)")
+    s.add_argument("--variant", default="paper", choices=["paper", "corrected"])
+    s.add_argument("--layers", type=int, nargs="+", default=[0, 3, 6, 9, 11])
+    s.add_argument("--heads-per-layer", type=int, default=120, help="the first heads of each layer")
+    s.add_argument("--chunk", type=int, default=64, help="heads per head_metrics call (the rule's default kpca.heads_per_chunk)")
+    s.add_argument("--repeats", type=int, default=3)
     s = sub.add_parser("chain")
     s.add_argument("--configfile", default=str(REPO / "config" / "offline_deit_tiny.yaml"))
     s.add_argument("--cores", type=int, default=2)

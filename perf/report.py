@@ -122,6 +122,15 @@ def memory(r):
     print()
 
 
+def ab(r):
+    print(f"{r['variant']} variant, {r['heads']} heads x {r['repeats']} repeats, chunks of {r['chunk']}, eigh threads {r['eigh_threads']}, other tree {r['tree']}\n")
+    print("| tree | head_metrics ms/head | eigh | assignments | everything else |\n|---|---|---|---|---|")
+    for name, ms in r["ms_per_head"].items():
+        print(f"| {name} | {ms['total']:.2f} | {ms['eigh']:.2f} | {ms['assignment']:.2f} | {ms['everything_else']:.2f} |")
+    diff = max(r["max_abs_diff"].values(), default=0.0)
+    print(f"\nlargest per-head difference between the trees: {diff:.1e}\n")
+
+
 for path in sorted(Path(sys.argv[1]).glob("*.json")):
     r = json.loads(path.read_text())
     print(f"### {path.name}\n")

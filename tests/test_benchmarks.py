@@ -87,3 +87,17 @@ def test_authors_structure_baseline_gives_the_pipelines_table1_row(tmp_path):
         assert abs(ours[name] - value) <= (1e-4 if name == "KCKA" else 1e-5), (name, ours[name], value)
     report = subprocess.run([sys.executable, str(REPO / "perf" / "report.py"), str(tmp_path)], capture_output=True, text=True, check=True).stdout
     assert "authors' structure" in report
+
+
+def test_ab_benchmark_times_both_trees_on_the_same_heads(tmp_path):
+    """``ab`` against this very checkout: the two imports are the same code, so every per-head
+    column agrees bit for bit, and each tree's timers see its own eigh and assignment time."""
+    h5 = _activation_file(tmp_path / "a.h5")  # 5 images x 3 heads x 2 layers
+    for variant in ("paper", "corrected"):
+        res = _bench("ab", str(h5), "--tree", str(REPO), "--variant", variant, "--layers", "0", "1", "--heads-per-layer", "6", "--chunk", "4", "--repeats", "1", out=tmp_path / f"ab_{variant}.json")
+        assert res["heads"] == 12
+        assert res["max_abs_diff"] and all(d == 0.0 for d in res["max_abs_diff"].values())
+        for ms in res["ms_per_head"].values():
+            assert 0 < ms["eigh"] + ms["assignment"] <= ms["total"]
+    report = subprocess.run([sys.executable, str(REPO / "perf" / "report.py"), str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    assert "| this |" in report and "| other |" in report
