@@ -13,6 +13,44 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 OUT=perf/results
 H5=results/activations/deit_tiny_patch16_224/vision_100_0of1.h5
 uptime
+if [ "${1:-stage}" = amd ]; then
+  # the 2026-11-23 second-session measurements on the AMD EPYC machine (docs/performance.md,
+  # "Issue 18 on the AMD EPYC machine"; about 25 minutes); /tmp/base: git archive 9232017
+  BEFORE=(--tree /tmp/base --configfile /tmp/base/config/offline_deit_tiny.yaml)
+  python perf/bench_kpca.py authors --out "$OUT/authors_deit_tiny_100_amd_run1.json"
+  python perf/bench_kpca.py chain --cores 2 --targets results/table1.csv --out "$OUT/chain_table1_deit_tiny_amd_run1.json"
+  cp config/offline_deit_tiny.yaml /tmp/offline_c16.yaml && printf '\nkpca:\n  heads_per_chunk: 16\n' >> /tmp/offline_c16.yaml
+  python perf/bench_kpca.py chain --cores 2 --targets results/table1.csv --configfile /tmp/offline_c16.yaml --out "$OUT/chain_table1_deit_tiny_amd_chunk16.json"
+  python perf/bench_kpca.py chain --cores 2 --targets results/table1.csv "${BEFORE[@]}" --out "$OUT/chain_table1_deit_tiny_amd_before_run1.json"
+  python perf/bench_kpca.py chain --cores 2 --targets results/table1.csv --out "$OUT/chain_table1_deit_tiny_amd_run2.json"
+  python perf/bench_kpca.py authors --out "$OUT/authors_deit_tiny_100_amd_run2.json"
+  python perf/bench_kpca.py chain --cores 2 --targets results/table1.csv "${BEFORE[@]}" --out "$OUT/chain_table1_deit_tiny_amd_before_run2.json"
+  python perf/bench_kpca.py chain --cores 2 --targets results/table1_corrected.csv --out "$OUT/chain_table1_corrected_deit_tiny_amd.json"
+  python perf/bench_kpca.py chain --cores 2 --targets results/table1_corrected.csv "${BEFORE[@]}" --out "$OUT/chain_table1_corrected_deit_tiny_amd_before.json"
+  # the two-worker stage: the authors' eigh threads against one, and by spin count
+  GOMP_SPINCOUNT=3000 python perf/bench_kpca.py stage "$H5" --variants paper --threads 2 --chunk 16 --eigh-threads auto --skip-baseline --out "$OUT/stage_deit_tiny_100_amd_2workers_eigh_auto.json"
+  GOMP_SPINCOUNT=3000 python perf/bench_kpca.py stage "$H5" --variants paper --threads 2 --chunk 16 --eigh-threads 1 --skip-baseline --out "$OUT/stage_deit_tiny_100_amd_2workers_eigh_1.json"
+  for run in 1 2; do
+    for c in 64 16; do
+      GOMP_SPINCOUNT=3000 python perf/bench_kpca.py stage "$H5" --variants paper --threads 2 --chunk $c --eigh-threads auto --skip-baseline --out "$OUT/stage_deit_tiny_100_amd_2workers_chunk${c}_run$run.json"
+    done
+  done
+  for c in 64 16; do
+    GOMP_SPINCOUNT=3000 python perf/bench_kpca.py stage "$H5" --variants corrected --threads 2 --chunk $c --skip-baseline --out "$OUT/stage_deit_tiny_100_amd_2workers_corrected_chunk$c.json"
+  done
+  for sc in 0 300 30000 300000; do
+    GOMP_SPINCOUNT=$sc python perf/bench_kpca.py stage "$H5" --variants paper --threads 2 --chunk 16 --eigh-threads auto --skip-baseline --out "$OUT/stage_deit_tiny_100_amd_2workers_spin$sc.json"
+  done
+  # per head, one worker: separate runs (before, now, before, now), then interleaved in one process
+  for run in 1 2; do
+    (here=$PWD && cd /tmp/base && PYTHONPATH=/tmp/base/src python perf/bench_kpca.py stage "$here/$H5" --variants paper corrected --threads 1 --chunk 64 --eigh-threads auto --skip-baseline --breakdown --out "$here/$OUT/stage_deit_tiny_100_amd_breakdown_before_run$run.json")
+    python perf/bench_kpca.py stage "$H5" --variants paper corrected --threads 1 --chunk 64 --eigh-threads auto --skip-baseline --breakdown --out "$OUT/stage_deit_tiny_100_amd_breakdown_run$run.json"
+  done
+  python perf/bench_kpca.py ab "$H5" --tree /tmp/base --variant paper --out "$OUT/ab_paper_deit_tiny_amd.json"
+  python perf/bench_kpca.py ab "$H5" --tree /tmp/base --variant corrected --out "$OUT/ab_corrected_deit_tiny_amd.json"
+  uptime
+  exit 0
+fi
 if [ "${1:-stage}" = chain ]; then
   # alternating: the authors' structure, then the chain (on 2026-11-23 the third pair came
   # after the corrected and the before-change chains)

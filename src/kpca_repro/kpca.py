@@ -651,7 +651,9 @@ def median_nonzero(d: torch.Tensor, which: str, *, symmetric: bool = False) -> t
             the mean of its entries ``p`` and ``p+1`` is the usual median of ``u``
             (``tests/test_batching_and_sharding.py`` checks both against the full search).
             On the CPU the triangle is copied with ``np.take`` and searched with numpy's
-            introselect; on CUDA it is gathered and searched with ``torch.kthvalue``.
+            introselect; on CUDA it is gathered and searched with ``torch.kthvalue``. For a
+            ``d`` that is not exactly symmetric it is the median over the pairs ``i < j``
+            (the corrected variant's bandwidth, :func:`rbf_kernel`).
 
     Returns:
         Shape ``(...)``; NaN where a matrix has no non-zero entry (as ``torch.median`` of an
