@@ -59,6 +59,30 @@ def test_batched_head_metrics_equal_the_per_head_path_bit_for_bit(variant, shape
         assert batched["dropped"].any() and not batched["dropped"].all()  # both kinds of head were exercised
 
 
+@pytest.mark.parametrize("variant", ["paper", "corrected"])
+def test_cpu_blocks_change_no_number_and_keep_the_sign_draw_rows(variant, one_thread, monkeypatch):
+    """19 heads cross two block boundaries (blocks of kpca.CPU_BLOCK_HEADS = 8): the same
+    numbers and rows as one block of all 19, and the rows of each head are its own."""
+    assert kpca.CPU_BLOCK_HEADS < 19
+    k, v, base = _heads(n_heads=19, n=30, d=8, seed=3)
+    kwargs = {"baseline": base} if variant == "corrected" else {}
+    rows_blocks: dict = {}
+    blocks = kpca.head_metrics(k, v, variant, rows=rows_blocks, **kwargs)
+    monkeypatch.setattr(kpca, "CPU_BLOCK_HEADS", 64)
+    rows_one: dict = {}
+    one = kpca.head_metrics(k, v, variant, rows=rows_one, **kwargs)
+    _assert_same(blocks, one)
+    assert rows_blocks.keys() == rows_one.keys() == {"v", "v_kpca"}
+    for name in rows_one:
+        assert rows_blocks[name].shape == (19, 30, 8)
+        torch.testing.assert_close(rows_blocks[name], rows_one[name], rtol=0, atol=0, equal_nan=True)  # overflowing heads: NaN
+    last: dict = {}
+    kpca.head_metrics(k[18:], v[18:], variant, rows=last, **({"baseline": base[18:]} if kwargs else {}))
+    torch.testing.assert_close(rows_blocks["v_kpca"][18:], last["v_kpca"], rtol=0, atol=0, equal_nan=True)
+    with pytest.raises(ValueError, match="baseline must have"):
+        kpca.head_metrics(k, v, "corrected", baseline=base[:-1])
+
+
 def test_batched_eigenpairs_equal_one_matrix_at_a_time(one_thread):
     k = torch.randn(6, 37, 8, generator=torch.Generator().manual_seed(1))
     kc = kpca.center_dense(kpca.gram_paper(k)[0])

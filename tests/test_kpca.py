@@ -38,6 +38,26 @@ def test_log_gram_equals_exp_domain_where_finite():
     torch.testing.assert_close(torch.exp(log_kphi), kraw / (g[..., :, None] * g[..., None, :]))
 
 
+def test_corrected_centered_gram_in_place_is_log_gram_exp_center_bit_for_bit():
+    k = _keys().double()
+    kc, log_g = kpca._corrected_centered_gram(k)
+    log_kphi, log_g_ref = kpca.log_gram(k)
+    torch.testing.assert_close(log_g, log_g_ref, rtol=0, atol=0)
+    torch.testing.assert_close(kc, kpca.center(torch.exp(log_kphi)), rtol=0, atol=0)
+
+
+def test_exact_row_normalisation_leaves_zero_rows_zero():
+    x = torch.randn(2, 5, 3, dtype=torch.float64)
+    x[0, 2] = 0.0
+    x[1, :, 1] = 0.0
+    rows, columns = kpca.row_normalize(x, None), kpca.row_normalize(x, None, dim=-2)
+    assert torch.equal(rows[0, 2], torch.zeros(3, dtype=torch.float64))
+    assert torch.equal(columns[1, :, 1], torch.zeros(5, dtype=torch.float64))
+    norms = torch.linalg.vector_norm(rows, dim=-1)
+    torch.testing.assert_close(norms[norms != 0], torch.ones(9, dtype=torch.float64))
+    torch.testing.assert_close(rows[1], x[1] / torch.linalg.vector_norm(x[1], dim=-1, keepdim=True), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("centering", [kpca.center, kpca.center_dense])
 def test_centering_is_h_m_h(centering):
     m = torch.randn(3, 11, 11, dtype=torch.float64)
