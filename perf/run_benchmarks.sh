@@ -2,8 +2,8 @@
 # The CPU measurements of docs/performance.md, as they were run: `bash perf/run_benchmarks.sh`
 # for the 2026-11-22 stage measurements (about 15 minutes on a quiet 2-core CPU),
 # `bash perf/run_benchmarks.sh chain` for the 2026-11-23 chain against the authors' code
-# structure (about 15 minutes). Needs the real DeiT-Tiny activation file (and, for the chain's
-# fidelity check, MiniLM's):
+# structure (about 15 minutes), `... amd` and `... intel3` for the later sessions' sections.
+# Needs the real DeiT-Tiny activation file (and, for the chain's fidelity check, MiniLM's):
 #   snakemake --cores 2 results/activations/deit_tiny_patch16_224/vision_100_0of1.h5 --configfile config/offline_deit_tiny.yaml
 # and, for the chain's before/after comparisons, the code before the change in /tmp/base:
 #   git archive 6deb9c2 | tar -x -C /tmp/base
@@ -13,6 +13,35 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 OUT=perf/results
 H5=results/activations/deit_tiny_patch16_224/vision_100_0of1.h5
 uptime
+if [ "${1:-stage}" = intel3 ]; then
+  # the 2026-11-24 third-session measurements on the Intel Xeon machine (docs/performance.md,
+  # "Issue 18, third session"; about 20 minutes); /tmp/base: git archive 1fde9b1
+  BEFORE=(--tree /tmp/base --configfile /tmp/base/config/offline_deit_tiny.yaml)
+  for run in 1 2; do
+    python perf/bench_kpca.py authors --out "$OUT/authors_deit_tiny_100_intel3_run$run.json"
+    python perf/bench_kpca.py chain --cores 2 --targets results/table1.csv --out "$OUT/chain_table1_deit_tiny_intel3_run$run.json"
+    python perf/bench_kpca.py chain --cores 2 --targets results/table1.csv "${BEFORE[@]}" --out "$OUT/chain_table1_deit_tiny_intel3_before_run$run.json"
+  done
+  python perf/bench_kpca.py chain --cores 2 --targets results/table1_corrected.csv --out "$OUT/chain_table1_corrected_deit_tiny_intel3.json"
+  python perf/bench_kpca.py chain --cores 2 --targets results/table1_corrected.csv "${BEFORE[@]}" --out "$OUT/chain_table1_corrected_deit_tiny_intel3_before.json"
+  # per head, one worker (target 2): separate runs (before, now, before, now), then interleaved
+  for run in 1 2; do
+    (here=$PWD && cd /tmp/base && PYTHONPATH=/tmp/base/src python perf/bench_kpca.py stage "$here/$H5" --variants paper corrected --threads 1 --chunk 64 --eigh-threads auto --skip-baseline --breakdown --out "$here/$OUT/stage_deit_tiny_100_intel3_breakdown_before_run$run.json")
+    python perf/bench_kpca.py stage "$H5" --variants paper corrected --threads 1 --chunk 64 --eigh-threads auto --skip-baseline --breakdown --out "$OUT/stage_deit_tiny_100_intel3_breakdown_run$run.json"
+  done
+  python perf/bench_kpca.py ab "$H5" --tree /tmp/base --variant paper --out "$OUT/ab_paper_deit_tiny_intel3.json"
+  python perf/bench_kpca.py ab "$H5" --tree /tmp/base --variant corrected --out "$OUT/ab_corrected_deit_tiny_intel3.json"
+  # dry run of the default target (target 3): three with the check cache filled, three without
+  for cache in filled empty; do
+    for run in 1 2 3; do
+      [ $cache = empty ] && rm -rf .snakemake/kpca_repro
+      /usr/bin/time -f "$cache %e s" snakemake -n -q --configfile config/offline_deit_tiny.yaml config/offline_minilm.yaml 2>&1 >/dev/null | tail -1
+    done
+  done | tee "$OUT/dryrun_intel3.txt"
+  python perf/fidelity_check.py "$H5" --layers 0,5,9,11 --inputs 25 > "$OUT/fidelity_deit_tiny_intel3.txt" 2>&1
+  uptime
+  exit 0
+fi
 if [ "${1:-stage}" = amd ]; then
   # the 2026-11-23 second-session measurements on the AMD EPYC machine (docs/performance.md,
   # "Issue 18 on the AMD EPYC machine"; about 25 minutes); /tmp/base: git archive 9232017

@@ -13,7 +13,7 @@ import torch
 
 from kpca_repro import kpca
 from kpca_repro.h5io import ActivationFile, ActivationWriter
-from kpca_repro.records import kpca_records, layer_chunks
+from kpca_repro.records import TEXT_PAPER_OPTIONS, kpca_records, layer_chunks
 from kpca_repro.threads import ordered_map
 
 from conftest import TINY_KWARGS, run_snakemake
@@ -59,13 +59,15 @@ def test_batched_head_metrics_equal_the_per_head_path_bit_for_bit(variant, shape
         assert batched["dropped"].any() and not batched["dropped"].all()  # both kinds of head were exercised
 
 
-@pytest.mark.parametrize("variant", ["paper", "corrected"])
+@pytest.mark.parametrize("variant", ["paper", "text paper", "corrected"])
 def test_cpu_blocks_change_no_number_and_keep_the_sign_draw_rows(variant, one_thread, monkeypatch):
     """19 heads cross two block boundaries (blocks of kpca.CPU_BLOCK_HEADS = 8): the same
-    numbers and rows as one block of all 19, and the rows of each head are its own."""
+    numbers and rows as one block of all 19, and the rows of each head are its own. "text
+    paper": the language-model script's options (nothing dropped, NaN costs set to 0)."""
     assert kpca.CPU_BLOCK_HEADS < 19
     k, v, base = _heads(n_heads=19, n=30, d=8, seed=3)
-    kwargs = {"baseline": base} if variant == "corrected" else {}
+    kwargs = {"baseline": base} if variant == "corrected" else dict(TEXT_PAPER_OPTIONS) if variant == "text paper" else {}
+    variant = variant.split()[-1]
     rows_blocks: dict = {}
     blocks = kpca.head_metrics(k, v, variant, rows=rows_blocks, **kwargs)
     monkeypatch.setattr(kpca, "CPU_BLOCK_HEADS", 64)
@@ -77,7 +79,7 @@ def test_cpu_blocks_change_no_number_and_keep_the_sign_draw_rows(variant, one_th
         assert rows_blocks[name].shape == (19, 30, 8)
         torch.testing.assert_close(rows_blocks[name], rows_one[name], rtol=0, atol=0, equal_nan=True)  # overflowing heads: NaN
     last: dict = {}
-    kpca.head_metrics(k[18:], v[18:], variant, rows=last, **({"baseline": base[18:]} if kwargs else {}))
+    kpca.head_metrics(k[18:], v[18:], variant, rows=last, **{**kwargs, **({"baseline": base[18:]} if "baseline" in kwargs else {})})
     torch.testing.assert_close(rows_blocks["v_kpca"][18:], last["v_kpca"], rtol=0, atol=0, equal_nan=True)
     with pytest.raises(ValueError, match="baseline must have"):
         kpca.head_metrics(k, v, "corrected", baseline=base[:-1])
