@@ -2,7 +2,7 @@
 # The CPU measurements of docs/performance.md, as they were run: `bash perf/run_benchmarks.sh`
 # for the 2026-11-22 stage measurements (about 15 minutes on a quiet 2-core CPU),
 # `bash perf/run_benchmarks.sh chain` for the 2026-11-23 chain against the authors' code
-# structure (about 15 minutes), `... amd` and `... intel3` for the later sessions' sections.
+# structure (about 15 minutes), `... amd`, `... intel3` and `... milan` for the later sessions' sections.
 # Needs the real DeiT-Tiny activation file (and, for the chain's fidelity check, MiniLM's):
 #   snakemake --cores 2 results/activations/deit_tiny_patch16_224/vision_100_0of1.h5 --configfile config/offline_deit_tiny.yaml
 # and, for the chain's before/after comparisons, the code before the change in /tmp/base:
@@ -13,6 +13,17 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 OUT=perf/results
 H5=results/activations/deit_tiny_patch16_224/vision_100_0of1.h5
 uptime
+if [ "${1:-stage}" = milan ]; then
+  # the 2026-11-24 fourth-session check on an AMD EPYC (family 25, model 1) machine
+  # (docs/performance.md, "Issue 18, fourth session"; about 7 minutes)
+  for run in 1 2; do
+    python perf/bench_kpca.py authors --out "$OUT/authors_deit_tiny_100_milan_run$run.json"
+    python perf/bench_kpca.py chain --cores 2 --targets results/table1.csv --out "$OUT/chain_table1_deit_tiny_milan_run$run.json"
+  done
+  python perf/fidelity_check.py "$H5" --layers 0,5,9,11 --inputs 25 > "$OUT/fidelity_deit_tiny_milan.txt" 2>&1
+  uptime
+  exit 0
+fi
 if [ "${1:-stage}" = intel3 ]; then
   # the 2026-11-24 third-session measurements on the Intel Xeon machine (docs/performance.md,
   # "Issue 18, third session"; about 20 minutes); /tmp/base: git archive 1fde9b1
