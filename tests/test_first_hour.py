@@ -88,20 +88,52 @@ def test_needs_follow_the_targets():
 
 
 def test_online_missing_inputs_are_left_to_the_download_rules(tmp_path, monkeypatch):
-    """Reachable hosts: nothing raised, the missing inputs returned (the download rules fetch them);
-    unreachable hosts: the block, naming the hosts."""
-    for var in preflight.OFFLINE_ENV:
+    """Reachable endpoints: nothing raised, the missing inputs returned (the download rules fetch them);
+    unreachable endpoints: the block, naming the URLs the downloads would contact."""
+    for var in (*preflight.OFFLINE_ENV, "HF_ENDPOINT", "https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY"):
         monkeypatch.delenv(var, raising=False)
     cfg = _default_config()
     cfg["resources_dir"] = str(tmp_path / "res")
     probed = []
     missing = preflight.check_inputs(cfg, ["results/table1.csv"], probe=lambda h: probed.append(h) or True)
     assert {r.kind for r in missing} == {"weights", "images"} and len(missing) == 11
-    assert sorted(probed) == ["github.com", "huggingface.co"]
+    assert sorted(probed) == ["github.com:443", "huggingface.co:443"]
     with pytest.raises(preflight.MissingInputsError) as err:
         preflight.check_inputs(cfg, ["results/table1.csv"], probe=lambda h: False)
-    assert "no network: github.com, huggingface.co unreachable within 3 s" in str(err.value)
+    assert f"{cfg['vision']['imagenet_sample_url']} (github.com:443)" in str(err.value)
+    assert "https://huggingface.co (huggingface.co:443)" in str(err.value)
     assert str(tmp_path / "res" / "weights" / "timm" / "vit_large_patch16_224.safetensors") in str(err.value)
+
+
+def test_the_probe_follows_hf_endpoint_the_configured_urls_and_proxies(tmp_path, monkeypatch):
+    """A hub mirror (HF_ENDPOINT) and a configured archive URL are probed instead of the public
+    hosts, which are never named; a proxy from the environment is probed in their place unless
+    no_proxy exempts the host."""
+    for var in (*preflight.OFFLINE_ENV, "https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:8790/")
+    cfg = _default_config()
+    cfg["resources_dir"] = str(tmp_path / "res")
+    cfg["vision"]["imagenet_sample_url"] = "http://127.0.0.1:8791/imagenet.zip"
+    probed = []
+    preflight.check_inputs(cfg, ["results/table1.csv"], probe=lambda h: probed.append(h) or True)
+    assert sorted(probed) == ["127.0.0.1:8790", "127.0.0.1:8791"]
+    with pytest.raises(preflight.MissingInputsError) as err:
+        preflight.check_inputs(cfg, ["results/table1.csv"], probe=lambda h: h == "127.0.0.1:8791")
+    message = str(err.value)
+    assert "no network: http://127.0.0.1:8790 (127.0.0.1:8790) unreachable" in message
+    assert "huggingface.co" not in message.split("\n")[0] and "github.com" not in message.split("\n")[0]
+
+    monkeypatch.setenv("https_proxy", "http://proxy.internal:3128")
+    monkeypatch.setenv("http_proxy", "http://proxy.internal:3128")
+    assert preflight.probe_address("https://huggingface.co") == "proxy.internal:3128"
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    assert preflight.probe_address("http://127.0.0.1:8790") == "127.0.0.1:8790"
+    assert preflight.probe_address("https://huggingface.co") == "proxy.internal:3128"
+    monkeypatch.delenv("https_proxy")
+    monkeypatch.delenv("http_proxy")
+    assert preflight.probe_address("https://huggingface.co/x") == "huggingface.co:443"
+    assert preflight.probe_address("http://example.org/a.gz") == "example.org:80"
 
 
 def test_present_inputs_need_no_probe(tiny_resources):

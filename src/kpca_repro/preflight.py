@@ -19,9 +19,11 @@ import os
 import re
 import socket
 import threading
+import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 __all__ = [
     "MissingInputsError",
@@ -42,7 +44,34 @@ __all__ = [
 OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
 #: Seconds a download host has to accept a TCP connection before the machine counts as offline.
 PROBE_TIMEOUT_S = 3.0
-HF_HOST = "huggingface.co"
+#: The hub huggingface_hub, timm, transformers and datasets use when ``HF_ENDPOINT`` is unset.
+HF_DEFAULT_ENDPOINT = "https://huggingface.co"
+
+
+def hub_endpoint() -> str:
+    """The Hugging Face endpoint the downloads will contact: ``HF_ENDPOINT`` (a mirror) when set,
+    as huggingface_hub reads it, else https://huggingface.co."""
+    return os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or HF_DEFAULT_ENDPOINT
+
+
+def probe_address(url: str) -> str:
+    """``name:port`` that a download of ``url`` connects to first: the proxy of its scheme from
+    the environment (``https_proxy``, ``http_proxy``, ...) unless ``no_proxy`` exempts the host,
+    else the URL's own host and port (443 for https, 80 for http by default).
+
+    Args:
+        url: an http(s) URL, or a bare ``name[:port]`` (taken as https).
+
+    Returns:
+        e.g. ``"huggingface.co:443"``, ``"127.0.0.1:8790"`` or ``"proxy.example:3128"``.
+    """
+    parts = urlsplit(url if "://" in url else f"https://{url}")
+    host = parts.hostname or ""
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy and not urllib.request.proxy_bypass(host):
+        p = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        return f"{p.hostname}:{p.port or (443 if p.scheme == 'https' else 80)}"
+    return f"{host}:{parts.port or (80 if parts.scheme == 'http' else 443)}"
 
 
 @dataclass(frozen=True)
@@ -55,7 +84,8 @@ class Requirement:
         what: human name, e.g. ``pretrained weights of timm model 'vit_tiny_patch16_224'``.
         path: the exact file or directory to fill (for a hub model: its Hugging Face id).
         how: how to provide it by hand.
-        host: the host its download uses (probed when it is missing), None if not fetchable.
+        host: the URL its download contacts (``HF_ENDPOINT`` for hub files, the configured
+            URL for plain files), probed when it is missing; None if not fetchable.
     """
 
     kind: str
@@ -146,7 +176,7 @@ def _weights(resources: str, model: str) -> Requirement:
         f"pretrained weights of timm model {model!r}",
         path,
         "on a machine with network, save timm.create_model(<id>, pretrained=True).state_dict() with safetensors.torch.save_file to exactly that path (or run once online: the download rule does it)",
-        HF_HOST,
+        hub_endpoint(),
     )
 
 
@@ -156,7 +186,7 @@ def _text_model(model_id: str) -> Requirement:
         f"language model {model_id!r} (Hugging Face model directory)",
         model_id,
         "map the id to a directory saved with save_pretrained in config key text.local_models (e.g. 'text: {local_models: {<id>: /path/to/dir}}'), put it in the Hugging Face cache, or run online",
-        HF_HOST,
+        hub_endpoint(),
     )
 
 
@@ -199,7 +229,7 @@ def requirements(groups: set[str], config: dict) -> list[Requirement]:
                 "ImageNet sample images",
                 str(Path(res) / "images" / "imagenet-sample"),
                 f"put the 1000 files <wnid>_<label>.JPEG of the ImageNet sample there ({vision['imagenet_sample_url']}), or set vision.imagenet_val_dir to an ImageNet validation root",
-                "github.com",
+                vision["imagenet_sample_url"],
             )
         )
     for m in dict.fromkeys(text_models):
@@ -212,7 +242,7 @@ def requirements(groups: set[str], config: dict) -> list[Requirement]:
                 "WikiText-103 raw test split",
                 str(Path(res) / "text" / "wikitext-103" / "wiki.test.raw"),
                 "put the file wiki.test.raw of wikitext-103-raw-v1 there (one dataset row per line; datasets.load_dataset('wikitext', 'wikitext-103-raw-v1', split='test') on a machine with network)",
-                HF_HOST,
+                hub_endpoint(),
             )
         )
     if "training" in groups:
@@ -226,7 +256,7 @@ def requirements(groups: set[str], config: dict) -> list[Requirement]:
                         "Fashion-MNIST",
                         str(root / f),
                         "place the four IDX .gz files of https://github.com/zalandoresearch/fashion-mnist there",
-                        "fashion-mnist.s3-website.eu-central-1.amazonaws.com:80",
+                        config["downloads"]["fashion_mnist_url"],
                     )
                 )
         if config["figure1"]["use_reference"] and config["figure1"]["reference_logs"] is None:
@@ -236,7 +266,7 @@ def requirements(groups: set[str], config: dict) -> list[Requirement]:
                     "the authors' W&B training logs",
                     str(Path(res) / "training_logs"),
                     "set figure1.reference_logs to a folder holding vit_tiny/*.csv and deit_tiny/*.csv (scripts/wandb_data of KarahanS/Reproduction-Study-KPCA), or figure1.use_reference: false",
-                    "raw.githubusercontent.com",
+                    config["figure1"]["reference_url"],
                 )
             )
     return out
@@ -298,34 +328,38 @@ def network_reachable(host: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
     return bool(result and result[0])
 
 
-def offline_reason(config: dict, hosts: Iterable[str], probe: Callable[[str], bool] = network_reachable) -> str | None:
+def offline_reason(config: dict, endpoints: Iterable[str], probe: Callable[[str], bool] = network_reachable) -> str | None:
     """Why downloads cannot happen, or None when they can.
 
     Args:
         config: the configuration (its ``offline`` key).
-        hosts: the download hosts of the missing inputs; probed concurrently only when
-            neither the configuration nor the environment says offline.
-        probe: ``host -> reachable`` (:func:`network_reachable`; replaceable in tests).
+        endpoints: the URLs the downloads of the missing inputs contact (:attr:`Requirement.host`);
+            the address each connects to first (:func:`probe_address`: the URL's host or the
+            environment's proxy) is probed, concurrently, only when neither the configuration
+            nor the environment says offline.
+        probe: ``"name:port" -> reachable`` (:func:`network_reachable`; replaceable in tests).
 
     Returns:
         ``"offline: true in the configuration"``, ``"HF_HUB_OFFLINE=1 in the environment"``,
-        ``"no network: <host> unreachable within 3 s"``, or None.
+        ``"no network: <url> (<name:port>) unreachable within 3 s"``, or None.
     """
     if config.get("offline"):
         return "offline: true in the configuration"
     for var in OFFLINE_ENV:
         if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
             return f"{var}={os.environ[var]} in the environment"
-    hosts = sorted(set(hosts))
+    by_address: dict[str, list[str]] = {}
+    for url in sorted(set(endpoints)):
+        by_address.setdefault(probe_address(url), []).append(url)
     results: dict[str, bool] = {}
-    threads = [threading.Thread(target=lambda h=h: results.__setitem__(h, probe(h)), daemon=True) for h in hosts]
+    threads = [threading.Thread(target=lambda a=a: results.__setitem__(a, probe(a)), daemon=True) for a in by_address]
     for t in threads:
         t.start()
     for t in threads:
         t.join(PROBE_TIMEOUT_S + 1.0)
-    down = [h for h in hosts if not results.get(h, False)]
+    down = [f"{', '.join(urls)} ({address})" for address, urls in by_address.items() if not results.get(address, False)]
     if down:
-        return f"no network: {', '.join(down)} unreachable within {PROBE_TIMEOUT_S:g} s"
+        return f"no network: {'; '.join(down)} unreachable within {PROBE_TIMEOUT_S:g} s"
     return None
 
 

@@ -32,6 +32,8 @@ if MISSING_WEIGHTS:
         localrule: True
         conda:
             ENV
+        params:
+            downloads=config["downloads"],
         script:
             "../scripts/download_timm_weights.py"
 
@@ -55,6 +57,7 @@ if IMAGES_MISSING:
         conda:
             ENV
         params:
+            downloads=config["downloads"],
             url=VISION["imagenet_sample_url"],
         script:
             "../scripts/download_imagenet_sample.py"
@@ -71,7 +74,7 @@ if WIKITEXT_MISSING:
                 f"{RESOURCES}/text/wikitext-103/wiki.test.raw",
                 "WikiText-103 raw test split",
                 "Put the file wiki.test.raw of wikitext-103-raw-v1 there (one dataset row per line), "
-                "or set offline: false to fetch it with datasets.load_dataset('wikitext', 'wikitext-103-raw-v1', split='test').",
+                "or set offline: false to fetch it with datasets.load_dataset (config key downloads.wikitext).",
             ),
         output:
             f"{RESOURCES}/text/wikitext-103/wiki.test.raw",
@@ -82,5 +85,7 @@ if WIKITEXT_MISSING:
         localrule: True
         conda:
             ENV
+        params:
+            downloads=config["downloads"],
         script:
             "../scripts/download_wikitext.py"

@@ -1,8 +1,11 @@
 """Rule download_wikitext: the WikiText-103 raw test split into the resources directory."""
 
+from kpca_repro.resources import DownloadPolicy
 from kpca_repro.smk import fail_cleanly, setup_logging
 from kpca_repro.text import download_wikitext
 
-log = setup_logging(snakemake, "download_wikitext")  # noqa: F821 (injected by Snakemake)
-log.info("datasets.load_dataset -> %s", snakemake.output[0])  # noqa: F821
-fail_cleanly(log, download_wikitext, snakemake.output[0])  # noqa: F821
+smk = snakemake  # noqa: F821 (injected by Snakemake)
+log = setup_logging(smk, "download_wikitext")
+dl = smk.params.downloads
+log.info("datasets.load_dataset(%r, %r, split=%r, revision=%r) -> %s", *dl["wikitext"].values(), smk.output[0])
+fail_cleanly(log, download_wikitext, smk.output[0], dl["wikitext"], policy=DownloadPolicy.from_config(dl), log=log)
