@@ -1,11 +1,12 @@
 """One-off check behind docs/training.md (Figures 1 and 4): per-layer mean, median and maximum of
 ||phi(q)||^2 and ||h||^2 on the fixed validation batch of a finished training checkpoint.
 
-    PYTHONPATH=src python docs/phi_tail_check.py vit_tiny small     # or: deit_tiny medium, ...
+    PYTHONPATH=src python docs/phi_tail_check.py vit_tiny small     # or: deit_tiny medium 2, ... (seed, default 0)
 
 The model and scale are read from config/config.yaml (scales resolved through their `base`).
 The last line is over all layers: the mean is what J_proj's log averages, the median is the
-typical token.
+typical token. Every epoch's log now holds the pooled median and 0.99 quantile too
+(kpca_repro.training.TOKEN_STATS); this script adds the per-layer view of the last epoch.
 """
 
 import sys
@@ -15,8 +16,10 @@ import yaml
 
 from kpca_repro import kpca, training
 from kpca_repro.config_checks import resolve_scales
+from kpca_repro.training_summary import run_dir
 
 arch, scale_name = sys.argv[1], sys.argv[2]
+seed = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 cfg = yaml.safe_load(open("config/config.yaml"))["training"]
 model_cfg, scale = cfg["models"][arch], resolve_scales(cfg["scales"])[scale_name]
 m = training.build_model(
@@ -30,7 +33,7 @@ m = training.build_model(
     depth=scale["depth"],
     embed_dim=scale["embed_dim"],
 )
-st = torch.load(f"results/training/{arch}_{scale_name}/checkpoint.pt", weights_only=False)
+st = training.load_checkpoint(f"{run_dir(arch, scale_name, seed)}/checkpoint.pt")  # tensors and plain values only
 m.load_state_dict(st["model"])
 m.eval()
 attns = training.recording_attentions(m)

@@ -1,6 +1,6 @@
 """Benchmarks of the KPCA and metrics stage (not tests: nothing here asserts a time).
 
-    python perf/bench_kpca.py shapes  [--device cpu|cuda] [--threads 2] [--out perf/results/shapes_cpu.json]
+    python perf/bench_kpca.py shapes  [--device cpu|cuda] [--threads 2] [--out shapes.json]
     python perf/bench_kpca.py stage   ACTIVATIONS.h5 [--threads 2] [--breakdown] [--out ...]
     python perf/bench_kpca.py table1  [--images 1] [--device cuda] [--threads 14] [--breakdown] [--out ...]
     python perf/bench_kpca.py memory  --images 4 16 100 [--model vit_large_patch16_224] [--out ...]

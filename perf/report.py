@@ -19,14 +19,16 @@ def _breakdown(items):
     items = [(label, res) for label, res in items if "breakdown" in res]
     if not items:
         return
-    print("| run | wall s | thread-seconds available | in head_metrics | in eigh | in assignments | other in head_metrics | waiting |\n|---|---|---|---|---|---|---|---|")
+    print("| run | wall s | thread-seconds available | in head_metrics | in eigh | in assignments | other in head_metrics | waiting | ms per head: eigh / assignments / other |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for label, res in items:
         b = res["breakdown"]
         other = b["head_metrics_seconds"] - b["eigh_seconds"] - b["assignment_seconds"]
         wait = b["thread_seconds_available"] - b["head_metrics_seconds"]
+        per_head = " / ".join(f"{1000 * t / res['heads']:.2f}" for t in (b["eigh_seconds"], b["assignment_seconds"], other))
         print(
             f"| {label} | {res['seconds']:.1f} | {b['thread_seconds_available']:.1f} | {b['head_metrics_seconds']:.1f} | "
-            f"{b['eigh_seconds']:.1f} | {b['assignment_seconds']:.1f} | {other:.1f} | {wait:.1f} |"
+            f"{b['eigh_seconds']:.1f} | {b['assignment_seconds']:.1f} | {other:.1f} | {wait:.1f} | {per_head} |"
         )
     print()
 
@@ -35,9 +37,11 @@ def stage(r):
     print(f"loadavg 1 min at start / end: {r['environment']['loadavg_1min_at_start']} / {r['environment']['loadavg_1min_at_end']}\n")
     print("| variant | method | heads | seconds | heads/s | peak RSS MB | batched speed-up | max abs diff vs batched | same dropped heads (paper) or bit-identical (corrected) |")
     print("|---|---|---|---|---|---|---|---|---|")
+    argv = r.get("argv", [])
+    workers = argv[argv.index("--threads") + 1] if "--threads" in argv else "2"
     for row in r["rows"]:
         b = row["batched"]
-        print(f"| {row['variant']} | batched, 2 worker threads x 1 torch thread | {b['heads']} | {_f(b['seconds'])} | {_f(b['heads_per_second'])} | {_f(b['peak_rss_mb'], 0)} | – | – | – |")
+        print(f"| {row['variant']} | batched, {workers} worker thread(s) x 1 torch thread | {b['heads']} | {_f(b['seconds'])} | {_f(b['heads_per_second'])} | {_f(b['peak_rss_mb'], 0)} | – | – | – |")
         for key, p in row.items():
             if key.startswith("per_head_"):
                 same = p.get("bit_identical", p.get("same_dropped_heads"))
@@ -86,6 +90,8 @@ def chain(r):
     print("| job | seconds | max RSS MB |\n|---|---|---|")
     for name, v in r["rules"].items():
         print(f"| {name} | {v['seconds']:.1f} | {v['max_rss_mb']:.0f} |")
+    jobs = sum(v["seconds"] for v in r["rules"].values())
+    print(f"| Snakemake itself (wall minus the jobs) | {r['wall_seconds'] - jobs:.1f} | |")
     print()
 
 

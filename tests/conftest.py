@@ -72,3 +72,29 @@ def tiny_resources(photos_dir) -> Path:
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(root / "weights" / "timm" / f"{model_id}.safetensors"))
     return root
+
+
+@pytest.fixture(scope="session")
+def hub(tmp_path_factory):
+    """A local Hugging Face hub (olah) and static file server holding the real offline inputs.
+
+    Yields a :class:`kpca_repro.hub_fixture.HubFixture`: ``endpoint`` (the ``HF_ENDPOINT``),
+    ``static_url``, ``repos[repo_id].commit`` / ``.files`` (sha256), ``static_files`` (sha256),
+    ``url(path)``, ``env(hf_home)`` (an environment with ``HF_ENDPOINT`` set and ``HF_HOME`` at
+    ``hf_home``, never the user's cache), ``config_overlay()``. Built once per session into a
+    temporary directory, or into ``$KPCA_HUB_FIXTURE_DIR`` (outside the project tree; reused while
+    the sources are unchanged). Skips when the real inputs (``../shared``) are absent.
+    """
+    import importlib.util
+
+    from kpca_repro import hub_fixture
+
+    sources = hub_fixture.default_sources(assets=resources_dir_for_real_weights())
+    missing = sources.missing()
+    if missing:
+        pytest.skip(f"hub fixture inputs not available: {', '.join(map(str, missing))} (set KPCA_RESOURCES to a resources directory)")
+    if importlib.util.find_spec("olah") is None:
+        pytest.fail("olah is not installed: python -m pip install -e '.[test]'")
+    root = Path(os.environ["KPCA_HUB_FIXTURE_DIR"]) if os.environ.get("KPCA_HUB_FIXTURE_DIR") else tmp_path_factory.mktemp("hub")
+    with hub_fixture.serve(hub_fixture.build(root, sources)) as server:
+        yield server

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import fnmatch
+import tomllib
+from pathlib import Path
+
+import pandas as pd
 import pytest
 
 from kpca_repro import comparison as cmp
@@ -125,3 +130,73 @@ def test_table_html_renders_every_row_and_blanks_nan(tmp_path):
     page = table_html(csv, "table1")
     assert page.count("<tr") == 3 and "<td>0.123</td>" in page and "<td></td>" in page
     assert "b2e17235172c…" in page and "b2e17235172c1dcd" not in page
+
+
+# The paper's tables shipped with the package (issue 31 item 5)
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_TABLES = REPO.parent / "shared" / "reference" / "paper_tables"
+
+
+def test_builtin_value_resolves_to_the_packaged_tables(tmp_path):
+    assert cmp.resolve_published_dir(cmp.BUILTIN) == cmp.BUILTIN_DIR
+    assert cmp.resolve_published_dir(None) is None and cmp.resolve_published_dir("") is None
+    assert cmp.resolve_published_dir(str(tmp_path)) == tmp_path
+    assert cmp.resolve_published_dir(Path("builtin")) == Path("builtin")  # a Path is always a directory
+    assert cmp.BUILTIN_DIR.is_relative_to(Path(cmp.__file__).resolve().parent)  # inside the package, not the checkout
+    assert sorted(p.name for p in cmp.BUILTIN_DIR.glob("*.csv")) == sorted(spec.file for spec in cmp.PUBLISHED_TABLES)
+
+
+@pytest.mark.skipif(not SHARED_TABLES.is_dir(), reason=f"{SHARED_TABLES} absent: no reference copy to check against")
+@pytest.mark.parametrize("spec", cmp.PUBLISHED_TABLES, ids=lambda s: s.file)
+def test_packaged_tables_equal_the_reference_copy(spec):
+    """Cell for cell, as text (the printed decimals set the rounding of the comparison)."""
+    packaged = cmp.read_published(cmp.BUILTIN, spec)
+    reference = cmp.read_published(SHARED_TABLES, spec)
+    pd.testing.assert_frame_equal(packaged, reference)
+
+
+def test_packaged_table1_agrees_with_the_abstract():
+    """An independent check of the transcription: the abstract (arXiv:2505.07908, ACL 2025 SRW)
+    bounds the average similarities by optimal cosine <= 0.32, linear CKA <= 0.11, kernel CKA <= 0.32,
+    and those bounds are attained in Table 1."""
+    table1 = cmp.read_published(cmp.BUILTIN, cmp.PUBLISHED_TABLES[0]).set_index("timm_id")
+    assert len(table1) == 10
+    assert {col: table1[col].astype(float).max() for col in ("MOC", "LCKA", "KCKA")} == {"MOC": 0.32, "LCKA": 0.11, "KCKA": 0.32}
+    assert table1.loc["deit_tiny_patch16_224", ["MDC", "MOC", "LCKA", "KCKA"]].tolist() == ["0.15", "0.31", "0.11", "0.31"]
+
+
+def test_package_data_ships_every_packaged_table():
+    """pyproject's package-data globs cover every file of the packaged tables (else a wheel lacks them)."""
+    globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["kpca_repro"]
+    package = Path(cmp.__file__).resolve().parent
+    files = [p.relative_to(package).as_posix() for p in cmp.BUILTIN_DIR.iterdir() if p.is_file()]
+    assert "data/paper_tables/README.md" in files
+    assert all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files), (files, globs)
+
+
+def test_the_default_configuration_compares_with_the_published_numbers():
+    """config/config.yaml, schema defaults filled: every row of results/paper_comparison.csv carries
+    the paper's number (204 cells, 4 of them unreadable in the paper), with no ../shared setting."""
+    import yaml
+    from snakemake.utils import validate
+
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    assert config["comparison"]["published_tables"] == cmp.BUILTIN
+    for name in ("offline_deit_tiny.yaml", "offline_minilm.yaml"):
+        assert "comparison" not in yaml.safe_load((REPO / "config" / name).read_text())
+    del config["comparison"]
+    validate(config, str(REPO / "workflow" / "schemas" / "config.schema.yaml"))  # the schema's default is the same
+    assert config["comparison"]["published_tables"] == cmp.BUILTIN
+    out = cmp.comparison_table(config["comparison"]["published_tables"], {}, {})
+    assert len(out) == 204
+    assert out["published"].notna().sum() == 200 and (out.loc[out["published"].isna(), "status"] == cmp.NOT_PUBLISHED).all()
+    assert out["source"].str.contains("kpca_repro built-in copy").all() and str(REPO.parent) not in "".join(out["source"])
+    deit = out[(out["table"] == "Table 2") & (out["model_id"] == "deit_tiny_patch16_224") & (out["column"] == "max_mean")]
+    assert deit["published"].tolist() == [325.0]
+
+
+def test_null_turns_the_comparison_off():
+    out = cmp.comparison_table(None, {}, {})
+    assert out.empty and list(out.columns) == cmp.COLUMNS
+    assert "is null" in cmp.comparison_markdown(out)

@@ -59,7 +59,9 @@ def test_scales_inherit_from_their_base_and_override_only_what_they_set():
     scales = resolve_scales(raw)
     assert raw["small"]["base"] == "paper" and "base" in raw["medium-n17"]  # the shipped config uses inheritance
     for name, scale in scales.items():
-        assert sorted(scale) == sorted(SCALE_KEYS), name  # every key, and no `base`
+        assert sorted(set(scale) - {"seeds"}) == sorted(SCALE_KEYS), name  # every key, and no `base`; `seeds` is optional
+    # three seeds at the paper's 197 tokens and for the token ablation inherited from medium; one for the long run
+    assert [scales[n].get("seeds") for n in ("small", "medium", "medium-n50", "medium-n17", "medium-n17-long")] == [None, [0, 1, 2], [0, 1, 2], [0, 1, 2], [0]]
     # each key comes from the nearest scale in the chain that sets it
     for key in SCALE_KEYS:
         expected = raw["small"][key] if key in raw["small"] else raw["paper"][key]
@@ -99,6 +101,7 @@ def test_the_schema_takes_override_scales_and_rejects_incomplete_or_misnamed_one
 
 def test_a_valid_small_configuration_passes(tmp_path):
     check_config(_config(tmp_path))
+    check_config(_config(tmp_path, comparison={"published_tables": "builtin"}))  # the packaged tables, not a path
     assert image_source(_config(tmp_path)) == (f"{tmp_path}/images/imagenet-sample", "flat")
     assert weights_path(_config(tmp_path), "m") == f"{tmp_path}/weights/timm/m.safetensors"
     assert run_model_scale("vit_tiny_small") == ("vit_tiny", "small")

@@ -74,3 +74,39 @@ def test_relative_links_resolve(page):
         if not path.exists():
             missing.append(f"{page.relative_to(ROOT)}:{number}: {target}")
     assert not missing, "relative links to missing files:\n" + "\n".join(missing)
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """GitHub's anchors of the headings of ``page`` outside fenced code: lower case, punctuation
+    other than ``-`` and ``_`` dropped, spaces as ``-``, ``-1``, ``-2`` ... for repeats."""
+    anchors, seen, fence = set(), {}, None
+    for line in page.read_text(encoding="utf-8").splitlines():
+        marker = re.match(r"(`{3,}|~{3,})", line.lstrip())
+        if marker:
+            fence = None if fence is not None and line.lstrip().startswith(fence) else (fence or marker.group(1))
+            continue
+        heading = re.match(r"#{1,6}\s+(.+?)\s*#*\s*$", line) if fence is None else None
+        if heading:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).lower()).replace(" ", "-")
+            anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+            seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def test_heading_anchors(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("# Performance\n## AMD EPYC (AVX-512), 2 cores\n```\n# not a heading\n```\n## Dry run\n## Dry run\n", encoding="utf-8")
+    assert heading_anchors(page) == {"performance", "amd-epyc-avx-512-2-cores", "dry-run", "dry-run-1"}
+
+
+def test_links_into_performance_md_name_its_headings():
+    """docs/performance.md is rewritten as measurements change; links into its sections must follow."""
+    target = ROOT / "docs" / "performance.md"
+    anchors = heading_anchors(target)
+    broken = []
+    for page in pages():
+        for number, link in relative_links(page):
+            path, _, anchor = link.partition("#")
+            if anchor and path and (page.parent / path).resolve() == target and anchor not in anchors:
+                broken.append(f"{page.relative_to(ROOT)}:{number}: {link}")
+    assert not broken, "links to missing sections of docs/performance.md:\n" + "\n".join(broken)

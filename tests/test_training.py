@@ -14,7 +14,24 @@ import yaml
 from kpca_repro import kpca, training
 from kpca_repro.config_checks import resolve_scales
 from kpca_repro.figures import plot_figure1, plot_figure4
-from kpca_repro.training_summary import ABLATION_COLUMNS, scale_setting, scale_tokens, token_ablation_markdown, token_ablation_table
+from kpca_repro.training_summary import (
+    ABLATION_COLUMNS,
+    CLAIMS,
+    CLAIMS_COLUMNS,
+    claims_note,
+    over_seeds,
+    run_dir,
+    run_logs,
+    run_scale,
+    scale_seeds,
+    scale_setting,
+    scale_tokens,
+    token_ablation_markdown,
+    token_ablation_table,
+    training_claims,
+    training_claims_markdown,
+    with_seeds,
+)
 from kpca_repro.vision import AttentionRecorder
 
 from conftest import REPO, run_snakemake
@@ -69,7 +86,7 @@ def test_logged_jproj_equals_a_direct_computation_from_the_attention_tensors(num
     with AttentionRecorder(model.blocks[i].attn for i in range(2)) as rec, torch.no_grad():
         model(x)
     logged = training.reconstruction_metrics(model, x, train_mode=False)
-    per_layer = []
+    per_layer, phis, hs = [], [], []
     for layer in range(2):
         cap = {t: v.double() for t, v in rec.captured[layer].items()}
         q, k = kpca.standardize_tokens(cap["q"], eps=0.0), kpca.standardize_tokens(cap["k"], eps=0.0)
@@ -81,10 +98,20 @@ def test_logged_jproj_equals_a_direct_computation_from_the_attention_tensors(num
         h_sq = (cap["h"] ** 2).sum(-1)
         e = (phi - h_sq).abs()
         per_layer.append([e.mean(), h_sq.mean(), phi.mean(), (e / (h_sq + 1e-8)).mean(), (e / (phi + 1e-8)).mean()])
+        phis.append(phi.flatten())
+        hs.append(h_sq.flatten())
     direct = np.mean(np.array(per_layer, dtype=float), axis=0)
     got = [logged[m] for m in ("error", "h_norms_ave", "phiq_norms_ave", "rel_error_wrt_h", "rel_error_wrt_phiq")]
     np.testing.assert_allclose(got, direct, rtol=2e-5)
     assert logged["error"] >= abs(logged["h_norms_ave"] - logged["phiq_norms_ave"]) - 1e-6  # mean|a-b| >= |mean a - mean b|
+    # the token statistics: over every (layer, image, head, token) pooled, by torch's quantile in float64
+    phi, h_sq = torch.cat(phis), torch.cat(hs)
+    assert phi.numel() == 2 * 5 * num_heads * 5  # layers x images x heads x (4 patches + class token)
+    for name, values in (("error", (phi - h_sq).abs()), ("h_norms", h_sq), ("phiq_norms", phi)):
+        np.testing.assert_allclose([logged[f"{name}_median"], logged[f"{name}_q99"]], torch.quantile(values, torch.tensor([0.5, 0.99], dtype=values.dtype)).numpy(), rtol=1e-4)
+        assert logged[f"{name}_median"] <= logged[f"{name}_q99"]
+    assert abs(logged["phiq_above_h_frac"] - float((phi > h_sq).double().mean())) <= 1 / phi.numel()
+    assert set(logged) == set(training.RECON_METRICS) | set(training.TOKEN_STATS)
 
 
 def test_train_mode_forward_uses_drop_path_and_eval_mode_does_not():
@@ -115,18 +142,29 @@ def test_two_epochs_write_a_well_formed_log(tmp_path):
     for split in ("train", "test"):
         assert (on_disk[f"{split}_error"] >= (on_disk[f"{split}_h_norms_ave"] - on_disk[f"{split}_phiq_norms_ave"]).abs() - 1e-6).all()
         assert (on_disk[f"{split}_h_norms_ave"] > 0).all() and (on_disk[f"{split}_phiq_norms_ave"] > 0).all()
-    state = torch.load(tmp_path / "ck.pt", weights_only=False)
+    for split in ("train", "test"):  # the token statistics: quantiles in order, a share in [0, 1]
+        assert (on_disk[f"{split}_error_median"] <= on_disk[f"{split}_error_q99"]).all()
+        assert (on_disk[f"{split}_h_norms_median"] <= on_disk[f"{split}_h_norms_q99"]).all() and (on_disk[f"{split}_phiq_norms_median"] <= on_disk[f"{split}_phiq_norms_q99"]).all()
+        assert on_disk[f"{split}_phiq_above_h_frac"].between(0, 1).all()
+    state = torch.load(tmp_path / "ck.pt", weights_only=True)  # tensors and plain values only
     assert state["epoch"] == 2 and state["fixed"]["train"].shape == (8, 1, 8, 8) and state["fixed"]["test"].shape == (16, 1, 8, 8)
     # the fixed "train" batch is batch index 2 of the first epoch; "test" the first validation batch
     torch.testing.assert_close(state["fixed"]["test"], torch.stack([val_set[i][0] for i in range(16)]))
 
 
-def test_an_interrupted_run_resumes_to_the_same_log(tmp_path):
-    """Stop after epoch 1 (and leave a stray row behind), restart: the same bytes as one run."""
+def test_a_rerun_and_an_interrupted_run_give_the_same_log(tmp_path):
+    """On one machine, a second run from scratch, and a run stopped after epoch 1 (a stray row
+    left behind) then restarted from its checkpoint, give the same bytes as one run; another
+    seed does not (the check can fail)."""
     train_set, val_set = _synthetic_sets()
     scale = _scale(epochs=3, mixup=0.8, cutmix=1.0, model_ema=True, model_ema_decay=0.9)  # timm's Mixup, SoftTargetCE, EMA
     kw = dict(seed=3, device=torch.device("cpu"), fingerprint="f", progress=False)
     training.train_run(_tiny_model(), train_set, val_set, scale, tmp_path / "full.csv", tmp_path / "full.pt", **kw)
+    assert list(pd.read_csv(tmp_path / "full.csv").columns) == list(training.LOG_COLUMNS)  # the token statistics included
+    training.train_run(_tiny_model(), train_set, val_set, scale, tmp_path / "again.csv", tmp_path / "again.pt", **kw)
+    assert (tmp_path / "again.csv").read_bytes() == (tmp_path / "full.csv").read_bytes()
+    training.train_run(_tiny_model(), train_set, val_set, scale, tmp_path / "other.csv", tmp_path / "other.pt", **{**kw, "seed": 4})
+    assert (tmp_path / "other.csv").read_bytes() != (tmp_path / "full.csv").read_bytes()
 
     class Killed(Exception):
         pass
@@ -150,7 +188,58 @@ def test_a_checkpoint_of_another_configuration_is_not_resumed(tmp_path):
     training.train_run(_tiny_model(), train_set, val_set, _scale(epochs=1), tmp_path / "a.csv", tmp_path / "ck.pt", fingerprint="old", **kw)
     training.train_run(_tiny_model(), train_set, val_set, _scale(epochs=1), tmp_path / "b.csv", tmp_path / "ck.pt", fingerprint="new", **kw)
     assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()  # trained afresh, not "already done"
-    assert torch.load(tmp_path / "ck.pt", weights_only=False)["fingerprint"] == "new"
+    assert torch.load(tmp_path / "ck.pt", weights_only=True)["fingerprint"] == "new"
+
+
+class _Payload:
+    """Unpickling this runs ``Path.touch(marker)``: what a crafted checkpoint could do with any code."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        from pathlib import Path
+
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_a_checkpoint_carrying_a_pickled_object_is_refused_and_the_run_starts_afresh(tmp_path, caplog):
+    """A valid checkpoint with one pickled object added: load_checkpoint refuses it naming the
+    file and the object, runs none of its code, and train_run trains from epoch 0 (the same
+    log as a fresh run) and replaces it with a checkpoint of tensors and plain values."""
+    import pickle
+
+    train_set, val_set = _synthetic_sets()
+    kw = dict(seed=0, device=torch.device("cpu"), fingerprint="f", progress=False)
+    training.train_run(_tiny_model(), train_set, val_set, _scale(epochs=1), tmp_path / "fresh.csv", tmp_path / "fresh.pt", **kw)
+    marker = tmp_path / "code-ran"
+    state = training.load_checkpoint(tmp_path / "fresh.pt")
+    state["rows"][0]["note"] = _Payload(marker)
+    torch.save(state, tmp_path / "ck.pt")
+    torch.load(tmp_path / "ck.pt", weights_only=False)  # the payload is real: an unrestricted load runs it
+    assert marker.exists()
+    marker.unlink()
+    with pytest.raises(training.UntrustedCheckpointError, match=r"ck\.pt: refused to load the training checkpoint: torch\.load\(weights_only=True\) rejects it \(Unsupported global") as err:
+        training.load_checkpoint(tmp_path / "ck.pt")
+    assert isinstance(err.value.__cause__, pickle.UnpicklingError) and not marker.exists()
+    with caplog.at_level("WARNING", logger="kpca_repro.training"):
+        training.train_run(_tiny_model(), train_set, val_set, _scale(epochs=1), tmp_path / "log.csv", tmp_path / "ck.pt", **kw)
+    assert not marker.exists() and "refused to load" in caplog.text and "training from epoch 0" in caplog.text
+    assert (tmp_path / "log.csv").read_bytes() == (tmp_path / "fresh.csv").read_bytes()
+    assert "note" not in training.load_checkpoint(tmp_path / "ck.pt")["rows"][0]  # overwritten by a plain one
+    (tmp_path / "ck.pt").write_bytes(b"not a checkpoint")  # a damaged file is not trusted either
+    with pytest.raises(training.UntrustedCheckpointError, match="ck.pt"):
+        training.load_checkpoint(tmp_path / "ck.pt")
+
+
+def test_a_checkpoint_that_would_not_load_back_is_not_written(tmp_path):
+    state = {"fingerprint": "f", "epoch": 1, "rows": [{"lr": np.float64(0.1)}], "fixed": {}, "model": {}}
+    with pytest.raises(TypeError, match=r"state\['rows'\]\[0\]\['lr'\] is a numpy.float64"):
+        training.save_checkpoint(tmp_path / "ck.pt", state)
+    assert not (tmp_path / "ck.pt").exists()
+    state["rows"][0]["lr"] = 0.1
+    training.save_checkpoint(tmp_path / "ck.pt", state)
+    assert training.load_checkpoint(tmp_path / "ck.pt")["rows"] == [{"lr": 0.1}]
 
 
 # --------------------------------------------------------------------------------------
@@ -236,13 +325,55 @@ def test_figures_from_a_log_and_wandb_exports(tmp_path):
     plotted = plot_figure1(curves, tmp_path / "f1.pdf", tmp_path / "f1.png", {"ref": 3}, {"ours": scale_setting(_scale()), "ref": "ImageNet"})
     assert (tmp_path / "f1.pdf").read_bytes()[:4] == b"%PDF" and (tmp_path / "f1.png").stat().st_size > 10_000
     assert plotted[plotted["source"] == "ref"]["x"].min() >= 3 and plotted[plotted["source"] == "ours"]["x"].min() == 0
-    assert set(plotted["metric"]) == {"error", "h_norms_ave", "phiq_norms_ave"}
+    means, medians = {"error", "h_norms_ave", "phiq_norms_ave"}, {"error_median", "h_norms_median", "phiq_norms_median"}
+    assert set(plotted[plotted["source"] == "ref"]["metric"]) == means  # the authors log means only
+    assert set(plotted[plotted["source"] == "ours"]["metric"]) == means | medians
     curves.loc[curves["metric"] == "rel_error_wrt_phiq", "value"] *= 1e6
     rel = plot_figure4(curves, tmp_path / "f4.pdf", tmp_path / "f4.png", {"ref": 3})
     bottom = rel[rel["panel"] == "rel_phi"]
     np.testing.assert_allclose(bottom["plotted"], bottom["value"])  # drawn as they are, on a log axis
     assert rel[(rel["panel"] == "rel_h") & (rel["source"] == "ref")]["x"].min() >= 3
     assert bottom[bottom["source"] == "ref"]["x"].min() < 3  # the lower panel keeps every epoch
+
+
+def _synthetic_log(path, epochs=5, seed=0, columns=training.LOG_COLUMNS):
+    """A log of random positive values (epochs 0..epochs-1) with the given columns; returns it."""
+    rng = np.random.default_rng(seed)
+    log = pd.DataFrame(rng.uniform(0.1, 100, size=(epochs, len(columns))), columns=list(columns))
+    log["epoch"] = np.arange(epochs)
+    log.to_csv(path, index=False)
+    return log
+
+
+def test_seeds_are_drawn_as_their_median_and_range_and_old_logs_without_medians_still_plot(tmp_path):
+    """Three seeds of one run become one curve: per epoch the median over seeds, and the
+    smallest and largest seed's value; a log written before the token statistics were logged
+    reads and plots, without medians."""
+    logs = [_synthetic_log(tmp_path / f"s{seed}.csv", seed=seed) for seed in range(3)]
+    _synthetic_log(tmp_path / "old.csv", seed=7, columns=training.BASE_LOG_COLUMNS)
+    runs = [(tmp_path / f"s{seed}.csv", "vit_tiny", "ours", seed) for seed in range(3)] + [(tmp_path / "old.csv", "deit_tiny", "old", 0)]
+    curves = training.training_curves(runs, None)
+    assert sorted(curves[curves["source"] == "ours"]["seed"].unique()) == [0, 1, 2]
+    assert not curves[curves["source"] == "old"]["metric"].isin(training.TOKEN_STATS).any()
+    summary = over_seeds(curves)
+    ours = summary[(summary["source"] == "ours") & (summary["split"] == "test")]
+    for metric in ("error", "phiq_norms_median"):
+        values = np.stack([log[f"test_{metric}"].to_numpy() for log in logs])  # (seed, epoch)
+        got = ours[ours["metric"] == metric].sort_values("epoch")
+        np.testing.assert_array_equal(got["value"], np.median(values, axis=0))
+        np.testing.assert_array_equal(got["value_min"], values.min(0))
+        np.testing.assert_array_equal(got["value_max"], values.max(0))
+        assert (got["n_seeds"] == 3).all() and list(got["x"]) == list(range(5))
+    notes = {"ours": "claims: a note under the column"}
+    plotted = plot_figure1(curves, tmp_path / "f1.pdf", tmp_path / "f1.png", {}, {"ours": "three seeds", "old": "one old log"}, notes)
+    assert (tmp_path / "f1.png").stat().st_size > 10_000
+    assert set(plotted[plotted["source"] == "old"]["metric"]) == {"error", "h_norms_ave", "phiq_norms_ave"}
+    assert (plotted["value_min"] <= plotted["value"]).all() and (plotted["value"] <= plotted["value_max"]).all()
+    rel = plot_figure4(curves, tmp_path / "f4.pdf", tmp_path / "f4.png", {})
+    assert (rel[rel["source"] == "ours"]["n_seeds"] == 3).all() and (rel["value_min"] <= rel["plotted"]).all() and (rel["plotted"] <= rel["value_max"]).all()
+    with pytest.raises(ValueError, match="old.csv: not a training log"):
+        pd.read_csv(tmp_path / "old.csv").drop(columns="test_error").to_csv(tmp_path / "old.csv", index=False)
+        training.read_training_log(tmp_path / "old.csv", "deit_tiny", "old")
 
 
 # --------------------------------------------------------------------------------------
@@ -273,21 +404,31 @@ def test_figures_1_and_4_end_to_end(tmp_path):
     write_wandb(tmp_path / "ref", "deit_tiny", run="reconstruction_deit")
     cfg = _training_config(tmp_path / "c.yaml", res, reference_logs=str(tmp_path / "ref"), runs=["deit_tiny_small"])
     run_snakemake(tmp_path, "results/figure1.pdf", "results/figure4.pdf", "--configfile", str(cfg))
-    run = tmp_path / "results" / "training" / "deit_tiny_small"
+    run = tmp_path / "results" / "training" / "deit_tiny_small" / "seed0"  # small: training.seeds, one seed
+    assert [p.name for p in run.parent.iterdir()] == ["seed0"]
     log = pd.read_csv(run / "log.csv")
-    assert list(log["epoch"]) == [0, 1] and np.isfinite(log.to_numpy(float)).all()
-    state = torch.load(run / "checkpoint.pt", weights_only=False)
+    assert list(log["epoch"]) == [0, 1] and np.isfinite(log.to_numpy(float)).all() and list(log.columns) == list(training.LOG_COLUMNS)
+    state = training.load_checkpoint(run / "checkpoint.pt")
     assert state["epoch"] == 2 and state["model"]["blocks.0.attn.qkv.weight"].shape == (3 * 48, 48)
     assert [blk.attn.num_heads for blk in training.build_model("deit_tiny_patch16_224", num_heads=6, standardize_qk=True, **{**TINY, "depth": 1, "embed_dim": 48}).blocks] == [6]
     fig1 = pd.read_csv(tmp_path / "results" / "figure1.csv")
     assert set(fig1["model"]) == {"vit_tiny", "deit_tiny"} and fig1["source"].nunique() == 2
     assert (tmp_path / "results" / "figure4.png").stat().st_size > 10_000
-    assert (tmp_path / "benchmarks" / "train" / "deit_tiny_small.tsv").exists()
+    assert (tmp_path / "benchmarks" / "train" / "deit_tiny_small_seed0.tsv").exists()
+    # the claims table of Figure 1: its runs, both splits and statistics, counted over the logged epochs
+    claims = pd.read_csv(tmp_path / "results" / "training_claims.csv")
+    assert set(claims["model"]) == {"deit_tiny"} and set(claims["split"]) == {"train", "test"} and set(claims["statistic"]) == {"mean", "median"}
+    every = claims[claims["scope"] == "every epoch"]
+    assert (every["total"] == 2).all() and (claims["holds"] <= claims["total"]).all()
+    small = log["test_phiq_norms_ave"] < 0.1 * log["test_h_norms_ave"]
+    row = every[(every["claim"] == "phiq_much_smaller_than_h") & (every["statistic"] == "mean") & (every["split"] == "test")].iloc[0]
+    assert row["holds"] == small.sum()
+    assert "| ‖φ(q)‖² ≪ ‖h‖² |" in (tmp_path / "results" / "training_claims.md").read_text()
     # the log lost (Snakemake deletes the output of a killed job): the rerun resumes from the checkpoint
     before = (run / "log.csv").read_bytes()
     (run / "log.csv").unlink()
-    run_snakemake(tmp_path, "results/training/deit_tiny_small/log.csv", "--configfile", str(cfg))
-    assert "resuming" in (tmp_path / "logs" / "train" / "deit_tiny_small.log").read_text()
+    run_snakemake(tmp_path, "results/training/deit_tiny_small/seed0/log.csv", "--configfile", str(cfg))
+    assert "resuming" in (tmp_path / "logs" / "train" / "deit_tiny_small_seed0.log").read_text()
     assert (run / "log.csv").read_bytes() == before
 
 
@@ -347,31 +488,132 @@ def test_token_ablation_table_takes_the_first_and_last_epoch_of_each_log(tmp_pat
         token_ablation_table([(tmp_path / "empty.csv", "m", "s", 5)])
 
 
+def test_token_ablation_table_gives_the_median_and_range_over_seeds(tmp_path):
+    logs = [_synthetic_log(tmp_path / f"s{seed}.csv", seed=seed) for seed in (2, 0, 1)]
+    _synthetic_log(tmp_path / "old.csv", seed=9, columns=training.BASE_LOG_COLUMNS)
+    runs = [(tmp_path / f"s{seed}.csv", "vit_tiny", "medium", 197, seed) for seed in (2, 0, 1)] + [(tmp_path / "old.csv", "deit_tiny", "medium", 197, 0)]
+    table = token_ablation_table(runs)
+    row = table[(table["model"] == "vit_tiny") & (table["split"] == "test")].iloc[0]
+    assert row["n_seeds"] == 3 and row["seeds"] == "0 1 2" and row["epochs"] == 5
+    for name, column in (("j_proj", "test_error"), ("phiq_norm_sq_median", "test_phiq_norms_median"), ("h_norm_sq_q99", "test_h_norms_q99")):
+        for when, at in (("first", 0), ("last", -1)):
+            values = [log[column].iloc[at] for log in logs]
+            assert (row[f"{name}_{when}"], row[f"{name}_{when}_min"], row[f"{name}_{when}_max"]) == (np.median(values), min(values), max(values))
+    assert row["test_acc1_last"] == np.median([log["test_acc1"].iloc[-1] for log in logs])
+    old = table[(table["model"] == "deit_tiny") & (table["split"] == "test")].iloc[0]
+    assert np.isnan(old["phiq_norm_sq_median_last"]) and old["j_proj_last"] == old["j_proj_last_min"] == pd.read_csv(tmp_path / "old.csv")["test_error"].iloc[-1]
+    md = token_ablation_markdown(table, "test", {"vit_tiny": "ViT-Tiny", "deit_tiny": "DeiT-Tiny"})
+    vit = next(line for line in md.splitlines() if line.startswith("| ViT-Tiny"))
+    assert f"{row['j_proj_last']:.3g} [{row['j_proj_last_min']:.3g}–{row['j_proj_last_max']:.3g}]" in vit
+    deit = next(line for line in md.splitlines() if line.startswith("| DeiT-Tiny"))
+    assert deit.endswith("| – → – |") and "[" not in deit  # one seed: no range; no medians: a dash
+    _synthetic_log(tmp_path / "s1.csv", epochs=4, seed=1)  # an unfinished seed
+    with pytest.raises(ValueError, match="different numbers of epochs"):
+        token_ablation_table(runs)
+    with pytest.raises(ValueError, match="seed 0 of vit_tiny_medium given twice"):
+        token_ablation_table([runs[1], runs[1]])
+
+
+def _claims_log(path, j, h, phi, columns=training.LOG_COLUMNS, statistic_columns=("error", "h_norms_ave", "phiq_norms_ave")):
+    """A log whose test and train J, h and phi columns (of the given statistic) are the given per-epoch values."""
+    log = pd.DataFrame({c: np.ones(len(j)) for c in columns})
+    log["epoch"] = np.arange(len(j))
+    for split in ("train", "test"):
+        for name, values in zip(statistic_columns, (j, h, phi)):
+            if f"{split}_{name}" in log.columns:
+                log[f"{split}_{name}"] = values
+    log.to_csv(path, index=False)
+
+
+def test_training_claims_count_the_seeds_and_epochs_where_each_definition_holds(tmp_path):
+    h = np.full(6, 10.0)
+    # seed 0: phi/h = 0.05, 0.1 (not strictly below), 0.2, 0.01, nan, 0.05; J/h = 1.4, 1/1.6, 1.6, 1, 1, 1 -> J falls overall, not in the 2nd half
+    _claims_log(tmp_path / "a.csv", j=h * [1.4, 1 / 1.6, 1.6, 1, 1, 1], h=h, phi=h * [0.05, 0.1, 0.2, 0.01, np.nan, 0.05])
+    # seed 1: J rises then falls in the second half; phi always small; J/h = 0.5 then 1.2
+    _claims_log(tmp_path / "b.csv", j=h * [0.5, 0.5, 0.5, 1.2, 1.2, 1.1], h=h, phi=h * 0.001)
+    runs = [(tmp_path / "a.csv", "vit_tiny", "medium", 197, 0), (tmp_path / "b.csv", "vit_tiny", "medium", 197, 1)]
+    claims = training_claims(runs)
+    assert list(claims.columns) == list(CLAIMS_COLUMNS) and len(claims) == 2 * len(CLAIMS) * 2  # splits x claims x statistics
+
+    def get(claim, scope, statistic="mean", split="test", frame=claims):
+        r = frame[(frame["claim"] == claim) & (frame["scope"] == scope) & (frame["statistic"] == statistic) & (frame["split"] == split)]
+        return int(r["holds"].iloc[0]), int(r["total"].iloc[0])
+
+    assert get("phiq_much_smaller_than_h", "every epoch") == (3 + 6, 12)  # 0.05, 0.01, 0.05 of seed 0; every epoch of seed 1
+    assert get("phiq_much_smaller_than_h", "last epoch") == (2, 2)
+    assert get("jproj_close_to_h", "every epoch") == (4 + 3, 12)  # seed 0: 1.4, 1, 1, 1 (a NaN phi does not matter here); seed 1: 1.2, 1.2, 1.1
+    assert get("jproj_close_to_h", "last epoch") == (2, 2)
+    assert get("jproj_falls", "whole run") == (1, 2)  # seed 0: 10 < 14; seed 1: 11 > 5
+    assert get("jproj_falls_second_half", "whole run") == (1, 2)  # against epoch 3: seed 0: 10 = 10; seed 1: 11 < 12
+    assert get("phiq_much_smaller_than_h", "every epoch", split="train") == get("phiq_much_smaller_than_h", "every epoch")
+    # these logs' median columns are ones: phi = h, never small; J = h, always close
+    assert get("phiq_much_smaller_than_h", "every epoch", "median") == (0, 12) and get("jproj_close_to_h", "every epoch", "median") == (12, 12)
+    # the thresholds and the epochs counted are parameters
+    wider = training_claims(runs, phiq_ratio_below=0.3, jproj_h_factor=1.7, skip_epochs=2)
+    assert get("phiq_much_smaller_than_h", "every epoch", frame=wider) == (3 + 4, 8) and get("jproj_close_to_h", "every epoch", frame=wider) == (4 + 3, 8)
+    assert get("jproj_falls", "whole run", frame=wider) == (1, 2)  # from epoch 2: seed 0 16 -> 10, seed 1 5 -> 11
+    with pytest.raises(ValueError, match="jproj_h_factor > 1"):
+        training_claims(runs, jproj_h_factor=1.0)
+    # a log without the medians: the median statistic is "not logged", the mean still counted
+    _claims_log(tmp_path / "old.csv", j=h, h=h, phi=h * 0.01, columns=training.BASE_LOG_COLUMNS)
+    old = training_claims([(tmp_path / "old.csv", "deit_tiny", "small", 17, 0)])
+    assert get("jproj_close_to_h", "every epoch", frame=old) == (6, 6) and get("jproj_close_to_h", "every epoch", "median", frame=old) == (0, 0)
+    assert old[old["statistic"] == "median"]["fraction"].isna().all()
+    md = training_claims_markdown(pd.concat([claims, old]), "test", {"vit_tiny": "ViT-Tiny"})
+    assert "| ViT-Tiny | medium | 197 | ‖φ(q)‖² ≪ ‖h‖² | (seed, epoch) pairs | 9/12 (75 %) | 0/12 (0 %) |" in md
+    assert "| deit_tiny | small | 17 | J_proj ≈ ‖h‖² | (seed, epoch) pairs | 6/6 (100 %) | not logged |" in md
+    note = claims_note(claims, "medium", names={"vit_tiny": "ViT-Tiny"})
+    assert "ViT-Tiny: ‖φ(q)‖² ≪ ‖h‖² 9/12 | 0/12; J_proj ≈ ‖h‖² 7/12 | 12/12; J_proj falls 1/2 | 0/2" in note
+    assert claims_note(claims, "small") == ""
+
+
+def test_seeds_belong_to_scales_and_stay_out_of_what_a_run_trains():
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["training"]
+    cfg["scales"] = resolve_scales(cfg["scales"])
+    assert scale_seeds(cfg, "medium") == [0, 1, 2] and scale_seeds(cfg, "medium-n17-long") == [0]
+    assert scale_seeds(cfg, "small") == cfg["seeds"] == [0]  # no `seeds` of its own: training.seeds
+    assert scale_seeds({**cfg, "seeds": [5, 3]}, "small") == [5, 3] and scale_seeds({"scales": {"s": {}}}, "s") == [0]
+    assert "seeds" not in run_scale(cfg["scales"]["medium"]) and run_scale(cfg["scales"]["medium"]) == run_scale(cfg["scales"]["small"]) | {"n_train": 3072, "patch_size": 2}
+    assert run_dir("vit_tiny", "medium", 2) == "results/training/vit_tiny_medium/seed2"
+    runs = with_seeds(cfg, [("vit_tiny", "medium", 197), ("deit_tiny", "small", 17)])
+    assert runs == [("vit_tiny", "medium", 197, 0), ("vit_tiny", "medium", 197, 1), ("vit_tiny", "medium", 197, 2), ("deit_tiny", "small", 17, 0)]
+    assert run_logs(runs)[1:] == ["results/training/vit_tiny_medium/seed1/log.csv", "results/training/vit_tiny_medium/seed2/log.csv", "results/training/deit_tiny_small/seed0/log.csv"]
+    assert scale_setting(cfg["scales"]["medium"], [0, 1, 2]).endswith("10 epochs, 3 seeds (0, 1, 2)") and scale_setting(cfg["scales"]["small"], [0]).endswith(", seed 0")
+
+
 @pytest.mark.integration
 def test_token_ablation_end_to_end_with_inherited_scales_and_resumption(tmp_path):
     """Two scales written as overrides of `small` (patch 4: 5 tokens, patch 2: 17 tokens on 8x8
-    images) train with the token count their patches give, the ablation table holds their logs'
-    first and last epochs, and a lost log is rebuilt from the checkpoint."""
+    images) train with the token count their patches give, one of them with two seeds; the
+    ablation table holds their logs' first and last epochs (the median and range over the
+    seeds), and a lost log is rebuilt from the checkpoint."""
     res = tmp_path / "res"
     write_fashion_mnist(res / "datasets" / "fashion-mnist")
     cfg = yaml.safe_load(_training_config(tmp_path / "c.yaml", res, runs=[], use_reference=False).read_text())
-    cfg["training"]["scales"].update({"t-n5": {"base": "small", "n_val": 8}, "t-n17": {"base": "t-n5", "patch_size": 2}})
+    cfg["training"]["scales"].update({"t-n5": {"base": "small", "n_val": 8, "seeds": [0, 1]}, "t-n17": {"base": "t-n5", "patch_size": 2, "seeds": [0]}})
     cfg["token_ablation"] = {"models": ["vit_tiny"], "scales": ["t-n17", "t-n5"]}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     run_snakemake(tmp_path, "results/token_ablation.csv", "--configfile", str(tmp_path / "c.yaml"))
     table = pd.read_csv(tmp_path / "results" / "token_ablation.csv")
     assert list(table["tokens"]) == [5, 5, 17, 17] and list(table["scale"]) == ["t-n5", "t-n5", "t-n17", "t-n17"]
-    for scale, tokens in (("t-n5", 5), ("t-n17", 17)):
-        run = tmp_path / "results" / "training" / f"vit_tiny_{scale}"
-        state = torch.load(run / "checkpoint.pt", weights_only=False)
-        assert state["model"]["pos_embed"].shape == (1, tokens, 48)  # the inherited 8x8 images in this scale's patches
-        log = pd.read_csv(run / "log.csv")
+    assert list(table["n_seeds"]) == [2, 2, 1, 1]
+    for scale, tokens, seeds in (("t-n5", 5, (0, 1)), ("t-n17", 17, (0,))):
+        logs = []
+        for seed in seeds:
+            run = tmp_path / "results" / "training" / f"vit_tiny_{scale}" / f"seed{seed}"
+            state = training.load_checkpoint(run / "checkpoint.pt")
+            assert state["model"]["pos_embed"].shape == (1, tokens, 48)  # the inherited 8x8 images in this scale's patches
+            logs.append(pd.read_csv(run / "log.csv"))
         row = table[(table["scale"] == scale) & (table["split"] == "test")].iloc[0]
-        np.testing.assert_allclose([row["j_proj_first"], row["j_proj_last"]], log["test_error"].iloc[[0, -1]], rtol=1e-5)
+        last = [log["test_error"].iloc[-1] for log in logs]
+        np.testing.assert_allclose([row["j_proj_last"], row["j_proj_last_min"], row["j_proj_last_max"]], [np.median(last), min(last), max(last)], rtol=1e-5)
+        np.testing.assert_allclose(row["phiq_norm_sq_median_first"], np.median([log["test_phiq_norms_median"].iloc[0] for log in logs]), rtol=1e-5)
+    n5 = [pd.read_csv(tmp_path / "results" / "training" / "vit_tiny_t-n5" / f"seed{seed}" / "log.csv") for seed in (0, 1)]
+    assert not np.allclose(n5[0]["test_error"], n5[1]["test_error"])  # two seeds, two runs
     assert "| ViT-Tiny | 17 |" in (tmp_path / "results" / "token_ablation.md").read_text()
-    run = tmp_path / "results" / "training" / "vit_tiny_t-n17"
+    run = tmp_path / "results" / "training" / "vit_tiny_t-n17" / "seed0"
     before = (run / "log.csv").read_bytes()
     (run / "log.csv").unlink()
-    run_snakemake(tmp_path, "results/training/vit_tiny_t-n17/log.csv", "--configfile", str(tmp_path / "c.yaml"))
-    assert "resuming" in (tmp_path / "logs" / "train" / "vit_tiny_t-n17.log").read_text()
+    run_snakemake(tmp_path, "results/training/vit_tiny_t-n17/seed0/log.csv", "--configfile", str(tmp_path / "c.yaml"))
+    assert "resuming" in (tmp_path / "logs" / "train" / "vit_tiny_t-n17_seed0.log").read_text()
     assert (run / "log.csv").read_bytes() == before

@@ -1,8 +1,11 @@
 """Every published number of Tables 1-4 beside the reproduced one (the reproduction report).
 
 The published numbers are read from a directory of CSV files (config key
-``comparison.published_tables``), one per table of the paper, as laid out in
-``shared/reference/paper_tables``::
+``comparison.published_tables``), one per table of the paper. The default, ``builtin``
+(:data:`BUILTIN`), is the copy shipped inside this package as package data,
+:data:`BUILTIN_DIR` = ``kpca_repro/data/paper_tables`` (source: Sarıtaş & Yıldız,
+arXiv:2505.07908, Tables 1-4; its README.md); a path names another directory in the same
+layout; ``null`` turns the comparison off::
 
     table1_vision_similarity.csv          model, timm_id, MDC, MOC, LCKA, KCKA
     table2_eigenvalues_standardized.csv   model, timm_id, max_mean, max_std, ..., median_std
@@ -33,6 +36,9 @@ from .tables import markdown_table
 __all__ = [
     "PublishedTable",
     "PUBLISHED_TABLES",
+    "BUILTIN",
+    "BUILTIN_DIR",
+    "resolve_published_dir",
     "MATCH",
     "WITHIN_ROUNDING",
     "CONSISTENT",
@@ -111,19 +117,55 @@ PUBLISHED_TABLES = (
 )
 
 
-def read_published(directory: str | os.PathLike, spec: PublishedTable) -> pd.DataFrame | None:
-    """One published table with every cell as text (so its decimals are kept), or None if absent."""
-    path = Path(directory) / spec.file
-    if not path.is_file():
+#: Value of config ``comparison.published_tables`` naming the copy of the paper's tables shipped
+#: with this package (the default). A directory literally called ``builtin`` is ``./builtin``.
+BUILTIN = "builtin"
+#: That copy: the four CSV files of :data:`PUBLISHED_TABLES` and a README.md naming their
+#: source, installed with the package (pyproject ``[tool.setuptools.package-data]``), so the
+#: comparison needs no file outside the package, whatever the working directory.
+BUILTIN_DIR = Path(__file__).resolve().parent / "data" / "paper_tables"
+
+
+def resolve_published_dir(value: str | os.PathLike | None) -> Path | None:
+    """The directory a ``comparison.published_tables`` value names.
+
+    Args:
+        value: the string :data:`BUILTIN` (the packaged copy, :data:`BUILTIN_DIR`), a
+            directory path (relative paths resolve from the working directory; a ``Path`` is
+            always a directory), or None / ``""`` (no comparison).
+
+    Returns:
+        The directory, or None for no comparison. Existence is not checked here: a missing
+        file reads as an absent table (:func:`read_published`), and the workflow refuses a
+        missing directory at start-up (``kpca_repro.config_checks``).
+    """
+    if value is None or str(value) == "":
+        return None
+    # only the configuration's string means the packaged copy: Path("./builtin") is a directory
+    return BUILTIN_DIR if isinstance(value, str) and value == BUILTIN else Path(value)
+
+
+def read_published(directory: str | os.PathLike | None, spec: PublishedTable) -> pd.DataFrame | None:
+    """One published table with every cell as text (so its decimals are kept), or None if absent.
+
+    ``directory`` is a ``comparison.published_tables`` value (:func:`resolve_published_dir`):
+    :data:`BUILTIN`, a path, or None.
+    """
+    resolved = resolve_published_dir(directory)
+    path = resolved / spec.file if resolved is not None else None
+    if path is None or not path.is_file():
         return None
     return pd.read_csv(path, dtype=str, keep_default_na=False)
 
 
 def published_model_ids(directory: str | os.PathLike | None) -> dict[str, str]:
-    """Model id -> ``"vision"`` (a ``timm_id`` column) or ``"text"`` (``hf_id``), over all published tables."""
+    """Model id -> ``"vision"`` (a ``timm_id`` column) or ``"text"`` (``hf_id``), over all published tables.
+
+    ``directory``: a ``comparison.published_tables`` value (:func:`resolve_published_dir`).
+    """
     out: dict[str, str] = {}
     for spec in PUBLISHED_TABLES:
-        frame = read_published(directory, spec) if directory else None
+        frame = read_published(directory, spec)
         if frame is not None:
             for model_id in frame[spec.id_column]:
                 out.setdefault(model_id, "vision" if spec.id_column == "timm_id" else "text")
@@ -315,7 +357,8 @@ def comparison_table(
     """The whole comparison: every published number of Tables 1-4 (Issue: reproduction report).
 
     Args:
-        published_dir: directory of the published CSVs (module docstring), or None.
+        published_dir: a ``comparison.published_tables`` value: :data:`BUILTIN`, a directory
+            of the published CSVs (module docstring), or None (no comparison).
         results: table number (``"1"`` .. ``"4"``) -> (paper-variant CSV path or None,
             corrected CSV path or None); a missing or None path counts as "not run".
         not_run: model id -> reason it was not run.
@@ -328,12 +371,19 @@ def comparison_table(
         (with the columns) when no published table is available.
     """
     frames = []
+    directory = resolve_published_dir(published_dir)
     for spec in PUBLISHED_TABLES:
-        published = read_published(published_dir, spec) if published_dir else None
+        published = read_published(directory, spec)
         paper_csv, corrected_csv = results.get(spec.table, (None, None))
         reproduced = pd.read_csv(paper_csv) if paper_csv and os.path.exists(paper_csv) else None
         corrected = pd.read_csv(corrected_csv) if corrected_csv and os.path.exists(corrected_csv) else None
-        source = f"arXiv:2505.07908 Table {spec.table} ({Path(published_dir) / spec.file if published_dir else 'not configured'})"
+        if directory is None:
+            where = "not configured"
+        elif directory == BUILTIN_DIR:  # named, not by its install path (which differs between machines)
+            where = f"kpca_repro built-in copy, data/paper_tables/{spec.file}"
+        else:
+            where = str(directory / spec.file)
+        source = f"arXiv:2505.07908 Table {spec.table} ({where})"
         frames.append(compare_table(spec, published, reproduced, corrected, not_run, source, model_kwargs, checksums))
     frames = [f for f in frames if len(f)]
     if not frames:
@@ -346,7 +396,7 @@ def comparison_table(
 def comparison_markdown(table: pd.DataFrame) -> str:
     """Markdown of the comparison (no source column), numbers to 3 significant decimals."""
     if not len(table):
-        return "No published tables were available (config key comparison.published_tables).\n"
+        return "No published tables were compared (config key comparison.published_tables is null, or names a directory without them).\n"
     shown = table.drop(columns=["source"]).copy()
     for col in ("published", "reproduced", "lower", "upper", "sign_lower", "sign_upper", "corrected", "difference"):
         if col in shown:

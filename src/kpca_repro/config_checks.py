@@ -379,9 +379,12 @@ def check_config(config: dict, *, main_process: bool = True, checksums_done: dic
         if vision["shards"] > n:
             raise ConfigError(f"config key vision.shards: {vision['shards']} shards for {n} images ({key}); use at most one shard per image")
     published = config["comparison"]["published_tables"]
-    if published is not None and not os.path.isdir(published):
+    # "builtin" is kpca_repro.comparison.BUILTIN, the copy shipped in the package (not imported:
+    # comparison imports pandas, and these checks run at every parse)
+    if published is not None and published != "builtin" and not os.path.isdir(published):
         raise ConfigError(
-            f"config key comparison.published_tables: {published} is not a directory; point it at the paper's published tables as CSV (for example ../shared/reference/paper_tables) or set it to null"
+            f"config key comparison.published_tables: {published} is not a directory; point it at a directory of the paper's published tables as CSV, "
+            "set it to builtin (the copy shipped with kpca_repro, the default) or to null (no comparison)"
         )
     if text["shards"] > text["n_rows"]:
         raise ConfigError(f"config key text.shards: {text['shards']} shards for {text['n_rows']} rows (text.n_rows); use at most one shard per row")

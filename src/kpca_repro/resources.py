@@ -126,38 +126,62 @@ class DownloadPolicy:
 
 
 def download_timm_weights(model_id: str, out_path: str | os.PathLike, *, policy: DownloadPolicy = DownloadPolicy(), log: logging.Logger | None = None) -> None:
-    """Fetch ``model_id``'s default pretrained weights with timm and save them as safetensors.
+    """Fetch ``model_id``'s default pretrained weights from its Hugging Face repository.
 
-    Uses ``timm.create_model(model_id, pretrained=True)``: timm's pretrained loader, which
-    reads the model's Hugging Face repository (``pretrained_cfg.hf_hub_id``) through
-    huggingface_hub, so ``HF_ENDPOINT`` selects a mirror. Retried as :func:`with_retries`
-    says; ``model.state_dict()`` is then written to a temporary file and renamed.
+    The repository is timm's ``pretrained_cfg.hf_hub_id`` (e.g. ``timm/deit_tiny_patch16_224.fb_in1k``);
+    its ``model.safetensors`` is fetched with ``huggingface_hub.hf_hub_download`` (so
+    ``HF_ENDPOINT`` selects a mirror), checked to load into ``timm.create_model(model_id)``
+    with no missing or unexpected key, and placed byte for byte (its SHA-256 is the hub
+    file's). A model whose hub weights need timm's checkpoint filter, or that has no hub
+    repository, is loaded with ``timm.create_model(model_id, pretrained=True)`` and its
+    ``state_dict()`` saved instead. Either way retried as :func:`with_retries` says and
+    written to a temporary file, then renamed.
 
     Raises:
         MissingResourceError: every attempt failed (for example, no network); the message
             gives the exact path where the weights can be placed by hand.
     """
+    import shutil
+
     import timm
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
 
     out = Path(out_path)
+    tmp = _atomic_target(out)
+    cfg = timm.models.get_pretrained_cfg(model_id)
+    hub_id = cfg.hf_hub_id if cfg is not None else None
+
+    def from_hub() -> bool:
+        from huggingface_hub import hf_hub_download
+
+        cached = hf_hub_download(hub_id, "model.safetensors")
+        model = timm.create_model(model_id, pretrained=False)
+        missing, unexpected = model.load_state_dict(load_file(cached), strict=False)
+        if missing or unexpected:
+            return False  # needs timm's own checkpoint filter: saved from the loaded model below
+        shutil.copyfile(cached, tmp)
+        return True
+
+    def from_timm() -> None:
+        model = timm.create_model(model_id, pretrained=True)
+        state = {k: t.detach().contiguous() for k, t in model.state_dict().items()}
+        save_file(state, str(tmp), metadata={"timm_model": model_id})
+
     try:
-        model = with_retries(lambda: timm.create_model(model_id, pretrained=True), what=f"weights of {model_id}", source="timm's pretrained loader", policy=policy, log=log)
+        done = hub_id is not None and with_retries(from_hub, what=f"weights of {model_id}", source=f"{hub_id} (model.safetensors)", policy=policy, log=log)
+        if not done:
+            with_retries(from_timm, what=f"weights of {model_id}", source="timm's pretrained loader", policy=policy, log=log)
+        os.replace(tmp, out)
     except Exception as exc:  # network, hub or cache errors all end the same way
         raise MissingResourceError(
             missing_message(
                 out,
                 f"pretrained weights of timm model {model_id!r}",
-                f"Downloading them with timm failed {policy.retries + 1} times (last: {_describe(exc)}). Offline, save "
+                f"Downloading them ({hub_id or 'timm'}) failed {policy.retries + 1} times (last: {_describe(exc)}). Offline, save "
                 f"timm.create_model({model_id!r}, pretrained=True).state_dict() with "
                 f"safetensors.torch.save_file to exactly that path.",
             )
         ) from exc
-    tmp = _atomic_target(out)
-    state = {k: t.detach().contiguous() for k, t in model.state_dict().items()}
-    try:
-        save_file(state, str(tmp), metadata={"timm_model": model_id})
-        os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -115,7 +115,7 @@ def setup_logging(snakemake, name: str) -> logging.Logger:
     return logging.getLogger(name)
 
 
-def fail_cleanly(log: logging.Logger, func, *args, **kwargs):
+def fail_cleanly(log: logging.Logger, func, /, *args, **kwargs):
     """Call ``func``; if it raises, log its message as one ERROR line and exit with status 1.
 
     For the download rules: a failed download (no network, a moved URL) ends with the

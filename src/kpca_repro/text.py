@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 #: ``datasets.load_dataset`` arguments of the paper's text (docs/method.md 3).
-WIKITEXT = {"path": "wikitext", "name": "wikitext-103-raw-v1", "split": "test"}
+WIKITEXT = {"path": "Salesforce/wikitext", "name": "wikitext-103-raw-v1", "split": "test"}
 #: Seq-first or batch-first projections, as recorded in the HDF5 attribute ``hooked_layout``
 #: (the same values as :data:`kpca_repro.hf_capture.BATCH_FIRST` / ``SEQUENCE_FIRST``).
 BATCH_FIRST, SEQUENCE_FIRST = "batch_first", "sequence_first"
@@ -140,24 +140,36 @@ def read_samples(path: str | os.PathLike) -> pd.DataFrame:
     return pd.read_csv(path, sep="\t", keep_default_na=False, dtype={"text": str})
 
 
-def download_wikitext(out_path: str | os.PathLike) -> None:
+def download_wikitext(out_path: str | os.PathLike, source: dict | None = None, *, policy=None, log=None) -> None:
     """Fetch the WikiText-103 raw test split with ``datasets`` and save one row per line.
 
-    Raises:
-        kpca_repro.resources.MissingResourceError: the download failed; the message names
-            the path to fill by hand.
-    """
-    from .resources import MissingResourceError, missing_message
+    Args:
+        out_path: ``<resources>/text/wikitext-103/wiki.test.raw``.
+        source: ``{dataset, name, split, revision}`` (``downloads.wikitext``); default
+            :data:`WIKITEXT` at ``main``. ``HF_ENDPOINT`` selects a hub mirror.
+        policy: a :class:`kpca_repro.resources.DownloadPolicy` (retries and pause).
+        log: where retry lines go.
 
-    try:
+    Raises:
+        kpca_repro.resources.MissingResourceError: every attempt failed; the message names
+            the dataset, its revision and the path to fill by hand.
+    """
+    from .resources import DownloadPolicy, MissingResourceError, missing_message, with_retries
+
+    src = dict(source or {"dataset": WIKITEXT["path"], "name": WIKITEXT["name"], "split": WIKITEXT["split"], "revision": "main"})
+    policy = policy or DownloadPolicy()
+    call = f"load_dataset({src['dataset']!r}, {src['name']!r}, split={src['split']!r}, revision={src['revision']!r})"
+
+    def load():
         from datasets import load_dataset
 
-        rows = load_dataset(WIKITEXT["path"], WIKITEXT["name"], split=WIKITEXT["split"])["text"]
+        return load_dataset(src["dataset"], src["name"], split=src["split"], revision=src["revision"])["text"]
+
+    try:
+        rows = with_retries(load, what="WikiText-103", source=call, policy=policy, log=log)
     except Exception as exc:
         raise MissingResourceError(
-            missing_message(
-                out_path, "WikiText-103 raw test split", f"load_dataset{tuple(WIKITEXT.values())} failed ({type(exc).__name__}: {exc}). Put the file wiki.test.raw of wikitext-103-raw-v1 there."
-            )
+            missing_message(out_path, "WikiText-103 raw test split", f"{call} failed {policy.retries + 1} times (last: {type(exc).__name__}: {exc}). Put wiki.test.raw of wikitext-103-raw-v1 there.")
         ) from exc
     with atomic_output(out_path) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:

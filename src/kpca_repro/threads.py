@@ -51,9 +51,10 @@ def torch_default_threads(cache_dir: str | os.PathLike | None = None) -> int:
 
     That is the intra-op thread count the authors' scripts ran with (they never set one):
     torch's default, MKL's count of physical cores, unless ``OMP_NUM_THREADS`` or
-    ``MKL_NUM_THREADS`` is set. Asked of a child process (about 1.7 s) with both variables
-    removed from its environment, because this process's own count may already be set (a
-    Snakemake job's ``OMP_NUM_THREADS``, ``torch.set_num_threads``).
+    ``MKL_NUM_THREADS`` is set. Asked of a child process (a fresh interpreter that imports
+    torch, hence the cache below) with both variables removed from its environment, because
+    this process's own count may already be set (a Snakemake job's ``OMP_NUM_THREADS``,
+    ``torch.set_num_threads``).
 
     With ``cache_dir`` the answer is kept there (:class:`kpca_repro.check_cache.CheckCache`)
     under a key of the host name, the CPU count and affinity, the interpreter, torch's

@@ -17,12 +17,21 @@ mode**.
 This module builds the models with timm (:class:`RecordingAttention` replaces
 ``blocks[l].attn``), loads Fashion-MNIST (the ``small`` scale) or an ImageNet root (the
 ``paper`` scale), trains with timm's optimizer, scheduler, mixup and augmentation factories,
-and writes one CSV row per epoch. Resumption: after every epoch a checkpoint (model,
-optimizer, scheduler, AMP scaler, EMA, the fixed batches, the rows so far) is written
-atomically, then the CSV is rewritten from the checkpoint's rows. Every epoch reseeds
-``torch``, ``numpy``, ``random`` and the data sampler from ``(seed, epoch)``, so an
-interrupted run resumed from its last checkpoint gives the same log, byte for byte, as an
-uninterrupted one on the same device and thread count.
+and writes one CSV row per epoch. Beside the authors' means, each row holds statistics that
+no single token dominates (:data:`TOKEN_STATS`: the median and the 0.99 quantile over tokens of
+``||phi(q)||^2``, ``||h||^2`` and ``|phi - ||h||^2|``, and the share of tokens with
+``||phi(q)||^2 > ||h||^2``), computed from the same forward pass, so they cost no extra random
+draw and leave the other columns unchanged.
+
+Resumption: after every epoch a checkpoint (model, optimizer, scheduler, AMP scaler, EMA, the
+fixed batches, the rows so far) is written atomically, then the CSV is rewritten from the
+checkpoint's rows. The checkpoint holds only tensors and plain values (dict, list, tuple, str,
+int, float, bool, None) and is read with ``torch.load(..., weights_only=True)``, which runs no
+code: one that carries any other pickled object is refused (:class:`UntrustedCheckpointError`)
+and the run starts afresh (:func:`load_checkpoint`). Every epoch reseeds ``torch``, ``numpy``,
+``random`` and the data sampler from ``(seed, epoch)``, so an interrupted run resumed from its
+last checkpoint gives the same log, byte for byte, as an uninterrupted one on the same device
+and thread count.
 
 The W&B CSV exports of the authors' runs are read by :func:`read_wandb_logs` (docs/method.md
 Section 6.2), this pipeline's logs by :func:`read_training_log`; both give the same tidy
@@ -39,6 +48,7 @@ import math
 import os
 import random
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -53,6 +63,9 @@ from .projection import feature_norm_sq, output_norm_sq, projection_errors, stan
 
 __all__ = [
     "RECON_METRICS",
+    "TOKEN_STATS",
+    "HIGH_QUANTILE",
+    "BASE_LOG_COLUMNS",
     "LOG_COLUMNS",
     "FASHION_MNIST_FILES",
     "WANDB_STEPS_PER_EPOCH",
@@ -65,11 +78,13 @@ __all__ = [
     "build_datasets",
     "train_run",
     "config_fingerprint",
+    "UntrustedCheckpointError",
+    "load_checkpoint",
+    "save_checkpoint",
     "read_training_log",
     "read_wandb_logs",
     "training_curves",
     "WANDB_FILES",
-    "download_wandb_logs",
 ]
 
 log = logging.getLogger(__name__)
@@ -77,8 +92,17 @@ log = logging.getLogger(__name__)
 #: The five per-batch quantities the training code logs, under their W&B names (docs/method.md 6.1).
 RECON_METRICS = ("error", "rel_error_wrt_h", "rel_error_wrt_phiq", "h_norms_ave", "phiq_norms_ave")
 _FROM_KPCA = {"error": "error", "rel_error_wrt_h": "rel_error_wrt_h", "rel_error_wrt_phiq": "rel_error_wrt_phiq", "h_norms_ave": "h_ave", "phiq_norms_ave": "phi_ave"}
-#: Columns of ``results/training/<run>/log.csv``, one row per epoch (0-based, as W&B's rows).
-LOG_COLUMNS = (
+#: The high quantile over tokens logged beside the median (``*_q99``).
+HIGH_QUANTILE = 0.99
+#: Per-batch statistics over all (layer, image, head, token) of the batch, pooled, that no single
+#: token dominates (the means of :data:`RECON_METRICS` can be carried by a few tokens with a tiny
+#: normaliser, docs/training.md): the median and the :data:`HIGH_QUANTILE` quantile (numpy's
+#: linear interpolation) of ``|phi_i - ||h_i||^2|`` (``error_*``), ``||h_i||^2`` and
+#: ``||phi(q_i)||^2``, and the share of tokens with ``||phi(q_i)||^2 > ||h_i||^2``. Not in the
+#: authors' logs.
+TOKEN_STATS = ("error_median", "error_q99", "h_norms_median", "h_norms_q99", "phiq_norms_median", "phiq_norms_q99", "phiq_above_h_frac")
+#: The columns every training log has, also those written before :data:`TOKEN_STATS` were logged.
+BASE_LOG_COLUMNS = (
     "epoch",
     "lr",
     "train_loss",
@@ -88,10 +112,16 @@ LOG_COLUMNS = (
     "test_acc5",
     *(f"test_{m}" for m in RECON_METRICS),
 )
+#: Columns of ``results/training/<model>_<scale>/seed<seed>/log.csv``, one row per epoch
+#: (0-based, as W&B's rows): :data:`BASE_LOG_COLUMNS`, then the :data:`TOKEN_STATS` of the train
+#: and the test batch (appended, so an older log is a prefix of the columns).
+LOG_COLUMNS = (*BASE_LOG_COLUMNS, *(f"{split}_{m}" for split in ("train", "test") for m in TOKEN_STATS))
 #: The IDX files of Fashion-MNIST in ``<resources>/datasets/fashion-mnist/``.
 FASHION_MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
 #: W&B steps per epoch in the authors' runs up to epoch ~118-122 (docs/method.md 6.2); x = Step / 15.
 WANDB_STEPS_PER_EPOCH = 15
+#: The seed of the authors' one logged run per model (their recipe's ``seed 0``, docs/method.md 6.1).
+WANDB_SEED = 0
 #: Fashion-MNIST pixel statistics (training set, pixels scaled to [0, 1]).
 FASHION_MNIST_MEAN, FASHION_MNIST_STD = 0.2860, 0.3530
 
@@ -217,14 +247,19 @@ def recording_attentions(model: nn.Module) -> list[RecordingAttention]:
 
 @torch.no_grad()
 def reconstruction_metrics(model: nn.Module, images: torch.Tensor, train_mode: bool) -> dict[str, float]:
-    """The five logged quantities of one fixed batch, averaged over layers (docs/method.md 6.1).
+    """The logged quantities of one fixed batch (docs/method.md 6.1), means and token statistics.
 
     One forward pass with every :class:`RecordingAttention` recording; per layer, over all
     (image, head, token): ``phi = ||phi(q_i)||^2`` by :func:`kpca_repro.projection.feature_norm_sq`
     (``log_domain=False``: plain ``exp`` in float32, as the training code; NaN/inf where it
     overflows), ``||h_i||^2`` by :func:`kpca_repro.projection.output_norm_sq`, then
-    :func:`kpca_repro.projection.projection_errors`; the model-level value is the unweighted mean
-    over layers (``np.average`` in the reference). The model's train/eval mode is restored.
+    :func:`kpca_repro.projection.projection_errors`; the model-level value of each of
+    :data:`RECON_METRICS` is the unweighted mean over layers (``np.average`` in the reference).
+    The :data:`TOKEN_STATS` are taken over the values of all layers pooled (every layer has
+    the same number of tokens, so the pooled mean would equal the logged one): float64
+    ``np.quantile`` (linear interpolation) at 0.5 and :data:`HIGH_QUANTILE`, NaN if any value
+    is NaN, as the mean. They reuse the recorded tensors, so no random number is drawn beyond
+    the forward pass. The model's train/eval mode is restored.
 
     Args:
         model: from :func:`build_model`.
@@ -232,7 +267,7 @@ def reconstruction_metrics(model: nn.Module, images: torch.Tensor, train_mode: b
         train_mode: forward in train mode (the "train" batch: drop-path active) or eval mode.
 
     Returns:
-        ``{name: float}`` for the names in :data:`RECON_METRICS`.
+        ``{name: float}`` for the names in :data:`RECON_METRICS` and :data:`TOKEN_STATS`.
     """
     attns = recording_attentions(model)
     was_training = model.training
@@ -246,14 +281,32 @@ def reconstruction_metrics(model: nn.Module, images: torch.Tensor, train_mode: b
             a.record = False
         model.train(was_training)
     per_layer = {m: [] for m in RECON_METRICS}
+    phis, hs = [], []
     for a in attns:
         rec = a.recorded
         phi = feature_norm_sq(rec["q"], rec["k"], scale=a.scale, log_domain=False)
-        errs = projection_errors(phi, output_norm_sq(rec["h"]))
+        h_sq = output_norm_sq(rec["h"])
+        errs = projection_errors(phi, h_sq)
         for m in RECON_METRICS:
             per_layer[m].append(float(errs[_FROM_KPCA[m]]))
+        phis.append(phi.flatten().cpu())
+        hs.append(h_sq.flatten().cpu())
         a.recorded = {}
-    return {m: float(np.average(v)) for m, v in per_layer.items()}
+    out = {m: float(np.average(v)) for m, v in per_layer.items()}
+    out.update(_token_stats(torch.cat(phis).double().numpy(), torch.cat(hs).double().numpy()))
+    return out
+
+
+def _token_stats(phi: np.ndarray, h_sq: np.ndarray) -> dict[str, float]:
+    """:data:`TOKEN_STATS` of pooled per-token ``phi`` and ``||h||^2`` (1-D float64, same length)."""
+    levels = [0.5, HIGH_QUANTILE]
+    out = {}
+    for name, values in (("error", np.abs(phi - h_sq)), ("h_norms", h_sq), ("phiq_norms", phi)):
+        # np.quantile returns NaN when a value is NaN (as the mean); inf sorts last
+        median, high = np.quantile(values, levels)
+        out[f"{name}_median"], out[f"{name}_q99"] = float(median), float(high)
+    out["phiq_above_h_frac"] = float(np.mean(phi > h_sq))
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -427,12 +480,13 @@ def train_run(
     mode). The row (:data:`LOG_COLUMNS`) is appended; the checkpoint is written atomically,
     then ``log_csv`` is rewritten atomically from the checkpoint's rows. A checkpoint with
     the same ``fingerprint`` is resumed; one with another fingerprint is ignored (a changed
-    configuration starts afresh).
+    configuration starts afresh), and so is one :func:`load_checkpoint` refuses (a pickled
+    object, a damaged file: a warning names it, training starts at epoch 0 and overwrites it).
 
     Args:
         model: from :func:`build_model`, on the CPU (moved to ``device`` here).
         train_set, val_set: datasets yielding ``(image (C, H, W) float32, label int)``.
-        scale: one entry of ``training.scales`` in the configuration.
+        scale: one entry of ``training.scales`` in the configuration (its ``seeds`` list, if any, unused).
         log_csv: the tidy per-epoch log.
         checkpoint: the resumable state (kept after the run; not a Snakemake output).
         seed: every epoch reseeds ``torch``/``numpy``/``random`` and the sampler from (seed, epoch).
@@ -509,13 +563,104 @@ class _Recipe:
         return cls(optimizer, scheduler, mixup, criterion, amp, scaler, ema)
 
 
+class UntrustedCheckpointError(ValueError):
+    """A checkpoint that ``torch.load(..., weights_only=True)`` refuses: it carries a pickled
+    object other than tensors and plain values (or is not a checkpoint at all); ``str()`` names
+    the file and says why."""
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict:
+    """A training checkpoint, read without running any code from it.
+
+    ``torch.load(path, map_location="cpu", weights_only=True)``: torch's restricted unpickler
+    accepts tensors, ``dict``/``OrderedDict``, ``list``, ``tuple``, ``str``, numbers, ``bool`` and
+    ``None``, and refuses any other global (a class, a function) before calling it, so a file
+    crafted to run code on loading, or written by an older version that pickled objects, is
+    refused instead of trusted.
+
+    Returns:
+        The state written by :func:`save_checkpoint`: ``fingerprint`` (str), ``epoch`` (int,
+        completed epochs), ``rows`` (list of dicts of floats), ``fixed`` (``{"train", "test"}``
+        image batches, ``(B, C, H, W)`` float32), ``model``, ``optimizer``, ``scheduler``,
+        ``scaler`` and ``ema`` states (tensors and plain values).
+
+    Raises:
+        UntrustedCheckpointError: the file holds anything else, is truncated or is not a torch
+            checkpoint; the message names the file and torch's reason.
+        FileNotFoundError: there is no file.
+    """
+    import pickle
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, ValueError) as exc:
+        # torch raises UnpicklingError for a refused global and RuntimeError/EOFError for a file
+        # that is not a (complete) torch archive; either way nothing in it may be used
+        reason = _load_failure_reason(exc)
+        raise UntrustedCheckpointError(
+            f"{path}: refused to load the training checkpoint: torch.load(weights_only=True) rejects it ({reason}). "
+            "Only a complete checkpoint of tensors and plain values, as train_run writes it, is loaded"
+        ) from exc
+    if not isinstance(state, dict) or not {"fingerprint", "epoch", "rows", "fixed", "model"} <= set(state):
+        raise UntrustedCheckpointError(f"{path}: refused to load the training checkpoint: it is not a dict with fingerprint, epoch, rows, fixed and model")
+    return state
+
+
+def _load_failure_reason(exc: BaseException) -> str:
+    """The informative part of torch.load's error: the unpickler's own words (``Unsupported
+    global: GLOBAL <name> ...`` up to its first sentence), else the first sentence of the message."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    found = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\.\s|\n\n|$)", text, re.S)
+    line = found[1] if found else text.strip().split(". ")[0]
+    return " ".join(line.split()) or type(exc).__name__
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _check_plain(value, where: str) -> None:
+    """Raise ``TypeError`` naming ``where`` if ``value`` holds anything but tensors and plain
+    values (what :func:`load_checkpoint` reads back with ``weights_only=True``)."""
+    # exact types: numpy's float64 is a float subclass, but pickles as a numpy global
+    if isinstance(value, torch.Tensor) or type(value) in _PLAIN:
+        return
+    if type(value) in (dict, OrderedDict):  # not any dict subclass: the unpickler allows these two
+        for k, v in value.items():
+            if type(k) not in _PLAIN:
+                raise TypeError(f"checkpoint key {where}[{k!r}] is a {type(k).__name__}, not a plain value")
+            _check_plain(v, f"{where}[{k!r}]")
+    elif type(value) in (list, tuple):
+        for i, v in enumerate(value):
+            _check_plain(v, f"{where}[{i}]")
+    else:
+        raise TypeError(f"checkpoint entry {where} is a {type(value).__module__}.{type(value).__name__}, which torch.load(weights_only=True) would refuse")
+
+
+def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
+    """Write ``state`` with ``torch.save``, atomically, after checking it holds only tensors
+    and plain values (so :func:`load_checkpoint` can read it back).
+
+    Raises:
+        TypeError: an entry of another type (numpy scalars included); names its key path.
+    """
+    _check_plain(state, "state")
+    with atomic_output(path) as tmp:
+        torch.save(state, tmp)
+
+
 def _resume(checkpoint: Path, fingerprint: str, model: nn.Module, recipe: _Recipe, epochs: int) -> tuple[int, list[dict], dict]:
     """``(first epoch to train, rows so far, fixed batches)`` from a checkpoint of the same
     fingerprint (its model, optimizer, scheduler, scaler and EMA states loaded), else
-    ``(0, [], {})``; a checkpoint of another fingerprint is ignored with a warning."""
+    ``(0, [], {})``. A checkpoint of another fingerprint is ignored with a warning; one that
+    :func:`load_checkpoint` refuses (a pickled object, a truncated file) is not trusted either:
+    the run starts afresh with a warning naming it, and overwrites it after the first epoch."""
     if not checkpoint.exists():
         return 0, [], {}
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    try:
+        state = load_checkpoint(checkpoint)
+    except UntrustedCheckpointError as exc:
+        log.warning("%s; training from epoch 0 instead, and the file will be overwritten", exc)
+        return 0, [], {}
     if state.get("fingerprint") != fingerprint:
         log.warning("ignoring %s: it belongs to another configuration (fingerprint differs)", checkpoint)
         return 0, [], {}
@@ -575,7 +720,7 @@ def _evaluate(model: nn.Module, val_loader, device: torch.device, fixed: dict) -
 
 
 def _save_checkpoint(checkpoint: Path, fingerprint: str, epoch: int, rows: list[dict], fixed: dict, model: nn.Module, recipe: _Recipe) -> None:
-    """Everything :func:`_resume` needs after ``epoch`` completed epochs, written atomically."""
+    """Everything :func:`_resume` needs after ``epoch`` completed epochs (:func:`save_checkpoint`)."""
     state = {
         "fingerprint": fingerprint,
         "epoch": epoch,
@@ -587,36 +732,46 @@ def _save_checkpoint(checkpoint: Path, fingerprint: str, epoch: int, rows: list[
         "scaler": recipe.scaler.state_dict(),
         "ema": recipe.ema.module.state_dict() if recipe.ema is not None else None,
     }
-    with atomic_output(checkpoint) as tmp:
-        torch.save(state, tmp)
+    save_checkpoint(checkpoint, state)
 
 
 # --------------------------------------------------------------------------------------
 # Reading logs: this pipeline's CSVs and the authors' W&B exports, as one tidy frame
 # --------------------------------------------------------------------------------------
 
-_TIDY = ["source", "model", "split", "metric", "epoch", "x", "step", "value"]
+_TIDY = ["source", "model", "seed", "split", "metric", "epoch", "x", "step", "value"]
 
 
-def read_training_log(path: str | os.PathLike, model: str, source: str) -> pd.DataFrame:
+def read_training_log(path: str | os.PathLike, model: str, source: str, seed: int = 0) -> pd.DataFrame:
     """This pipeline's ``log.csv`` as a tidy frame.
 
+    A log written before the :data:`TOKEN_STATS` were logged (only :data:`BASE_LOG_COLUMNS`) is
+    read too: its rows hold the :data:`RECON_METRICS` alone, and a reader finds no median.
+
+    Args:
+        path: a ``results/training/<model>_<scale>/seed<seed>/log.csv``.
+        model, source: the run's architecture and the figure column it belongs to.
+        seed: the run's seed (kept in the ``seed`` column).
+
     Returns:
-        Columns ``source, model, split (train|test), metric (one of RECON_METRICS), epoch,
-        x (= epoch), step (NaN), value``.
+        Columns ``source, model, seed, split (train|test), metric (one of RECON_METRICS, then
+        those of TOKEN_STATS in the log), epoch, x (= epoch), step (NaN), value``.
 
     Raises:
-        ValueError: a column of :data:`LOG_COLUMNS` is missing; the message names the file.
+        ValueError: a column of :data:`BASE_LOG_COLUMNS` is missing; the message names the file.
     """
     df = pd.read_csv(path)
-    missing = [c for c in LOG_COLUMNS if c not in df.columns]
+    missing = [c for c in BASE_LOG_COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"{path}: not a training log, columns {missing} missing")
     parts = []
     for split in ("train", "test"):
-        for m in RECON_METRICS:
+        for m in (*RECON_METRICS, *TOKEN_STATS):
+            if f"{split}_{m}" not in df.columns:
+                continue
+            epoch = df["epoch"]
             parts.append(
-                pd.DataFrame({"source": source, "model": model, "split": split, "metric": m, "epoch": df["epoch"], "x": df["epoch"].astype(float), "step": np.nan, "value": df[f"{split}_{m}"]})
+                pd.DataFrame({"source": source, "model": model, "seed": int(seed), "split": split, "metric": m, "epoch": epoch, "x": epoch.astype(float), "step": np.nan, "value": df[f"{split}_{m}"]})
             )
     return pd.concat(parts, ignore_index=True)[_TIDY]
 
@@ -637,8 +792,8 @@ def read_wandb_logs(directory: str | os.PathLike, source: str = "authors (W&B)",
     * ``epoch_axis="row"``: ``x = epoch`` (the row index).
 
     Returns:
-        Columns ``source, model, split, metric, epoch, x, step, value``; metrics named as in
-        :data:`RECON_METRICS`.
+        Columns ``source, model, seed (:data:`WANDB_SEED`), split, metric, epoch, x, step,
+        value``; metrics named as in :data:`RECON_METRICS` (the authors log means only).
 
     Raises:
         FileNotFoundError: no CSV below ``directory``.
@@ -669,27 +824,40 @@ def read_wandb_logs(directory: str | os.PathLike, source: str = "authors (W&B)",
         x = df["Step"].to_numpy(float) / WANDB_STEPS_PER_EPOCH if epoch_axis == "step" else epoch.astype(float)
         parts.append(
             pd.DataFrame(
-                {"source": source, "model": model, "split": match["split"], "metric": metric, "epoch": epoch, "x": x, "step": df["Step"].to_numpy(float), "value": df[value_cols[0]].to_numpy(float)}
+                {
+                    "source": source,
+                    "model": model,
+                    "seed": WANDB_SEED,
+                    "split": match["split"],
+                    "metric": metric,
+                    "epoch": epoch,
+                    "x": x,
+                    "step": df["Step"].to_numpy(float),
+                    "value": df[value_cols[0]].to_numpy(float),
+                }
             )
         )
     return pd.concat(parts, ignore_index=True)[_TIDY]
 
 
-def training_curves(
-    runs: Sequence[tuple[str | os.PathLike, str, str]], reference_dir: str | os.PathLike | None, epoch_axis: str = "step", reference_source: str = "authors (W&B, ImageNet-1k)"
-) -> pd.DataFrame:
+def training_curves(runs: Sequence[tuple], reference_dir: str | os.PathLike | None, epoch_axis: str = "step", reference_source: str = "authors (W&B, ImageNet-1k)") -> pd.DataFrame:
     """The tidy curves of Figures 1 and 4 from any set of runs.
 
     Args:
-        runs: ``(log.csv, model, source)`` of this pipeline's runs (:func:`read_training_log`).
+        runs: ``(log.csv, model, source, seed)`` of this pipeline's runs (:func:`read_training_log`);
+            the runs of one ``(source, model)`` with different seeds are the seeds of one curve.
+            A 3-tuple ``(log.csv, model, source)`` is seed 0.
         reference_dir: the authors' W&B exports (:func:`read_wandb_logs`), or None.
         epoch_axis: the reference's x-axis, ``"step"`` (Step/15) or ``"row"``.
 
     Returns:
         The concatenated tidy frame, reference first.
+
+    Raises:
+        ValueError: no runs and no reference.
     """
     parts = [read_wandb_logs(reference_dir, reference_source, epoch_axis)] if reference_dir is not None else []
-    parts += [read_training_log(path, model, source) for path, model, source in runs]
+    parts += [read_training_log(*run) for run in runs]
     if not parts:
         raise ValueError("no runs and no reference logs to plot")
     return pd.concat(parts, ignore_index=True)
@@ -700,29 +868,3 @@ WANDB_FILES = {
     model: [f"{prefix}_{split}_{m}.csv" for split in ("train", "test") for m in ("error", "h", "varphi", "rel_error_wrt_h", "rel_error_wrt_varphi")]
     for model, prefix in (("vit_tiny", "vit"), ("deit_tiny", "deit"))
 }
-
-
-def download_wandb_logs(base_url: str, out_dir: str | os.PathLike) -> None:
-    """Fetch :data:`WANDB_FILES` from ``<base_url>/<model>/<file>`` into ``out_dir/<model>/``.
-
-    ``base_url`` is the ``scripts/wandb_data`` folder at a pinned commit on
-    raw.githubusercontent.com. Written to a temporary folder, renamed when complete.
-
-    Raises:
-        FileNotFoundError: a download failed; the message names the URL and the folder to fill.
-    """
-    import urllib.request
-
-    from .h5io import atomic_directory
-
-    out = Path(out_dir)
-    with atomic_directory(out) as tmp:
-        for model, files in WANDB_FILES.items():
-            (tmp / model).mkdir()
-            for name in files:
-                url = f"{base_url.rstrip('/')}/{model}/{name}"
-                try:
-                    with urllib.request.urlopen(url, timeout=60) as resp:
-                        (tmp / model / name).write_bytes(resp.read())
-                except Exception as exc:
-                    raise FileNotFoundError(f"missing the authors' W&B logs: {out} does not exist and {url} failed ({exc}); set figure1.reference_logs to a copy") from exc

@@ -341,7 +341,7 @@ def check_vision_model(model_id: str, model_kwargs: dict | None = None) -> Visio
 
     What the workflow calls for every configured vision model while it builds the DAG
     (``workflow/rules/common.smk``), so an unsupported model fails before any job. Results
-    are cached per ``(model_id, model_kwargs)`` in the process (~0.1 s per model).
+    are cached per ``(model_id, model_kwargs)`` in the process, since each build costs time.
 
     Args:
         model_id: a timm model id.

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # A one-node SLURM cluster on localhost, for tests/test_slurm.py and for trying profiles/slurm.
 #
-#   sudo bash tests/slurm/cluster.sh start DIR   # installs Debian's packages when missing, starts
-#                                                # munged, slurmctld, slurmd; prints the env to source
+#   sudo bash tests/slurm/cluster.sh install     # Debian's slurmctld, slurmd, slurm-client, munge, if missing
+#   sudo bash tests/slurm/cluster.sh start DIR   # starts munged, slurmctld, slurmd; prints the env to source
 #   sudo bash tests/slurm/cluster.sh stop DIR    # stops exactly the daemons it started (by PID)
+#
+# The tests never run `install` or `start` themselves (a test run leaves the machine as it found
+# it): tests/test_slurm.py uses a cluster that is up (SLURM_CONF exported) and skips otherwise.
+# .ci/run installs, starts and stops one around the test command.
 #
 # DIR (a new or empty directory) holds everything: munge key and socket, slurm.conf, state,
 # spool, logs, PID files. The node is sized from `nproc` and /proc/meminfo;
@@ -19,8 +23,8 @@
 # Needs root (apt-get, daemons running as root). Every wait is bounded; on any failure the
 # daemons started so far are stopped and the logs are printed.
 set -euo pipefail
-ACTION=${1:?usage: cluster.sh start|stop DIR}
-DIR=${2:?usage: cluster.sh start|stop DIR}
+ACTION=${1:?usage: cluster.sh install | start DIR | stop DIR}
+if [ "$ACTION" = install ]; then DIR=; else DIR=${2:?usage: cluster.sh install | start DIR | stop DIR}; fi
 DEFAULT_CONF=/etc/slurm/slurm.conf
 CTLD_PORT=${SLURM_TEST_CTLD_PORT:-16817}
 SLURMD_PORT=${SLURM_TEST_SLURMD_PORT:-16818}
@@ -62,7 +66,7 @@ dump_logs() {
 install_packages() {
     local missing=()
     for cmd in munged slurmctld slurmd sbatch squeue scancel sinfo; do command -v "$cmd" >/dev/null || missing+=("$cmd"); done
-    [ ${#missing[@]} -eq 0 ] && return 0
+    [ ${#missing[@]} -eq 0 ] && { log "SLURM and munge already installed"; return 0; }
     [ "$(id -u)" = 0 ] || die "missing ${missing[*]}; install as root: apt-get install -y slurmctld slurmd slurm-client munge"
     command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get: install SLURM (slurmctld, slurmd, client commands) and munge"
     log "installing Debian's slurmctld slurmd slurm-client munge (missing: ${missing[*]})"
@@ -85,7 +89,10 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
 }
 
 start() {
-    install_packages
+    local cmd
+    for cmd in munged slurmctld slurmd sbatch squeue scancel sinfo; do
+        command -v "$cmd" >/dev/null || die "missing $cmd: run 'sudo bash tests/slurm/cluster.sh install' first"
+    done
     local t0=$EPOCHREALTIME
     mkdir -p "$DIR"
     DIR=$(cd "$DIR" && pwd)
@@ -159,7 +166,8 @@ CONF
 }
 
 case "$ACTION" in
+    install) install_packages ;;
     start) start ;;
     stop) DIR=$(cd "$DIR" 2>/dev/null && pwd) || exit 0; stop_all; log "stopped" ;;
-    *) die "usage: cluster.sh start|stop DIR" ;;
+    *) die "usage: cluster.sh install | start DIR | stop DIR" ;;
 esac

@@ -10,9 +10,10 @@ SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
 
 # libgomp's idle threads spin about 300,000 times before they sleep. Two jobs whose OpenMP
 # teams (the paper variant's eigh on kpca.eigh_threads threads, the forward passes) share
-# cores then stall each other: two KPCA jobs of 300 heads took 120 s each instead of 8 s on
-# two cores (docs/performance.md). A short spin changes no number, only how threads wait, and
-# cost nothing measurable in a job alone. Jobs inherit it; a value already exported is kept.
+# cores then burn each other's time slices spinning, and each runs many times slower
+# (docs/performance.md, GOMP_SPINCOUNT). A short spin changes no number, only how threads
+# wait, and in a job alone it costs nothing measurable. Jobs inherit it; a value already
+# exported is kept.
 os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 
 

@@ -73,8 +73,7 @@ if WIKITEXT_MISSING:
             offline_guard(
                 f"{RESOURCES}/text/wikitext-103/wiki.test.raw",
                 "WikiText-103 raw test split",
-                "Put the file wiki.test.raw of wikitext-103-raw-v1 there (one dataset row per line), "
-                "or set offline: false to fetch it with datasets.load_dataset (config key downloads.wikitext).",
+                "Put the file wiki.test.raw of wikitext-103-raw-v1 there (one dataset row per line), " "or set offline: false to fetch it with datasets.load_dataset (config key downloads.wikitext).",
             ),
         output:
             f"{RESOURCES}/text/wikitext-103/wiki.test.raw",

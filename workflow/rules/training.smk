@@ -1,10 +1,20 @@
 # Figures 1 and 4: train a ViT from scratch while logging J_proj (docs/method.md 6-7).
 #
-# The checkpoint results/training/<arch>_<scale>/checkpoint.pt is deliberately NOT an output:
-# Snakemake deletes the outputs of a failed or interrupted job (and of an incomplete one on
-# --rerun-incomplete), but leaves undeclared files alone. A rerun of `train` therefore resumes
+# One run is one (model, scale, seed): results/training/<arch>_<scale>/seed<seed>/log.csv. A
+# scale's seeds are its `seeds` key, else training.seeds (training_summary.scale_seeds); the
+# figures, the token ablation and the claims table read every seed of each run they name.
+#
+# The checkpoint results/training/<arch>_<scale>/seed<seed>/checkpoint.pt is deliberately NOT an
+# output: Snakemake deletes the outputs of a failed or interrupted job (and of an incomplete one
+# on --rerun-incomplete), but leaves undeclared files alone. A rerun of `train` therefore resumes
 # from the last completed epoch; the log is rewritten from the checkpoint's rows, so no row is
-# lost or duplicated. A checkpoint of another configuration (fingerprint) is ignored.
+# lost or duplicated. A checkpoint of another configuration (fingerprint), or one that
+# torch.load(weights_only=True) refuses (a pickled object), is not used: the run starts afresh.
+
+from kpca_repro.training_summary import run_dir, run_logs, run_scale, scale_seeds, with_seeds
+
+# (model, scale, tokens, seed) of every seed of every figure1.runs entry (checked by _check_config)
+FIGURE1_SEED_RUNS = with_seeds(TRAINING, [(model, scale, scale_tokens(TRAINING["scales"][scale])) for model, scale in map(run_model_scale, FIGURE1["runs"])])
 
 
 # Download rules exist only for inputs missing when the workflow is parsed (as in
@@ -33,6 +43,7 @@ if FASHION_MNIST_MISSING:
         conda:
             ENV
         params:
+            downloads=config["downloads"],
             root=lambda wc, output: os.path.dirname(output[0]),
         script:
             "../scripts/download_fashion_mnist.py"
@@ -57,6 +68,7 @@ if TRAINING_LOGS_MISSING:
         conda:
             ENV
         params:
+            downloads=config["downloads"],
             url=FIGURE1["reference_url"],
         script:
             "../scripts/download_training_logs.py"
@@ -67,14 +79,15 @@ rule train:
         data=lambda wc: FASHION_MNIST if TRAINING["scales"][wc.scale]["dataset"] == "fashion_mnist" else [],
         code=code_inputs("train.py"),
     output:
-        log="results/training/{arch}_{scale}/log.csv",
+        log="results/training/{arch}_{scale}/seed{seed}/log.csv",
     log:
-        "logs/train/{arch}_{scale}.log",
+        "logs/train/{arch}_{scale}_seed{seed}.log",
     benchmark:
-        "benchmarks/train/{arch}_{scale}.tsv"
+        "benchmarks/train/{arch}_{scale}_seed{seed}.tsv"
     wildcard_constraints:
         arch="|".join(TRAINING["models"]),
         scale="|".join(TRAINING["scales"]),
+        seed=r"0|[1-9]\d*",
     conda:
         ENV
     threads: TRAINING["threads"]
@@ -83,9 +96,9 @@ rule train:
         mem_mb=8000,
     params:
         model=lambda wc: TRAINING["models"][wc.arch],
-        scale=lambda wc: TRAINING["scales"][wc.scale],
-        checkpoint=lambda wc: f"results/training/{wc.arch}_{wc.scale}/checkpoint.pt",
-        seed=config["seed"],
+        # without its `seeds` list: adding a seed to a scale reruns none of the runs it had
+        scale=lambda wc: run_scale(TRAINING["scales"][wc.scale]),
+        checkpoint=lambda wc: f"{run_dir(wc.arch, wc.scale, wc.seed)}/checkpoint.pt",
         device=config["device"],
         resources_dir=RESOURCES,
         offline=config["offline"],
@@ -94,10 +107,39 @@ rule train:
         "../scripts/train.py"
 
 
+rule training_claims:
+    input:
+        logs=run_logs(FIGURE1_SEED_RUNS),
+        code=code_inputs("training_claims.py"),
+    output:
+        csv=report(
+            "results/training_claims.csv",
+            caption="../report/training_claims.rst",
+            category="Summary",
+            labels={"table": "training claims (Figure 1)"},
+        ),
+        md="results/training_claims.md",
+    log:
+        "logs/training_claims.log",
+    benchmark:
+        "benchmarks/training_claims.tsv"
+    localrule: True
+    conda:
+        ENV
+    params:
+        runs=FIGURE1_SEED_RUNS,
+        thresholds=FIGURE1["claims"],
+        skip_epochs=FIGURE1["skip_epochs_runs"],
+    script:
+        "../scripts/training_claims.py"
+
+
 rule figure_training:
     input:
-        logs=[f"results/training/{run}/log.csv" for run in FIGURE1["runs"]],
+        logs=run_logs(FIGURE1_SEED_RUNS),
         reference=reference_logs_input(),
+        # Figure 1 writes under each scale's column in how many seeds and epochs the claims hold
+        claims=lambda wc: ["results/training_claims.csv"] if wc.fig == "1" and FIGURE1["runs"] else [],
         code=code_inputs("figure_training.py"),
     output:
         pdf="results/figure{fig}.pdf",
@@ -118,8 +160,8 @@ rule figure_training:
     conda:
         ENV
     params:
-        runs=[(run, *run_model_scale(run)) for run in FIGURE1["runs"]],
-        settings={run_model_scale(run)[1]: scale_setting(TRAINING["scales"][run_model_scale(run)[1]]) for run in FIGURE1["runs"]},
+        runs=FIGURE1_SEED_RUNS,
+        settings={run_model_scale(run)[1]: scale_setting(TRAINING["scales"][run_model_scale(run)[1]], scale_seeds(TRAINING, run_model_scale(run)[1])) for run in FIGURE1["runs"]},
         epoch_axis=FIGURE1["epoch_axis"],
         skip_epochs_reference=FIGURE1["skip_epochs_reference"],
         skip_epochs_runs=FIGURE1["skip_epochs_runs"],
@@ -129,7 +171,8 @@ rule figure_training:
 
 rule token_ablation:
     input:
-        logs=[f"results/training/{model}_{scale}/log.csv" for model in ABLATION["models"] for scale in ABLATION["scales"]],
+        # evaluated only when the table is requested (ablation_runs checks the scales' patches)
+        logs=lambda wc: run_logs(with_seeds(TRAINING, ablation_runs())),
         code=code_inputs("token_ablation.py"),
     output:
         csv="results/token_ablation.csv",
@@ -142,6 +185,6 @@ rule token_ablation:
     conda:
         ENV
     params:
-        runs=lambda wc: ablation_runs(),
+        runs=lambda wc: with_seeds(TRAINING, ablation_runs()),
     script:
         "../scripts/token_ablation.py"

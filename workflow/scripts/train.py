@@ -1,4 +1,4 @@
-"""Rule train: train one model at one scale from scratch, logging J_proj after every epoch."""
+"""Rule train: train one model at one scale with one seed from scratch, logging J_proj after every epoch."""
 
 from pathlib import Path
 
@@ -16,7 +16,8 @@ INFRASTRUCTURE = {"__init__.py", "smk.py", "h5io.py", "resources.py"}
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "train")
 torch.set_num_threads(smk.threads)
-model_cfg, scale, seed = dict(smk.params.model), dict(smk.params.scale), smk.params.seed
+# the seed is the run's wildcard (results/training/<model>_<scale>/seed<seed>/), the scale without its seed list
+model_cfg, scale, seed = dict(smk.params.model), dict(smk.params.scale), int(smk.wildcards.seed)
 device = resolve_device(smk.params.device)
 train_set, val_set, num_classes, in_chans = build_datasets(scale, smk.params.resources_dir, download=not smk.params.offline)
 torch.manual_seed(seed)
@@ -32,7 +33,7 @@ model = build_model(
     depth=scale["depth"],
     embed_dim=scale["embed_dim"],
 )
-log.info("%s at scale %s on %s: %d training / %d validation images, %d epochs", smk.wildcards.arch, smk.wildcards.scale, device, len(train_set), len(val_set), scale["epochs"])
+log.info("%s at scale %s, seed %d, on %s: %d training / %d validation images, %d epochs", smk.wildcards.arch, smk.wildcards.scale, seed, device, len(train_set), len(val_set), scale["epochs"])
 train_run(
     model,
     train_set,

@@ -1,0 +1,85 @@
+"""What the README installs, what CI installs, and the files that say what was tested.
+
+The README's first command installs what a user needs; contributors add the test extras at
+the versions of ``constraints.txt``, exactly as ``.ci/run`` does. The constraints file pins
+every dependency of ``pyproject.toml`` within its range; the conda environment file installs
+the same dependencies and no local path (docs/execution.md).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+REPO = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+TEST_INSTALL = 'python -m pip install -e ".[test]" -c constraints.txt'
+
+
+def _readme_quickstart() -> list[str]:
+    """The command lines of the README's first fenced bash block."""
+    block = re.search(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    assert block, "README.md has no bash block"
+    return [line.strip() for line in block.group(1).splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _requirements(extra: str | None = None) -> list[Requirement]:
+    project = PYPROJECT["project"]
+    return [Requirement(r) for r in (project["optional-dependencies"][extra] if extra else project["dependencies"])]
+
+
+def _pins() -> dict[str, str]:
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, sep, version = line.partition("==")
+            assert sep and name.strip() == name and version.strip(), f"constraints.txt: not 'name==version': {line!r}"
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def test_readme_installs_the_package_first_and_the_test_extras_with_the_constraints():
+    lines = _readme_quickstart()
+    assert lines[0] == "python -m pip install -e ."
+    assert TEST_INSTALL in lines and lines.index(TEST_INSTALL) < lines.index("python -m pytest -q")
+
+
+def test_ci_runs_the_readme_test_install_line_and_test_command():
+    commands = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert commands[-2:] == [TEST_INSTALL, "python -m pytest -q"]
+    assert sum("pip install" in c for c in commands) == 1  # nothing installed beside the README's line
+
+
+def test_constraints_pin_every_dependency_within_its_range():
+    pins = _pins()
+    assert "kpca-repro" not in pins  # the project itself is installed from the checkout
+    requirements = _requirements() + _requirements("test") + _requirements("slurm")
+    assert {"pooch", "olah"} <= {canonicalize_name(r.name) for r in requirements}
+    for req in requirements:
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} is not pinned in constraints.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), f"constraints.txt pins {name}=={pins[name]}, outside pyproject's {req}"
+
+
+def test_conda_environment_installs_the_dependencies_and_no_local_path():
+    """Snakemake runs conda on a copy in .snakemake/conda/, so a relative pip path would name the wrong directory."""
+    env = yaml.safe_load((REPO / "envs" / "pipeline.yaml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    assert not [p for p in pip if p.startswith("-") or "/" in p or p.startswith(".")], pip
+    wanted = {str(r) for r in _requirements() if canonicalize_name(r.name) not in ("snakemake", "pygments")}  # the host's Snakemake runs the jobs
+    assert {str(Requirement(p)) for p in pip} == wanted
+
+
+def test_license_and_citation_metadata():
+    assert PYPROJECT["project"]["license"] == "MIT" and PYPROJECT["project"]["license-files"] == ["LICENSE"]
+    license_text = (REPO / "LICENSE").read_text()
+    assert license_text.startswith("MIT License") and "Copyright (c) 2026 kpca-repro contributors" in license_text
+    cff = yaml.safe_load((REPO / "CITATION.cff").read_text(encoding="utf-8"))
+    assert cff["cff-version"] == "1.2.0" and cff["license"] == "MIT" and cff["version"] == PYPROJECT["project"]["version"]
+    ids = {i["value"] for ref in cff["references"] for i in ref["identifiers"]}
+    assert {"arXiv:2505.07908", "arXiv:2406.13762"} <= ids
