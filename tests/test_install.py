@@ -51,8 +51,12 @@ def test_readme_installs_the_package_first_and_the_test_extras_with_the_constrai
 
 def test_ci_runs_the_readme_test_install_line_and_test_command():
     commands = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
-    assert commands[-2:] == [TEST_INSTALL, "python -m pytest -q"]
+    assert TEST_INSTALL in commands and commands[-1] == "python -m pytest -q"
+    assert commands.index(TEST_INSTALL) < commands.index("python -m pytest -q")
     assert sum("pip install" in c for c in commands) == 1  # nothing installed beside the README's line
+    # the one other set-up step: the SLURM test cluster (tests/test_slurm.py uses it, installs nothing)
+    others = [c for c in commands if c not in (TEST_INSTALL, "python -m pytest -q") and not c.startswith(("set ", "cd "))]
+    assert all("tests/slurm/cluster.sh" in c or c.startswith("SLURM_DIR=") for c in others), others
 
 
 def test_constraints_pin_every_dependency_within_its_range():
