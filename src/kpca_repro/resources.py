@@ -43,13 +43,10 @@ __all__ = [
     "fetch_url",
     "with_retries",
     "content_sha256",
-    "FASHION_MNIST_FILES",
     "DownloadPolicy",
 ]
 
 IMAGENET_SAMPLE_SUBDIR = "images/imagenet-sample"
-#: The Fashion-MNIST files of ``<resources>/datasets/fashion-mnist`` (IDX, gzip).
-FASHION_MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
 
 
 class MissingResourceError(FileNotFoundError):
@@ -326,12 +323,15 @@ def download_imagenet_sample(
                     raise MissingResourceError(missing_message(out, "ImageNet sample images", f"The images of {url} have content digest {got}, not {content_sha256_expected} ({key}). {how}"))
 
 
-def download_fashion_mnist(base_url: str, out_dir: str | os.PathLike, hashes: dict[str, str], *, policy: DownloadPolicy = DownloadPolicy(), log: logging.Logger | None = None) -> None:
+def download_fashion_mnist(
+    base_url: str, out_dir: str | os.PathLike, files: Iterable[str], hashes: dict[str, str], *, policy: DownloadPolicy = DownloadPolicy(), log: logging.Logger | None = None
+) -> None:
     """Fetch the four Fashion-MNIST IDX ``.gz`` files from ``<base_url>/<file>`` into ``out_dir``.
 
     Args:
         base_url: ``downloads.fashion_mnist_url``.
         out_dir: ``<resources>/datasets/fashion-mnist``.
+        files: the file names (:data:`kpca_repro.training.FASHION_MNIST_FILES`).
         hashes: ``{file name: "<algorithm>:<hex>"}`` (``downloads.fashion_mnist_hashes``); a
             file without an entry is not checked.
         policy, log: see :func:`fetch_url`.
@@ -339,7 +339,7 @@ def download_fashion_mnist(base_url: str, out_dir: str | os.PathLike, hashes: di
     Raises:
         MissingResourceError: a file could not be fetched; files already complete stay.
     """
-    for name in FASHION_MNIST_FILES:
+    for name in files:
         fetch_url(
             f"{base_url.rstrip('/')}/{name}",
             Path(out_dir) / name,

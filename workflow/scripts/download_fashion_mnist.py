@@ -2,10 +2,11 @@
 
 from kpca_repro.resources import DownloadPolicy, download_fashion_mnist
 from kpca_repro.smk import fail_cleanly, setup_logging
+from kpca_repro.training import FASHION_MNIST_FILES
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "download_fashion_mnist")
 dl = smk.params.downloads
 log.info("downloading %s -> %s", dl["fashion_mnist_url"], smk.params.root)
-fail_cleanly(log, download_fashion_mnist, dl["fashion_mnist_url"], smk.params.root, dl["fashion_mnist_hashes"], policy=DownloadPolicy.from_config(dl), log=log)
+fail_cleanly(log, download_fashion_mnist, dl["fashion_mnist_url"], smk.params.root, FASHION_MNIST_FILES, dl["fashion_mnist_hashes"], policy=DownloadPolicy.from_config(dl), log=log)
 log.info("Fashion-MNIST in %s", smk.params.root)
