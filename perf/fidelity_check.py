@@ -8,6 +8,15 @@ head with torch's default threads. Prints, per setting, the heads beyond toleran
 RBF CKA 1e-4) and the largest difference per metric.
 
     python perf/fidelity_check.py results/activations/deit_tiny_patch16_224/vision_100_0of1.h5 --layers 9 --inputs 40
+
+With ``--authors``, joins instead a pipeline run's per-head records (``results/heads/paper/<model>/*.csv``)
+with the ``head_level_stats.csv`` that the authors' script wrote for the same seed on the same
+machine (``nlp_value_vectors.py``: rows by ``(layer, sample, head)``; ``value_vectors.py``:
+``sample`` is the loader's batch row, mapped to the pipeline's ``sample_rank`` through the
+``SubsetRandomSampler`` order of ``--seed``), and prints the same summary per metric:
+
+    python perf/fidelity_check.py --authors nlp_value_vectors_outputs/<model>/statistics/head_level_stats.csv results/heads/paper/<model>/text_100_0of1.csv
+    python perf/fidelity_check.py --authors value_vectors_outputs/<model>/statistics/head_level_stats.csv --seed 1 results/heads/paper/<model>/vision_100_0of1.csv
 """
 
 from __future__ import annotations
@@ -26,17 +35,81 @@ from kpca_repro.kpca import intra_op_threads  # noqa: E402
 from kpca_repro.records import kpca_records  # noqa: E402
 from kpca_repro.threads import torch_default_threads  # noqa: E402
 
-from paper_reference import head_metrics_reference, head_metrics_reference_nlp  # noqa: E402
+from paper_reference import head_metrics_reference, head_metrics_reference_nlp, sampler_order  # noqa: E402
 
 METRICS = ("direct_cos_mean", "direct_cos_max", "optimal_cos_mean", "optimal_cos_max", "linear_cka", "rbf_cka")
+#: The authors' head_level_stats.csv columns -> the pipeline's record columns (Table 4's script, then Table 1's).
+AUTHORS_COLUMNS = {
+    "nlp": {
+        "mean_similarity": "direct_cos_mean",
+        "max_similarity": "direct_cos_max",
+        "optimal_similarity": "optimal_cos_mean",
+        "max_optimal_similarity": "optimal_cos_max",
+        "linear_cka": "linear_cka",
+        "kernel_cka": "rbf_cka",
+    },
+    "vision": {"direct_similarity": "direct_cos_mean", "optimal_similarity": "optimal_cos_mean", "linear_cka": "linear_cka", "kernel_cka": "rbf_cka"},
+}
+
+
+def tolerance(metric: str) -> float:
+    """The per-head tolerance of docs/fidelity.md: 1e-4 for RBF CKA, 1e-5 otherwise."""
+    return 1e-4 if metric == "rbf_cka" else 1e-5
+
+
+def compare_with_authors(authors_csv: str, records_csvs: list[str], seed: int, n_images: int) -> dict:
+    """Join the authors' per-head output with pipeline records on ``(layer, sample_rank, head)``.
+
+    Args:
+        authors_csv: ``head_level_stats.csv`` of ``nlp_value_vectors.py`` or ``value_vectors.py``
+            (recognised by its columns).
+        records_csvs: the pipeline's per-head record CSVs of the same model and sample (all shards).
+        seed: the run's seed (vision: the loader's batch order, :func:`paper_reference.sampler_order`).
+        n_images: the number of sampled images (vision), 100 in the paper.
+
+    Returns:
+        ``{"heads": joined heads, "authors_only": heads missing from the records,
+        "beyond": heads beyond tolerance, "per_metric": {metric: (heads beyond, max |difference|)}}``.
+        A head where both sides are NaN agrees; NaN on one side only counts as beyond.
+    """
+    import pandas as pd
+
+    authors = pd.read_csv(authors_csv)
+    kind = "nlp" if "max_optimal_similarity" in authors.columns else "vision"
+    columns = AUTHORS_COLUMNS[kind]
+    authors = authors[["layer", "sample", "head", *columns]].rename(columns={a: "authors_" + m for a, m in columns.items()})
+    if kind == "vision":  # batch row b of the authors' loader is the draw's perm[b]-th image
+        perm = sampler_order(seed, n_images)
+        authors["sample"] = [perm[b] for b in authors["sample"]]
+    records = pd.concat([pd.read_csv(p) for p in records_csvs]).rename(columns={"sample_rank": "sample"})
+    joined = authors.merge(records[["layer", "sample", "head", *columns.values()]], on=["layer", "sample", "head"], how="left", indicator=True)
+    beyond = np.zeros(len(joined), dtype=bool)
+    per_metric = {}
+    for metric in columns.values():
+        a, p = joined["authors_" + metric].to_numpy(float), joined[metric].to_numpy(float)
+        diff = np.where(np.isnan(a) & np.isnan(p), 0.0, np.abs(a - p))
+        bad = ~(diff <= tolerance(metric))  # NaN on one side only: beyond
+        beyond |= bad
+        per_metric[metric] = (int(bad.sum()), float(np.nanmax(diff)) if len(diff) else 0.0)
+    return {"heads": len(joined), "authors_only": int((joined["_merge"] != "both").sum()), "beyond": int(beyond.sum()), "per_metric": per_metric}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("activations")
+    ap.add_argument("activations", nargs="+", help="an activation file; with --authors, the per-head record CSVs")
     ap.add_argument("--layers", default="0", help="comma-separated layers")
     ap.add_argument("--inputs", type=int, default=10, help="the first N images or sentences of the file")
+    ap.add_argument("--authors", help="the authors' head_level_stats.csv: join it with the record CSVs instead")
+    ap.add_argument("--seed", type=int, default=0, help="with --authors: the run's seed (vision batch order)")
+    ap.add_argument("--n-images", type=int, default=100, help="with --authors: sampled images (vision)")
     args = ap.parse_args()
+    if args.authors:
+        res = compare_with_authors(args.authors, args.activations, args.seed, args.n_images)
+        print(f"{res['heads']} heads of the authors' output, {res['authors_only']} not in the records, {res['beyond']} beyond tolerance; per metric (heads beyond, max |difference|):")
+        for metric, (n, worst) in res["per_metric"].items():
+            print(f"  {metric}: {n}, {worst:.2e}")
+        return
+    args.activations = args.activations[0]
     layers = [int(x) for x in args.layers.split(",")]
     with ActivationFile(args.activations) as af:
         text = af.attention_mask is not None

@@ -1,10 +1,15 @@
-"""An independent, per-head transcription of the authors' Table 1 code structure.
+"""An independent, per-head transcription of the authors' Table 1 and Table 4 code structure.
 
 This is a test oracle, not part of the pipeline: one head at a time, explicit ``G`` and ``O``
 matrices, ``torch.median`` on the boolean selection, the CKA helper's class structure
 (github.com/jayroxis/CKA-similarity as used by ``value_vectors.py``), and scipy's
 assignment per head, as ``docs/method.md`` Sections 0.2 and 2 describe. The
 pipeline's batched :mod:`kpca_repro.kpca` must agree with it.
+
+It also transcribes the authors' capture (:func:`capture_reference_vision`,
+:func:`capture_reference_nlp`, :func:`sampler_order`): their hooks, reshapes and batch order,
+so that a test can feed the per-head loops with the authors' own tensors rather than the
+pipeline's stored ones (docs/fidelity.md).
 """
 
 from __future__ import annotations
@@ -51,11 +56,14 @@ class CudaCKA:
 def centered_gram_reference(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(Kc, g, O)`` of one head (N x d keys, float32), as both reference scripts build them.
 
-    ``Kraw = exp(k k^T / sqrt(d))``, ``g`` its row sums, ``Kphi = Kraw / (g g^T + 1e-6)``, and
-    the dense centering ``Kc = Kphi - O Kphi - Kphi O + O Kphi O`` with ``O = 1/N``.
+    ``Kraw = exp((k k^T) * scale)`` with the Python float ``scale = 1/math.sqrt(d)`` (both
+    scripts multiply; dividing by ``sqrt(d)`` rounds differently when d = 32), ``g`` its row
+    sums, ``Kphi = Kraw / (g g^T + 1e-6)``, and the dense centering
+    ``Kc = Kphi - O Kphi - Kphi O + O Kphi O`` with ``O = 1/N``.
     """
     n, d = k.shape
-    kraw = torch.exp(k @ k.T / math.sqrt(d))
+    scale = 1 / math.sqrt(d)
+    kraw = torch.exp((k @ k.T) * scale)
     g = kraw.sum(dim=1)
     kphi = kraw / (torch.outer(g, g) + 1e-6)
     o = torch.ones(n, n) / n
@@ -69,6 +77,11 @@ def v_kpca_reference(k: torch.Tensor) -> torch.Tensor:
     evals, evecs = torch.linalg.eigh(kc)
     idx = torch.argsort(torch.abs(evals), descending=True)
     a = evecs[:, idx][:, :d]
+    return v_kpca_from_eigenvectors(a, g, o)
+
+
+def v_kpca_from_eigenvectors(a: torch.Tensor, g: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """``Vhat = G @ A - G @ one_n @ A`` with ``G = diag(1/g)``, left to right as ``value_vectors.py``."""
     gm = torch.diag(1.0 / g)
     return gm @ a - gm @ o @ a
 
@@ -111,21 +124,70 @@ def metrics_reference(v: torch.Tensor, vhat: torch.Tensor) -> dict[str, float]:
 def v_kpca_reference_nlp(k: torch.Tensor) -> torch.Tensor:
     """Vhat of one head (L x d keys, float32, padding included) as ``nlp_value_vectors.py`` builds it.
 
-    Differs from :func:`v_kpca_reference` in the eigenvector selection (``A = eigvecs[:, -d:]``,
-    the top ``d`` in ascending order, no re-sorting) and in ``G = diag(1/(g + 1e-6))``
+    Its loop body, expression for expression (``Kbh`` may be the authors' strided view of
+    their ``(B, L, H*d)`` capture, :func:`split_heads_reference_nlp`). Differs from
+    :func:`v_kpca_reference` in the eigenvector selection (``A = eigvecs[:, -d:]``, the top
+    ``d`` in ascending order, no re-sorting) and in ``G = diagflat(1/(g + 1e-6))``
     (docs/method.md Sections 0.2 and 3).
     """
     d = k.shape[1]
-    kc, g, o = centered_gram_reference(k)
-    _, evecs = torch.linalg.eigh(kc)
-    a = evecs[:, -d:]
-    gm = torch.diag(1.0 / (g + 1e-6))
-    return gm @ a - gm @ o @ a
+    kc, g, one = centered_gram_reference_nlp(k)
+    _, eigvecs = torch.linalg.eigh(kc)
+    a = eigvecs[:, -d:]
+    return v_kpca_from_eigenvectors_nlp(a, g, one)
 
 
-def _cka_nlp(hsic, x, y):
-    """``nlp_value_vectors.py``'s CKA: the product of the self-HSICs under one square root."""
-    return hsic(x, y) / (torch.sqrt(hsic(x, x) * hsic(y, y)) + 1e-10)
+def centered_gram_reference_nlp(kbh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(Kc, g, one)`` of one head as ``nlp_value_vectors.py``'s loop builds them: ``g`` is ``(L, 1)``."""
+    big_l, d = kbh.shape
+    scale = 1 / math.sqrt(d)
+    kraw = torch.exp((kbh @ kbh.T) * scale)
+    g = kraw.sum(1, keepdim=True)
+    one = torch.ones_like(kraw) / big_l
+    kphi = kraw / (g @ g.T + 1e-6)
+    return kphi - one @ kphi - kphi @ one + one @ kphi @ one, g, one
+
+
+def v_kpca_from_eigenvectors_nlp(a: torch.Tensor, g: torch.Tensor, one: torch.Tensor) -> torch.Tensor:
+    """``Vhat = G @ A - G @ one @ A`` with ``G = diagflat(1/(g + 1e-6))``, evaluated left to right as the script does."""
+    gm = torch.diagflat(1 / (g + 1e-6))
+    return gm @ a - gm @ one @ a
+
+
+class CudaCKANlp:
+    """``nlp_value_vectors.py``'s own copy of the CKA helper, verbatim but for the device.
+
+    It differs from :class:`CudaCKA` (``value_vectors.py``) in two float32 details: the RBF
+    kernel is ``exp(-0.5 * KX / (sigma * sigma))`` (a division) instead of
+    ``KX *= -0.5 / (sigma * sigma)``, and the CKA denominator is
+    ``math.sqrt(HSIC_xx * HSIC_yy) + 1e-10``, the product under one square root taken in
+    double precision.
+    """
+
+    def centering(self, k):
+        n = k.shape[0]
+        unit = torch.ones(n, n)
+        return (torch.eye(n) - unit / n) @ k @ (torch.eye(n) - unit / n)
+
+    def rbf(self, x, sigma=None):
+        gx = x @ x.T
+        kx = torch.diag(gx) - gx + (torch.diag(gx) - gx).T
+        if sigma is None:
+            mdist = torch.median(kx[kx != 0])
+            sigma = math.sqrt(mdist)
+        return torch.exp(-0.5 * kx / (sigma * sigma))
+
+    def kernel_hsic(self, x, y, sigma):
+        return torch.sum(self.centering(self.rbf(x, sigma)) * self.centering(self.rbf(y, sigma)))
+
+    def linear_hsic(self, x, y):
+        return torch.sum(self.centering(x @ x.T) * self.centering(y @ y.T))
+
+    def linear_cka(self, x, y):
+        return self.linear_hsic(x, y) / (math.sqrt(self.linear_hsic(x, x) * self.linear_hsic(y, y)) + 1e-10)
+
+    def kernel_cka(self, x, y, sigma=None):
+        return self.kernel_hsic(x, y, sigma) / (math.sqrt(self.kernel_hsic(x, x, sigma) * self.kernel_hsic(y, y, sigma)) + 1e-10)
 
 
 def head_metrics_reference_nlp(k: torch.Tensor, v: torch.Tensor) -> dict[str, float]:
@@ -140,7 +202,7 @@ def head_metrics_reference_nlp(k: torch.Tensor, v: torch.Tensor) -> dict[str, fl
         ``direct_cos_mean|max|min``, ``optimal_cos_mean|max``, ``linear_cka``, ``rbf_cka``
         as Python floats (NaN where the head is not finite).
     """
-    cka = CudaCKA()
+    cka = CudaCKANlp()
     vhat = v_kpca_reference_nlp(k)
     vn = v / (torch.norm(v, dim=1, keepdim=True) + 1e-8)
     vhn = vhat / (torch.norm(vhat, dim=1, keepdim=True) + 1e-8)
@@ -154,6 +216,87 @@ def head_metrics_reference_nlp(k: torch.Tensor, v: torch.Tensor) -> dict[str, fl
         "direct_cos_min": direct.min().item(),
         "optimal_cos_mean": float(np.mean(matched)),
         "optimal_cos_max": float(np.max(matched)),
-        "linear_cka": _cka_nlp(cka.linear_hsic, v, vhat).item(),
-        "rbf_cka": _cka_nlp(lambda a, b: cka.kernel_hsic(a, b, None), v, vhat).item(),
+        "linear_cka": cka.linear_cka(v, vhat).item(),
+        "rbf_cka": cka.kernel_cka(v, vhat).item(),
     }
+
+
+# --------------------------------------------------------------------------------------
+# The authors' capture
+# --------------------------------------------------------------------------------------
+
+
+def sampler_order(seed: int, n: int) -> list[int]:
+    """The order in which ``value_vectors.py``'s loader returns its ``n`` sampled images.
+
+    After ``set_random_seed(seed)`` (``torch.manual_seed``) the script wraps the
+    ``random.sample`` indices in a ``SubsetRandomSampler``; iterating the ``DataLoader`` first
+    draws one int64 base seed from torch's global generator, then the sampler permutes the
+    indices with ``torch.randperm``. Returns ``perm``: the loader's batch row ``b`` is the
+    ``perm[b]``-th index of the draw (the pipeline's ``sample_rank``). A private generator
+    with the same seed gives the same stream without touching the global one.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    torch.empty((), dtype=torch.int64).random_(generator=gen)
+    return torch.randperm(n, generator=gen).tolist()
+
+
+def capture_reference_vision(model, x: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``Q, K, V`` of one block as ``value_vectors.py``'s ``analyze_layer`` captures them.
+
+    A forward hook on ``model.blocks[layer].attn.qkv`` stores ``output.detach().clone()`` during
+    one full forward pass of the batch ``x`` ``(B, 3, H, W)``; then
+    ``reshape(B, N, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)``.
+
+    Returns:
+        Three float32 ``(B, heads, N, head_dim)`` tensors (strided views, as the script has them).
+    """
+    captured = {}
+    attn = model.blocks[layer].attn
+    handle = attn.qkv.register_forward_hook(lambda _m, _i, out: captured.__setitem__("att", out.detach().clone()))
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        handle.remove()
+    qkv = captured["att"]
+    b, n = qkv.shape[0:2]
+    q, k, v = qkv.reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    return q, k, v
+
+
+def capture_reference_nlp(model, enc: dict) -> list[dict[str, torch.Tensor]]:
+    """Per layer, ``{"q", "k", "v"}`` as ``nlp_value_vectors.py``'s ``analyse_model`` stores them.
+
+    Forward hooks on ``blk.attention.self.query|key|value`` of every encoder block keep the first
+    output of each (``storage[i].setdefault(name, out.detach())``) during one ``model(**enc)``.
+
+    Returns:
+        One dict per layer of float32 ``(B, L, H*d)`` tensors.
+    """
+    layers = list(model.encoder.layer)
+    storage = [{} for _ in layers]
+
+    def make_hook(layer_idx, proj_name):
+        def _hook(_m, _inp, out):
+            storage[layer_idx].setdefault(proj_name, out.detach())
+
+        return _hook
+
+    handles = []
+    for i, blk in enumerate(layers):
+        for name, lin in (("q", blk.attention.self.query), ("k", blk.attention.self.key), ("v", blk.attention.self.value)):
+            handles.append(lin.register_forward_hook(make_hook(i, name)))
+    try:
+        with torch.no_grad():
+            model(**enc)
+    finally:
+        for h in handles:
+            h.remove()
+    return storage
+
+
+def split_heads_reference_nlp(t: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """``t.view(B, L, n_heads, d).permute(0, 2, 1, 3)``: the script's per-head view ``(B, H, L, d)``."""
+    b, big_l, width = t.shape
+    return t.view(b, big_l, n_heads, width // n_heads).permute(0, 2, 1, 3)

@@ -314,6 +314,38 @@ def test_wrong_capture_fails_the_job_and_leaves_no_file(model_dirs, tmp_path, mo
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("max_length", [128, 6])
+def test_extraction_equals_the_authors_one_forward_pass(tmp_path, max_length):
+    """BERT-style q, k, v as ``nlp_value_vectors.py`` stores them, bit for bit, with the pipeline's batching.
+
+    The authors tokenize every row at once and run them in one forward pass, their hooks keeping
+    the query/key/value Linear outputs (``paper_reference.capture_reference_nlp``); the pipeline
+    runs two rows per forward pass. With ``max_length`` 6 every row is truncated, so all rows have
+    the same length and no padding (the seed-1 situation of issue 34); with 128, rows are padded.
+    One row of 6 tokens per pass would differ in the last bits: MKL rounds a float32 product
+    with fewer than 12 rows differently (docs/fidelity.md, "Batching").
+    """
+    from transformers import AutoModel, AutoTokenizer
+
+    from paper_reference import capture_reference_nlp, split_heads_reference_nlp
+
+    source = _save_with_word_tokenizer("bert", tmp_path / "bert")
+    samples = text.sample_rows(ROWS, 4, 10, seed=1)
+    out = tmp_path / "bert.h5"
+    extraction.extract_text("tiny/bert", str(source), samples, out, batch_size=2, max_length=max_length, device=torch.device("cpu"), offline=True, progress=False)
+    tok = AutoTokenizer.from_pretrained(str(source), use_fast=True)
+    model = AutoModel.from_pretrained(str(source)).eval()
+    enc = tok(list(samples["text"]), padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    assert bool(enc["attention_mask"].all()) == (max_length == 6)
+    storage = capture_reference_nlp(model, enc)
+    with ActivationFile(out) as af:
+        np.testing.assert_array_equal(af.attention_mask, enc["attention_mask"].numpy())
+        for layer, captured in enumerate(storage):
+            stored = af.read(layer, ("q", "k", "v"))
+            for name in ("q", "k", "v"):
+                np.testing.assert_array_equal(stored[name], split_heads_reference_nlp(captured[name], model.config.num_attention_heads).numpy(), err_msg=f"layer {layer} {name}")
+
+
 @pytest.mark.integration
 def test_refused_model_fails_before_any_job(tmp_path):
     """snakemake -n stops while building the DAG, naming the config key, the model and the reason."""

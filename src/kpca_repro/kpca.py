@@ -90,10 +90,9 @@ GRAM_EPS = 1e-6
 CKA_EPS = 1e-10
 #: Heads per block of :func:`head_metrics` on the CPU. Its many elementwise passes over
 #: ``N x N`` matrices then stay in the core's cache (eight float64 197 x 197 matrices are
-#: 2.5 MB); a chunk of 64 heads streams 20 MB per pass from memory. Measured on real DeiT-Tiny
-#: heads of layer 5, corrected variant: 7.6 to 8.6 ms per head in blocks of 8 against 9.3 to
-#: 9.4 ms in one block of 64 (docs/performance.md). Every operation is per head, so the block
-#: size changes no number.
+#: 2.5 MB), where a chunk of 64 heads would stream 20 MB per pass from memory (the measurement
+#: that chose 8: docs/performance.md, design choices). Every operation is per head, so the
+#: block size changes no number.
 CPU_BLOCK_HEADS = 8
 
 
@@ -126,6 +125,11 @@ def gram_paper(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ``Kphi = Kraw / (g g^T + 1e-6)``. Computed in the dtype of ``k`` (float32 for the paper
     variant), with plain ``exp``: keys with ``s k_i.k_j > ~88.7`` overflow to ``inf`` and give
     ``NaN`` entries, and ``g_i g_j > ~3.4e38`` gives silent zeros, as in the reference.
+    The logits are ``(K K^T) * (1/sqrt(d))``, a product with the Python float ``1/sqrt(d)``,
+    as both reference scripts write them (``scale = 1/math.sqrt(d)``), not a division by
+    ``sqrt(d)``: where ``sqrt(d)`` is not a power of two (d = 32: all-MiniLM-L6-v2) the
+    two round differently in float32, and those ulps changed the eigenvectors of about a third
+    of MiniLM's heads (docs/fidelity.md, "The kernel scale").
 
     Args:
         k: keys, shape ``(..., N, d)``, floating point.
@@ -135,7 +139,7 @@ def gram_paper(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ``Kraw``, shape ``(..., N)``, both in ``k``'s dtype. Never raises on overflow.
     """
     d = k.shape[-1]
-    kraw = torch.exp(k @ k.transpose(-1, -2) / math.sqrt(d))
+    kraw = torch.exp((k @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d)))
     g = kraw.sum(dim=-1)
     kphi = kraw / (g[..., :, None] * g[..., None, :] + GRAM_EPS)
     return kphi, g
@@ -386,19 +390,24 @@ def v_kpca(a: torch.Tensor, inv_g: torch.Tensor, paper: bool = True) -> torch.Te
     Args:
         a: eigenvectors, shape ``(..., N, d)``.
         inv_g: the diagonal of ``G``, shape ``(..., N)``.
-        paper: ``1_N A`` as the reference computes it, the product of ``1_N 1_N^T / N`` with
-            ``A`` (float32 round-off as in the authors' code: RBF CKA, whose median bandwidth
-            is a discrete choice, moved by up to 5e-6 on real DeiT-Tiny heads when ``1_N A`` was
-            the row mean instead). False (the corrected variant): the mean of the rows of
-            ``A``, the same value up to round-off without the ``N x N x d`` product (0.2 ms
-            per float64 head here).
+        paper: ``G 1_N A`` as the reference computes it, ``(G O) @ A`` with
+            ``O = 1_N 1_N^T / N`` (float32 round-off as in the authors' code: RBF CKA, whose
+            median bandwidth is a discrete choice, moved by up to 5e-6 on real DeiT-Tiny heads
+            when ``1_N A`` was the row mean, and by 1.7e-4 on real MiniLM heads when it was
+            ``g * (O @ A)``). False (the corrected variant): the mean of the rows of
+            ``A``, the same value up to round-off without the ``N x N x d`` product.
 
     Returns:
         Shape ``(..., N, d)``, dtype of ``a``.
     """
-    ones_a = _ones_over_n(a.shape[-2], a) @ a if paper else a.mean(dim=-2, keepdim=True)
     g = inv_g[..., :, None]
-    return g * a - g * ones_a
+    if paper:
+        # G @ one @ A is evaluated left to right: (G O) @ A, whose entries g_i/N multiply A
+        # inside the sum. g * (O @ A) rounds differently, and RBF CKA's median bandwidth
+        # turned those ulps into 1.7e-4 on real MiniLM heads (docs/fidelity.md). G @ A is
+        # g * A exactly (every other product of the sum is an exact zero).
+        return g * a - (g * _ones_over_n(a.shape[-2], a)) @ a
+    return g * a - g * a.mean(dim=-2, keepdim=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -450,8 +459,8 @@ def assignment_similarities(sim: torch.Tensor, valid: torch.Tensor | None = None
     in a square problem every row and every column is matched exactly once, so subtracting a
     constant from a row or a column shifts every assignment's total by the same amount and
     leaves the optimal ``pi`` unchanged, and the matched values are read from ``S`` itself.
-    The solver's shortest augmenting paths start from these reduced costs, which saved 13 % of
-    its time on real DeiT-Tiny heads (docs/performance.md).
+    The solver's shortest augmenting paths start from these smaller reduced costs, which makes
+    it faster on real heads (docs/performance.md, design choices).
 
     Args:
         sim: similarity matrices, shape ``(..., n, n)``, any device.
@@ -518,11 +527,10 @@ def _sums_hsic(a: tuple, b: tuple) -> torch.Tensor:
 def _frobenius_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``sum(A * B)`` over the last two dims, ``(..., N, N) x 2 -> (...)``, without the product's copy.
 
-    On the CPU numpy's ``einsum`` sums the products as it makes them (0.012 against 0.047 ms
-    per float64 197 x 197 pair for ``(A * B).sum``, measured on 64 pairs; docs/performance.md);
-    the summation order differs from ``torch.sum``'s, so it is used where round-off of that
-    size does not matter (float64, :func:`_sums_hsic`: RBF CKA moved by at most 1.1e-12 on
-    600 real DeiT-Tiny heads).
+    On the CPU numpy's ``einsum`` sums the products as it makes them, with no ``N x N`` product
+    matrix to allocate and read back (docs/performance.md, design choices). Its summation order
+    differs from ``torch.sum``'s, so it is used where round-off of that size does not matter
+    (float64, :func:`_sums_hsic`: RBF CKA moved by at most 1.1e-12 on 600 real DeiT-Tiny heads).
     """
     if a.device.type != "cpu":
         return (a * b).sum(dim=(-1, -2))
@@ -599,9 +607,9 @@ def linear_cka(x: torch.Tensor, y: torch.Tensor, paper: bool = True, sqrt_of_pro
 def _kth_smallest(x: torch.Tensor, k: int) -> torch.Tensor:
     """The ``k``-th smallest entry (1-based) along the last dim, ``(..., M) -> (...)``.
 
-    On the CPU numpy's introselect (``np.partition``), about 9x faster than ``torch.kthvalue``
-    for the 19,306 distances of a 197-token head; the same order statistic, so the same value
-    (NaN sorts last in both).
+    On the CPU numpy's introselect (``np.partition``), which is faster than ``torch.kthvalue``
+    for one order statistic of a head's distances (docs/performance.md, design choices); the
+    same order statistic, so the same value (NaN sorts last in both).
     """
     if x.device.type == "cpu":
         return torch.from_numpy(np.ascontiguousarray(np.partition(x.detach().numpy(), k - 1, axis=-1)[..., k - 1]))
@@ -619,9 +627,9 @@ def _median_nonzero_numpy(d: torch.Tensor, which: str, symmetric: bool) -> torch
 
     ``symmetric``: only the strict upper triangle is searched (``np.take`` of its flat
     indices, then the search below on ``N (N - 1) / 2`` entries instead of ``N^2``); the
-    identity that makes this the same value is in :func:`median_nonzero`'s docstring. On
-    real 197-token heads the copy and the smaller search took 0.17 ms per matrix against
-    0.39 ms for the full search (docs/performance.md).
+    identity that makes this the same value is in :func:`median_nonzero`'s docstring. The
+    copy and the search of half the entries cost less than the search of all of them
+    (docs/performance.md, design choices).
 
     The non-zero entries of a row, sorted, are its ``neg`` negative entries and then its
     positive ones (NaN last, as in ``torch.median``'s selection), so the ``k``-th smallest
@@ -649,7 +657,7 @@ def _median_nonzero_numpy(d: torch.Tensor, which: str, symmetric: bool) -> torch
             part = flat
             part.partition(hi_rank - 1, axis=1)  # reorders each row, keeps its entries: later selects stay valid
         else:
-            part = np.partition(flat[rows], hi_rank - 1, axis=1)  # one kth: numpy's multi-kth select is ~4x slower
+            part = np.partition(flat[rows], hi_rank - 1, axis=1)  # one kth per call: numpy's multi-kth select is slower
         hi = part[:, hi_rank - 1]
         if hi_rank == lo_rank:
             out[rows] = hi
@@ -737,7 +745,7 @@ def rbf_kernel(x: torch.Tensor, paper: bool = True, *, gram: torch.Tensor | None
         # order: D is exactly symmetric with an exactly zero diagonal, whatever round-off G has.
         dist = torch.add(dist, dist.transpose(-1, -2))
     else:
-        sq = torch.diagonal(gx, dim1=-2, dim2=-1).contiguous()  # contiguous: the broadcast sum is 1.6x faster
+        sq = torch.diagonal(gx, dim1=-2, dim2=-1).contiguous()  # contiguous: the broadcast sum reads each entry N times
         dist = torch.add(sq[..., :, None], sq[..., None, :]).sub_(gx, alpha=2)
     sigma2 = median_nonzero(dist, "lower" if paper else "mean", symmetric=True)
     factor = (-0.5 / sigma2.double()).to(x.dtype)
@@ -894,6 +902,16 @@ def _paper_centered_gram(k: torch.Tensor, threads: int | None) -> tuple[torch.Te
     return torch.stack([p[1] for p in parts]), kc
 
 
+def _paper_v_kpca(a: torch.Tensor, inv_g: torch.Tensor, threads: int | None) -> torch.Tensor:
+    """:func:`v_kpca` of the paper variant; on the CPU one head at a time with ``threads`` intra-op
+    threads (None: the caller's), as :func:`_paper_centered_gram`: the ``(G O) @ A`` product is
+    then the authors' 2-D product of each head, whatever the chunk. On CUDA, batched."""
+    if a.device.type != "cpu" or a.shape[0] == 0:
+        return v_kpca(a, inv_g)
+    with intra_op_threads(threads):
+        return torch.stack([v_kpca(a[i], inv_g[i]) for i in range(a.shape[0])])
+
+
 def head_metrics(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -1003,9 +1021,10 @@ def _head_metrics_block(
     d = min(v.shape[-1], v.shape[-2])  # fewer tokens than dimensions: at most N eigenvectors
     cols: dict[str, torch.Tensor] = {}
     if paper:
-        g, kc = _paper_centered_gram(k, eigh_threads if eigh_device is None or torch.device(eigh_device).type == "cpu" else None)
+        cpu_threads = eigh_threads if eigh_device is None or torch.device(eigh_device).type == "cpu" else None
+        g, kc = _paper_centered_gram(k, cpu_threads)
         _, a, finite = eigenpairs(kc, d, order or "abs_desc", per_matrix=eigh_per_matrix, solver_device=eigh_device, threads=eigh_threads)
-        vk = v_kpca(a, 1.0 / (g + g_eps))
+        vk = _paper_v_kpca(a, 1.0 / (g + g_eps), cpu_threads)
         dropped = ~(finite & torch.isfinite(vk).all(-1).all(-1))
         g_finite = torch.isfinite(g).all(-1)
         cols["exp_overflow"] = ~g_finite
