@@ -19,11 +19,13 @@ runs unmodified against a real HTTP server:
     The hub's split has 4,358 rows of which 1,467 are blank (``""``); the offline file dropped
     the blank rows, so this parquet holds the 2,891 non-blank ones, in order. The pipeline keeps
     only rows whose stripped length exceeds 30, which the blank rows never pass;
-  - random-weight repositories of the exact architecture of other timm models
+  - **stand-ins**: random-weight repositories of the exact architecture of the other paper models
     (:func:`add_timm_repo`, by default ``vit_tiny_patch16_224`` and
-    ``deit_tiny_distilled_patch16_224``) and of transformers encoders
-    (:func:`add_transformers_repo`). Their weights are seeded random, NOT the pretrained ones: they
-    exercise loaders, never numbers.
+    ``deit_tiny_distilled_patch16_224``; any of the 17 default models not available for real,
+    built lazily by :meth:`HubFixture.add_stand_ins` / ``--stand-ins``, :mod:`kpca_repro.stand_ins`).
+    Their weights are seeded random, NOT the pretrained ones: they exercise loaders and the
+    pipeline at full size, never numbers. Each holds :data:`STAND_IN_MARKER` and a model card
+    tagged :data:`STAND_IN_TAG`, and the config overlay lists them under ``comparison.stand_in_models``.
 
 * a static server (stdlib :mod:`http.server` in a thread) with
   ``imagenet-sample-images-<commit>.zip`` (GitHub's archive layout: folder
@@ -37,7 +39,7 @@ hub's answer (:class:`_HubErrors`). Both servers bind 127.0.0.1 only, start with
 time or raise, and are always stopped by :func:`serve` (a context manager). The repositories are built once into a directory
 (:func:`build`) and reused while their sources are unchanged. From the command line::
 
-    python -m kpca_repro.hub_fixture serve --dir /tmp/kpca-hub [--port 8090]
+    python -m kpca_repro.hub_fixture serve --dir /tmp/kpca-hub [--port 8090] [--stand-ins all|MODEL ...]
 
 builds, starts both servers and prints ``HF_ENDPOINT`` and the config overlay to use
 (docs/hub_fixture.md). Heavy libraries (torch, timm, pyarrow) are imported only when building.
@@ -76,6 +78,10 @@ __all__ = [
     "DEIT_TINY_REPO",
     "MINILM_REPO",
     "DEFAULT_RANDOM_TIMM",
+    "STAND_IN_MARKER",
+    "STAND_IN_TAG",
+    "stand_in_marker",
+    "stand_in_card",
     "Sources",
     "HubRepo",
     "Manifest",
@@ -109,8 +115,14 @@ DEFAULT_RANDOM_TIMM = ("vit_tiny_patch16_224", "deit_tiny_distilled_patch16_224"
 #: The authors' W&B export folders served under ``wandb_data/`` (see ``training.WANDB_FILES``).
 WANDB_MODELS = ("vit_tiny", "deit_tiny")
 
+#: File in every stand-in repository (random weights of the exact architecture, NOT the
+#: pretrained ones): ``{"stand_in": true, "model_id": ..., "weights": "random", "seed": ..., ...}``.
+STAND_IN_MARKER = "kpca_repro_stand_in.json"
+#: Model-card tag (README.md front matter ``tags:``) of every stand-in repository.
+STAND_IN_TAG = "kpca-repro-stand-in"
+
 #: Bump when the layout or content rules change: cached builds with another version are rebuilt.
-_FIXTURE_VERSION = 1
+_FIXTURE_VERSION = 2
 #: Fixed commit and archive dates, so that commit SHAs and the zip's SHA-256 depend only on content.
 _GIT_DATE = "2024-01-01T00:00:00+0000"
 _ZIP_DATE = (2024, 1, 1, 0, 0, 0)
@@ -199,6 +211,7 @@ class Manifest:
         build_seconds: wall time of the build that made it (s); 0 is never reported for a real build.
         disk_bytes: bytes under ``mirrors/`` and ``static/`` (symlinks not followed).
         reused: True when :func:`build` found a complete build with the same sources and returned it.
+        wikitext_raw: the ``wiki.test.raw`` the build read (stand-in tokenizers are trained on it).
     """
 
     root: Path
@@ -207,6 +220,7 @@ class Manifest:
     build_seconds: float
     disk_bytes: int
     reused: bool = False
+    wikitext_raw: str | None = None
 
     @property
     def mirrors(self) -> Path:
@@ -323,12 +337,14 @@ def add_timm_repo(mirrors: str | os.PathLike, model_name: str, weights: str | os
     Args:
         mirrors: the mirrors directory (``<root>/mirrors``).
         model_name: a timm model name, e.g. ``"vit_tiny_patch16_224"``.
-        weights: a safetensors timm state_dict to serve byte for byte; None: the model's own
-            initialisation under ``torch.manual_seed(seed)`` (float32, random, NOT pretrained).
+        weights: a safetensors timm state_dict to serve byte for byte; None: a stand-in, the model's own
+            initialisation under ``torch.manual_seed(seed)`` (float32, random, NOT pretrained), with
+            the :data:`STAND_IN_MARKER` file and a model card tagged :data:`STAND_IN_TAG`.
         seed: seed of the random initialisation.
 
     Returns:
-        The repository (files ``config.json``, ``model.safetensors``, ``README.md``).
+        The repository (files ``config.json``, ``model.safetensors``, ``README.md``, and for random
+        weights :data:`STAND_IN_MARKER`).
 
     Raises:
         ValueError: the model has no ``hf_hub_id``.
@@ -350,14 +366,19 @@ def add_timm_repo(mirrors: str | os.PathLike, model_name: str, weights: str | os
     if weights is not None:
         blob: str | os.PathLike | bytes = Path(weights)
         origin = f"the weights file {Path(weights).name}, byte for byte"
+        readme = f"---\nlibrary_name: timm\n---\n# {hub_id} (kpca-repro hub fixture)\n\nmodel.safetensors: {origin}.\n".encode()
+        files = {"config.json": config, "model.safetensors": blob, "README.md": readme}
     else:
         blob = save_bytes({k: v.detach().contiguous() for k, v in model.state_dict().items()}, metadata={"format": "pt"})
         origin = f"RANDOM weights (timm initialisation, torch.manual_seed({seed})), NOT the pretrained ones"
-    readme = f"---\nlibrary_name: timm\n---\n# {hub_id} (kpca-repro hub fixture)\n\nmodel.safetensors: {origin}.\n".encode()
-    return _hub_repo(Path(mirrors), "model", hub_id, {"config.json": config, "model.safetensors": blob, "README.md": readme}, f"{model_name}: {origin}")
+        marker = stand_in_marker(model_name, hub_id, seed, architecture=f"timm.create_model({model_name!r}) (timm {timm.__version__}); config.json by timm's save_config_for_hf")
+        files = {"config.json": config, "model.safetensors": blob, STAND_IN_MARKER: marker, "README.md": stand_in_card(model_name, "timm", marker)}
+    return _hub_repo(Path(mirrors), "model", hub_id, files, f"{model_name}: {origin}")
 
 
-def add_transformers_repo(mirrors: str | os.PathLike, repo_id: str, config: object, tokenizer_dir: str | os.PathLike, seed: int = 0) -> HubRepo:
+def add_transformers_repo(
+    mirrors: str | os.PathLike, repo_id: str, config: object, tokenizer_dir: str | os.PathLike, seed: int = 0, extra_files: Mapping[str, str | os.PathLike | bytes] | None = None
+) -> HubRepo:
     """A transformers hub repository with RANDOM weights of the exact architecture of ``config``.
 
     Args:
@@ -365,8 +386,11 @@ def add_transformers_repo(mirrors: str | os.PathLike, repo_id: str, config: obje
         repo_id: hub id, e.g. ``"bert-base-uncased"``.
         config: a ``transformers.PretrainedConfig``, or a path to a ``config.json``.
         tokenizer_dir: a directory whose tokenizer files (``tokenizer*.json``, ``vocab.*``,
-            ``merges.txt``, ``special_tokens_map.json``, ``*.model``, ``sentencepiece*``) are served too.
+            ``merges.txt``, ``special_tokens_map.json``, ``*.model``, ``sentencepiece*``,
+            ``entity_vocab.json``) are served too.
         seed: seed of ``AutoModel.from_config``'s initialisation.
+        extra_files: more files ``{path in repo: source path or bytes}``; they replace files of the same name
+            (e.g. ``README.md``, :data:`STAND_IN_MARKER`).
 
     Returns:
         The repository: ``save_pretrained``'s files (``config.json``, ``model.safetensors``), the tokenizer files, ``README.md``.
@@ -384,12 +408,45 @@ def add_transformers_repo(mirrors: str | os.PathLike, repo_id: str, config: obje
         for p in sorted(Path(tmp).rglob("*")):
             if p.is_file():
                 files[p.relative_to(tmp).as_posix()] = p.read_bytes()
-    patterns = ("tokenizer*.json", "vocab.*", "merges.txt", "special_tokens_map.json", "*.model", "sentencepiece*", "added_tokens.json")
+    patterns = ("tokenizer*.json", "vocab.*", "merges.txt", "special_tokens_map.json", "*.model", "sentencepiece*", "added_tokens.json", "entity_vocab.json")
     for pattern in patterns:
         for p in sorted(Path(tokenizer_dir).glob(pattern)):
             files.setdefault(p.name, p)
     files["README.md"] = f"# {repo_id} (kpca-repro hub fixture)\n\nRANDOM weights (AutoModel.from_config, torch.manual_seed({seed})), NOT the pretrained ones.\n".encode()
+    files.update(extra_files or {})
     return _hub_repo(Path(mirrors), "model", repo_id, files, f"{repo_id}: random weights")
+
+
+def stand_in_marker(model_id: str, repo_id: str, seed: int, **details: str) -> bytes:
+    """The :data:`STAND_IN_MARKER` file of a stand-in repository (JSON, sorted keys).
+
+    ``{"stand_in": true, "model_id": <config id>, "repo_id": ..., "weights": "random", "dtype":
+    "float32", "seed": ..., "note": ..., **details}``; ``details`` say where the architecture and
+    the tokenizer come from.
+    """
+    data = {
+        "stand_in": True,
+        "model_id": model_id,
+        "repo_id": repo_id,
+        "weights": "random",
+        "dtype": "float32",
+        "seed": seed,
+        "note": "kpca-repro hub fixture stand-in: the exact architecture with seeded RANDOM weights, not the pretrained model; its numbers are never compared with the paper",
+        **details,
+    }
+    return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
+
+
+def stand_in_card(model_id: str, library: str, marker: bytes) -> bytes:
+    """README.md of a stand-in repository: front matter with ``tags: [kpca-repro-stand-in]`` and the marker's content."""
+    body = json.loads(marker)
+    return (
+        f"---\nlibrary_name: {library}\ntags:\n- {STAND_IN_TAG}\n---\n"
+        f"# {body['repo_id']}: STAND-IN (kpca-repro hub fixture)\n\n"
+        f"Random weights (seed {body['seed']}) of the exact architecture of `{model_id}`, NOT the pretrained ones. "
+        "It exercises downloads, loaders and the pipeline at full size; numbers computed from it are never compared with the paper.\n\n"
+        + "".join(f"- {k}: {v}\n" for k, v in sorted(body.items()) if k not in ("note",))
+    ).encode()
 
 
 def _wikitext_files(raw: Path) -> dict[str, bytes]:
@@ -509,7 +566,7 @@ def _disk_bytes(*dirs: Path) -> int:
 
 def _manifest_from_json(root: Path, data: dict, reused: bool) -> Manifest:
     repos = {k: HubRepo(**v) for k, v in data["repos"].items()}
-    return Manifest(root=root, repos=repos, static_files=data["static_files"], build_seconds=data["build_seconds"], disk_bytes=data["disk_bytes"], reused=reused)
+    return Manifest(root=root, repos=repos, static_files=data["static_files"], build_seconds=data["build_seconds"], disk_bytes=data["disk_bytes"], reused=reused, wikitext_raw=data.get("wikitext_raw"))
 
 
 def build(root: str | os.PathLike, sources: Sources | None = None, random_timm: Sequence[str] = DEFAULT_RANDOM_TIMM, force: bool = False) -> Manifest:
@@ -523,7 +580,9 @@ def build(root: str | os.PathLike, sources: Sources | None = None, random_timm: 
     Args:
         root: build directory (created if needed); outside the project tree.
         sources: where the inputs are (default :func:`default_sources`).
-        random_timm: timm model names given a random-weight repository (see :func:`add_timm_repo`).
+        random_timm: timm model names given a random-weight (stand-in) repository (see :func:`add_timm_repo`);
+            their seeds are :func:`kpca_repro.stand_ins.stand_in_seed`. Further stand-ins are built lazily
+            (:meth:`HubFixture.add_stand_ins`, :func:`kpca_repro.stand_ins.ensure`) into the same directory.
         force: rebuild even if a matching build exists.
 
     Returns:
@@ -546,7 +605,7 @@ def build(root: str | os.PathLike, sources: Sources | None = None, random_timm: 
     t0 = time.perf_counter()
     root.mkdir(parents=True, exist_ok=True)
     manifest_path.unlink(missing_ok=True)
-    for sub in ("mirrors", "static"):
+    for sub in ("mirrors", "static", "stand_ins"):  # stand_ins/: records of lazily built stand-ins, whose repositories go with mirrors/
         shutil.rmtree(root / sub, ignore_errors=True)
     mirrors, static = root / "mirrors", root / "static"
     static.mkdir(parents=True)
@@ -556,7 +615,9 @@ def build(root: str | os.PathLike, sources: Sources | None = None, random_timm: 
     ]
     wikitext = _wikitext_files(sources.assets / "text" / "wikitext-103" / "wiki.test.raw")
     repos.append(_hub_repo(mirrors, "dataset", WIKITEXT_REPO, wikitext, "wikitext-103-raw-v1 test split"))
-    repos += [add_timm_repo(mirrors, name, weights=None, seed=i) for i, name in enumerate(random_timm)]
+    from .stand_ins import stand_in_seed
+
+    repos += [add_timm_repo(mirrors, name, weights=None, seed=stand_in_seed(name)) for name in random_timm]
     static_files = _static_files(sources, static)
     data = {
         "key": key,
@@ -564,6 +625,7 @@ def build(root: str | os.PathLike, sources: Sources | None = None, random_timm: 
         "static_files": static_files,
         "build_seconds": round(time.perf_counter() - t0, 2),
         "disk_bytes": _disk_bytes(mirrors, static),
+        "wikitext_raw": str(sources.assets / "text" / "wikitext-103" / "wiki.test.raw"),
     }
     tmp = manifest_path.with_suffix(".json.partial")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
@@ -592,8 +654,38 @@ class HubFixture:
 
     @property
     def repos(self) -> Mapping[str, HubRepo]:
-        """``{repo_id: HubRepo}`` of the build served."""
-        return self.manifest.repos
+        """``{repo_id: HubRepo}`` served: the build's and the stand-ins built lazily into its directory."""
+        from .stand_ins import records
+
+        out = dict(self.manifest.repos)
+        for rec in records(self.manifest.root).values():
+            out.setdefault(rec["repo"]["repo_id"], HubRepo(**rec["repo"]))
+        return out
+
+    def add_stand_ins(self, ids: str | Sequence[str], log=print) -> dict[str, HubRepo]:
+        """Build (or reuse) stand-in repositories while serving (olah reads the mirrors at every request).
+
+        Args:
+            ids: ``"all"`` (every default model of config/config.yaml but DeiT-Tiny and
+                all-MiniLM-L6-v2, which are real) or model ids as the configuration names them.
+            log: called with one line per model.
+
+        Returns:
+            ``{model_id: HubRepo}``.
+        """
+        from .stand_ins import ensure
+
+        raw = self.manifest.wikitext_raw or str(default_sources().assets / "text" / "wikitext-103" / "wiki.test.raw")
+        recs = ensure(self.manifest.root, ids, raw, served=self.manifest.repos, log=log)
+        return {mid: HubRepo(**rec["repo"]) for mid, rec in recs.items()}
+
+    def stand_in_models(self) -> list[str]:
+        """Model ids, as the configuration names them, of every served stand-in repository (sorted).
+
+        timm repositories ``timm/<name>.<tag>`` give ``<name>``; transformers ones their repository id.
+        """
+        ids = [r.repo_id.split("/", 1)[1].split(".", 1)[0] if r.repo_id.startswith("timm/") else r.repo_id for r in self.repos.values() if STAND_IN_MARKER in r.files]
+        return sorted(set(ids))
 
     @property
     def static_files(self) -> Mapping[str, str]:
@@ -660,7 +752,9 @@ class HubFixture:
         exports are the authors', so the schema's ``downloads.reference_sha256`` stays);
         ``downloads.wikitext`` at the served commit; ``downloads.fashion_mnist_url`` (a base URL
         ending in ``/``) and ``downloads.fashion_mnist_hashes``: SHA-256 of the served files, which
-        are Debian's re-compressed copies and do not match upstream's published MD5s.
+        are Debian's re-compressed copies and do not match upstream's published MD5s;
+        ``comparison.stand_in_models``: every served stand-in (:meth:`stand_in_models`), whose
+        rows must be labelled as stand-in weights and never compared with the paper.
         """
         zip_name = f"imagenet-sample-images-{IMAGENET_SAMPLE_COMMIT}.zip"
         fmnist = {rel.split("/", 1)[1]: f"sha256:{sha}" for rel, sha in self.static_files.items() if rel.startswith("fashion-mnist/")}
@@ -674,6 +768,7 @@ class HubFixture:
                 "fashion_mnist_url": self.url("fashion-mnist/"),
                 "fashion_mnist_hashes": fmnist,
             },
+            "comparison": {"stand_in_models": self.stand_in_models()},
         }
 
 
@@ -987,6 +1082,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             metavar="MODEL",
             help="timm models given a RANDOM-weight repository (default: %(default)s); 'config' = every vision.models entry of config/config.yaml but DeiT-Tiny",
         )
+        p.add_argument(
+            "--stand-ins",
+            nargs="*",
+            default=[],
+            metavar="MODEL",
+            help="also build (lazily, cached) stand-in repositories, random weights of the exact architecture: 'all' = the 17 default models not available for real, or model ids",
+        )
         p.add_argument("--force", action="store_true", help="rebuild even if a matching build exists")
         if name == "serve":
             p.add_argument("--port", type=int, default=0, help="hub port (default: a free one)")
@@ -996,7 +1098,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     random_timm = [m for name in args.timm_random for m in (_config_models() if name == "config" else [name]) if m != DEIT_TINY]
     manifest = build(args.dir, default_sources(args.assets, args.reference), random_timm=list(dict.fromkeys(random_timm)), force=args.force)
+    stand_ins = {}
+    if args.stand_ins:
+        from .stand_ins import ensure
+
+        recs = ensure(manifest.root, args.stand_ins, manifest.wikitext_raw, served=manifest.repos, log=lambda line: print(line, flush=True))
+        stand_ins = {mid: HubRepo(**rec["repo"]) for mid, rec in recs.items()}
     print(_describe(manifest), flush=True)
+    for mid, repo in stand_ins.items():
+        print(f"#   stand-in {mid}: model {repo.repo_id}  {repo.commit}")
     if args.command == "build":
         return 0
     import signal
@@ -1004,6 +1114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import yaml
 
     def _interrupt(signum, frame):
+        # Once: `timeout` signals the process and then its whole group, which must not cut the servers' shutdown short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt  # SIGTERM (kill, timeout) stops the servers as Ctrl-C does
 
     signal.signal(signal.SIGTERM, _interrupt)
