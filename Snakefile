@@ -6,19 +6,26 @@
 #
 # Specification of every number: docs/method.md. Mathematics: src/kpca_repro/kpca.py.
 
+from pathlib import Path
+
 from snakemake.utils import min_version
 
 min_version("9.0")
 
+# This repository (the Snakefile's directory), also when another workflow uses this one as a
+# module (`module kpca: snakefile: ...`; tests/test_module_use.py).
+REPO = Path(workflow.current_basedir)
+
 
 # Defaults next to this Snakefile; `--configfile my.yaml` / `--config key=value` override them.
-configfile: f"{workflow.basedir}/config/config.yaml"
+configfile: REPO / "config" / "config.yaml"
 
 
 report: "workflow/report/workflow.rst"
 
 
-# Validates the configuration against workflow/schemas/config.schema.yaml, then checks it.
+# Validates the configuration against workflow/schemas/config.schema.yaml, then checks it; the
+# input functions that register what the scheduled jobs need, and the check before the first job.
 include: "workflow/rules/common.smk"
 # Values and functions several rule files share (GPU resource, variant wildcards).
 include: "workflow/rules/helpers.smk"
@@ -28,7 +35,14 @@ include: "workflow/rules/helpers.smk"
 # a "System Message" in the page (workflow/report/docutils.conf: halt_level warning).
 from kpca_repro.report_check import strict_docutils
 
-strict_docutils(f"{workflow.basedir}/workflow/report/docutils.conf")
+strict_docutils(REPO / "workflow" / "report" / "docutils.conf")
+
+
+# After the DAG is built, before the first job (Snakemake runs no onstart handler in a dry run):
+# the missing-input block, the SLURM fit check (workflow/rules/common.smk).
+onstart:
+    PREFLIGHT.stop_if_missing()
+    slurm_fit_check()
 
 
 rule all:
@@ -45,4 +59,3 @@ include: "workflow/rules/spectra.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/norms.smk"
 include: "workflow/rules/training.smk"
-include: "workflow/rules/slurm.smk"

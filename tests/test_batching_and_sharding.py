@@ -11,13 +11,14 @@ import pandas as pd
 import pytest
 import torch
 
-from kpca_repro import kpca
+from kpca_repro import kpca, method, numerics
 from kpca_repro.h5io import ActivationFile, ActivationWriter
-from kpca_repro.records import TEXT_PAPER_OPTIONS, kpca_records, layer_chunks
+from kpca_repro.records import kpca_records, layer_chunks
+from kpca_repro.reference import head_metrics_reference
 from kpca_repro.threads import ordered_map
+from kpca_repro.variant import PAPER
 
 from conftest import TINY_KWARGS, run_snakemake
-from paper_reference import head_metrics_reference
 
 
 @pytest.fixture
@@ -66,7 +67,7 @@ def test_cpu_blocks_change_no_number_and_keep_the_sign_draw_rows(variant, one_th
     paper": the language-model script's options (nothing dropped, NaN costs set to 0)."""
     assert kpca.CPU_BLOCK_HEADS < 19
     k, v, base = _heads(n_heads=19, n=30, d=8, seed=3)
-    kwargs = {"baseline": base} if variant == "corrected" else dict(TEXT_PAPER_OPTIONS) if variant == "text paper" else {}
+    kwargs = {"baseline": base} if variant == "corrected" else dict(PAPER.text_options) if variant == "text paper" else {}
     variant = variant.split()[-1]
     rows_blocks: dict = {}
     blocks = kpca.head_metrics(k, v, variant, rows=rows_blocks, **kwargs)
@@ -87,7 +88,7 @@ def test_cpu_blocks_change_no_number_and_keep_the_sign_draw_rows(variant, one_th
 
 def test_batched_eigenpairs_equal_one_matrix_at_a_time(one_thread):
     k = torch.randn(6, 37, 8, generator=torch.Generator().manual_seed(1))
-    kc = kpca.center_dense(kpca.gram_paper(k)[0])
+    kc = method.center_dense(method.gram_paper(k)[0])
     evals, evecs, finite = kpca.eigenpairs(kc, 8, "abs_desc")
     assert finite.all()
     for h in range(kc.shape[0]):
@@ -151,8 +152,8 @@ def _symmetric_distances(n_mats=6, n=15, seed=0, ties=False):
 def test_median_from_the_upper_triangle_equals_the_full_search(which, ties, n):
     d = _symmetric_distances(n=n, ties=ties and n > 5)
     assert torch.equal(d, d.transpose(-1, -2)) and (torch.diagonal(d, dim1=-2, dim2=-1) == 0).all()
-    full = kpca.median_nonzero(d, which)
-    upper = kpca.median_nonzero(d, which, symmetric=True)
+    full = numerics.median_nonzero(d, which)
+    upper = numerics.median_nonzero(d, which, symmetric=True)
     assert torch.equal(full, upper)
     if which == "lower":  # and both are torch.median of the non-zero entries, as the reference takes it
         for i in range(d.shape[0]):
@@ -161,8 +162,8 @@ def test_median_from_the_upper_triangle_equals_the_full_search(which, ties, n):
 
 def test_median_of_a_matrix_without_nonzero_distance_is_nan():
     d = torch.zeros(2, 4, 4)
-    assert torch.isnan(kpca.median_nonzero(d, "lower", symmetric=True)).all()
-    assert torch.isnan(kpca.median_nonzero(torch.zeros(1, 1, 1), "lower", symmetric=True)).all()
+    assert torch.isnan(numerics.median_nonzero(d, "lower", symmetric=True)).all()
+    assert torch.isnan(numerics.median_nonzero(torch.zeros(1, 1, 1), "lower", symmetric=True)).all()
 
 
 def test_ordered_map_keeps_order_bounds_pending_and_raises():

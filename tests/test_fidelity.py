@@ -1,6 +1,6 @@
 """The paper variant against the authors' per-head loops on real heads, head by head.
 
-The oracles are the transcriptions in ``paper_reference.py`` (``value_vectors.py`` for
+The oracles are the transcriptions in ``kpca_repro/reference.py`` (``value_vectors.py`` for
 Table 1, ``nlp_value_vectors.py`` for Table 4), run one head at a time with torch's default
 intra-op thread count, as the authors' scripts run, on the authors' own capture (their hooks,
 reshapes and batch order, transcribed), for several samples (seeds). The pipeline runs as its
@@ -17,15 +17,16 @@ import numpy as np
 import pytest
 import torch
 
-from kpca_repro import images, text
+from kpca_repro import images, method, text
 from kpca_repro.extraction import extract_text, extract_vision
 from kpca_repro.h5io import ActivationFile
 from kpca_repro.kpca import intra_op_threads
-from kpca_repro.records import TEXT_PAPER_OPTIONS, kpca_records
+from kpca_repro.records import kpca_records
+from kpca_repro.reference import head_metrics_reference, head_metrics_reference_nlp
 from kpca_repro.threads import torch_default_threads
+from kpca_repro.variant import PAPER
 
 from conftest import real_deit_tiny, resources_dir_for_real_weights
-from paper_reference import head_metrics_reference, head_metrics_reference_nlp
 
 CPU = torch.device("cpu")
 #: Per-head tolerances: cosines and linear CKA; RBF CKA (float32 median and exp amplify round-off).
@@ -97,11 +98,10 @@ def _assert_same_products(kv: dict, centered_gram, v_kpca_from_eigenvectors, g_e
 
     Per head of ``kv`` (the authors' strided views), with torch's default threads:
     ``center_dense(gram_paper(k))`` equals the script's ``Kc`` and, from the script's ``A``
-    (``select(eigvals, eigvecs, d)``), :func:`kpca.v_kpca` equals its ``G @ A - G @ one @ A``; NaN equals NaN.
+    (``select(eigvals, eigvecs, d)``), :func:`method.v_kpca` equals its ``G @ A - G @ one @ A``; NaN equals NaN.
     The check has teeth: on the same heads the reordered product ``g * (O @ A)``
     (the pipeline before 2026-11) differs somewhere.
     """
-    from kpca_repro import kpca
 
     reordered = 0
     with intra_op_threads(torch_default_threads()):
@@ -110,13 +110,13 @@ def _assert_same_products(kv: dict, centered_gram, v_kpca_from_eigenvectors, g_e
                 for h in range(k.shape[1]):
                     kbh = k[b, h]
                     kc_ref, g_ref, one = centered_gram(kbh)
-                    kphi, g = kpca.gram_paper(kbh.contiguous())
-                    kc = kpca.center_dense(kphi)
+                    kphi, g = method.gram_paper(kbh.contiguous())
+                    kc = method.center_dense(kphi)
                     assert np.array_equal(kc.numpy(), kc_ref.numpy(), equal_nan=True), "centered Gram matrix differs from the authors'"
                     a = select(*torch.linalg.eigh(kc_ref), kbh.shape[1])
                     vhat = v_kpca_from_eigenvectors(a, g_ref, one)
                     inv_g = 1.0 / (g + g_eps)
-                    assert np.array_equal(kpca.v_kpca(a.contiguous(), inv_g).numpy(), vhat.numpy(), equal_nan=True), "V_KPCA differs from the authors'"
+                    assert np.array_equal(method.v_kpca(a.contiguous(), inv_g).numpy(), vhat.numpy(), equal_nan=True), "V_KPCA differs from the authors'"
                     old = inv_g[:, None] * a - inv_g[:, None] * (one @ a)
                     reordered += not np.array_equal(old.numpy(), vhat.numpy(), equal_nan=True)
     assert reordered > 0, "g * (O @ A) equals the authors' product on every head: the V_KPCA check has no teeth here"
@@ -157,7 +157,7 @@ def test_minilm_capture_and_records_match_nlp_value_vectors(tmp_path, seed):
     """
     from transformers import AutoModel, AutoTokenizer
 
-    from paper_reference import capture_reference_nlp, centered_gram_reference_nlp, split_heads_reference_nlp, v_kpca_from_eigenvectors_nlp
+    from kpca_repro.reference import capture_reference_nlp, centered_gram_reference_nlp, split_heads_reference_nlp, v_kpca_from_eigenvectors_nlp
 
     source, rows = _minilm()
     samples = text.sample_rows(rows, 100, 30, seed=seed)
@@ -177,7 +177,7 @@ def test_minilm_capture_and_records_match_nlp_value_vectors(tmp_path, seed):
                 assert np.array_equal(stored[name], split_heads_reference_nlp(captured[name], n_heads).numpy()), f"layer {layer} {name} differs from the authors' capture"
     kv = {layer: (split_heads_reference_nlp(storage[layer]["k"], n_heads), split_heads_reference_nlp(storage[layer]["v"], n_heads), range(4)) for layer in TEXT_LAYERS}
     _assert_same_products(kv, centered_gram_reference_nlp, v_kpca_from_eigenvectors_nlp, 1e-6, lambda evals, evecs, d: evecs[:, -d:])
-    assert TEXT_PAPER_OPTIONS["order"] == "asc_top"  # the options the transcription hard-codes
+    assert PAPER.text_options["order"] == "asc_top"  # the options the transcription hard-codes
     _assert_faithful(path, kv, head_metrics_reference_nlp, n_heads, eigh_teeth=seed == 1)
 
 
@@ -188,7 +188,7 @@ def test_deit_tiny_capture_and_records_match_value_vectors(tmp_path, seed):
 
     The images of ranks 0-4 of the 100-image draw of ``seed``; the pipeline extracts them in
     its forward block of 25. The authors' side is transcribed: their loader's order
-    (``SubsetRandomSampler``, :func:`paper_reference.sampler_order`), their preprocessing,
+    (``SubsetRandomSampler``, :func:`kpca_repro.reference.sampler_order`), their preprocessing,
     one forward pass per layer with their hook on ``qkv``, and their per-head loop on their
     own strided views. Checked as for MiniLM; layers 0, 9 and 11 (45 heads).
     """
@@ -197,7 +197,7 @@ def test_deit_tiny_capture_and_records_match_value_vectors(tmp_path, seed):
     from torchvision import transforms
     from torchvision.datasets.folder import default_loader
 
-    from paper_reference import capture_reference_vision, centered_gram_reference, sampler_order, v_kpca_from_eigenvectors
+    from kpca_repro.reference import capture_reference_vision, centered_gram_reference, sampler_order, v_kpca_from_eigenvectors
 
     _, weights, image_dir = real_deit_tiny()
     samples = images.sample_images(images.list_images(image_dir, "flat"), 100, seed=seed)

@@ -70,21 +70,36 @@ def test_missing_inputs_offline_give_one_block(target, tmp_path, monkeypatch):
 
 def test_block_names_paths_relative_to_the_repository(tmp_path, monkeypatch):
     """Run from the repository root, the offline configuration is shown as the repository path."""
-    groups = preflight.needs(["results/table1.csv"], _default_config())
-    alternatives = preflight.offline_alternatives(groups, REPO / "config", REPO)
+    alternatives = preflight.offline_alternatives({"weights", "images"}, REPO / "config", REPO)
     assert alternatives[0][0] == "snakemake --cores 2 results/table1.csv --configfile config/offline_deit_tiny.yaml"
 
 
-def test_needs_follow_the_targets():
-    cfg = _default_config()
-    assert preflight.needs(["results/table1.csv"], cfg) == {"vision"}
-    assert preflight.needs(["results/table4_corrected.csv"], cfg) == {"text"}
-    assert preflight.needs(["results/figure3.pdf"], cfg) == {"figure3"}
-    assert preflight.needs(["results/figure1.pdf"], cfg) == {"training"}
-    assert preflight.needs([], cfg) == {"vision", "figure3", "text", "figure5", "training"}
-    assert preflight.needs(["results/activations/vit_tiny_patch16_224/vision_100_0of1.h5"], cfg) == {"model:vit_tiny_patch16_224", "images"}
-    cfg["text"]["models"] = []
-    assert preflight.needs(["all"], cfg) == {"vision", "figure3", "training"}
+@pytest.mark.parametrize(
+    "target, named, not_named",
+    [
+        ("results/figure3.pdf", ["pretrained weights of timm model 'vit_tiny_patch16_224'", "ImageNet sample images"], ["vit_small_patch16_224", "language model", "WikiText"]),
+        ("results/table4_corrected.csv", ["language model 'bert-base-uncased'", "WikiText-103"], ["pretrained weights", "ImageNet"]),
+    ],
+    ids=["figure3", "table4"],
+)
+def test_the_block_names_what_the_scheduled_jobs_need(target, named, not_named, tmp_path, monkeypatch):
+    """The inputs named are those of the jobs Snakemake scheduled for the target (offline: true,
+    empty resources); a dry run schedules the download jobs and stops nothing."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
+    cfg = tmp_path / "offline.yaml"
+    cfg.write_text(yaml.safe_dump({"offline": True, "resources_dir": str(tmp_path / "res")}))
+    proc = run_snakemake(tmp_path, target, "--configfile", str(cfg), check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "offline: true in the configuration" in out, out[-3000:]
+    block = out[out.index("Cannot start") :]
+    assert all(n in block for n in named) and not any(n in block for n in not_named), block
+    assert not (tmp_path / "results").exists()
+    dry = run_snakemake(tmp_path, "-n", target, "--configfile", str(cfg))
+    assert "Cannot start" not in dry.stdout + dry.stderr and "download_" in dry.stdout + dry.stderr
+
+
+def _requirements(cfg, models):
+    return [r for m in models for r in preflight.requirements("weights", cfg, m)] + preflight.requirements("images", cfg)
 
 
 def test_online_missing_inputs_are_left_to_the_download_rules(tmp_path, monkeypatch):
@@ -94,12 +109,13 @@ def test_online_missing_inputs_are_left_to_the_download_rules(tmp_path, monkeypa
         monkeypatch.delenv(var, raising=False)
     cfg = _default_config()
     cfg["resources_dir"] = str(tmp_path / "res")
+    reqs = _requirements(cfg, PAPER_VISION)
     probed = []
-    missing = preflight.check_inputs(cfg, ["results/table1.csv"], probe=lambda h: probed.append(h) or True)
+    missing = preflight.check_missing(reqs, cfg, probe=lambda h: probed.append(h) or True)
     assert {r.kind for r in missing} == {"weights", "images"} and len(missing) == 11
     assert sorted(probed) == ["github.com:443", "huggingface.co:443"]
     with pytest.raises(preflight.MissingInputsError) as err:
-        preflight.check_inputs(cfg, ["results/table1.csv"], probe=lambda h: False)
+        preflight.check_missing(reqs, cfg, probe=lambda h: False)
     assert f"{cfg['vision']['imagenet_sample_url']} (github.com:443)" in str(err.value)
     assert "https://huggingface.co (huggingface.co:443)" in str(err.value)
     assert str(tmp_path / "res" / "weights" / "timm" / "vit_large_patch16_224.safetensors") in str(err.value)
@@ -115,11 +131,12 @@ def test_the_probe_follows_hf_endpoint_the_configured_urls_and_proxies(tmp_path,
     cfg = _default_config()
     cfg["resources_dir"] = str(tmp_path / "res")
     cfg["vision"]["imagenet_sample_url"] = "http://127.0.0.1:8791/imagenet.zip"
+    reqs = _requirements(cfg, PAPER_VISION)
     probed = []
-    preflight.check_inputs(cfg, ["results/table1.csv"], probe=lambda h: probed.append(h) or True)
+    preflight.check_missing(reqs, cfg, probe=lambda h: probed.append(h) or True)
     assert sorted(probed) == ["127.0.0.1:8790", "127.0.0.1:8791"]
     with pytest.raises(preflight.MissingInputsError) as err:
-        preflight.check_inputs(cfg, ["results/table1.csv"], probe=lambda h: h == "127.0.0.1:8791")
+        preflight.check_missing(reqs, cfg, probe=lambda h: h == "127.0.0.1:8791")
     message = str(err.value)
     assert "no network: http://127.0.0.1:8790 (127.0.0.1:8790) unreachable" in message
     assert "huggingface.co" not in message.split("\n")[0] and "github.com" not in message.split("\n")[0]
@@ -139,19 +156,19 @@ def test_the_probe_follows_hf_endpoint_the_configured_urls_and_proxies(tmp_path,
 def test_present_inputs_need_no_probe(tiny_resources):
     cfg = _default_config()
     cfg.update(resources_dir=str(tiny_resources), offline=False)
-    cfg["vision"]["models"] = sorted(TINY_KWARGS)
 
     def probe(host):
         raise AssertionError("probed although nothing is missing")
 
-    assert preflight.check_inputs(cfg, ["results/table1.csv"], probe=probe) == []
+    assert preflight.check_missing(_requirements(cfg, sorted(TINY_KWARGS)), cfg, probe=probe) == []
 
 
-def test_targets_from_the_command_line():
-    assert preflight.targets_from_argv(["/usr/bin/snakemake", "--cores", "2", "results/table1.csv", "--configfile", "a.yaml"]) == ["results/table1.csv"]
-    assert preflight.targets_from_argv(["python -m snakemake", "-n", "--configfile", "a.yaml", "b.yaml"]) == []  # the default target
-    assert preflight.targets_from_argv(["/usr/bin/snakemake", "--lint"]) is None  # runs no job: nothing to check
-    assert preflight.targets_from_argv(["pytest", "-q"]) is None  # not a snakemake command line
+def test_a_command_that_runs_no_job_checks_nothing(tmp_path, monkeypatch):
+    """--dag builds the DAG (the download jobs included) but runs no job: no block, exit 0."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    proc = run_snakemake(tmp_path, "results/table1.csv", "--dag", check=False)
+    assert proc.returncode == 0 and "Cannot start" not in proc.stdout + proc.stderr
+    assert "download_timm_weights" in proc.stdout
 
 
 @pytest.mark.integration
@@ -173,14 +190,19 @@ def test_a_study_directory_with_relative_paths_fails_in_one_line(tmp_path):
     assert 'File "' not in out and "Traceback" not in out
 
 
+@pytest.mark.integration
 def test_allowed_rules_that_read_no_input_need_none(tmp_path):
-    """--allowed-rules without the extraction rules: the activation files exist, no weights are read."""
-    cfg = _default_config()
-    cfg.update(resources_dir=str(tmp_path / "res"), offline=True)
-    assert preflight.allowed_rules_from_argv(["snakemake", "results/table1.csv", "--allowed-rules", "kpca_heads", "table1"]) == {"kpca_heads", "table1"}
-    assert preflight.check_inputs(cfg, ["results/table1.csv"], allowed_rules={"kpca_heads", "table1"}) == []
-    with pytest.raises(preflight.MissingInputsError, match="vit_tiny_patch16_224.safetensors"):
-        preflight.check_inputs(cfg, ["results/table1.csv"], allowed_rules={"extract_vision", "kpca_heads", "table1"})
+    """--allowed-rules without the extraction: the activation files are used as they are, so the
+    missing weights and images (offline) stop nothing; the KPCA job runs (and fails on the
+    stand-in files)."""
+    cfg = _tiny_config(tmp_path / "tiny.yaml", tmp_path / "res", vision={"shards": 1})
+    for model in TINY_KWARGS:
+        (tmp_path / "results" / "activations" / model).mkdir(parents=True)
+        (tmp_path / "results" / "activations" / model / "vision_4_0of1.h5").write_bytes(b"")
+    proc = run_snakemake(tmp_path, "results/table1.csv", "--configfile", str(cfg), "--allowed-rules", "kpca_heads", "table1", check=False)
+    out = proc.stdout + proc.stderr
+    assert "Cannot start" not in out and "missing pretrained weights" not in out, out[-3000:]
+    assert "rule kpca_heads" in out
 
 
 def test_network_probe_is_bounded():

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from kpca_repro import kpca
-
-from paper_reference import head_metrics_reference
+from kpca_repro import kpca, method, numerics
+from kpca_repro.reference import head_metrics_reference
 
 
 def _keys(heads=4, n=23, d=8, scale=1.0, seed=0):
@@ -21,7 +20,7 @@ def _keys(heads=4, n=23, d=8, scale=1.0, seed=0):
 
 def test_gram_paper_matches_definition():
     k = _keys().float()
-    kphi, g = kpca.gram_paper(k)
+    kphi, g = method.gram_paper(k)
     kraw = torch.exp(torch.einsum("hid,hjd->hij", k.double(), k.double()) / math.sqrt(k.shape[-1]))
     g64 = kraw.sum(-1)
     expected = kraw / (g64[..., :, None] * g64[..., None, :] + 1e-6)
@@ -31,7 +30,7 @@ def test_gram_paper_matches_definition():
 
 def test_log_gram_equals_exp_domain_where_finite():
     k = _keys()
-    log_kphi, log_g = kpca.log_gram(k)
+    log_kphi, log_g = method.log_gram(k)
     kraw = torch.exp(k @ k.transpose(-1, -2) / math.sqrt(k.shape[-1]))
     g = kraw.sum(-1)
     torch.testing.assert_close(torch.exp(log_g), g)
@@ -41,16 +40,16 @@ def test_log_gram_equals_exp_domain_where_finite():
 def test_corrected_centered_gram_in_place_is_log_gram_exp_center_bit_for_bit():
     k = _keys().double()
     kc, log_g = kpca._corrected_centered_gram(k)
-    log_kphi, log_g_ref = kpca.log_gram(k)
+    log_kphi, log_g_ref = method.log_gram(k)
     torch.testing.assert_close(log_g, log_g_ref, rtol=0, atol=0)
-    torch.testing.assert_close(kc, kpca.center(torch.exp(log_kphi)), rtol=0, atol=0)
+    torch.testing.assert_close(kc, method.center(torch.exp(log_kphi)), rtol=0, atol=0)
 
 
 def test_exact_row_normalisation_leaves_zero_rows_zero():
     x = torch.randn(2, 5, 3, dtype=torch.float64)
     x[0, 2] = 0.0
     x[1, :, 1] = 0.0
-    rows, columns = kpca.row_normalize(x, None), kpca.row_normalize(x, None, dim=-2)
+    rows, columns = method.row_normalize(x, None), method.row_normalize(x, None, dim=-2)
     assert torch.equal(rows[0, 2], torch.zeros(3, dtype=torch.float64))
     assert torch.equal(columns[1, :, 1], torch.zeros(5, dtype=torch.float64))
     norms = torch.linalg.vector_norm(rows, dim=-1)
@@ -58,7 +57,7 @@ def test_exact_row_normalisation_leaves_zero_rows_zero():
     torch.testing.assert_close(rows[1], x[1] / torch.linalg.vector_norm(x[1], dim=-1, keepdim=True), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("centering", [kpca.center, kpca.center_dense])
+@pytest.mark.parametrize("centering", [method.center, method.center_dense])
 def test_centering_is_h_m_h(centering):
     m = torch.randn(3, 11, 11, dtype=torch.float64)
     h = torch.eye(11, dtype=torch.float64) - torch.full((11, 11), 1 / 11, dtype=torch.float64)
@@ -70,8 +69,8 @@ def test_centering_is_h_m_h(centering):
 @pytest.mark.parametrize("order", ["abs_desc", "desc", "asc_top"])
 def test_eigenpairs_satisfy_eigen_equation(order, per_matrix):
     k = _keys(n=31, d=6)
-    log_kphi, _ = kpca.log_gram(k)
-    kc = kpca.center(torch.exp(log_kphi))
+    log_kphi, _ = method.log_gram(k)
+    kc = method.center(torch.exp(log_kphi))
     evals, a, finite = kpca.eigenpairs(kc, 6, order, fix_signs=True, per_matrix=per_matrix)
     assert finite.all()
     torch.testing.assert_close(kc @ a, a * evals[..., None, :], rtol=0, atol=1e-12)  # K~ A = A Lambda
@@ -91,7 +90,7 @@ def test_eigenpairs_satisfy_eigen_equation(order, per_matrix):
 
 def test_eigenpairs_sign_fix_is_invariant_to_input_sign_flips():
     k = _keys(n=17, d=4)
-    kc = kpca.center(torch.exp(kpca.log_gram(k)[0]))
+    kc = method.center(torch.exp(method.log_gram(k)[0]))
     _, a1, _ = kpca.eigenpairs(kc, 4, "desc", fix_signs=True)
     evals, evecs = torch.linalg.eigh(kc)
     flipped = evecs * torch.tensor([-1.0, 1.0] * (evecs.shape[-1] // 2) + [1.0] * (evecs.shape[-1] % 2), dtype=evecs.dtype)
@@ -104,13 +103,13 @@ def test_v_kpca_matches_equation_5_naively():
     k = _keys(heads=1, n=13, d=5)[0]
     kraw = torch.exp(k @ k.T / math.sqrt(5))
     g = kraw.sum(1)
-    kc = kpca.center(kraw / torch.outer(g, g))
+    kc = method.center(kraw / torch.outer(g, g))
     _, a, _ = kpca.eigenpairs(kc[None], 5, "desc")
     a = a[0]
     big_g = torch.diag(1 / g)
     one_n = torch.full((13, 13), 1 / 13, dtype=torch.float64)
     naive = big_g @ a - big_g @ one_n @ a  # Eq. 5: G A - G 1_N A
-    torch.testing.assert_close(kpca.v_kpca(a[None], 1 / g[None])[0], naive)
+    torch.testing.assert_close(method.v_kpca(a[None], 1 / g[None])[0], naive)
     # the retained eigenvectors of a centered matrix are orthogonal to 1, so 1_N A ~ 0
     torch.testing.assert_close(naive, big_g @ a, atol=1e-12, rtol=0)
 
@@ -118,8 +117,8 @@ def test_v_kpca_matches_equation_5_naively():
 def test_cka_of_a_matrix_with_itself_is_one():
     x = torch.randn(5, 40, 7, dtype=torch.float64)
     for paper in (True, False):
-        torch.testing.assert_close(kpca.linear_cka(x, x, paper), torch.ones(5, dtype=torch.float64))
-        torch.testing.assert_close(kpca.rbf_cka(x, x, paper), torch.ones(5, dtype=torch.float64))
+        torch.testing.assert_close(method.linear_cka(x, x, paper), torch.ones(5, dtype=torch.float64))
+        torch.testing.assert_close(method.rbf_cka(x, x, paper), torch.ones(5, dtype=torch.float64))
 
 
 def test_cka_invariant_to_orthogonal_transform_and_isotropic_scaling():
@@ -127,7 +126,7 @@ def test_cka_invariant_to_orthogonal_transform_and_isotropic_scaling():
     x = torch.randn(3, 50, 6, generator=gen, dtype=torch.float64)
     y = x @ torch.randn(3, 6, 6, generator=gen, dtype=torch.float64) + 0.5 * torch.randn(3, 50, 6, generator=gen, dtype=torch.float64)
     q, _ = torch.linalg.qr(torch.randn(6, 6, generator=gen, dtype=torch.float64))
-    for fn in (kpca.linear_cka, kpca.rbf_cka):
+    for fn in (method.linear_cka, method.rbf_cka):
         base = fn(x, y, False)
         assert (base > 0.05).all() and (base < 0.999).all()
         torch.testing.assert_close(fn(x @ q, y, False), base)
@@ -141,27 +140,27 @@ def test_linear_cka_matches_kornblith_feature_space_formula():
     xc, yc = x - x.mean(-2, keepdim=True), y - y.mean(-2, keepdim=True)
     fro = lambda m: (m**2).sum((-1, -2))  # noqa: E731
     expected = fro(yc.transpose(-1, -2) @ xc) / torch.sqrt(fro(xc.transpose(-1, -2) @ xc) * fro(yc.transpose(-1, -2) @ yc))
-    torch.testing.assert_close(kpca.linear_cka(x, y, paper=False), expected)
+    torch.testing.assert_close(method.linear_cka(x, y, paper=False), expected)
 
 
 def test_lower_and_usual_median_of_nonzero_entries():
     d = torch.tensor([[[0.0, 3.0], [1.0, 0.0]], [[0.0, 5.0], [5.0, 2.0]], [[0.0, 0.0], [0.0, 0.0]]])
-    lower = kpca.median_nonzero(d, "lower")
-    usual = kpca.median_nonzero(d, "mean")
+    lower = numerics.median_nonzero(d, "lower")
+    usual = numerics.median_nonzero(d, "mean")
     assert lower[0] == 1.0 and usual[0] == 2.0  # {1, 3}
     assert lower[1] == 5.0 and usual[1] == 5.0  # {2, 5, 5}
     assert torch.isnan(lower[2]) and torch.isnan(usual[2])
     x = torch.randn(6, 9, 9)
     for i in range(6):
         sel = x[i][x[i] != 0]
-        assert kpca.median_nonzero(x[i : i + 1], "lower")[0] == torch.median(sel)
+        assert numerics.median_nonzero(x[i : i + 1], "lower")[0] == torch.median(sel)
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 6])
 def test_assignment_agrees_with_brute_force(n):
     gen = torch.Generator().manual_seed(n)
     sims = torch.randn(4, n, n, generator=gen, dtype=torch.float64)
-    matched = kpca.assignment_similarities(sims)
+    matched = numerics.assignment_similarities(sims)
     for b in range(4):
         best = max(sum(sims[b, i, p[i]].item() for i in range(n)) for p in itertools.permutations(range(n)))
         assert matched[b].sum().item() == pytest.approx(best, abs=1e-12)
@@ -295,7 +294,7 @@ def test_median_of_nonzero_entries_matches_a_full_sort_with_zeros_negatives_and_
                 d = d + torch.rand(5, n, n, generator=gen, dtype=dtype)
             d[torch.rand(5, n, n, generator=gen) < 0.35] = 0
             for which in ("lower", "mean"):
-                got = kpca.median_nonzero(d, which)
+                got = numerics.median_nonzero(d, which)
                 for i in range(5):
                     sel = d[i][d[i] != 0].sort().values
                     m = sel.numel()
@@ -310,9 +309,9 @@ def test_median_of_nonzero_entries_matches_a_full_sort_with_zeros_negatives_and_
 
 def test_cka_centering_by_means_equals_the_explicit_h_products():
     """Linear CKA from token-centered features and RBF CKA from mean-centered kernels equal
-    the CKA helper's explicit ``(H K) H`` form (tests/paper_reference.py) in float64, and
+    the CKA helper's explicit ``(H K) H`` form (kpca_repro/reference.py) in float64, and
     stay within float32 round-off of it in float32."""
-    from paper_reference import CudaCKA
+    from kpca_repro.reference import CudaCKA
 
     cka = CudaCKA()
     gen = torch.Generator().manual_seed(5)
@@ -320,7 +319,7 @@ def test_cka_centering_by_means_equals_the_explicit_h_products():
     y = x[..., :6] @ torch.randn(4, 6, 5, generator=gen, dtype=torch.float64) + torch.randn(4, 60, 5, generator=gen, dtype=torch.float64)
     for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 2e-6)):
         xs, ys = x.to(dtype), y.to(dtype)
-        lin, rbf = kpca.linear_cka(xs, ys), kpca.rbf_cka(xs, ys)
+        lin, rbf = method.linear_cka(xs, ys), method.rbf_cka(xs, ys)
         for i in range(4):
             assert abs(lin[i].item() - cka.linear_cka(xs[i], ys[i]).item()) < tol
             assert abs(rbf[i].item() - cka.kernel_cka(xs[i], ys[i]).item()) < 10 * tol
@@ -335,15 +334,15 @@ def test_reduced_costs_give_the_plain_assignment():
 
     gen = torch.Generator().manual_seed(2)
     sim = torch.randn(30, 25, 8, generator=gen, dtype=torch.float64) @ torch.randn(30, 8, 25, generator=gen, dtype=torch.float64)
-    got = kpca.assignment_similarities(sim)
+    got = numerics.assignment_similarities(sim)
     for i in range(30):
         rows, cols = linear_sum_assignment(-sim[i].numpy())
         assert np.array_equal(got[i].numpy(), sim[i].numpy()[rows, cols])
     bad = sim[:2].clone()
     bad[1, 3, 4] = float("nan")
     with pytest.raises(ValueError):
-        kpca.assignment_similarities(bad)
-    assert torch.isnan(kpca.assignment_similarities(bad, valid=torch.tensor([True, False]))[1]).all()
+        numerics.assignment_similarities(bad)
+    assert torch.isnan(numerics.assignment_similarities(bad, valid=torch.tensor([True, False]))[1]).all()
 
 
 def test_corrected_rbf_cka_by_sums_equals_the_centered_kernels():
@@ -367,9 +366,9 @@ def test_corrected_rbf_cka_by_sums_equals_the_centered_kernels():
     for i in range(3):
         kx, ky = h @ kernel(x[i]) @ h, h @ kernel(y[i]) @ h
         want = (kx * ky).sum() / torch.sqrt((kx * kx).sum() * (ky * ky).sum())
-        assert abs(kpca.rbf_cka(x[i : i + 1], y[i : i + 1], paper=False)[0].item() - want.item()) < 1e-10
-    k = kpca.rbf_kernel(x, paper=False)
-    sums, centered = kpca._cka_side("kernel_sums", k), kpca._cka_side("kernel", k.clone())
+        assert abs(method.rbf_cka(x[i : i + 1], y[i : i + 1], paper=False)[0].item() - want.item()) < 1e-10
+    k = method.rbf_kernel(x, paper=False)
+    sums, centered = method.cka_side("kernel_sums", k), method.cka_side("kernel", k.clone())
     torch.testing.assert_close(sums[2], centered[2], rtol=1e-12, atol=0)
 
 

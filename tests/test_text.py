@@ -11,11 +11,12 @@ import pytest
 import torch
 import yaml
 
-from kpca_repro import extraction, hf_capture, kpca, text
+from kpca_repro import extraction, hf_capture, kpca, method, text
 from kpca_repro.h5io import ActivationFile
-from kpca_repro.records import TEXT_PAPER_OPTIONS, _head_groups, kpca_records
+from kpca_repro.records import _head_groups, kpca_records
 from kpca_repro.resources import sha256_file
 from kpca_repro.tables import table4_paper
+from kpca_repro.variant import PAPER
 from kpca_repro.vision import UnsupportedArchitectureError
 
 from conftest import REPO, resources_dir_for_real_weights, run_snakemake
@@ -267,7 +268,7 @@ def test_paper_variant_includes_padding(tiny_files):
         v = torch.from_numpy(af.read(0, ("v",))["v"])
     assert (records["n_tokens"] == n).all() and meta["padding"] == "included" and meta["n_sentences"] == len(k)
     assert len(records) == len(k) * 2 * 4
-    direct = kpca.head_metrics(k.reshape(-1, n, 8), v.reshape(-1, n, 8), "paper", **TEXT_PAPER_OPTIONS)
+    direct = kpca.head_metrics(k.reshape(-1, n, 8), v.reshape(-1, n, 8), "paper", **PAPER.text_options)
     first = records[records["layer"] == 0]
     np.testing.assert_allclose(first["direct_cos_max"], direct["direct_cos_max"], rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(first["linear_cka"], direct["linear_cka"], rtol=1e-6, atol=1e-7)
@@ -337,7 +338,7 @@ def test_nan_heads_match_as_zero_and_are_skipped_elsewhere():
     k = torch.randn(3, 16, 8)
     k[1] *= 60.0  # s k.k far above 88.7: exp overflows in float32, the Gram matrix is NaN
     v = torch.randn(3, 16, 8)
-    nlp = kpca.head_metrics(k, v, "paper", **TEXT_PAPER_OPTIONS)
+    nlp = kpca.head_metrics(k, v, "paper", **PAPER.text_options)
     assert nlp["dropped"][1] and not nlp["dropped"][0]
     assert nlp["optimal_cos_max"][1] == 0 and nlp["optimal_cos_mean"][1] == 0
     assert np.isnan(nlp["direct_cos_max"][1]) and np.isnan(nlp["linear_cka"][1])
@@ -355,14 +356,14 @@ def test_cka_denominator_of_the_language_model_script():
     torch.manual_seed(1)
     x, y = torch.randn(2, 12, 6, dtype=torch.float64), torch.randn(2, 12, 4, dtype=torch.float64)
     h = torch.eye(12, dtype=torch.float64) - 1 / 12
-    for kernel, cka in ((lambda m: m @ m.transpose(-1, -2), kpca.linear_cka), (lambda m: kpca.rbf_kernel(m, True), kpca.rbf_cka)):
+    for kernel, cka in ((lambda m: m @ m.transpose(-1, -2), method.linear_cka), (lambda m: method.rbf_kernel(m, True), method.rbf_cka)):
         cx, cy = h @ kernel(x) @ h, h @ kernel(y) @ h
         xy, xx, yy = ((a * b).sum((-1, -2)) for a, b in ((cx, cy), (cx, cx), (cy, cy)))
         torch.testing.assert_close(cka(x, y, True, sqrt_of_product=True), xy / (torch.sqrt(xx * yy) + 1e-10))
     # the two denominators differ in float32 once HSIC_xx * HSIC_yy overflows
     big = torch.randn(12, 6) * 1e5
-    assert kpca.linear_cka(big, big, True, sqrt_of_product=True).item() == 0.0
-    assert kpca.linear_cka(big, big, True).item() == pytest.approx(1.0, rel=1e-3)
+    assert method.linear_cka(big, big, True, sqrt_of_product=True).item() == 0.0
+    assert method.linear_cka(big, big, True).item() == pytest.approx(1.0, rel=1e-3)
 
 
 # --------------------------------------------------------------------------------------

@@ -1,22 +1,13 @@
 """The results of the costly configuration checks, kept on disk between Snakemake runs.
 
-Every ``snakemake`` command (a dry run too) checks the configuration while it parses the
-workflow (:mod:`kpca_repro.config_checks`). Building each vision model on the meta device and
-reading each language model's ``config.json`` with transformers needs torch, timm and
-transformers, whose imports alone cost seconds, for the same answer every time. A check that
-passed is therefore recorded here, under a key that holds everything its answer depends on:
-the model id and its ``model_kwargs`` (or the ``config.json`` content), the installed
-versions of the packages that answer, and a fingerprint of this package's source (the
-capture code decides what is supported). A later run with the same key skips the check.
-
-Only successes are stored: a model that fails is checked again every time, and fails with
-the same message. A missing, unreadable or corrupt entry is ignored (the check runs again and
-rewrites it). Entries are JSON files ``<directory>/<sha256 of the key>.json`` written
-atomically (a temporary file renamed into place), so concurrent runs never read half an
-entry. The workflow keeps them in ``.snakemake/kpca_repro/checks`` of the working directory;
-deleting that directory is always safe.
-
-Light on purpose (standard library only): it runs before the costly imports it avoids.
+Building each vision model on the meta device or reading a language model's ``config.json``
+with transformers needs torch, timm and transformers, whose imports alone cost seconds, for the
+same answer every time. A check that passed is recorded under a key holding everything its
+answer depends on (model id and ``model_kwargs`` or the ``config.json`` content, the installed
+versions, a fingerprint of this package's source); a later run with the same key skips it. Only
+successes are stored; a missing or corrupt entry is ignored. Entries are JSON files
+``<directory>/<sha256 of the key>.json``, written atomically; the workflow keeps them in
+``.snakemake/kpca_repro/checks`` (always safe to delete). Standard library only.
 """
 
 from __future__ import annotations
@@ -50,11 +41,7 @@ def package_version(name: str) -> str:
 
 @functools.cache
 def library_fingerprint() -> str:
-    """SHA-256 over the names and contents of this package's ``.py`` files.
-
-    Any edit of the library (the capture code that decides what is supported above all)
-    gives a new fingerprint, so no cached check outlives the code that made it.
-    """
+    """SHA-256 over the names and contents of this package's ``.py`` files."""
     h = hashlib.sha256()
     for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
@@ -67,12 +54,7 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 
 class CheckCache:
-    """Passed checks, one JSON file per key, in ``directory`` (None: nothing is kept).
-
-    Args:
-        directory: where the entries live (created on the first write); None disables the
-            cache: :meth:`get` finds nothing and :meth:`put` keeps nothing.
-    """
+    """Passed checks, one JSON file per key, in ``directory`` (None: nothing is kept)."""
 
     def __init__(self, directory: str | os.PathLike | None):
         self.directory = None if directory is None else Path(directory)
@@ -85,11 +67,7 @@ class CheckCache:
         return self.directory / f"{hashlib.sha256(canonical.encode()).hexdigest()}.json"
 
     def get(self, key: dict) -> dict | None:
-        """The value stored for ``key``, or None (no cache, no entry, or an unreadable one).
-
-        Args:
-            key: JSON-serializable description of everything the check depends on.
-        """
+        """The value stored for ``key``, or None (no cache, no entry, or an unreadable one)."""
         if self.directory is None:
             return None
         canonical = self._canonical(key)

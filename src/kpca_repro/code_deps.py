@@ -38,22 +38,7 @@ def _module_path(package_dir: Path, name: str) -> Path | None:
 
 
 def imported_modules(source: str, module: str | None = None, package_dir: Path | None = None) -> set[str]:
-    """Dotted names of the ``kpca_repro`` modules that ``source`` imports, anywhere in it.
-
-    Args:
-        source: Python source text.
-        module: the dotted name of the module ``source`` belongs to (``"kpca_repro.records"``),
-            to resolve relative imports; None for a script outside the package.
-        package_dir: the package's directory, to tell ``from kpca_repro import x`` (a
-            submodule ``x``) from an imported name; without it, ``x`` is taken as a submodule
-            when it is lower-case.
-
-    Returns:
-        A set such as ``{"kpca_repro.records", "kpca_repro.smk"}``.
-
-    Raises:
-        SyntaxError: ``source`` does not parse.
-    """
+    """Dotted names of the ``kpca_repro`` modules that ``source`` imports, anywhere in it."""
     tree = ast.parse(source)
     found: set[str] = set()
     base = module.split(".")[:-1] if module else []
@@ -96,20 +81,7 @@ def _file_imports(path: Path, module: str | None, package_dir: Path) -> frozense
 
 
 def library_modules(script: str | Path, package_dir: str | Path) -> list[str]:
-    """Paths of every ``kpca_repro`` module a script reaches through imports, transitively.
-
-    Args:
-        script: a rule script (``workflow/scripts/*.py``) or any Python file.
-        package_dir: the directory of the ``kpca_repro`` package (``src/kpca_repro``).
-
-    Returns:
-        Sorted absolute paths (``str``) of the package's ``.py`` files, ``__init__.py``
-        included whenever any submodule is (importing a submodule runs it).
-
-    Raises:
-        FileNotFoundError: ``script`` does not exist.
-        SyntaxError: a file does not parse.
-    """
+    """Paths of every ``kpca_repro`` module a script reaches through imports, transitively."""
     package_dir = Path(package_dir).resolve()
     todo = [(None, Path(script))]
     seen: dict[str, Path] = {}

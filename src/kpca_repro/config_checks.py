@@ -1,25 +1,11 @@
-"""Checks of the configuration that a JSON schema cannot express, run before any job.
+"""Checks of the configuration that a JSON schema cannot express, run while the workflow is parsed.
 
-``workflow/rules/common.smk`` validates ``config`` against
-``workflow/schemas/config.schema.yaml`` (Snakemake's ``validate``, which also fills defaults),
-then calls :func:`check_config`. Every failure is a :class:`ConfigError` whose message names
-the configuration key, what is wrong and what to do, in one line; the workflow prints it
-alone and exits with status 1 before building the DAG. Keeping the checks here, rather than
-in the rule file, lets the tests call them directly.
-
-What is checked: timm model ids; every ``vision.models`` entry and ``figure3.model`` built on
-the meta device and supported by the attention capture (:func:`kpca_repro.vision.check_vision_model`;
-no weights, no memory); ``figure3.block`` within the model's depth; ``model_kwargs`` and
-``checksums`` keys naming configured models; shard counts against image and row counts; the
-published-tables and ImageNet directories; ``text.local_models`` entries; each text model's
-attention from its ``config.json``; image counts against the image set; weights against their
-SHA-256; the training runs of Figures 1 and 4; ``figure5.models``.
-
-The checks that need timm, torch or transformers (timm ids, meta-device builds, text models'
-``config.json``) keep their successes on disk when given a ``cache_dir``
-(:mod:`kpca_repro.check_cache`; the workflow passes ``.snakemake/kpca_repro/checks``), so a
-repeated ``snakemake`` command does not import those packages at all. A failing check is
-never cached: it runs, and fails with the same message, every time.
+``workflow/rules/common.smk`` validates ``config`` against ``workflow/schemas/config.schema.yaml``
+(filling defaults), then calls :func:`check_config`. Each failure is a :class:`ConfigError` whose
+one-line message names the key, what is wrong and what to do. The checks that need timm, torch or
+transformers (timm ids, meta-device builds, a text model's ``config.json``) keep their successes
+in ``cache_dir`` (:mod:`kpca_repro.check_cache`), so a repeated command imports none of them; a
+failing check is never cached.
 """
 
 from __future__ import annotations
@@ -33,16 +19,7 @@ from .model_info import LOCAL_MODELS_KEY, MissingModelError, VisionModelCheck, m
 from .resources import imagenet_sample_dir, timm_weights_path
 from .training_summary import scale_tokens
 
-__all__ = [
-    "ConfigError",
-    "schema_error_message",
-    "check_config",
-    "check_vision_model",
-    "run_model_scale",
-    "resolve_scales",
-    "image_source",
-    "weights_path",
-]
+__all__ = ["ConfigError", "schema_error_message", "check_config", "check_vision_model", "run_model_scale", "resolve_scales", "image_source", "weights_path"]
 
 
 class ConfigError(ValueError):
@@ -50,21 +27,7 @@ class ConfigError(ValueError):
 
 
 def schema_error_message(config: dict, schema: dict, schema_name: str) -> str | None:
-    """One short line for the first JSON-schema violation of ``config``, or None if none.
-
-    Snakemake's own message dumps the whole sub-schema; this one names the key (dotted
-    path), what is wrong, the closest allowed key for a misspelling, and where every key is
-    documented. ``required`` errors are reported only when there is nothing else (defaults
-    are filled only partly when validation stops).
-
-    Args:
-        config: the merged configuration (a dict of plain YAML values).
-        schema: the JSON schema (draft 2020-12) as a dict.
-        schema_name: how to name the schema file in the message.
-
-    Returns:
-        The message, or None when ``config`` satisfies ``schema``.
-    """
+    """One short line for the first JSON-schema violation of ``config``, or None if none."""
     import jsonschema
 
     errors = list(jsonschema.Draft202012Validator(schema).iter_errors(config))
@@ -95,24 +58,7 @@ def schema_error_message(config: dict, schema: dict, schema_name: str) -> str | 
 
 
 def resolve_scales(scales: dict) -> dict:
-    """Training scales with every key: each ``base`` replaced by the keys it inherits.
-
-    A scale of ``training.scales`` either gives every key of the schema's ``scale`` or names
-    ``base: <another scale>`` and sets only the keys that differ; bases chain (``medium-n17``
-    -> ``medium`` -> ``small`` -> ``paper``). The result keeps the base's key order, then the
-    scale's own new keys, and has no ``base`` key, so a scale written out in full and the same
-    scale written as overrides give the same dict (and the same training checkpoint
-    fingerprint).
-
-    Args:
-        scales: ``config["training"]["scales"]`` after schema validation.
-
-    Returns:
-        A new dict, scale name -> full scale dict; ``scales`` is not modified.
-
-    Raises:
-        ConfigError: a ``base`` that names no scale, or a cycle of bases.
-    """
+    """Training scales with every key: each ``base`` replaced by the keys it inherits."""
     resolved: dict = {}
 
     def resolve(name: str, chain: tuple) -> dict:
@@ -175,32 +121,10 @@ def _vision_check_from(value: dict) -> VisionModelCheck | None:
 def check_vision_model(config: dict, key: str, model: str, cache_dir: str | os.PathLike | None = None) -> VisionModelCheck:
     """Build ``model`` on the meta device and check that the capture supports it
     (:func:`kpca_repro.vision.check_vision_model`, cached per model and ``model_kwargs`` in
-    the process, and in ``cache_dir`` across processes when given).
-
-    Args:
-        config: the configuration (``vision.model_kwargs`` is read).
-        key: the configuration key named in an error.
-        model: the timm model id.
-        cache_dir: directory of the on-disk cache of passed checks (:mod:`kpca_repro.check_cache`;
-            keyed by the model, its ``model_kwargs``, the timm and torch versions and the
-            library's source), or None for none.
-
-    Returns:
-        The :class:`kpca_repro.model_info.VisionModelCheck` (depth, tokens, heads, ...).
-
-    Raises:
-        ConfigError: unsupported attention, or a model that cannot be built; names ``key``.
-    """
+    the process, and in ``cache_dir`` across processes when given)."""
     kwargs = config["vision"]["model_kwargs"].get(model, {})
     cache = CheckCache(cache_dir)
-    cache_key = {
-        "check": "vision_model",
-        "model": model,
-        "model_kwargs": kwargs,
-        "timm": package_version("timm"),
-        "torch": package_version("torch"),
-        "library": library_fingerprint(),
-    }
+    cache_key = {"check": "vision_model", "model": model, "model_kwargs": kwargs, "timm": package_version("timm"), "torch": package_version("torch"), "library": library_fingerprint()}
     hit = cache.get(cache_key)
     if hit is not None and (result := _vision_check_from(hit)) is not None:
         return result
@@ -253,13 +177,7 @@ def _check_text_models(config: dict, cache: CheckCache) -> None:
             except OSError:
                 digest = None
             if digest is not None:
-                cache_key = {
-                    "check": "text_model",
-                    "model": model_id,
-                    "config_json": digest,
-                    "transformers": package_version("transformers"),
-                    "library": library_fingerprint(),
-                }
+                cache_key = {"check": "text_model", "model": model_id, "config_json": digest, "transformers": package_version("transformers"), "library": library_fingerprint()}
                 if cache.get(cache_key) is not None:
                     continue
         from .hf_capture import check_text_model
@@ -347,20 +265,7 @@ def _check_norms_config(config: dict) -> None:
 
 
 def check_config(config: dict, *, main_process: bool = True, checksums_done: dict[str, str] | None = None, cache_dir: str | os.PathLike | None = None) -> None:
-    """Every check of the configuration a JSON schema cannot express (module docstring).
-
-    Args:
-        config: the configuration after schema validation (defaults filled).
-        main_process: False in a cluster job re-parsing the workflow: the checks that build
-            models, read ``config.json`` files, count images or hash weights are skipped
-            there (the jobs check what they use again).
-        checksums_done: path -> SHA-256 of weights already hashed in this process (filled).
-        cache_dir: directory of the on-disk cache of passed model checks
-            (:mod:`kpca_repro.check_cache`), or None to check everything afresh.
-
-    Raises:
-        ConfigError: the first problem found, naming its configuration key.
-    """
+    """Every check of the configuration a JSON schema cannot express (module docstring)."""
     cache = CheckCache(cache_dir)
     vision, text = config["vision"], config["text"]
     for i, model in enumerate(vision["models"]):

@@ -33,8 +33,8 @@ import pandas as pd
 import torch
 
 from .h5io import ActivationFile, CorruptActivationFileError
-from .kpca import CORRECTED, PAPER, VARIANTS
 from .projection import attention_output, feature_norm_sq, output_norm_sq
+from .variant import CORRECTED, PAPER, VARIANTS
 
 __all__ = [
     "QUANTITIES",
@@ -109,7 +109,7 @@ def squared_norms(
     if d != q.shape[-1]:
         raise ValueError(f"head_dim {d} disagrees with the stored tensors' last dimension {q.shape[-1]}")
     valid = torch.ones(q.shape[:-1], dtype=torch.bool, device=q.device)
-    if variant == PAPER:
+    if variant == PAPER.name:
         q, k, v, h = (t.to(torch.float32) for t in (q, k, v, h))
         if language:  # nlp_norms.py: plain exp, /8, overflow -> 0; h without the mask
             phi = feature_norm_sq(q, k, scale=PAPER_NORMS_SCALE, log_domain=False, log_of_sum=True)
@@ -182,10 +182,10 @@ def norm_statistics(
         for af in files[1:]:
             if (str(af.attrs["model_id"]), af.n_layers, int(af.attrs["head_dim"])) != (model_id, n_layers, head_dim):
                 raise ValueError(f"{af.path} is not from the same model as {first.path}")
-        masks = [read_attention_mask(af) if language and variant == CORRECTED else None for af in files]
-        trim = PAPER_NORMS_TRIM if variant == PAPER else None
-        band = PAPER_NORMS_BAND if variant == PAPER else CORRECTED_NORMS_BAND
-        scale = PAPER_NORMS_SCALE if variant == PAPER else 1.0 / math.sqrt(head_dim)
+        masks = [read_attention_mask(af) if language and variant == CORRECTED.name else None for af in files]
+        trim = PAPER_NORMS_TRIM if variant == PAPER.name else None
+        band = PAPER_NORMS_BAND if variant == PAPER.name else CORRECTED_NORMS_BAND
+        scale = PAPER_NORMS_SCALE if variant == PAPER.name else 1.0 / math.sqrt(head_dim)
         rows = []
         for layer in progress_bar(range(n_layers), desc=f"norms {variant} {model_id}", unit="layer", disable=not progress, mininterval=5):
             pooled = {name: [] for name in QUANTITIES}

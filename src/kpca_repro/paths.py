@@ -9,11 +9,15 @@ Layout (docs/internals.md):
 * ``results/activations/<model>/vision_<n>_<i>of<S>.h5`` and ``text_<n>_<i>of<S>.h5``: q, k, v, h;
 * ``results/heads/<variant>/<model>/<stem>.csv|.json``: per-head records and their metadata;
 * ``results/spectra/<variant>/<model>/vision_<n>_<i>of<S>_<keys>.csv``: eigenvalues;
-* ``results/table<t>[_corrected].csv|.md``, ``results/figure<f>[_corrected].pdf``,
+* ``results/table<t><suffix>.csv|.md``, ``results/figure<f><suffix>.pdf`` (the variant's
+  suffix, :mod:`kpca_repro.variant`: ``""`` paper, ``_corrected`` corrected),
   ``results/html/<table>.html``, ``results/paper_comparison.csv``.
 """
 
 from __future__ import annotations
+
+from .variant import CORRECTED, PAPER, REGISTRY
+from .variant import get as get_variant
 
 __all__ = [
     "REPORT_TABLES",
@@ -30,8 +34,7 @@ __all__ = [
 ]
 
 #: Result tables rendered as HTML for ``snakemake --report`` (caption: workflow/report/tables.rst).
-REPORT_TABLES = [f"table{t}{sfx}" for sfx in ("", "_corrected") for t in (1, 2, 3, 4)] + ["paper_comparison"]
-_SUFFIX = {"paper": "", "corrected": "_corrected"}
+REPORT_TABLES = [f"table{t}{v.suffix}" for v in REGISTRY.values() for t in (1, 2, 3, 4)] + ["paper_comparison"]
 
 
 def model_slug(model_id: str) -> str:
@@ -85,10 +88,10 @@ def norm_activations(config: dict, domain: str, variant: str, model: str) -> lis
     ``figure5.sentences``); the corrected one reads the Table 1 / Table 4 samples.
     """
     if domain == "vision":
-        if variant == "paper":
+        if variant == PAPER.name:
             return [f"results/activations/{model}/vision_{config['figure2']['n_images']}_0of1.h5"]
         return [f"results/activations/{model}/vision_{config['vision']['n_images']}_{shard}.h5" for shard in vision_shards(config)]
-    if variant == "paper":
+    if variant == PAPER.name:
         return [f"results/activations/{model}/text_sentences_0of1.h5"]
     return [f"results/activations/{model}/text_{config['text']['n_rows']}_{shard}.h5" for shard in text_shards(config)]
 
@@ -98,8 +101,8 @@ def comparison_tables(config: dict) -> dict[str, tuple[str, str | None]]:
     out = {"1": "results/table1.csv", "2": "results/table2.csv", "3": "results/table3.csv"}
     if config["text"]["models"]:
         out["4"] = "results/table4.csv"
-    corrected = "corrected" in config["variants"]
-    return {t: (p, p.replace(".csv", "_corrected.csv") if corrected else None) for t, p in out.items()}
+    corrected = CORRECTED.name in config["variants"]
+    return {t: (p, CORRECTED.output(p.removesuffix(".csv"), "csv") if corrected else None) for t, p in out.items()}
 
 
 def all_targets(config: dict) -> list[str]:
@@ -111,7 +114,7 @@ def all_targets(config: dict) -> list[str]:
     if config.get("token_ablation", {}).get("models") and config["token_ablation"]["scales"]:
         targets += ["results/token_ablation.csv"]
     for variant in config["variants"]:
-        sfx = _SUFFIX[variant]
+        sfx = get_variant(variant).suffix
         targets += [f"results/table{t}{sfx}.csv" for t in (1, 2, 3)] + [f"results/table1{sfx}.md"]
         targets += [f"results/figure{f}{sfx}.pdf" for f in (2, 3)]
         if config["text"]["models"]:  # text.models: [] (a vision-only configuration) leaves Table 4 and Figure 5 out

@@ -15,11 +15,13 @@ import pandas as pd
 import torch
 
 from .h5io import ActivationFile
-from .kpca import CORRECTED, PAPER, gamma_test, head_metrics, top_eigenvalues
+from .kpca import gamma_test, head_metrics, top_eigenvalues
 from .threads import ordered_map
 from .uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES, head_sign_draws
+from .variant import Variant
+from .variant import get as get_variant
 
-__all__ = ["kpca_records", "TEXT_PAPER_OPTIONS", "baseline_noise", "eigenvalue_records", "gamma_records", "layer_chunks"]
+__all__ = ["kpca_records", "baseline_noise", "eigenvalue_records", "gamma_records", "layer_chunks"]
 
 
 def baseline_noise(seed: int, dataset_index: int, layer: int, shape: tuple[int, ...]) -> torch.Tensor:
@@ -32,34 +34,29 @@ def baseline_noise(seed: int, dataset_index: int, layer: int, shape: tuple[int, 
     return torch.randn(shape, generator=gen, dtype=torch.float64)
 
 
-#: ``head_metrics`` options of the language-model script ``nlp_value_vectors.py`` (docs/method.md 3):
-#: top-d eigenvectors in ascending order, ``G = diag(1/(g + 1e-6))``, NaN costs set to 0 before
-#: the assignment (no try/except, nothing dropped), CKA denominators ``sqrt(xx * yy) + 1e-10``.
-TEXT_PAPER_OPTIONS = {"order": "asc_top", "g_eps": 1e-6, "nan_cost_to_zero": True, "cka_sqrt_of_product": True}
-
-
-def _head_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str, layer: int, seed: int, transposed: bool):
+def _head_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str | Variant, layer: int, seed: int, transposed: bool):
     """Heads of one layer in groups with a common token count ``N``.
 
     Yields ``(k, v, sample_rank, dataset_index, head, baseline)``: ``k, v`` float32 tensors
     ``(heads, N, d)``, per-head index arrays, and the random baseline (corrected variant) or
-    None. Three readings of the file:
+    None (``variant.baselines``). Three readings of the file:
 
-    * vision, and language models in the paper variant: every (input, head) with all ``N``
-      stored positions (padding included, docs/method.md 3);
+    * vision, and language models with ``variant.text_padding == "included"`` (paper): every
+      (input, head) with all ``N`` stored positions (padding included, docs/method.md 3);
     * ``transposed`` (Longformer, paper variant): the reference's misreading of Longformer's
       ``(sequence, batch, hidden)`` projections (docs/method.md 3): each "head matrix" is the
       ``B`` inputs at one position ``p``, so ``sample_rank`` holds ``p`` and
       ``dataset_index`` is -1;
-    * language models, corrected variant (docs/method.md 15 item 4): each input keeps only its
-      real tokens (``attention_mask == 1``); inputs of equal length are grouped.
+    * language models, ``text_padding == "excluded"`` (corrected, docs/method.md 15 item 4):
+      each input keeps only its real tokens (``attention_mask == 1``); inputs of equal length
+      are grouped.
     """
+    variant = get_variant(variant)
     k, v = t["k"], t["v"]
     n_in, n_heads = k.shape[:2]
-    corrected = variant == CORRECTED
 
     def base(index, shape):
-        return torch.cat([baseline_noise(seed, di, layer, shape) for di in index]) if corrected else None
+        return torch.cat([baseline_noise(seed, di, layer, shape) for di in index]) if variant.baselines else None
 
     if transposed:
         k, v = k.transpose(2, 1, 0, 3), v.transpose(2, 1, 0, 3)
@@ -73,7 +70,7 @@ def _head_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str, lay
             np.tile(np.arange(n_heads), n_pos),
             None,
         )
-    elif corrected and af.attention_mask is not None:
+    elif variant.text_padding == "excluded" and af.attention_mask is not None:
         mask = af.attention_mask.astype(bool)
         lengths = mask.sum(axis=1)
         for n in sorted(set(lengths.tolist())):
@@ -124,7 +121,7 @@ def layer_chunks(af: ActivationFile, layers: Sequence[int], heads_per_chunk: int
 
 def kpca_records(
     activations: str | os.PathLike,
-    variant: str,
+    variant: str | Variant,
     *,
     device: torch.device,
     heads_per_chunk: int = 64,
@@ -142,7 +139,7 @@ def kpca_records(
     (:func:`layer_chunks`; memory grows with neither depth nor the number of images).
     Language-model files (Table 4, docs/method.md 3; recognised by their ``attention_mask``) are
     read a layer at a time and grouped by :func:`_head_groups`: the paper variant uses
-    :data:`TEXT_PAPER_OPTIONS` and all padded positions (Longformer read transposed, as the
+    its ``text_options`` (:data:`kpca_repro.variant.PAPER`) and all padded positions (Longformer read transposed, as the
     reference reads it); the corrected variant drops padding per sequence (docs/method.md 15).
     Chunks of ``heads_per_chunk`` heads go through :func:`kpca_repro.kpca.head_metrics` on
     ``device``, ``workers`` chunks at a time (:func:`ordered_map`). Each head's numbers do
@@ -178,13 +175,14 @@ def kpca_records(
     from .progress import progress as progress_bar
     from .text import SEQUENCE_FIRST
 
+    variant = get_variant(variant)
     frames = []
     with ActivationFile(activations) as af:
         model_id = str(af.attrs["model_id"])
         n_in, n_heads = len(af.sample_rank), int(af.attrs["n_heads"])
         text = af.attention_mask is not None
-        transposed = text and variant == PAPER and str(af.attrs.get("hooked_layout", "")) == SEQUENCE_FIRST
-        options = TEXT_PAPER_OPTIONS if text and variant == PAPER else {}
+        transposed = text and variant.text_padding == "included" and str(af.attrs.get("hooked_layout", "")) == SEQUENCE_FIRST
+        options = variant.text_options if text else {}
         layer_list = list(layers if layers is not None else range(af.n_layers))
 
         def chunks():
@@ -193,7 +191,7 @@ def kpca_records(
                 for layer, flat, t in layer_chunks(af, layer_list, heads_per_chunk):
                     images = flat // n_heads
                     base = None
-                    if variant == CORRECTED:
+                    if variant.baselines:
                         noise = {int(i): baseline_noise(seed, af.dataset_index[i], layer, (n_heads, *t["v"].shape[1:])) for i in np.unique(images)}
                         base = torch.stack([noise[int(f // n_heads)][f % n_heads] for f in flat])
                     yield layer, t["k"], t["v"], af.sample_rank[images], af.dataset_index[images], flat % n_heads, base
@@ -206,7 +204,7 @@ def kpca_records(
                         yield layer, k[lo:hi], v[lo:hi], ranks[lo:hi], index[lo:hi], head[lo:hi], base[lo:hi] if base is not None else None
 
         caller_threads = torch.get_num_threads()
-        solver_threads = eigh_threads if variant == PAPER else None
+        solver_threads = eigh_threads if variant.authors_threads else None
 
         def work(chunk):
             layer, k, v, ranks, index, head, base = chunk
@@ -242,7 +240,7 @@ def kpca_records(
             )
 
         total = (af.attention_mask.shape[1] if transposed else n_in) * n_heads * len(layer_list)
-        with progress_bar(total=total, desc=f"kpca {variant} {model_id}", unit="head", disable=not progress, mininterval=5) as bar:
+        with progress_bar(total=total, desc=f"kpca {variant.name} {model_id}", unit="head", disable=not progress, mininterval=5) as bar:
             draw_parts = []
             for draws, frame in ordered_map(work, chunks(), workers=workers):
                 frames.append(frame)
@@ -252,19 +250,19 @@ def kpca_records(
             "model_id": model_id,
             "weights_sha256": str(af.attrs["weights_sha256"]),
             "n_sentences" if text else "n_images": n_in,
-            "variant": variant,
+            "variant": variant.name,
             "shard": int(af.attrs["shard"]),
             "n_shards": int(af.attrs["n_shards"]),
             "eigh_threads": solver_threads if solver_threads is not None else caller_threads,
         }
         if text:
-            meta["padding"] = "included" if variant == PAPER else "excluded"
+            meta["padding"] = variant.text_padding
             meta["longformer_transposed"] = bool(transposed)
         if sign_draws:
             meta["sign_draws"] = {name: np.concatenate([p[name] for p in draw_parts]) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR)}
     records = pd.concat(frames, ignore_index=True)
     records.insert(0, "model", model_id)
-    records.insert(1, "variant", variant)
+    records.insert(1, "variant", variant.name)
     return records, meta
 
 
@@ -308,7 +306,7 @@ def eigenvalue_records(
         model_id = str(af.attrs["model_id"])
     out = pd.concat(frames, ignore_index=True)
     out.insert(0, "keys", "standardized" if standardize else "raw")
-    out.insert(0, "variant", variant)
+    out.insert(0, "variant", get_variant(variant).name)
     out.insert(0, "model", model_id)
     return out
 

@@ -30,6 +30,8 @@ import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
+from .variant import REGISTRY
+
 __all__ = [
     "WILDCARD_VALUES",
     "strict_docutils",
@@ -48,9 +50,9 @@ __all__ = [
 #: ``table_html`` (``kpca_repro.paths.REPORT_TABLES``), ``fig`` of
 #: ``figure_training``, ``suffix`` of the figure rules.
 WILDCARD_VALUES = {
-    "table": tuple(f"table{t}{sfx}" for sfx in ("", "_corrected") for t in (1, 2, 3, 4)) + ("paper_comparison",),
+    "table": tuple(f"table{t}{v.suffix}" for v in REGISTRY.values() for t in (1, 2, 3, 4)) + ("paper_comparison",),
     "fig": ("1", "4"),
-    "suffix": ("", "_corrected"),
+    "suffix": tuple(v.suffix for v in REGISTRY.values()),
 }
 
 #: Text of docutils system messages in HTML and of the ones the warning stream prints.

@@ -2,8 +2,8 @@
 
 SLURM accepts a job that asks for more CPUs per task than any node of its partition has and
 leaves it PENDING forever (reason ``PartitionConfig``), and Snakemake then waits forever. Before
-any job is submitted, ``workflow/rules/slurm.smk`` (an ``onstart`` handler, active only with the
-``slurm`` executor) calls :func:`check_jobs`. It compares every cluster job's ``cpus_per_task``
+any job is submitted, the Snakefile's ``onstart`` handler (``slurm_fit_check`` in
+``workflow/rules/common.smk``, active only with the ``slurm`` executor) calls :func:`check_jobs`. It compares every cluster job's ``cpus_per_task``
 (or threads), ``mem_mb`` and ``gpu`` with the nodes ``sinfo`` reports for the job's partition
 (the default partition when none is set), and stops the run with one message naming each
 rule that cannot fit and what the largest node offers.
@@ -70,10 +70,7 @@ def query_nodes(timeout: float = 30) -> list[Node]:
 
 
 def problems(requests: dict[str, dict], nodes: list[Node]) -> list[str]:
-    """For each rule whose request fits no node of its partition, one line saying why.
-
-    ``requests``: key (the rule name, then anything after a space) -> {"cpus": int, "mem_mb": int, "gpu": int, "partition": str | None}.
-    """
+    """For each rule whose request fits no node of its partition, one line saying why."""
     default = next((n.default_partition for n in nodes if n.default_partition), None)
     out = []
     for key, req in sorted(requests.items()):

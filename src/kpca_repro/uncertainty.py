@@ -110,7 +110,7 @@ def direct_sign_statistics(vn: torch.Tensor, vkn: torch.Tensor, signs: torch.Ten
 def optimal_sign_statistics(vn: torch.Tensor, vkn: torch.Tensor, signs: torch.Tensor, valid: torch.Tensor | None = None, nan_to_zero: bool = False) -> dict[str, torch.Tensor]:
     """Matched (optimal-assignment) token-row cosine statistics under given sign patterns.
 
-    One :func:`kpca_repro.kpca.assignment_similarities` call per pattern, on
+    One :func:`kpca_repro.numerics.assignment_similarities` call per pattern, on
     ``S = Vn (V^n diag(sigma))^T``, with the same ``valid`` / ``nan_to_zero`` handling as
     :func:`kpca_repro.kpca.head_metrics`.
 
@@ -126,7 +126,7 @@ def optimal_sign_statistics(vn: torch.Tensor, vkn: torch.Tensor, signs: torch.Te
     """
     import torch
 
-    from .kpca import assignment_similarities
+    from .numerics import assignment_similarities
 
     means, maxes = [], []
     for r in range(signs.shape[1]):

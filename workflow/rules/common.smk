@@ -1,91 +1,69 @@
-# Shared helpers: configuration checks, paths, wildcard constraints.
+# Shared helpers: the configuration (validated, then checked), paths, input functions, and the
+# one check before the first job. Paths of this repository are relative to REPO (the directory
+# of the Snakefile, also when another workflow uses this one as a module).
 import os
 import sys
 from pathlib import Path
 
+import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
+from kpca_repro import config_checks, paths
+from kpca_repro.check_cache import WORKFLOW_CACHE_DIR as CHECK_CACHE
+from kpca_repro.code_deps import library_modules
+from kpca_repro.config_checks import ConfigError, run_model_scale
+from kpca_repro.cost import CostTable, model_cost, text_model_shape
+from kpca_repro.model_info import MissingModelError, model_source
+from kpca_repro.paths import model_id_from_slug, model_slug
+from kpca_repro.preflight import Preflight
+from kpca_repro.training_summary import scale_setting, scale_tokens
 
-# libgomp's idle threads spin about 300,000 times before they sleep. Two jobs whose OpenMP
-# teams (the paper variant's eigh on kpca.eigh_threads threads, the forward passes) share
-# cores then burn each other's time slices spinning, and each runs many times slower
-# (docs/performance.md, GOMP_SPINCOUNT). A short spin changes no number, only how threads
-# wait, and in a job alone it costs nothing measurable. Jobs inherit it; a value already
-# exported is kept.
+# libgomp's idle threads spin about 300,000 times before they sleep; two jobs whose OpenMP teams
+# share cores then burn each other's time slices (docs/performance.md, GOMP_SPINCOUNT). A short
+# spin changes no number. Jobs inherit it; a value already exported is kept.
 os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 
 
-def _stop_on_error(check):
-    """Run a parse-time check; a WorkflowError ends Snakemake with its message alone, exit
-    status 1 (raised, Snakemake would add the Snakefile lines it came from)."""
+def _stop(message):
+    """End Snakemake with a configuration error's message alone, exit status 1 (a raised error
+    would add the Snakefile lines it came from: docs/running.md)."""
+    print(message, file=sys.stderr)
+    sys.exit(1)
+
+
+def _checked_config():
+    """Validate ``config`` against the schema (filling defaults; one short message per error),
+    resolve the training scales, then every check a schema cannot express (config_checks).
+    Cluster jobs re-parsing the workflow skip the costly checks (the jobs check again)."""
+    schema = REPO / "workflow" / "schemas" / "config.schema.yaml"
     try:
-        check()
-    except WorkflowError as exc:
-        print(exc, file=sys.stderr)
-        sys.exit(1)
-
-
-def _validate_config():
-    """Validate ``config`` against the schema (filling defaults); one short message per error
-    (kpca_repro.config_checks.schema_error_message)."""
-    import yaml
-
-    try:
-        validate(config, str(SCHEMA))
+        validate(config, str(schema))
     except WorkflowError:
-        sys.path.insert(0, str(Path(workflow.basedir) / "src"))
-        from kpca_repro.config_checks import schema_error_message
-
-        message = schema_error_message(config, yaml.safe_load(SCHEMA.read_text()), str(SCHEMA.relative_to(workflow.basedir)))
+        message = config_checks.schema_error_message(config, yaml.safe_load(schema.read_text()), "workflow/schemas/config.schema.yaml")
         if message is None:
             raise
-        raise WorkflowError(message) from None
-
-
-_stop_on_error(_validate_config)
-
-# The repository's own library (paths, slugs, model sources) for the workflow itself.
-sys.path.insert(0, str(Path(workflow.basedir) / "src"))
-from kpca_repro import config_checks, paths
-from kpca_repro.check_cache import WORKFLOW_CACHE_DIR
-from kpca_repro.code_deps import library_modules
-from kpca_repro.config_checks import ConfigError, check_config, run_model_scale
-from kpca_repro.model_info import MissingModelError, model_source
-from kpca_repro.paths import model_id_from_slug, model_slug
-from kpca_repro.training_summary import scale_setting, scale_tokens
-
-
-def _resolve_scales():
-    """Training scales written as overrides of a `base` scale get every key, before any use."""
+        _stop(message)
     try:
         config["training"]["scales"] = config_checks.resolve_scales(config["training"]["scales"])
+        config_checks.check_config(config, main_process=workflow.is_main_process, cache_dir=CHECK_CACHE)
     except ConfigError as exc:
-        raise WorkflowError(str(exc)) from None
+        _stop(str(exc))
 
 
-_stop_on_error(_resolve_scales)
+_checked_config()
 RESOURCES = config["resources_dir"]
 VISION = config["vision"]
 TEXT = config["text"]
-ENV = "../../envs/pipeline.yaml"
-# Library modules each rule's script imports, transitively (kpca_repro.code_deps, read from
-# the source without importing it): listed as the rule's `code` input so that changing a
-# module reruns exactly the jobs whose scripts use it (Snakemake tracks only the script file).
-LIB = Path(workflow.basedir) / "src" / "kpca_repro"
-
-
-def code_inputs(script):
-    """The `code` input of the rules that run workflow/scripts/<script>."""
-    return library_modules(Path(workflow.basedir) / "workflow" / "scripts" / script, LIB)
-
-
-# Result tables rendered as HTML for `snakemake --report` (caption: workflow/report/tables.rst).
-REPORT_TABLES = paths.REPORT_TABLES
 TRAINING = config["training"]
 FIGURE1 = config["figure1"]
+FIGURE2 = config["figure2"]
+FIGURE5 = config["figure5"]
 ABLATION = config["token_ablation"]
+N_IMAGES = VISION["n_images"]
+TEXT_ROWS = TEXT["n_rows"]
+ENV = "../../envs/pipeline.yaml"
+REPORT_TABLES = paths.REPORT_TABLES
 FASHION_MNIST = [f"{RESOURCES}/datasets/fashion-mnist/{f}" for f in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")]
 
 
@@ -99,23 +77,15 @@ wildcard_constraints:
     sample=r"\d+|sentences",
 
 
-# Passed model checks, kept between runs (kpca_repro.check_cache): a repeated command imports
-# no torch, timm or transformers while parsing. Safe to delete.
-CHECK_CACHE = WORKFLOW_CACHE_DIR
-
-
-def _check_config():
-    """Checks a JSON schema cannot express (kpca_repro.config_checks); raise before any job runs.
-    Cluster jobs re-parse the workflow and skip the costly ones (the jobs check again)."""
-    try:
-        check_config(config, main_process=workflow.is_main_process, cache_dir=CHECK_CACHE)
-    except ConfigError as exc:
-        raise WorkflowError(str(exc)) from None
+def code_inputs(script):
+    """The `code` input of the rules that run workflow/scripts/<script>: the library modules the
+    script reaches through imports (kpca_repro.code_deps), so that changing one reruns exactly
+    the jobs that use it (Snakemake tracks only the script file)."""
+    return library_modules(REPO / "workflow" / "scripts" / script, REPO / "src" / "kpca_repro")
 
 
 def ablation_runs():
-    """(model, scale, tokens) of each token-ablation run; evaluated only when the table is
-    requested, so a configuration that shrinks the images of `small` still builds the rest."""
+    """(model, scale, tokens) of each token-ablation run; evaluated only when the table is requested."""
     try:
         return [(model, scale, scale_tokens(TRAINING["scales"][scale])) for model in ABLATION["models"] for scale in ABLATION["scales"]]
     except ValueError as exc:
@@ -124,13 +94,7 @@ def ablation_runs():
 
 def reference_logs_input():
     """The authors' W&B logs folder of Figures 1 and 4 ([] when figure1.use_reference is false)."""
-    if not FIGURE1["use_reference"]:
-        return []
-    return [FIGURE1["reference_logs"] or f"{RESOURCES}/training_logs"]
-
-
-SHARDS = paths.vision_shards(config)
-N_IMAGES = VISION["n_images"]
+    return [FIGURE1["reference_logs"] or f"{RESOURCES}/training_logs"] if FIGURE1["use_reference"] else []
 
 
 def image_source():
@@ -167,111 +131,77 @@ def all_targets():
     return paths.all_targets(config)
 
 
+def figure5_models(wildcards):
+    """Path slugs of the Figure 5 models (figure5.models, else text.models)."""
+    models = FIGURE5["models"] if FIGURE5["models"] is not None else TEXT["models"]
+    if not models:
+        raise WorkflowError("config keys figure5.models / text.models: no language model configured for Figure 5")
+    return [model_slug(m) for m in models]
+
+
+# --------------------------------------------------------------------------------------
+# Before the first job: what the scheduled jobs need (their input functions register it while
+# Snakemake builds the DAG) and what it costs. kpca_repro.preflight, kpca_repro.cost.
+# --------------------------------------------------------------------------------------
+
+PREFLIGHT = Preflight(config, REPO / "config")
+COSTS = CostTable()
+
+
+def missing_input(kind):
+    """The input function of the download rules, which exist only for missing inputs; it registers what its
+    job fetches, so that the check before the first job names it if it cannot be fetched."""
+
+    def register(wildcards):
+        if workflow.is_main_process:
+            PREFLIGHT.need(kind, wildcards.get("model"))
+        return []
+
+    return register
+
+
+def vision_weights(wildcards):
+    """Input function of extract_vision: the model's weights; prints the model's cost line."""
+    model = wildcards.model
+    if workflow.is_main_process:
+        COSTS.add(model, lambda: vision_cost(model))
+    return weights_path(wildcards.model)
+
+
+def vision_cost(model):
+    c = config_checks.check_vision_model(config, model, model, CHECK_CACHE)  # cached by the config check
+    return model_cost(model, "vision", c.n_tokens, c.depth, c.n_heads, c.head_dim, N_IMAGES)
+
+
 def text_model_source(wildcards):
-    """A language model's directory (text.local_models) or hub id; offline and unavailable, stop the DAG naming the key."""
+    """A language model's directory (text.local_models) or hub id; a hub id is registered for the
+    check before the first job (offline and not cached, it cannot run)."""
+    model_id = model_id_from_slug(wildcards.slug)
+    if model_id not in TEXT["local_models"] and workflow.is_main_process:
+        PREFLIGHT.need("text_model", model_id)
     try:
-        return model_source(model_id_from_slug(wildcards.slug), TEXT["local_models"], config["offline"])
-    except MissingModelError as exc:
-        raise WorkflowError(str(exc)) from None
+        return model_source(model_id, TEXT["local_models"], config["offline"])
+    except MissingModelError:
+        return model_id
 
 
 def text_model_files(wildcards):
-    """Input files of a local language model (config.json and weights, so a change reruns extraction); none for the hub."""
+    """Input function of extract_text: a local model's config.json and weights (a change reruns
+    extraction), none for the hub; prints the model's cost line."""
     source = text_model_source(wildcards)
+    model_id = model_id_from_slug(wildcards.slug)
+    if workflow.is_main_process:
+        COSTS.add(model_id, lambda: (shape := text_model_shape(source)) and model_cost(model_id, "text", TEXT["max_length"], *shape, TEXT_ROWS))
     if not os.path.isdir(source):
         return []
     return [str(p) for p in sorted(Path(source).iterdir()) if p.name in ("config.json", "model.safetensors", "pytorch_model.bin")]
 
 
-def offline_guard(path, what, how):
-    """Input function for download rules: offline, a missing input stops DAG construction."""
+def slurm_fit_check():
+    """With the SLURM executor (profiles/slurm), stop before any submission when a cluster job's
+    cpus_per_task, mem_mb or gpu fits on no node of its partition: SLURM would leave it PENDING
+    forever (kpca_repro.slurm_preflight; KPCA_SLURM_PREFLIGHT=0 skips it)."""
+    if workflow.executor_plugin is not None and workflow.executor_plugin.name == "slurm":
+        from kpca_repro.slurm_preflight import check_jobs
 
-    def guard(wildcards):
-        target = path.format(**wildcards)
-        if config["offline"]:
-            raise WorkflowError(f"missing {what}: {target} does not exist (offline: true). {how}")
-        return []
-
-    return guard
-
-
-# --------------------------------------------------------------------------------------
-# Figures 2 and 5 (norms.smk): squared norms, vision and language models
-# --------------------------------------------------------------------------------------
-
-FIGURE2 = config["figure2"]
-FIGURE5 = config["figure5"]
-FIGURE5_MODELS = FIGURE5["models"] if FIGURE5["models"] is not None else list(TEXT["models"])
-TEXT_ROWS = TEXT["n_rows"]
-TEXT_SHARDS = paths.text_shards(config)
-
-
-def figure5_models(wildcards):
-    """Path slugs of the Figure 5 models (figure5.models, else text.models)."""
-    if not FIGURE5_MODELS:
-        raise WorkflowError("config keys figure5.models / text.models: no language model configured for Figure 5")
-    return [model_slug(m) for m in FIGURE5_MODELS]
-
-
-def _requested_targets():
-    """The targets of this run ([] = the default target), or None when not known at parse time."""
-    from kpca_repro.preflight import targets_from_argv
-
-    if workflow.dag_settings is not None:
-        return sorted(workflow.dag_settings.targets)
-    return targets_from_argv(sys.argv)
-
-
-def _check_inputs(targets):
-    """Every external input of the requested targets is present or can be downloaded; else one
-    block (each missing path, how to provide it, the offline configuration) before any job.
-    Main Snakemake process only; the logic is kpca_repro.preflight."""
-    from kpca_repro.preflight import MissingInputsError, allowed_rules_from_argv, check_inputs, needs, offline_alternatives
-
-    alternatives = offline_alternatives(needs(targets, config), Path(workflow.basedir) / "config", os.getcwd())
-    if workflow.dag_settings is not None:
-        allowed = set(workflow.dag_settings.allowed_rules) or None
-    else:
-        allowed = allowed_rules_from_argv(sys.argv)
-    try:
-        check_inputs(config, targets, alternatives, allowed_rules=allowed)
-    except MissingInputsError as exc:
-        # the block alone: a WorkflowError would add the Snakefile lines it was raised from
-        print(exc, file=sys.stderr)
-        sys.exit(1)
-
-
-def _report_cost(targets):
-    """Print N, heads, eigh work and activation storage per model the targets need, with a
-    warning for a model far beyond the paper's largest (kpca_repro.cost); dry runs too."""
-    from kpca_repro.cost import cost_report, model_cost, text_model_shape
-    from kpca_repro.preflight import needs
-
-    groups = needs(targets, config)
-    models = list(VISION["models"]) if "vision" in groups else []
-    if "figure3" in groups:
-        models.append(config["figure3"]["model"])
-    models += [g[len("model:") :] for g in groups if g.startswith("model:") and g[len("model:") :] in VISION["models"]]
-    costs = []
-    for model in dict.fromkeys(models):
-        c = config_checks.check_vision_model(config, model, model, CHECK_CACHE)  # cached by _check_config
-        costs.append(model_cost(model, "vision", c.n_tokens, c.depth, c.n_heads, c.head_dim, VISION["n_images"]))
-    text_models = list(TEXT["models"]) if groups & {"text", "figure5"} else []
-    for model_id in text_models:
-        try:
-            shape = text_model_shape(model_source(model_id, TEXT["local_models"], config["offline"]))
-        except MissingModelError:
-            shape = None
-        if shape is not None:
-            costs.append(model_cost(model_id, "text", TEXT["max_length"], *shape, TEXT["n_rows"]))
-    if costs:
-        table, warnings = cost_report(costs)
-        print("\n".join([table, *warnings]), file=sys.stderr)
-
-
-_stop_on_error(_check_config)
-if workflow.is_main_process:
-    _TARGETS = _requested_targets()
-    if _TARGETS is not None:  # not a snakemake command line: the download rules' guards still check
-        _check_inputs(_TARGETS)
-        _report_cost(_TARGETS)
+        check_jobs(workflow.dag.needrun_jobs())

@@ -23,7 +23,7 @@ rule sample_images:
 
 rule extract_vision:
     input:
-        weights=lambda wc: weights_path(wc.model),
+        weights=vision_weights,
         samples="results/samples/vision_{n}.tsv",
         code=code_inputs("extract_vision.py"),
     output:

@@ -2,18 +2,25 @@
 # Snakemake's linter asks for rules and functions in separate files. Included right after common.smk,
 # whose configuration checks and path helpers they use.
 
+from kpca_repro.variant import from_suffix as variant_from_suffix
+from kpca_repro.variant import get as get_variant
+from kpca_repro.variant import suffix_pattern
+
 # `resources: gpu=GPU` of the rules that run on config["device"]: one GPU unless it is "cpu".
 GPU = 1 if config["device"] != "cpu" else 0
+# The `{suffix}` wildcard of the user-facing outputs (results/table1{suffix}.csv): every
+# variant's suffix, from kpca_repro.variant ("" paper, "_corrected" corrected).
+SUFFIXES = suffix_pattern()
 
 
 def variant_of(wildcards):
-    """The variant a `{suffix}` wildcard names: "" is the paper variant, "_corrected" the corrected one."""
-    return "corrected" if wildcards.suffix else "paper"
+    """The variant name a `{suffix}` wildcard names (kpca_repro.variant: "" paper, "_corrected" corrected)."""
+    return variant_from_suffix(wildcards.suffix).name
 
 
 def paper_uncertainty(wildcards):
-    """`params.uncertainty` of a table rule: the interval settings (docs/uncertainty.md), paper variant only."""
-    return None if wildcards.suffix else {"seed": config["seed"], **config["uncertainty"]}
+    """`params.uncertainty` of a table rule: the interval settings (docs/uncertainty.md), for a variant with sign draws (paper)."""
+    return {"seed": config["seed"], **config["uncertainty"]} if variant_from_suffix(wildcards.suffix).sign_draws else None
 
 
 def table_inputs(records):
@@ -27,7 +34,7 @@ def table_inputs(records):
     def inputs(wildcards):
         variant = variant_of(wildcards)
         files = {"heads": records(variant, "csv"), "meta": records(variant, "json")}
-        if variant == "paper":
+        if get_variant(variant).sign_draws:
             files["signs"] = [f.replace(".csv", "_signs.h5") for f in files["heads"]]
         return files
 

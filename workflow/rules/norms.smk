@@ -88,7 +88,7 @@ rule figure2:
     benchmark:
         "benchmarks/figure2/figure2{suffix}.tsv"
     wildcard_constraints:
-        suffix="|_corrected",
+        suffix=SUFFIXES,
     localrule: True
     conda:
         ENV
@@ -121,7 +121,7 @@ rule figure5:
     benchmark:
         "benchmarks/figure5/figure5{suffix}.tsv"
     wildcard_constraints:
-        suffix="|_corrected",
+        suffix=SUFFIXES,
     localrule: True
     conda:
         ENV

@@ -2,11 +2,12 @@
 #
 # A download rule exists only for inputs that are missing when the workflow is parsed, so
 # files placed by hand (or a read-only directory such as ../shared/assets) are never
-# "regenerated". Offline (offline: true), a missing input stops DAG construction with the
-# exact path to fill; online, the rule fetches it and fails with the same path if it cannot.
+# "regenerated". Their input function registers what they fetch: offline, the check before the
+# first job stops the run naming the exact path to fill (common.smk); online, the rule fetches
+# it and fails with the same path if it cannot.
 import re
 
-MISSING_WEIGHTS = [m for m in VISION["models"] if not os.path.exists(weights_path(m))]
+MISSING_WEIGHTS = [m for m in dict.fromkeys([*VISION["models"], config["figure3"]["model"]]) if not os.path.exists(weights_path(m))]
 IMAGES_MISSING = VISION["imagenet_val_dir"] is None and not os.path.isdir(image_source()[0])
 
 
@@ -14,13 +15,7 @@ if MISSING_WEIGHTS:
 
     rule download_timm_weights:
         input:
-            offline_guard(
-                f"{RESOURCES}/weights/timm/{{model}}.safetensors",
-                "pretrained weights",
-                "Place the timm state_dict of the model there as safetensors "
-                "(timm.create_model(id, pretrained=True).state_dict() saved with "
-                "safetensors.torch.save_file), or set offline: false to let timm download it.",
-            ),
+            missing_input("weights"),
         output:
             f"{RESOURCES}/weights/timm/{{model}}.safetensors",
         log:
@@ -42,11 +37,7 @@ if IMAGES_MISSING:
 
     rule download_imagenet_sample:
         input:
-            offline_guard(
-                f"{RESOURCES}/images/imagenet-sample",
-                "ImageNet sample images",
-                "Put the 1000 files <wnid>_<label>.JPEG of the ImageNet sample there, " "or set vision.imagenet_val_dir to an ImageNet validation root.",
-            ),
+            missing_input("images"),
         output:
             directory(f"{RESOURCES}/images/imagenet-sample"),
         log:
@@ -70,11 +61,7 @@ if WIKITEXT_MISSING:
 
     rule download_wikitext:
         input:
-            offline_guard(
-                f"{RESOURCES}/text/wikitext-103/wiki.test.raw",
-                "WikiText-103 raw test split",
-                "Put the file wiki.test.raw of wikitext-103-raw-v1 there (one dataset row per line), " "or set offline: false to fetch it with datasets.load_dataset (config key downloads.wikitext).",
-            ),
+            missing_input("wikitext"),
         output:
             f"{RESOURCES}/text/wikitext-103/wiki.test.raw",
         log:

@@ -27,9 +27,7 @@ rule eigenvalues_vision:
 
 rule table_spectra:
     input:
-        records=lambda wc: [
-            f for m in VISION["models"] for keys in (["standardized"] if wc.table == "2" else ["standardized", "raw"]) for f in spectra_files("corrected" if wc.suffix else "paper", m, keys)
-        ],
+        records=lambda wc: [f for m in VISION["models"] for keys in (["standardized"] if wc.table == "2" else ["standardized", "raw"]) for f in spectra_files(variant_of(wc), m, keys)],
         code=code_inputs("table_spectra.py"),
     output:
         csv="results/table{table}{suffix}.csv",
@@ -40,12 +38,12 @@ rule table_spectra:
         "benchmarks/table_spectra/table{table}{suffix}.tsv"
     wildcard_constraints:
         table="2|3",
-        suffix="|_corrected",
+        suffix=SUFFIXES,
     localrule: True
     conda:
         ENV
     params:
-        variant=lambda wc: "corrected" if wc.suffix else "paper",
+        variant=variant_of,
         uncertainty={"seed": config["seed"], **config["uncertainty"]},
     script:
         "../scripts/table_spectra.py"
@@ -84,7 +82,7 @@ rule gamma_vision:
 
 rule figure3:
     input:
-        gamma=lambda wc: f"results/figure3/gamma_{'corrected' if wc.suffix else 'paper'}.csv",
+        gamma=lambda wc: f"results/figure3/gamma_{variant_of(wc)}.csv",
         code=code_inputs("figure3.py"),
     output:
         pdf="results/figure3{suffix}.pdf",
@@ -92,7 +90,7 @@ rule figure3:
             "results/figure3{suffix}.png",
             caption="../report/figure3.rst",
             category="Figures",
-            labels=lambda wc: {"figure": "Figure 3", "variant": "corrected" if wc.suffix else "paper"},
+            labels=lambda wc: {"figure": "Figure 3", "variant": variant_of(wc)},
         ),
         csv="results/figure3{suffix}.csv",
     log:
@@ -100,13 +98,11 @@ rule figure3:
     benchmark:
         "benchmarks/figure3/figure3{suffix}.tsv"
     wildcard_constraints:
-        suffix="|_corrected",
+        suffix=SUFFIXES,
     localrule: True
     conda:
         ENV
     params:
-        title=lambda wc: (
-            f"{config['figure3']['model']}, block {config['figure3']['block']}, " f"{'corrected' if wc.suffix else 'paper'} variant; perturbed = QR(A + {config['figure3']['noise']} N(0, 1))"
-        ),
+        title=lambda wc: (f"{config['figure3']['model']}, block {config['figure3']['block']}, " f"{variant_of(wc)} variant; perturbed = QR(A + {config['figure3']['noise']} N(0, 1))"),
     script:
         "../scripts/figure3.py"

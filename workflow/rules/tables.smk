@@ -1,5 +1,5 @@
 # Stage 3: aggregate per-head records into the paper's tables (CSV + Markdown).
-# One rule per table; {suffix} is "" (paper variant) or "_corrected" (corrected variant).
+# One rule per table; {suffix} is a variant's output suffix (kpca_repro.variant: "" paper, "_corrected" corrected).
 # Only the paper variant reads the sign draws and computes intervals (docs/uncertainty.md).
 
 
@@ -15,7 +15,7 @@ rule table1:
     benchmark:
         "benchmarks/table1/table1{suffix}.tsv"
     wildcard_constraints:
-        suffix="|_corrected",
+        suffix=SUFFIXES,
     localrule: True
     conda:
         ENV
@@ -41,7 +41,7 @@ rule table4:
     benchmark:
         "benchmarks/table4/table4{suffix}.tsv"
     wildcard_constraints:
-        suffix="|_corrected",
+        suffix=SUFFIXES,
     localrule: True
     conda:
         ENV

@@ -27,12 +27,7 @@ if FASHION_MNIST_MISSING:
 
     rule download_fashion_mnist:
         input:
-            offline_guard(
-                f"{RESOURCES}/datasets/fashion-mnist",
-                "Fashion-MNIST",
-                "Place train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz and "
-                "t10k-labels-idx1-ubyte.gz there (https://github.com/zalandoresearch/fashion-mnist), or run online.",
-            ),
+            missing_input("fashion_mnist"),
         output:
             FASHION_MNIST,
         log:
@@ -53,11 +48,7 @@ if TRAINING_LOGS_MISSING:
 
     rule download_training_logs:
         input:
-            offline_guard(
-                f"{RESOURCES}/training_logs",
-                "the authors' W&B training logs",
-                "Set figure1.reference_logs to a folder holding vit_tiny/*.csv and deit_tiny/*.csv " "(scripts/wandb_data of KarahanS/Reproduction-Study-KPCA), or figure1.use_reference: false.",
-            ),
+            missing_input("training_logs"),
         output:
             directory(f"{RESOURCES}/training_logs"),
         log:

@@ -12,6 +12,7 @@ from kpca_repro.records import kpca_records
 from kpca_repro.smk import setup_logging
 from kpca_repro.threads import resolve_eigh_threads
 from kpca_repro.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES, write_sign_draws
+from kpca_repro.variant import get as get_variant
 from kpca_repro.vision import resolve_device
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
@@ -20,7 +21,7 @@ log = setup_logging(smk, "kpca_heads")
 # head's numbers are then the same whatever threads, heads_per_chunk or shards say. The
 # paper variant's eigh calls alone run with kpca.eigh_threads (the authors' thread count).
 torch.set_num_threads(1)
-eigh_threads = resolve_eigh_threads(smk.params.eigh_threads, WORKFLOW_CACHE_DIR) if smk.wildcards.variant == "paper" else None
+eigh_threads = resolve_eigh_threads(smk.params.eigh_threads, WORKFLOW_CACHE_DIR) if get_variant(smk.wildcards.variant).authors_threads else None
 device = resolve_device(smk.params.device)
 records, meta = kpca_records(
     smk.input.activations,

@@ -4,11 +4,12 @@ from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
 from kpca_repro.tables import TEXT_CORRECTED_METRICS, corrected_markdown, markdown_table, read_head_records, table4_paper, table_corrected
 from kpca_repro.uncertainty import read_sign_draws
+from kpca_repro.variant import get as get_variant
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "table4")
 heads, meta = read_head_records(smk.input.heads, smk.input.meta, "n_sentences", keep=("longformer_transposed",))
-if smk.params.variant == "paper":
+if get_variant(smk.params.variant).tables == "paper":
     # sign and bootstrap intervals (docs/uncertainty.md); the draws' rows follow the records files
     table = table4_paper(heads, meta, read_sign_draws(smk.input.signs), dict(smk.params.uncertainty))
     markdown = markdown_table(table.drop(columns=["weights_sha256"]), floatfmt=".3f")
