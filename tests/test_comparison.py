@@ -55,6 +55,34 @@ def test_not_comparable_reason():
     assert "model_kwargs" in cmp.not_comparable_reason("a", {"a": {"depth": 2}}, {}, sha)
     assert "checksums.a" in cmp.not_comparable_reason("a", {}, {"a": "cd" * 32}, sha)
     assert cmp.not_comparable_reason("a", {}, {"a": sha}, None) is None  # nothing recorded (Tables 2-3)
+    # a stand-in (random weights of the exact architecture) is never compared, whatever else holds
+    assert cmp.not_comparable_reason("a", {}, {"a": sha}, sha, stand_ins=["a"]) == cmp.STAND_IN_REASON
+    assert cmp.not_comparable_reason("a", {}, {}, sha, stand_ins=["b"]) is None
+
+
+def test_stand_in_rows_are_labelled_in_the_tables_and_not_compared(tmp_path):
+    """config comparison.stand_in_models: the model cell says "stand-in weights" in every table
+    form (timm_id or hf_id), the comparison marks every cell of the model not comparable, and a
+    table without stand-ins keeps its bytes."""
+    from kpca_repro.tables import STAND_IN_LABEL, label_stand_ins
+
+    t1 = pd.DataFrame({"model": ["A", "B"], "timm_id": ["a", "b"], "MDC": [0.124, 0.2]})
+    t4 = pd.DataFrame({"model": ["MiniLM", "BERT"], "hf_id": ["org/minilm", "bert-base-uncased"], "MDC": [0.4, 0.5]})
+    assert list(label_stand_ins(t1, ["b"])["model"]) == ["A", "B" + STAND_IN_LABEL]
+    assert list(label_stand_ins(t4, ["bert-base-uncased"])["model"]) == ["MiniLM", "BERT (stand-in weights)"]
+    assert list(t1["model"]) == ["A", "B"]  # a copy: the input is untouched
+    assert label_stand_ins(t1, []) is t1 and label_stand_ins(t1, ["z"]) is t1
+    assert label_stand_ins(t1, ["z"]).to_csv(index=False) == t1.to_csv(index=False)
+
+    pub = tmp_path / "published"
+    pub.mkdir()
+    _write(pub / "table1_vision_similarity.csv", "model,timm_id,MDC,MOC,LCKA,KCKA\nA,a,0.15,0.31,0.11,0.31\nB,b,0.2,0.3,0.1,0.3\n")
+    reproduced = tmp_path / "table1.csv"
+    label_stand_ins(pd.DataFrame({"model": ["A", "B"], "timm_id": ["a", "b"], "MDC": [0.15, 0.2], "MOC": [0.31, 0.3], "LCKA": [0.11, 0.1], "KCKA": [0.31, 0.3]}), ["b"]).to_csv(reproduced, index=False)
+    out = cmp.comparison_table(pub, {"1": (str(reproduced), None)}, {}, stand_ins=["b"])
+    b = out[out["model_id"] == "b"]
+    assert len(b) == 4 and (b["status"] == cmp.NOT_COMPARABLE).all() and (b["reason"] == cmp.STAND_IN_REASON).all()
+    assert (out[out["model_id"] == "a"]["status"] == cmp.WITHIN_ROUNDING).all()  # the real model is compared as before
 
 
 def test_comparison_statuses_on_a_small_fixture(tmp_path):

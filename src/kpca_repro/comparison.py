@@ -45,6 +45,7 @@ __all__ = [
     "DIFFERS",
     "NOT_COMPARABLE",
     "NOT_RUN",
+    "STAND_IN_REASON",
     "NOT_PUBLISHED",
     "STATUS_ORDER",
     "not_comparable_reason",
@@ -66,6 +67,8 @@ DIFFERS = "differs beyond sampling and solver variation"
 #: SHA-256 is not the one in config ``checksums``, or a non-finite reproduced value.
 NOT_COMPARABLE = "not comparable"
 NOT_RUN = "not run"
+#: The reason of a stand-in's rows (config ``comparison.stand_in_models``).
+STAND_IN_REASON = "stand-in weights (random weights of the exact architecture, config comparison.stand_in_models): never compared with the paper"
 NOT_PUBLISHED = "not published"
 #: Former name of :data:`WITHIN_ROUNDING`.
 MATCH = WITHIN_ROUNDING
@@ -221,10 +224,12 @@ def status(published: str, reproduced: float, lower: float = float("nan"), upper
     return DIFFERS
 
 
-def not_comparable_reason(model_id: str, model_kwargs: dict, checksums: dict, weights_sha256: str | None) -> str | None:
+def not_comparable_reason(model_id: str, model_kwargs: dict, checksums: dict, weights_sha256: str | None, stand_ins=()) -> str | None:
     """Why a model that ran cannot be set beside the paper's number, or None (issue 16 item 4).
 
-    Not comparable when (1) ``model_kwargs[model_id]`` is a non-empty mapping: the model was
+    Not comparable when (0) the model is in ``stand_ins`` (config ``comparison.stand_in_models``):
+    its weights are random weights of the exact architecture (docs/hub_fixture.md), an untrained
+    network the paper never measured; or (1) ``model_kwargs[model_id]`` is a non-empty mapping: the model was
     built with ``vision.model_kwargs`` and is not the published architecture; or (2)
     ``checksums`` has an entry for the model and the SHA-256 recorded with the reproduced
     table (``weights_sha256``, copied from the activation file) differs from it. A table
@@ -232,6 +237,8 @@ def not_comparable_reason(model_id: str, model_kwargs: dict, checksums: dict, we
     extraction refuses other weights. A model without a ``checksums`` entry is compared
     (its weights are unverified; Tables 1 and 4 show their SHA-256).
     """
+    if model_id in set(stand_ins or ()):
+        return STAND_IN_REASON
     if model_kwargs.get(model_id):
         return f"built with config vision.model_kwargs {dict(model_kwargs[model_id])}: not the published architecture"
     expected = checksums.get(model_id)
@@ -271,6 +278,7 @@ def compare_table(
     source: str,
     model_kwargs: dict | None = None,
     checksums: dict | None = None,
+    stand_ins=(),
 ) -> pd.DataFrame:
     """One row per published cell of one table, with its interval and status.
 
@@ -287,8 +295,8 @@ def compare_table(
         corrected: the corrected table (``results/table<N>_corrected.csv``), or None.
         not_run: model id -> why it was not run; used for models absent from ``reproduced``.
         source: where the published numbers come from (recorded in every row).
-        model_kwargs, checksums: config ``vision.model_kwargs`` and ``checksums``
-            (:func:`not_comparable_reason`).
+        model_kwargs, checksums, stand_ins: config ``vision.model_kwargs``, ``checksums`` and
+            ``comparison.stand_in_models`` (:func:`not_comparable_reason`).
 
     Returns:
         ``difference`` = reproduced - published; ``status`` one of the six statuses
@@ -300,7 +308,7 @@ def compare_table(
     for _, pub in published.iterrows():
         model_id = pub[spec.id_column]
         ran = reproduced is not None and spec.id_column in reproduced and (reproduced[spec.id_column] == model_id).any()
-        incomparable = not_comparable_reason(model_id, model_kwargs or {}, checksums or {}, _lookup_text(reproduced, spec.id_column, model_id, "weights_sha256")) if ran else None
+        incomparable = not_comparable_reason(model_id, model_kwargs or {}, checksums or {}, _lookup_text(reproduced, spec.id_column, model_id, "weights_sha256"), stand_ins) if ran else None
         for col, rep_col in spec.columns.items():
             cell = pub.get(col, "")
             rep = _lookup(reproduced, spec.id_column, model_id, rep_col)
@@ -353,6 +361,7 @@ def comparison_table(
     not_run: dict[str, str],
     model_kwargs: dict | None = None,
     checksums: dict | None = None,
+    stand_ins=(),
 ) -> pd.DataFrame:
     """The whole comparison: every published number of Tables 1-4 (Issue: reproduction report).
 
@@ -362,8 +371,8 @@ def comparison_table(
         results: table number (``"1"`` .. ``"4"``) -> (paper-variant CSV path or None,
             corrected CSV path or None); a missing or None path counts as "not run".
         not_run: model id -> reason it was not run.
-        model_kwargs, checksums: config ``vision.model_kwargs`` and ``checksums``
-            (:func:`not_comparable_reason`).
+        model_kwargs, checksums, stand_ins: config ``vision.model_kwargs``, ``checksums`` and
+            ``comparison.stand_in_models`` (:func:`not_comparable_reason`).
 
     Returns:
         The rows of :func:`compare_table`, those that ran first (by table), then the not
@@ -384,7 +393,7 @@ def comparison_table(
         else:
             where = str(directory / spec.file)
         source = f"arXiv:2505.07908 Table {spec.table} ({where})"
-        frames.append(compare_table(spec, published, reproduced, corrected, not_run, source, model_kwargs, checksums))
+        frames.append(compare_table(spec, published, reproduced, corrected, not_run, source, model_kwargs, checksums, stand_ins))
     frames = [f for f in frames if len(f)]
     if not frames:
         return pd.DataFrame(columns=COLUMNS)

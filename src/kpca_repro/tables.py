@@ -10,6 +10,8 @@ import pandas as pd
 from . import uncertainty as unc
 
 __all__ = [
+    "STAND_IN_LABEL",
+    "label_stand_ins",
     "read_head_records",
     "exact_mean",
     "exact_std",
@@ -80,6 +82,38 @@ TEXT_CORRECTED_METRICS = (
     ("linear_cka", "linear CKA", "mean"),
     ("rbf_cka", "RBF CKA", "mean"),
 )
+
+
+#: Appended to the ``model`` cell of a row whose weights are stand-ins.
+STAND_IN_LABEL = " (stand-in weights)"
+
+
+def label_stand_ins(table: pd.DataFrame, stand_ins) -> pd.DataFrame:
+    """Mark the rows of models whose weights are stand-ins (config ``comparison.stand_in_models``).
+
+    A stand-in is a random-weight network of the exact architecture (docs/hub_fixture.md): its
+    row measures an untrained network, so it must never be read as the paper's model. The
+    ``model`` cell of every row whose ``timm_id`` or ``hf_id`` is in ``stand_ins`` gets
+    :data:`STAND_IN_LABEL` appended; nothing else changes, and a table without stand-ins is
+    returned unchanged (the same CSV bytes).
+
+    Args:
+        table: any results table with a ``model`` column and a ``timm_id`` or ``hf_id`` column.
+        stand_ins: model ids (as ``vision.models`` / ``text.models`` name them).
+
+    Returns:
+        A copy of ``table`` (or ``table`` itself when no row is a stand-in).
+    """
+    ids = set(stand_ins or ())
+    id_column = next((c for c in ("timm_id", "hf_id") if c in table.columns), None)
+    if not ids or id_column is None or "model" not in table.columns:
+        return table
+    hit = table[id_column].isin(ids).to_numpy()
+    if not hit.any():
+        return table
+    out = table.copy()
+    out.loc[hit, "model"] = out.loc[hit, "model"].astype(str) + STAND_IN_LABEL
+    return out
 
 
 def display_name(model_id: str) -> str:

@@ -29,6 +29,8 @@ rule paper_comparison:
         # "not comparable": built with model_kwargs, or weights without the configured SHA-256
         model_kwargs=VISION["model_kwargs"],
         checksums=config["checksums"],
+        # never compared: random weights of the exact architecture (docs/hub_fixture.md)
+        stand_ins=config["comparison"]["stand_in_models"],
     script:
         "../scripts/paper_comparison.py"
 

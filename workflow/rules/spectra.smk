@@ -45,6 +45,7 @@ rule table_spectra:
     params:
         variant=variant_of,
         uncertainty={"seed": config["seed"], **config["uncertainty"]},
+        stand_ins=config["comparison"]["stand_in_models"],
     script:
         "../scripts/table_spectra.py"
 

@@ -22,6 +22,7 @@ rule table1:
     params:
         variant=variant_of,
         uncertainty=paper_uncertainty,
+        stand_ins=config["comparison"]["stand_in_models"],
     script:
         "../scripts/table1.py"
 
@@ -48,5 +49,6 @@ rule table4:
     params:
         variant=variant_of,
         uncertainty=paper_uncertainty,
+        stand_ins=config["comparison"]["stand_in_models"],
     script:
         "../scripts/table4.py"

@@ -17,6 +17,7 @@ table = comparison_table(
     not_run,
     model_kwargs=dict(smk.params.model_kwargs),
     checksums=dict(smk.params.checksums),
+    stand_ins=list(smk.params.stand_ins),
 )
 log.info("%d published numbers compared: %s", len(table), table["status"].value_counts().to_dict() if len(table) else {})
 with atomic_output(smk.output.csv) as tmp:

@@ -2,7 +2,7 @@
 
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
-from kpca_repro.tables import corrected_markdown, markdown_table, read_head_records, table1_paper, table_corrected
+from kpca_repro.tables import corrected_markdown, label_stand_ins, markdown_table, read_head_records, table1_paper, table_corrected
 from kpca_repro.uncertainty import read_sign_draws
 from kpca_repro.variant import get as get_variant
 
@@ -12,9 +12,11 @@ heads, meta = read_head_records(smk.input.heads, smk.input.meta, "n_images")
 if get_variant(smk.params.variant).tables == "paper":
     # sign and bootstrap intervals (docs/uncertainty.md); the draws' rows follow the records files
     table = table1_paper(heads, meta, read_sign_draws(smk.input.signs), dict(smk.params.uncertainty))
+    table = label_stand_ins(table, smk.params.stand_ins)  # docs/hub_fixture.md
     markdown = markdown_table(table.drop(columns=["weights_sha256"]), floatfmt=".3f")
 else:
     table = table_corrected(heads, meta)
+    table = label_stand_ins(table, smk.params.stand_ins)
     markdown = corrected_markdown(table)
 with atomic_output(smk.output.csv) as tmp:
     table.to_csv(tmp, index=False)

@@ -2,7 +2,7 @@
 
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
-from kpca_repro.tables import TEXT_CORRECTED_METRICS, corrected_markdown, markdown_table, read_head_records, table4_paper, table_corrected
+from kpca_repro.tables import TEXT_CORRECTED_METRICS, corrected_markdown, label_stand_ins, markdown_table, read_head_records, table4_paper, table_corrected
 from kpca_repro.uncertainty import read_sign_draws
 from kpca_repro.variant import get as get_variant
 
@@ -12,9 +12,11 @@ heads, meta = read_head_records(smk.input.heads, smk.input.meta, "n_sentences", 
 if get_variant(smk.params.variant).tables == "paper":
     # sign and bootstrap intervals (docs/uncertainty.md); the draws' rows follow the records files
     table = table4_paper(heads, meta, read_sign_draws(smk.input.signs), dict(smk.params.uncertainty))
+    table = label_stand_ins(table, smk.params.stand_ins)  # docs/hub_fixture.md
     markdown = markdown_table(table.drop(columns=["weights_sha256"]), floatfmt=".3f")
 else:
     table = table_corrected(heads, meta, TEXT_CORRECTED_METRICS, id_column="hf_id", count_key="n_sentences")
+    table = label_stand_ins(table, smk.params.stand_ins)
     markdown = corrected_markdown(table, TEXT_CORRECTED_METRICS)
 with atomic_output(smk.output.csv) as tmp:
     table.to_csv(tmp, index=False)

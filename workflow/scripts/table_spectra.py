@@ -4,7 +4,7 @@ import pandas as pd
 
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
-from kpca_repro.tables import markdown_table, table_spectra
+from kpca_repro.tables import label_stand_ins, markdown_table, table_spectra
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "table_spectra")
@@ -15,6 +15,7 @@ for f in smk.input.records:
     frames[key] = pd.concat([frames[key], df]) if key in frames else df
 table = table_spectra(frames, dict(smk.params.uncertainty))  # with bootstrap intervals (docs/uncertainty.md)
 table.insert(2, "variant", smk.params.variant)
+table = label_stand_ins(table, smk.params.stand_ins)  # docs/hub_fixture.md
 with atomic_output(smk.output.csv) as tmp:
     table.to_csv(tmp, index=False)
 with atomic_output(smk.output.md) as tmp:
