@@ -41,12 +41,11 @@ def _default_config() -> dict:
 @pytest.mark.parametrize("target", ["results/table1.csv", None], ids=["table1", "all"])
 def test_missing_inputs_offline_give_one_block(target, tmp_path, monkeypatch):
     """The default configuration in an empty directory with HF_HUB_OFFLINE=1 (as on a machine
-    without network): no job, no traceback, each missing path and the offline command."""
+    without network): no job, no traceback, each missing path and the offline command. (How
+    long the block takes is a benchmark, not asserted here: docs/performance.md, dry run.)"""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
-    start = time.monotonic()
     proc = run_snakemake(tmp_path, *([target] if target else []), check=False)
-    elapsed = time.monotonic() - start
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "Traceback" not in out and 'File "' not in out, out[-3000:]
@@ -65,7 +64,6 @@ def test_missing_inputs_offline_give_one_block(target, tmp_path, monkeypatch):
     else:  # Table 1 needs no language model
         assert "language model" not in out and "wikitext" not in out.lower()
     assert not (tmp_path / "logs").exists() and not (tmp_path / "results").exists()
-    assert elapsed < 60, f"{elapsed:.1f} s"  # ~7 s on 2 CPU cores (parse time); loose under load
 
 
 def test_block_names_paths_relative_to_the_repository(tmp_path, monkeypatch):
