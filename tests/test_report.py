@@ -84,7 +84,7 @@ def test_docutils_conf_makes_snakemakes_rendering_fail(monkeypatch):
     from docutils.utils import SystemMessage
 
     conf = REPO / "workflow" / "report" / "docutils.conf"
-    assert 'strict_docutils(f"{workflow.basedir}/workflow/report/docutils.conf")' in (REPO / "Snakefile").read_text()
+    assert 'strict_docutils(REPO / "workflow" / "report" / "docutils.conf")' in (REPO / "Snakefile").read_text()
     monkeypatch.setenv("DOCUTILSCONFIG", "/nonexistent/docutils.conf")
     rc.strict_docutils(conf)
     rc.strict_docutils(conf)  # once only
