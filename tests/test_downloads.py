@@ -21,11 +21,13 @@ from pathlib import Path
 import pytest
 
 from kpca_repro.resources import (
+    HUB_TIMEOUT_VARIABLES,
     DownloadPolicy,
     MissingResourceError,
     content_sha256,
     download_imagenet_sample,
     download_wandb_logs,
+    export_hub_timeouts,
     fetch_url,
 )
 
@@ -197,3 +199,28 @@ def test_wandb_logs_all_or_nothing(tmp_path):
         assert not out.exists() and _leftovers(tmp_path, set()) == []
         download_wandb_logs(f"{s.url}/wandb/", out, files, hashes, policy=FAST)
     assert {str(p.relative_to(out)) for p in out.rglob("*.csv")} == set(hashes)
+
+
+def test_hub_timeouts_follow_the_configuration_and_keep_a_users_export():
+    """downloads.timeout_s reaches huggingface_hub through the variables it reads (its own
+    default, 10 s, would otherwise apply to hub files); seconds round up; an export wins."""
+    env = {}
+    assert export_hub_timeouts(7.2, env) == {name: "8" for name in HUB_TIMEOUT_VARIABLES}
+    assert env == {name: "8" for name in HUB_TIMEOUT_VARIABLES}
+    mine = {"HF_HUB_DOWNLOAD_TIMEOUT": "300"}
+    export_hub_timeouts(60, mine)
+    assert mine == {"HF_HUB_DOWNLOAD_TIMEOUT": "300", "HF_HUB_ETAG_TIMEOUT": "60"}
+
+
+def test_huggingface_hub_reads_the_exported_timeouts():
+    """The names are the ones huggingface_hub really reads: a fresh interpreter (as a job is)
+    with the exported environment has them as its download and metadata timeouts."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in HUB_TIMEOUT_VARIABLES}
+    export_hub_timeouts(37, env)
+    code = "from huggingface_hub import constants as c; print(c.HF_HUB_DOWNLOAD_TIMEOUT, c.HF_HUB_ETAG_TIMEOUT)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["37", "37"]

@@ -122,6 +122,27 @@ class DownloadPolicy:
         return cls(int(downloads["retries"]), float(downloads["backoff_s"]), float(downloads["timeout_s"]))
 
 
+#: The environment variables through which huggingface_hub (and so timm, transformers and
+#: datasets) take their read timeouts: file downloads and the metadata request before them.
+HUB_TIMEOUT_VARIABLES = ("HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_ETAG_TIMEOUT")
+
+
+def export_hub_timeouts(timeout_s: float, environ: dict | None = None) -> dict[str, str]:
+    """Give huggingface_hub the configured ``downloads.timeout_s`` (seconds, rounded up to a whole
+    second) in ``environ`` (default ``os.environ``), which the jobs inherit.
+
+    huggingface_hub reads its timeouts from :data:`HUB_TIMEOUT_VARIABLES` when it is imported and
+    otherwise waits 10 s, whatever the configuration says; a slow mirror then fails every
+    attempt of a large file. A variable the user already exported is kept.
+
+    Returns:
+        The values now in ``environ`` for :data:`HUB_TIMEOUT_VARIABLES`.
+    """
+    environ = os.environ if environ is None else environ
+    seconds = str(max(1, int(-(-float(timeout_s) // 1))))
+    return {name: environ.setdefault(name, seconds) for name in HUB_TIMEOUT_VARIABLES}
+
+
 def download_timm_weights(model_id: str, out_path: str | os.PathLike, *, policy: DownloadPolicy = DownloadPolicy(), log: logging.Logger | None = None) -> None:
     """Fetch ``model_id``'s default pretrained weights from its Hugging Face repository.
 

@@ -17,6 +17,7 @@ from kpca_repro.cost import CostTable, model_cost, text_model_shape
 from kpca_repro.model_info import MissingModelError, model_source
 from kpca_repro.paths import model_id_from_slug, model_slug
 from kpca_repro.preflight import Preflight
+from kpca_repro.resources import export_hub_timeouts
 from kpca_repro.training_summary import scale_setting, scale_tokens
 
 # libgomp's idle threads spin about 300,000 times before they sleep; two jobs whose OpenMP teams
@@ -52,6 +53,9 @@ def _checked_config():
 
 
 _checked_config()
+# Jobs inherit it: huggingface_hub's own 10 s read timeout would otherwise override
+# downloads.timeout_s for hub files (weights, language models, WikiText).
+export_hub_timeouts(config["downloads"]["timeout_s"])
 RESOURCES = config["resources_dir"]
 VISION = config["vision"]
 TEXT = config["text"]
