@@ -6,7 +6,7 @@
 The model and scale are read from config/config.yaml (scales resolved through their `base`).
 The last line is over all layers: the mean is what J_proj's log averages, the median is the
 typical token. Every epoch's log now holds the pooled median and 0.99 quantile too
-(kpca_repro.training.TOKEN_STATS); this script adds the per-layer view of the last epoch.
+(kpca_repro.training.train.TOKEN_STATS); this script adds the per-layer view of the last epoch.
 """
 
 import sys
@@ -14,9 +14,10 @@ import sys
 import torch
 import yaml
 
-from kpca_repro import kpca, training
-from kpca_repro.config_checks import resolve_scales
-from kpca_repro.training_summary import run_dir
+from kpca_repro.method import kpca
+from kpca_repro.training import train as training
+from kpca_repro.training.summary import run_dir
+from kpca_repro.workflow.config_checks import resolve_scales
 
 arch, scale_name = sys.argv[1], sys.argv[2]
 seed = int(sys.argv[3]) if len(sys.argv) > 3 else 0

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kpca_repro import comparison as cmp
+from kpca_repro.analysis import comparison as cmp
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ def test_stand_in_rows_are_labelled_in_the_tables_and_not_compared(tmp_path):
     """config comparison.stand_in_models: the model cell says "stand-in weights" in every table
     form (timm_id or hf_id), the comparison marks every cell of the model not comparable, and a
     table without stand-ins keeps its bytes."""
-    from kpca_repro.tables import STAND_IN_LABEL, label_stand_ins
+    from kpca_repro.analysis.tables import STAND_IN_LABEL, label_stand_ins
 
     t1 = pd.DataFrame({"model": ["A", "B"], "timm_id": ["a", "b"], "MDC": [0.124, 0.2]})
     t4 = pd.DataFrame({"model": ["MiniLM", "BERT"], "hf_id": ["org/minilm", "bert-base-uncased"], "MDC": [0.4, 0.5]})
@@ -152,7 +152,7 @@ def test_missing_published_directory_gives_an_empty_table(tmp_path):
 
 
 def test_table_html_renders_every_row_and_blanks_nan(tmp_path):
-    from kpca_repro.report import table_html
+    from kpca_repro.analysis.report import table_html
 
     csv = _write(tmp_path / "t.csv", "model,MDC,weights_sha256\nA,0.1234,b2e17235172c1dcddacb55aa8914e2f8b4b95eb9bb7d7782f333bcbef77151b8\nB,,x\n")
     page = table_html(csv, "table1")

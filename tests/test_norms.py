@@ -11,11 +11,13 @@ import pytest
 import torch
 import yaml
 
-from kpca_repro import images, kpca, norms, resources
-from kpca_repro.extraction import extract_vision
+from kpca_repro.analysis import norms
+from kpca_repro.analysis.norms import norm_statistics, sentence_samples, squared_norms
+from kpca_repro.capture.extraction import extract_vision
+from kpca_repro.capture.vision import attention_modules, load_timm_model
 from kpca_repro.h5io import ActivationWriter, CorruptActivationFileError
-from kpca_repro.norms import norm_statistics, sentence_samples, squared_norms
-from kpca_repro.vision import attention_modules, load_timm_model
+from kpca_repro.inputs import images, resources
+from kpca_repro.method import kpca
 
 from conftest import REPO, TINY_KWARGS, real_deit_tiny, run_snakemake
 

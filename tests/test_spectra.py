@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from kpca_repro import kpca, method
-from kpca_repro.tables import spectrum_statistics
+from kpca_repro.analysis.tables import spectrum_statistics
+from kpca_repro.method import equations as method
+from kpca_repro.method import kpca
 
 
 def test_standardized_keys_have_norm_d_minus_one():

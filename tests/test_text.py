@@ -11,13 +11,15 @@ import pytest
 import torch
 import yaml
 
-from kpca_repro import extraction, hf_capture, kpca, method, text
+from kpca_repro.analysis.tables import table4_paper
+from kpca_repro.capture import extraction, hf_capture, text
+from kpca_repro.capture.vision import UnsupportedArchitectureError
+from kpca_repro.check_cache import sha256_file
 from kpca_repro.h5io import ActivationFile
-from kpca_repro.records import _head_groups, kpca_records
-from kpca_repro.resources import sha256_file
-from kpca_repro.tables import table4_paper
-from kpca_repro.variant import PAPER
-from kpca_repro.vision import UnsupportedArchitectureError
+from kpca_repro.method import equations as method
+from kpca_repro.method import kpca
+from kpca_repro.method.records import _head_groups, kpca_records
+from kpca_repro.method.variant import PAPER
 
 from conftest import REPO, resources_dir_for_real_weights, run_snakemake
 

@@ -11,10 +11,11 @@ import timm
 import torch
 import yaml
 
-from kpca_repro import kpca, training
-from kpca_repro.config_checks import resolve_scales
-from kpca_repro.figures import plot_figure1, plot_figure4
-from kpca_repro.training_summary import (
+from kpca_repro.capture.vision import AttentionRecorder
+from kpca_repro.method import kpca
+from kpca_repro.training import train as training
+from kpca_repro.training.figures import plot_figure1, plot_figure4
+from kpca_repro.training.summary import (
     ABLATION_COLUMNS,
     CLAIMS,
     CLAIMS_COLUMNS,
@@ -32,7 +33,7 @@ from kpca_repro.training_summary import (
     training_claims_markdown,
     with_seeds,
 )
-from kpca_repro.vision import AttentionRecorder
+from kpca_repro.workflow.config_checks import resolve_scales
 
 from conftest import REPO, run_snakemake
 
@@ -222,7 +223,7 @@ def test_a_checkpoint_carrying_a_pickled_object_is_refused_and_the_run_starts_af
     with pytest.raises(training.UntrustedCheckpointError, match=r"ck\.pt: refused to load the training checkpoint: torch\.load\(weights_only=True\) rejects it \(Unsupported global") as err:
         training.load_checkpoint(tmp_path / "ck.pt")
     assert isinstance(err.value.__cause__, pickle.UnpicklingError) and not marker.exists()
-    with caplog.at_level("WARNING", logger="kpca_repro.training"):
+    with caplog.at_level("WARNING", logger="kpca_repro.training.train"):
         training.train_run(_tiny_model(), train_set, val_set, _scale(epochs=1), tmp_path / "log.csv", tmp_path / "ck.pt", **kw)
     assert not marker.exists() and "refused to load" in caplog.text and "training from epoch 0" in caplog.text
     assert (tmp_path / "log.csv").read_bytes() == (tmp_path / "fresh.csv").read_bytes()

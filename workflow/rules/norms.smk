@@ -8,7 +8,7 @@
 
 rule text_sentences:
     input:
-        code=code_inputs("text_sentences.py"),
+        code=stage_code("method", "analysis"),
     output:
         "results/samples/text_sentences.tsv",
     log:
@@ -27,7 +27,7 @@ rule text_sentences:
 rule norms_vision:
     input:
         activations=lambda wc: norm_activations("vision", wc.variant, wc.model),
-        code=code_inputs("norm_stats.py"),
+        code=stage_code("method", "analysis"),
     output:
         "results/norms/{variant}/{model}/vision.csv",
     log:
@@ -50,7 +50,7 @@ rule norms_vision:
 rule norms_text:
     input:
         activations=lambda wc: norm_activations("text", wc.variant, wc.model),
-        code=code_inputs("norm_stats.py"),
+        code=stage_code("method", "analysis"),
     output:
         "results/norms/{variant}/{model}/text.csv",
     log:
@@ -70,10 +70,13 @@ rule norms_text:
         "../scripts/norm_stats.py"
 
 
+default_target("results/figure2{suffix}.pdf")
+
+
 rule figure2:
     input:
         stats=norm_stats("vision", lambda wc: VISION["models"]),
-        code=code_inputs("figure_norms.py"),
+        code=stage_code("method", "analysis", "figures"),
     output:
         pdf="results/figure2{suffix}.pdf",
         png=report(
@@ -103,10 +106,13 @@ rule figure2:
         "../scripts/figure_norms.py"
 
 
+default_target("results/figure5{suffix}.pdf", when=lambda config: bool(config["text"]["models"]))
+
+
 rule figure5:
     input:
         stats=norm_stats("text", figure5_models),
-        code=code_inputs("figure_norms.py"),
+        code=stage_code("method", "analysis", "figures"),
     output:
         pdf="results/figure5{suffix}.pdf",
         png=report(
