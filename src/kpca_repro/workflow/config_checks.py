@@ -14,7 +14,7 @@ import dataclasses
 import difflib
 import os
 
-from kpca_repro.check_cache import CheckCache, sha256_file, library_fingerprint, package_version
+from kpca_repro.check_cache import CheckCache, library_fingerprint, package_version, sha256_file
 from kpca_repro.inputs.model_info import LOCAL_MODELS_KEY, MissingModelError, VisionModelCheck, model_source, resolve_local_dir
 from kpca_repro.inputs.resources import imagenet_sample_dir, timm_weights_path
 from kpca_repro.training.summary import scale_tokens
