@@ -20,9 +20,8 @@ from kpca_repro.workflow.paths import default_target, model_id_from_slug, model_
 from kpca_repro.workflow.preflight import Preflight
 from kpca_repro.workflow.slurm_preflight import check_requests, rule_request
 
-# libgomp's idle threads spin about 300,000 times before they sleep; two jobs whose OpenMP teams
-# share cores then burn each other's time slices (docs/performance.md, GOMP_SPINCOUNT). A short
-# spin changes no number. Jobs inherit it; a value already exported is kept.
+# libgomp's idle threads spin before they sleep, so jobs sharing cores burn each other's time
+# slices (docs/performance.md, GOMP_SPINCOUNT); a short spin changes no number. Jobs inherit it.
 os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 
 
@@ -54,10 +53,7 @@ VISION = config["vision"]
 TEXT = config["text"]
 TRAINING = config["training"]
 FIGURE1 = config["figure1"]
-FIGURE2 = config["figure2"]
 FIGURE5 = config["figure5"]
-N_IMAGES = VISION["n_images"]
-TEXT_ROWS = TEXT["n_rows"]
 ENV = "../../envs/pipeline.yaml"
 REPORT_TABLES = paths.REPORT_TABLES
 FASHION_MNIST = [f"{RESOURCES}/datasets/fashion-mnist/{f}" for f in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")]
@@ -95,16 +91,9 @@ def reference_logs_input():
     return [FIGURE1["reference_logs"] or f"{RESOURCES}/training_logs"] if FIGURE1["use_reference"] else []
 
 
-def image_source():
-    """(directory, layout) of the images sampled for the vision analyses."""
-    return config_checks.image_source(config)
-
-
-def weights_path(model):
-    return config_checks.weights_path(config, model)
-
-
-# Output paths (kpca_repro.workflow.paths), bound to this run's configuration.
+# Input paths (image_source: the sampled images' directory and layout) and output paths
+# (kpca_repro.workflow.paths), bound to this run's configuration.
+image_source, weights_path = partial(config_checks.image_source, config), partial(config_checks.weights_path, config)
 heads_files, spectra_files, text_stage_files, norm_activations, comparison_tables, all_targets = (
     partial(f, config) for f in (paths.heads_files, paths.spectra_files, paths.text_stage_files, paths.norm_activations, paths.comparison_tables, paths.all_targets)
 )
@@ -118,10 +107,8 @@ def figure5_models(wildcards):
     return [model_slug(m) for m in models]
 
 
-# --------------------------------------------------------------------------------------
-# Before the first job: the input functions register what the scheduled jobs need while
-# Snakemake builds the DAG; the Snakefile's onstart handler checks it (kpca_repro.workflow).
-# --------------------------------------------------------------------------------------
+# Before the first job: the input functions register what the scheduled jobs need while Snakemake
+# builds the DAG; the Snakefile's onstart handler checks it (kpca_repro.workflow).
 
 PREFLIGHT = Preflight(config, REPO / "config")
 COSTS = CostTable()
@@ -155,7 +142,7 @@ def vision_weights(wildcards):
 
 def vision_cost(model):
     c = config_checks.check_vision_model(config, model, model, CHECK_CACHE)  # cached by the config check
-    return model_cost(model, "vision", c.n_tokens, c.depth, c.n_heads, c.head_dim, N_IMAGES)
+    return model_cost(model, "vision", c.n_tokens, c.depth, c.n_heads, c.head_dim, VISION["n_images"])
 
 
 def text_model_source(wildcards):
@@ -176,7 +163,7 @@ def text_model_files(wildcards):
     source = text_model_source(wildcards)
     model_id = model_id_from_slug(wildcards.slug)
     if workflow.is_main_process:
-        COSTS.add(model_id, lambda: (shape := text_model_shape(source)) and model_cost(model_id, "text", TEXT["max_length"], *shape, TEXT_ROWS))
+        COSTS.add(model_id, lambda: (shape := text_model_shape(source)) and model_cost(model_id, "text", TEXT["max_length"], *shape, TEXT["n_rows"]))
     if not os.path.isdir(source):
         return []
     return [str(p) for p in sorted(Path(source).iterdir()) if p.name in ("config.json", "model.safetensors", "pytorch_model.bin")]

@@ -97,9 +97,9 @@ rule figure2:
         ENV
     params:
         title=lambda wc: (
-            f"Figure 2, corrected: all {N_IMAGES} images of Table 1, s = 1/sqrt(head_dim), log domain (float64), no trim"
+            f"Figure 2, corrected: all {VISION['n_images']} images of Table 1, s = 1/sqrt(head_dim), log domain (float64), no trim"
             if wc.suffix
-            else f"Figure 2, paper variant: {FIGURE2['n_images']} image (seed {config['seed']}), s = 1/8 hard-coded, " "values above the 95th percentile dropped per layer"
+            else f"Figure 2, paper variant: {config['figure2']['n_images']} image (seed {config['seed']}), s = 1/8 hard-coded, " "values above the 95th percentile dropped per layer"
         ),
         band_label=norm_band_label,
     script:
@@ -133,7 +133,7 @@ rule figure5:
         ENV
     params:
         title=lambda wc: (
-            f"Figure 5, corrected: all {TEXT_ROWS} WikiText rows, padding excluded, s = 1/sqrt(head_dim), log domain (float64), no trim"
+            f"Figure 5, corrected: all {TEXT['n_rows']} WikiText rows, padding excluded, s = 1/sqrt(head_dim), log domain (float64), no trim"
             if wc.suffix
             else f"Figure 5, paper variant: the {len(FIGURE5['sentences'])} figure5.sentences, every padded position, "
             "s = 1/8 hard-coded, h without attention mask, values above the 95th percentile dropped per layer"

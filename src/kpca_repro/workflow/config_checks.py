@@ -1,11 +1,7 @@
-"""Checks of the configuration that a JSON schema cannot express, run while the workflow is parsed.
-
-``workflow/rules/common.smk`` validates ``config`` against ``workflow/schemas/config.schema.yaml``
-(filling defaults), then calls :func:`check_config`. Each failure is a :class:`ConfigError` whose
-one-line message names the key, what is wrong and what to do. The checks that need timm, torch or
-transformers (timm ids, meta-device builds, a text model's ``config.json``) keep their successes
-in ``cache_dir`` (:mod:`kpca_repro.check_cache`), so a repeated command imports none of them; a
-failing check is never cached.
+"""Checks of the configuration that its JSON schema cannot express, run while the workflow is
+parsed (``workflow/rules/common.smk``, after the schema). Each failure is a :class:`ConfigError`
+of one line: the key, what is wrong, what to do. Passes of the checks that import timm, torch or
+transformers are kept in ``cache_dir`` (:mod:`kpca_repro.check_cache`).
 """
 
 from __future__ import annotations
@@ -18,6 +14,7 @@ from kpca_repro.check_cache import CheckCache, library_fingerprint, package_vers
 from kpca_repro.inputs.model_info import LOCAL_MODELS_KEY, MissingModelError, VisionModelCheck, model_source, resolve_local_dir
 from kpca_repro.inputs.resources import imagenet_sample_dir, timm_weights_path
 from kpca_repro.training.summary import scale_tokens
+from kpca_repro.workflow.cost import config_json
 
 __all__ = ["ConfigError", "schema_error_message", "check_config", "check_vision_model", "run_model_scale", "resolve_scales", "image_source", "weights_path"]
 
@@ -110,24 +107,19 @@ def _is_timm_model(model: str, cache: CheckCache) -> bool:
     return found
 
 
-def _vision_check_from(value: dict) -> VisionModelCheck | None:
-    """A cached :class:`VisionModelCheck`, or None when the entry does not have its fields."""
-    types = {"depth": int, "n_heads": int, "head_dim": int, "scale": float, "adapter": str, "n_tokens": (int, type(None))}
-    if set(value) != set(types) or not all(isinstance(value[k], t) and not isinstance(value[k], bool) for k, t in types.items()):
-        return None
-    return VisionModelCheck(**value)
+#: Fields of a cached :class:`VisionModelCheck` and their types (another entry is not used).
+_VISION_CHECK = {"depth": int, "n_heads": int, "head_dim": int, "scale": float, "adapter": str, "n_tokens": (int, type(None))}
 
 
 def check_vision_model(config: dict, key: str, model: str, cache_dir: str | os.PathLike | None = None) -> VisionModelCheck:
     """Build ``model`` on the meta device and check that the capture supports it
-    (:func:`kpca_repro.capture.vision.check_vision_model`, cached per model and ``model_kwargs`` in
-    the process, and in ``cache_dir`` across processes when given)."""
+    (:func:`kpca_repro.capture.vision.check_vision_model`; cached in ``cache_dir`` when given)."""
     kwargs = config["vision"]["model_kwargs"].get(model, {})
     cache = CheckCache(cache_dir)
     cache_key = {"check": "vision_model", "model": model, "model_kwargs": kwargs, "timm": package_version("timm"), "torch": package_version("torch"), "library": library_fingerprint()}
     hit = cache.get(cache_key)
-    if hit is not None and (result := _vision_check_from(hit)) is not None:
-        return result
+    if hit is not None and set(hit) == set(_VISION_CHECK) and all(isinstance(hit[k], t) and not isinstance(hit[k], bool) for k, t in _VISION_CHECK.items()):
+        return VisionModelCheck(**hit)
     from kpca_repro.capture.vision import ModelBuildError, UnsupportedArchitectureError
     from kpca_repro.capture.vision import check_vision_model as build
 
@@ -137,26 +129,6 @@ def check_vision_model(config: dict, key: str, model: str, cache_dir: str | os.P
         raise ConfigError(f"config key {key}: {exc}") from None
     cache.put(cache_key, dataclasses.asdict(result))
     return result
-
-
-def _check_figure3_block(config: dict, cache_dir: str | os.PathLike | None) -> None:
-    """figure3.model is supported and figure3.block is one of its blocks."""
-    model, block = config["figure3"]["model"], config["figure3"]["block"]
-    depth = check_vision_model(config, "figure3.model", model, cache_dir).depth
-    if block >= depth:
-        raise ConfigError(f"config key figure3.block: {block} is out of range for {model}, which has {depth} blocks (0 to {depth - 1})")
-
-
-def _config_json(source: str) -> str | None:
-    """The ``config.json`` that :func:`kpca_repro.capture.hf_capture.check_text_model` reads for
-    ``source`` (a local directory, or a hub id in the Hugging Face cache), or None."""
-    path = os.path.join(source, "config.json")
-    if os.path.isdir(source):
-        return path if os.path.isfile(path) else None
-    from huggingface_hub import try_to_load_from_cache
-
-    cached = try_to_load_from_cache(source, "config.json")
-    return cached if isinstance(cached, str) else None
 
 
 def _check_text_models(config: dict, cache: CheckCache) -> None:
@@ -170,16 +142,15 @@ def _check_text_models(config: dict, cache: CheckCache) -> None:
         except MissingModelError:
             continue  # reported by the extract_text input function when a target needs the model
         cache_key = None
-        config_json = _config_json(source)
-        if config_json is not None:
-            try:
-                digest = sha256_file(config_json)
-            except OSError:
-                digest = None
-            if digest is not None:
-                cache_key = {"check": "text_model", "model": model_id, "config_json": digest, "transformers": package_version("transformers"), "library": library_fingerprint()}
-                if cache.get(cache_key) is not None:
-                    continue
+        try:
+            path = config_json(source)
+            digest = None if path is None else sha256_file(path)
+        except OSError:
+            digest = None
+        if digest is not None:
+            cache_key = {"check": "text_model", "model": model_id, "config_json": digest, "transformers": package_version("transformers"), "library": library_fingerprint()}
+            if cache.get(cache_key) is not None:
+                continue
         from kpca_repro.capture.hf_capture import check_text_model
         from kpca_repro.capture.vision import UnsupportedArchitectureError
 
@@ -225,8 +196,7 @@ def _check_training_config(config: dict, cache: CheckCache) -> None:
 
 
 def _check_image_counts(config: dict) -> None:
-    """Every configured image count fits the image set (when it exists; offline, a missing
-    set is reported by the download rule's guard)."""
+    """Every configured image count fits the image set, when it exists."""
     from kpca_repro.inputs.images import list_images
 
     root, layout = image_source(config)
@@ -240,8 +210,7 @@ def _check_image_counts(config: dict) -> None:
 
 
 def _check_weights_checksums(config: dict, checked: dict[str, str]) -> None:
-    """The weights of every configured model that has an entry in ``checksums`` and exists
-    must have that SHA-256; ``checked`` (path -> digest) skips files already hashed."""
+    """Existing weights with an entry in ``checksums`` have that SHA-256 (``checked``: path -> digest, already hashed)."""
     from kpca_repro.inputs.resources import ChecksumMismatchError, check_checksum
 
     for model in dict.fromkeys([*config["vision"]["models"], config["figure3"]["model"]]):
@@ -255,15 +224,6 @@ def _check_weights_checksums(config: dict, checked: dict[str, str]) -> None:
             raise ConfigError(f"config key checksums.{model}: {exc}") from None
 
 
-def _check_norms_config(config: dict) -> None:
-    """figure5.models name configured language models."""
-    models = config["figure5"]["models"]
-    if models is not None:
-        for i, model in enumerate(models):
-            if model not in config["text"]["models"]:
-                raise ConfigError(f"config key figure5.models[{i}]: {model!r} is not in text.models (its extraction is configured there)")
-
-
 def check_config(config: dict, *, main_process: bool = True, checksums_done: dict[str, str] | None = None, cache_dir: str | os.PathLike | None = None) -> None:
     """Every check of the configuration a JSON schema cannot express (module docstring)."""
     cache = CheckCache(cache_dir)
@@ -271,9 +231,12 @@ def check_config(config: dict, *, main_process: bool = True, checksums_done: dic
     for i, model in enumerate(vision["models"]):
         if not _is_timm_model(model, cache):
             raise ConfigError(f"config key vision.models[{i}]: {model!r} is not a timm model id (see timm.list_models()); the paper's ids are listed in config/config.yaml")
-    if not _is_timm_model(config["figure3"]["model"], cache):
-        raise ConfigError(f"config key figure3.model: {config['figure3']['model']!r} is not a timm model id")
-    _check_figure3_block(config, cache_dir)
+    model, block = config["figure3"]["model"], config["figure3"]["block"]
+    if not _is_timm_model(model, cache):
+        raise ConfigError(f"config key figure3.model: {model!r} is not a timm model id")
+    depth = check_vision_model(config, "figure3.model", model, cache_dir).depth
+    if block >= depth:
+        raise ConfigError(f"config key figure3.block: {block} is out of range for {model}, which has {depth} blocks (0 to {depth - 1})")
     if main_process:
         for i, model in enumerate(vision["models"]):
             check_vision_model(config, f"vision.models[{i}]", model, cache_dir)
@@ -311,4 +274,6 @@ def check_config(config: dict, *, main_process: bool = True, checksums_done: dic
         _check_image_counts(config)
         _check_weights_checksums(config, {} if checksums_done is None else checksums_done)
     _check_training_config(config, cache)
-    _check_norms_config(config)
+    for i, model in enumerate(config["figure5"]["models"] or []):
+        if model not in text["models"]:
+            raise ConfigError(f"config key figure5.models[{i}]: {model!r} is not in text.models (its extraction is configured there)")

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["REFERENCE", "WARN_FACTOR", "CostTable", "ModelCost", "model_cost", "text_model_shape"]
+__all__ = ["REFERENCE", "WARN_FACTOR", "CostTable", "ModelCost", "model_cost", "text_model_shape", "config_json"]
 
 #: The paper's largest vision case per image: (layers x heads, N, d) of ViT-Large/16 at 224 px.
 REFERENCE = {"name": "ViT-Large at 197 tokens", "heads": 24 * 16, "n_tokens": 197, "head_dim": 64}
@@ -49,21 +49,24 @@ def model_cost(model: str, domain: str, n_tokens: int | None, layers: int, heads
     return ModelCost(model, domain, n_tokens, int(layers), int(heads_per_layer), int(head_dim), int(n_inputs))
 
 
-def text_model_shape(source: str | os.PathLike) -> tuple[int, int, int] | None:
-    """(layers, heads, head dimension) from the ``config.json`` of a local model directory or of a
-    hub id in the Hugging Face cache; None when none is available or it lacks the keys."""
-    path = Path(source) / "config.json"
-    if not path.is_file():
-        from huggingface_hub import try_to_load_from_cache
+def config_json(source: str | os.PathLike) -> str | None:
+    """The ``config.json`` of a local model directory, or of a hub id in the Hugging Face cache; None when there is none."""
+    path = os.path.join(source, "config.json")
+    if os.path.isdir(source):
+        return path if os.path.isfile(path) else None
+    from huggingface_hub import try_to_load_from_cache
 
-        cached = try_to_load_from_cache(str(source), "config.json")
-        if not isinstance(cached, str):
-            return None
-        path = Path(cached)
+    cached = try_to_load_from_cache(str(source), "config.json")
+    return cached if isinstance(cached, str) else None
+
+
+def text_model_shape(source: str | os.PathLike) -> tuple[int, int, int] | None:
+    """(layers, heads, head dimension) from a language model's :func:`config_json`; None when
+    there is none or it lacks the keys."""
     try:
-        cfg = json.loads(path.read_text())
+        cfg = json.loads(Path(config_json(source)).read_text())
         layers, heads, width = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["hidden_size"]
-    except (OSError, ValueError, KeyError):
+    except (TypeError, OSError, ValueError, KeyError):
         return None
     return int(layers), int(heads), int(width) // int(heads)
 
