@@ -14,7 +14,7 @@ import sys
 import torch
 import yaml
 
-from kpca_repro.method import kpca
+from kpca_repro import projection
 from kpca_repro.training import train as training
 from kpca_repro.training.summary import run_dir
 from kpca_repro.workflow.config_checks import resolve_scales
@@ -45,8 +45,8 @@ with torch.no_grad():
 phis, hs = [], []
 for layer, a in enumerate(attns):
     r = a.recorded
-    phi = kpca.feature_norm_sq(r["q"], r["k"], scale=a.scale, log_domain=False)
-    h = kpca.output_norm_sq(r["h"])
+    phi = projection.feature_norm_sq(r["q"], r["k"], scale=a.scale, log_domain=False)
+    h = projection.output_norm_sq(r["h"])
     phis.append(phi.flatten())
     hs.append(h.flatten())
     print(

@@ -324,7 +324,10 @@ def test_a_cached_check_imports_no_torch(tmp_path):
     check_config(cfg, cache_dir=tmp_path / "cache")
     code = (
         "import sys, yaml\n"
-        "from kpca_repro import code_deps, config_checks, cost, model_info, paths, preflight, training_summary\n"
+        "from kpca_repro import check_cache\n"
+        "from kpca_repro.inputs import model_info\n"
+        "from kpca_repro.training import summary\n"
+        "from kpca_repro.workflow import config_checks, cost, paths, preflight, slurm_preflight\n"
         f"config_checks.check_config(yaml.safe_load(open({str(cfg_file)!r})), cache_dir={str(tmp_path / 'cache')!r})\n"
         "heavy = sorted(m for m in ('torch', 'timm', 'transformers', 'pandas') if m in sys.modules)\n"
         "assert not heavy, heavy\n"

@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 
+from kpca_repro import projection
 from kpca_repro.analysis.tables import table4_paper
 from kpca_repro.capture import extraction, hf_capture, text
 from kpca_repro.capture.vision import UnsupportedArchitectureError
@@ -146,7 +147,7 @@ def _check_hooks(model, enc, window: int | None = None):
         assert t["q"].shape == (b, a.n_heads, n, a.head_dim) and n >= length
         mask = torch.zeros(b, n, dtype=torch.bool)
         mask[:, :length] = enc["attention_mask"].bool()
-        naive = kpca.attention_output(t["q"], t["k"], t["v"], key_mask=mask[:, None, :])
+        naive = projection.attention_output(t["q"], t["k"], t["v"], key_mask=mask[:, None, :])
         real = mask[:, None, :, None].expand_as(naive)
         torch.testing.assert_close(t["h"][real], naive[real], atol=1e-5, rtol=1e-4)
         hidden, out = io[layer]
@@ -193,7 +194,7 @@ def _check_hooks_longformer(model, enc):
         n = t["q"].shape[2]
         mask = torch.zeros(b, n, dtype=torch.bool)
         mask[:, :length] = enc["attention_mask"].bool()
-        naive = kpca.attention_output(t["q"], t["k"], t["v"], key_mask=mask[:, None, :])
+        naive = projection.attention_output(t["q"], t["k"], t["v"], key_mask=mask[:, None, :])
         real = mask[:, None, :, None].expand_as(naive)
         torch.testing.assert_close(t["h"][real], naive[real], atol=1e-5, rtol=1e-4)
     return rec

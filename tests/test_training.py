@@ -11,8 +11,8 @@ import timm
 import torch
 import yaml
 
+from kpca_repro import projection
 from kpca_repro.capture.vision import AttentionRecorder
-from kpca_repro.method import kpca
 from kpca_repro.training import train as training
 from kpca_repro.training.figures import plot_figure1, plot_figure4
 from kpca_repro.training.summary import (
@@ -90,12 +90,12 @@ def test_logged_jproj_equals_a_direct_computation_from_the_attention_tensors(num
     per_layer, phis, hs = [], [], []
     for layer in range(2):
         cap = {t: v.double() for t, v in rec.captured[layer].items()}
-        q, k = kpca.standardize_tokens(cap["q"], eps=0.0), kpca.standardize_tokens(cap["k"], eps=0.0)
+        q, k = projection.standardize_tokens(cap["q"], eps=0.0), projection.standardize_tokens(cap["k"], eps=0.0)
         d = q.shape[-1]
         np.testing.assert_allclose((q * q).sum(-1).numpy(), d - 1, rtol=1e-9)  # unbiased std, no epsilon
         # h of the model is softmax(q k^T / sqrt(d)) v on the standardized q, k
-        torch.testing.assert_close(cap["h"], kpca.attention_output(q, k, cap["v"]), rtol=1e-4, atol=1e-5)
-        phi = kpca.feature_norm_sq(q, k, log_domain=True)  # float64, log domain: an independent path
+        torch.testing.assert_close(cap["h"], projection.attention_output(q, k, cap["v"]), rtol=1e-4, atol=1e-5)
+        phi = projection.feature_norm_sq(q, k, log_domain=True)  # float64, log domain: an independent path
         h_sq = (cap["h"] ** 2).sum(-1)
         e = (phi - h_sq).abs()
         per_layer.append([e.mean(), h_sq.mean(), phi.mean(), (e / (h_sq + 1e-8)).mean(), (e / (phi + 1e-8)).mean()])

@@ -1,7 +1,7 @@
 # Figures 1 and 4: train a ViT from scratch while logging J_proj (docs/method.md 6-7).
 #
 # One run is one (model, scale, seed): results/training/<arch>_<scale>/seed<seed>/log.csv. A
-# scale's seeds are its `seeds` key, else training.seeds (training_summary.scale_seeds); the
+# scale's seeds are its `seeds` key, else training.seeds (kpca_repro.training.summary.scale_seeds); the
 # figures, the token ablation and the claims table read every seed of each run they name.
 #
 # The checkpoint results/training/<arch>_<scale>/seed<seed>/checkpoint.pt is deliberately NOT an

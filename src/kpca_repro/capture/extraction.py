@@ -5,8 +5,8 @@ One forward pass per batch captures every layer's q, k, v and h as the attention
 (:mod:`kpca_repro.capture.invariant`) and writes the shard's rows (:mod:`kpca_repro.h5io`). Forward
 batches are the whole sample's blocks (:func:`kpca_repro.inputs.images.shard_batches`).
 
-Nothing here imports the KPCA mathematics, so an edit to the per-head metrics does not rerun
-extraction (the rules' code inputs follow the imports, :mod:`kpca_repro.code_deps`).
+Nothing here imports the method (:mod:`kpca_repro.method`), so an edit to the per-head metrics
+does not rerun extraction (its rules' code inputs are the ``inputs`` and ``capture`` stages).
 """
 
 from __future__ import annotations

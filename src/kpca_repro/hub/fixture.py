@@ -39,7 +39,7 @@ hub's answer (:class:`_HubErrors`). Both servers bind 127.0.0.1 only, start with
 time or raise, and are always stopped by :func:`serve` (a context manager). The repositories are built once into a directory
 (:func:`build`) and reused while their sources are unchanged. From the command line::
 
-    python -m kpca_repro.hub.fixture serve --dir /tmp/kpca-hub [--port 8090] [--stand-ins all|MODEL ...]
+    python -m kpca_repro.hub serve --dir /tmp/kpca-hub [--port 8090] [--stand-ins all|MODEL ...]
 
 builds, starts both servers and prints ``HF_ENDPOINT`` and the config overlay to use
 (docs/hub_fixture.md). Heavy libraries (torch, timm, pyarrow) are imported only when building.
@@ -1067,7 +1067,7 @@ def _describe(manifest: Manifest) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m kpca_repro.hub.fixture {build,serve} --dir DIR ...``; see ``--help``."""
+    """``python -m kpca_repro.hub {build,serve} --dir DIR ...``; see ``--help``."""
     parser = argparse.ArgumentParser(prog="python -m kpca_repro.hub.fixture", description="Local Hugging Face hub (olah) and static file server for the online code path.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("build", "serve"):

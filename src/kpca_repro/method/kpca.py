@@ -50,16 +50,8 @@ from kpca_repro.method.equations import (
 from kpca_repro.method.numerics import assignment_similarities
 from kpca_repro.method.variant import VARIANTS, Variant
 from kpca_repro.method.variant import get as get_variant
-
-# The squared norms of J_proj (Figures 1, 2, 4, 5) live in kpca_repro.projection, so that
-# training and the norm jobs do not depend on this module; re-exported here.
 from kpca_repro.projection import (
     ROW_NORM_EPS,
-    attention_output,
-    feature_norm_sq,
-    log_feature_norm_sq,
-    output_norm_sq,
-    projection_errors,
     standardize_tokens,
 )
 
@@ -70,14 +62,8 @@ __all__ = [
     "eigenpairs",
     "intra_op_threads",
     "head_metrics",
-    "standardize_tokens",
     "top_eigenvalues",
     "gamma_test",
-    "log_feature_norm_sq",
-    "feature_norm_sq",
-    "attention_output",
-    "output_norm_sq",
-    "projection_errors",
 ]
 
 #: Heads per block of :func:`head_metrics` on the CPU. Its many elementwise passes over
