@@ -128,7 +128,7 @@ def missing_input(kind):
 
 
 def on_cluster(rule):
-    """Input function (no files) of a rule submitted to a cluster: registers it for the SLURM fit check."""
+    """Input function (no files) of the cluster rules, which registers each one for the SLURM fit check."""
     return lambda wildcards: CLUSTER_RULES.add(rule) or []
 
 
