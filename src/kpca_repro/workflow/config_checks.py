@@ -37,11 +37,8 @@ def schema_error_message(config: dict, schema: dict, schema_name: str) -> str | 
         allowed = list(err.schema.get("properties", {}))
         unknown = sorted(set(err.instance) - set(allowed))
         prefix = f"{where}." if where else ""
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(key, allowed, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            hints.append(f"{prefix}{key}{hint}")
+        close = {key: difflib.get_close_matches(key, allowed, n=1) for key in unknown}
+        hints = [f"{prefix}{key}" + (f" (did you mean {close[key][0]!r}?)" if close[key] else "") for key in unknown]
         what = f"unknown config key {', '.join(hints)}; allowed here: {', '.join(allowed)}"
     elif err.validator == "anyOf" and err.context and all(e.validator == "required" for e in err.context):
         # alternatives of required keys (a training scale: `base`, or every key)
@@ -77,10 +74,8 @@ def resolve_scales(scales: dict) -> dict:
 
 def image_source(config: dict) -> tuple[str, str]:
     """``(directory, layout)`` of the images sampled for the vision analyses."""
-    vision = config["vision"]
-    if vision["imagenet_val_dir"] is not None:
-        return vision["imagenet_val_dir"], "imagefolder"
-    return str(imagenet_sample_dir(config["resources_dir"])), "flat"
+    root = config["vision"]["imagenet_val_dir"]
+    return (root, "imagefolder") if root is not None else (str(imagenet_sample_dir(config["resources_dir"])), "flat")
 
 
 def weights_path(config: dict, model: str) -> str:
@@ -90,8 +85,7 @@ def weights_path(config: dict, model: str) -> str:
 
 def run_model_scale(run: str) -> tuple[str, str]:
     """``"<model>_<scale>"`` (a ``figure1.runs`` entry) -> ``(model, scale)``."""
-    model, _, scale = run.rpartition("_")
-    return model, scale
+    return run.rpartition("_")[::2]
 
 
 def _is_timm_model(model: str, cache: CheckCache) -> bool:
@@ -101,8 +95,7 @@ def _is_timm_model(model: str, cache: CheckCache) -> bool:
         return True
     import timm
 
-    found = bool(timm.is_model(model))
-    if found:
+    if found := bool(timm.is_model(model)):
         cache.put(key, {"is_model": True})
     return found
 
