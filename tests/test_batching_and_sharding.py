@@ -262,7 +262,8 @@ def test_sharded_and_unsharded_runs_give_identical_tables(tiny_resources, tmp_pa
 
 def test_one_forward_pass_per_image_batch_captures_every_layer(tiny_resources, photos_dir, tmp_path, monkeypatch):
     """The reference runs one full forward per layer; extraction runs one per image batch."""
-    from kpca_repro.capture import extraction, images
+    from kpca_repro.capture import extraction
+    from kpca_repro.inputs import images
 
     model_id = "vit_tiny_patch16_224"
     weights = tiny_resources / "weights" / "timm" / f"{model_id}.safetensors"

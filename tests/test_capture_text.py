@@ -16,10 +16,11 @@ import pytest
 import torch
 import yaml
 
-from kpca_repro.capture import extraction, hf_capture, text
+from kpca_repro.capture import extraction, hf_capture
 from kpca_repro.capture.invariant import INVARIANT_RTOL, CaptureMismatchError, attention_invariant, attention_mask_matrix
 from kpca_repro.capture.vision import UnsupportedArchitectureError
 from kpca_repro.h5io import ActivationFile
+from kpca_repro.inputs import text
 
 from conftest import run_snakemake
 

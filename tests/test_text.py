@@ -13,10 +13,11 @@ import yaml
 
 from kpca_repro import projection
 from kpca_repro.analysis.tables import table4_paper
-from kpca_repro.capture import extraction, hf_capture, text
+from kpca_repro.capture import extraction, hf_capture
 from kpca_repro.capture.vision import UnsupportedArchitectureError
 from kpca_repro.check_cache import sha256_file
 from kpca_repro.h5io import ActivationFile
+from kpca_repro.inputs import text
 from kpca_repro.method import equations as method
 from kpca_repro.method import kpca
 from kpca_repro.method.records import _head_groups, kpca_records
