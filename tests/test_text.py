@@ -17,7 +17,7 @@ from kpca_repro.capture import extraction, hf_capture
 from kpca_repro.capture.vision import UnsupportedArchitectureError
 from kpca_repro.check_cache import sha256_file
 from kpca_repro.h5io import ActivationFile
-from kpca_repro.inputs import text
+from kpca_repro.inputs import model_info, text
 from kpca_repro.method import equations as method
 from kpca_repro.method import kpca
 from kpca_repro.method.records import _head_groups, kpca_records
@@ -79,8 +79,8 @@ def test_slug_roundtrips_for_the_configured_models():
     models = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["text"]["models"]
     assert len(models) == 9
     for m in models:
-        assert "/" not in text.model_slug(m) and text.model_id_from_slug(text.model_slug(m)) == m
-    assert text.model_slug(MINILM) == "sentence-transformers--all-MiniLM-L6-v2"
+        assert "/" not in model_info.model_slug(m) and model_info.model_id_from_slug(model_info.model_slug(m)) == m
+    assert model_info.model_slug(MINILM) == "sentence-transformers--all-MiniLM-L6-v2"
 
 
 def test_sample_is_random_sample_of_the_filtered_rows(tmp_path):
@@ -101,20 +101,20 @@ def test_sample_is_random_sample_of_the_filtered_rows(tmp_path):
 
 
 def test_pkg_directory_and_missing_model_messages(monkeypatch, tmp_path):
-    path = text.resolve_local_dir(MINILM_PKG) if _minilm_installed() else None
+    path = model_info.resolve_local_dir(MINILM_PKG) if _minilm_installed() else None
     if path is not None:
         assert (path / "config.json").is_file()
-        assert text.model_source(MINILM, {MINILM: MINILM_PKG}, offline=True) == str(path)
+        assert model_info.model_source(MINILM, {MINILM: MINILM_PKG}, offline=True) == str(path)
     with pytest.raises(text.MissingModelError, match="not installed"):
-        text.resolve_local_dir("pkg:no_such_package_xyz/model")
+        model_info.resolve_local_dir("pkg:no_such_package_xyz/model")
     with pytest.raises(text.MissingModelError, match="config.json"):
-        text.resolve_local_dir(str(tmp_path))
+        model_info.resolve_local_dir(str(tmp_path))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     import huggingface_hub.constants as c
 
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     with pytest.raises(text.MissingModelError) as err:
-        text.model_source("bert-base-uncased", {}, offline=True)
+        model_info.model_source("bert-base-uncased", {}, offline=True)
     assert "'bert-base-uncased'" in str(err.value) and "text.local_models" in str(err.value)
 
 
@@ -437,7 +437,7 @@ def test_real_minilm_through_the_metrics(tmp_path):
     if not raw.exists():
         pytest.skip(f"WikiText-103 test rows not available: {raw} missing (set KPCA_RESOURCES)")
     samples = text.sample_rows(text.read_text_rows(raw), 3, 30, seed=0)
-    source = text.model_source(MINILM, {MINILM: MINILM_PKG}, offline=True)
+    source = model_info.model_source(MINILM, {MINILM: MINILM_PKG}, offline=True)
     model, tok = text.load_text_model(MINILM, source, offline=True)
     _check_hooks(model, text.tokenize_sample(tok, list(samples["text"]), 128))
     out = tmp_path / "minilm.h5"
