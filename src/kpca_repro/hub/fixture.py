@@ -1068,7 +1068,7 @@ def _describe(manifest: Manifest) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m kpca_repro.hub {build,serve} --dir DIR ...``; see ``--help``."""
-    parser = argparse.ArgumentParser(prog="python -m kpca_repro.hub.fixture", description="Local Hugging Face hub (olah) and static file server for the online code path.")
+    parser = argparse.ArgumentParser(prog="python -m kpca_repro.hub", description="Local Hugging Face hub (olah) and static file server for the online code path.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("build", "serve"):
         p = sub.add_parser(name, help="build the repositories" if name == "build" else "build, then serve until Ctrl-C")
