@@ -4,7 +4,7 @@
 #   snakemake --cores 8 results/table1.csv        # Table 1, paper variant
 #   snakemake --cores 8                           # everything configured (rule all)
 #
-# Specification of every number: docs/method.md. Mathematics: src/kpca_repro/kpca.py.
+# Specification of every number: docs/method.md. Mathematics: src/kpca_repro/method/kpca.py.
 
 from pathlib import Path
 
@@ -33,7 +33,7 @@ include: "workflow/rules/helpers.smk"
 
 # `snakemake --report` fails on any docutils warning or error in a caption instead of showing
 # a "System Message" in the page (workflow/report/docutils.conf: halt_level warning).
-from kpca_repro.report_check import strict_docutils
+from kpca_repro.workflow.report_check import strict_docutils
 
 strict_docutils(REPO / "workflow" / "report" / "docutils.conf")
 
@@ -45,17 +45,20 @@ onstart:
     slurm_fit_check()
 
 
-rule all:
-    default_target: True
-    input:
-        all_targets(),
-
-
 include: "workflow/rules/resources.smk"
 include: "workflow/rules/extract.smk"
 include: "workflow/rules/kpca.smk"
 include: "workflow/rules/tables.smk"
 include: "workflow/rules/spectra.smk"
-include: "workflow/rules/report.smk"
 include: "workflow/rules/norms.smk"
 include: "workflow/rules/training.smk"
+# last: the comparison with the paper and the HTML tables of every table registered before
+include: "workflow/rules/report.smk"
+
+
+# Every table and figure the configuration asks for: what the rule files registered
+# (default_target, kpca_repro.workflow.paths).
+rule all:
+    default_target: True
+    input:
+        all_targets(),

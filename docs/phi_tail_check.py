@@ -6,7 +6,7 @@
 The model and scale are read from config/config.yaml (scales resolved through their `base`).
 The last line is over all layers: the mean is what J_proj's log averages, the median is the
 typical token. Every epoch's log now holds the pooled median and 0.99 quantile too
-(kpca_repro.training.TOKEN_STATS); this script adds the per-layer view of the last epoch.
+(kpca_repro.training.train.TOKEN_STATS); this script adds the per-layer view of the last epoch.
 """
 
 import sys
@@ -14,9 +14,10 @@ import sys
 import torch
 import yaml
 
-from kpca_repro import kpca, training
-from kpca_repro.config_checks import resolve_scales
-from kpca_repro.training_summary import run_dir
+from kpca_repro import projection
+from kpca_repro.training import train as training
+from kpca_repro.training.summary import run_dir
+from kpca_repro.workflow.config_checks import resolve_scales
 
 arch, scale_name = sys.argv[1], sys.argv[2]
 seed = int(sys.argv[3]) if len(sys.argv) > 3 else 0
@@ -44,8 +45,8 @@ with torch.no_grad():
 phis, hs = [], []
 for layer, a in enumerate(attns):
     r = a.recorded
-    phi = kpca.feature_norm_sq(r["q"], r["k"], scale=a.scale, log_domain=False)
-    h = kpca.output_norm_sq(r["h"])
+    phi = projection.feature_norm_sq(r["q"], r["k"], scale=a.scale, log_domain=False)
+    h = projection.output_norm_sq(r["h"])
     phis.append(phi.flatten())
     hs.append(h.flatten())
     print(

@@ -14,12 +14,12 @@
 Methods compared (each measurement runs in its own subprocess, so peak RSS is its own):
 
 ``per_head`` (paper variant)
-    ``kpca_repro/reference.py``: the per-head transcription of the authors' ``value_vectors.py``
+    ``kpca_repro/method/reference.py``: the per-head transcription of the authors' ``value_vectors.py``
     (docs/method.md Section 12): one ``eigh``, one CKA helper call per CKA, one assignment per head,
     Python loops over heads. It is the test oracle of the batched code and is imported, not
     copied, so the baseline stays independent of what it measures.
 ``per_head`` (corrected variant)
-    :func:`kpca_repro.kpca.head_metrics` called on one head at a time.
+    :func:`kpca_repro.method.kpca.head_metrics` called on one head at a time.
 ``batched``
     What the ``kpca_vision`` rule runs: chunks of ``--chunk`` heads through ``head_metrics``,
     ``--threads`` chunks at a time on worker threads (:func:`kpca_repro.threads.ordered_map`),
@@ -94,7 +94,7 @@ def _random_heads(n_heads: int, n: int, d: int, seed: int = 0, baseline: bool = 
 def _per_head_paper(k, v):
     import numpy as np
 
-    from kpca_repro.reference import head_metrics_reference
+    from kpca_repro.method.reference import head_metrics_reference
 
     rows = [head_metrics_reference(k[h], v[h]) for h in range(k.shape[0])]
     return {c: np.array([np.nan if r is None else r[c] for r in rows]) for c in PAPER_COLUMNS}
@@ -103,7 +103,7 @@ def _per_head_paper(k, v):
 def _per_head(k, v, base, variant):
     import numpy as np
 
-    from kpca_repro.kpca import head_metrics
+    from kpca_repro.method.kpca import head_metrics
 
     kw = lambda h: {"baseline": base[h : h + 1]} if variant == "corrected" else {}  # noqa: E731
     rows = [head_metrics(k[h : h + 1], v[h : h + 1], variant, **kw(h)) for h in range(k.shape[0])]
@@ -113,7 +113,7 @@ def _per_head(k, v, base, variant):
 def _batched(k, v, base, variant, device, chunk, workers, eigh_device=None, streams=False, eigh_threads=None):
     import numpy as np
 
-    from kpca_repro import kpca
+    from kpca_repro.method import kpca
     from kpca_repro.threads import device_stream, ordered_map
 
     def work(lo):
@@ -129,7 +129,7 @@ def _batched(k, v, base, variant, device, chunk, workers, eigh_device=None, stre
 class _Timers:
     """Wall seconds spent inside ``eigh``, the assignments and ``head_metrics``, summed over threads.
 
-    ``--breakdown`` wraps ``torch.linalg.eigh`` and :mod:`kpca_repro.kpca`'s
+    ``--breakdown`` wraps ``torch.linalg.eigh`` and :mod:`kpca_repro.method.kpca`'s
     ``linear_sum_assignment`` (and, for the batched method, ``head_metrics``) so a run tells
     where the worker threads spend their time: ``threads x wall - head_metrics`` is time a
     worker waited (for the reader, the GIL or the result queue); ``head_metrics - eigh -
@@ -159,7 +159,7 @@ class _Timers:
     def install(self):
         import torch
 
-        from kpca_repro import kpca, numerics
+        from kpca_repro.method import kpca, numerics
 
         torch.linalg.eigh = self.wrap("eigh", torch.linalg.eigh)
         numerics.linear_sum_assignment = self.wrap("assignment", numerics.linear_sum_assignment)
@@ -236,11 +236,11 @@ def _run_method(spec, device, k, v, base):
 
 def _read_file(path, variant, seed):
     """Every head of an activation file as (heads, N, d) tensors, in (layer, image, head) order
-    (read as the KPCA stage reads it: :func:`kpca_repro.records.layer_chunks`, one chunk per layer)."""
+    (read as the KPCA stage reads it: :func:`kpca_repro.method.records.layer_chunks`, one chunk per layer)."""
     import torch
 
     from kpca_repro.h5io import ActivationFile
-    from kpca_repro.records import baseline_noise, layer_chunks
+    from kpca_repro.method.records import baseline_noise, layer_chunks
 
     ks, vs, bs = [], [], []
     with ActivationFile(path) as af:
@@ -257,10 +257,10 @@ def _read_file(path, variant, seed):
 
 def _table1_row(out: dict, dropped) -> dict:
     """Table 1's four numbers from one method's per-head outputs, by the pipeline's own
-    aggregation (:func:`kpca_repro.tables.table1_paper`) over the heads not ``dropped``."""
+    aggregation (:func:`kpca_repro.analysis.tables.table1_paper`) over the heads not ``dropped``."""
     import pandas as pd
 
-    from kpca_repro.tables import table1_paper
+    from kpca_repro.analysis.tables import table1_paper
 
     heads = pd.DataFrame({c: out[c] for c in PAPER_COLUMNS}).assign(model="m", dropped=dropped, exp_overflow=False, outer_overflow=False, allclose=False)
     row = table1_paper(heads, {"m": {"n_images": 0, "weights_sha256": ""}}).iloc[0]
@@ -462,7 +462,7 @@ def _authors_head(k, v) -> dict | None:
     cost belongs to the baseline. None where the script drops the head."""
     import torch
 
-    from kpca_repro.reference import metrics_reference, v_kpca_reference
+    from kpca_repro.method.reference import metrics_reference, v_kpca_reference
 
     vhat = v_kpca_reference(k)
     try:
@@ -492,8 +492,8 @@ def _authors(spec: dict) -> dict:
     import pandas as pd
     import torch
 
-    from kpca_repro import images as img
-    from kpca_repro.vision import load_timm_model
+    from kpca_repro.capture.vision import load_timm_model
+    from kpca_repro.inputs import images as img
 
     model = load_timm_model(spec["model"], spec["weights"]).eval()
     records = img.list_images(spec["image_dir"], spec["layout"])
@@ -566,7 +566,7 @@ def _first_images(image_dir: str, n: int):
 def _extract(spec: dict) -> dict:
     import torch
 
-    from kpca_repro.extraction import extract_vision
+    from kpca_repro.capture.extraction import extract_vision
 
     torch.set_num_threads(os.cpu_count() or 1)
     samples = _first_images(spec["image_dir"], spec["images"])
@@ -579,7 +579,7 @@ def _extract_timed(spec: dict) -> dict:
     import timm  # noqa: F401  (imported by the model loader; its ~2 s are start-up, not extraction)
     import torch
 
-    from kpca_repro.extraction import extract_vision
+    from kpca_repro.capture.extraction import extract_vision
 
     torch.set_num_threads(spec["threads"])
     samples = _first_images(spec["image_dir"], spec["images"])
@@ -634,7 +634,7 @@ def cmd_concurrent(args) -> dict:
 def _kpca(spec: dict) -> dict:
     import torch
 
-    from kpca_repro import records
+    from kpca_repro.method import records
 
     torch.set_num_threads(1)
     if spec.get("trim"):  # hand freed heap memory back to the OS after every chunk
@@ -707,9 +707,9 @@ def cmd_ab(args) -> dict:
     import numpy as np
     import torch
 
-    from kpca_repro import kpca as this
     from kpca_repro.h5io import ActivationFile
-    from kpca_repro.records import baseline_noise, layer_chunks
+    from kpca_repro.method import kpca as this
+    from kpca_repro.method.records import baseline_noise, layer_chunks
 
     tmp = Path(tempfile.mkdtemp())
     shutil.copytree(Path(args.tree).resolve() / "src" / "kpca_repro", tmp / "kpca_other")

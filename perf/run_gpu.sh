@@ -11,7 +11,7 @@ python -c "import torch, scipy; print('torch', torch.__version__, 'cuda', torch.
 # the CUDA path against the CPU path on the same heads (CKA and flags; every column with fixed signs)
 python - <<'PY' | tee -a "$OUT/gpu.txt"
 import numpy as np, torch
-from kpca_repro.kpca import head_metrics
+from kpca_repro.method.kpca import head_metrics
 gen = torch.Generator().manual_seed(0)
 k = torch.randn(64, 197, 64, generator=gen) * 1.5 + torch.randn(64, 1, 64, generator=gen)
 v = torch.randn(64, 197, 64, generator=gen)

@@ -11,12 +11,13 @@ import pandas as pd
 import pytest
 import torch
 
-from kpca_repro import kpca, method, numerics
 from kpca_repro.h5io import ActivationFile, ActivationWriter
-from kpca_repro.records import kpca_records, layer_chunks
-from kpca_repro.reference import head_metrics_reference
+from kpca_repro.method import equations as method
+from kpca_repro.method import kpca, numerics
+from kpca_repro.method.records import kpca_records, layer_chunks
+from kpca_repro.method.reference import head_metrics_reference
+from kpca_repro.method.variant import PAPER
 from kpca_repro.threads import ordered_map
-from kpca_repro.variant import PAPER
 
 from conftest import TINY_KWARGS, run_snakemake
 
@@ -261,7 +262,8 @@ def test_sharded_and_unsharded_runs_give_identical_tables(tiny_resources, tmp_pa
 
 def test_one_forward_pass_per_image_batch_captures_every_layer(tiny_resources, photos_dir, tmp_path, monkeypatch):
     """The reference runs one full forward per layer; extraction runs one per image batch."""
-    from kpca_repro import extraction, images
+    from kpca_repro.capture import extraction
+    from kpca_repro.inputs import images
 
     model_id = "vit_tiny_patch16_224"
     weights = tiny_resources / "weights" / "timm" / f"{model_id}.safetensors"

@@ -64,9 +64,9 @@ def test_authors_structure_baseline_gives_the_pipelines_table1_row(tmp_path):
     import numpy as np
     import torch
 
-    from kpca_repro import images
-    from kpca_repro.extraction import extract_vision
-    from kpca_repro.records import kpca_records
+    from kpca_repro.capture.extraction import extract_vision
+    from kpca_repro.inputs import images
+    from kpca_repro.method.records import kpca_records
     from kpca_repro.threads import torch_default_threads
 
     from conftest import real_deit_tiny

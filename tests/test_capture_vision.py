@@ -18,9 +18,11 @@ import timm
 import torch
 import yaml
 
-from kpca_repro import capture, images, vision
-from kpca_repro.extraction import extract_vision
+from kpca_repro.capture import invariant as capture
+from kpca_repro.capture import vision
+from kpca_repro.capture.extraction import extract_vision
 from kpca_repro.h5io import ActivationFile
+from kpca_repro.inputs import images
 
 from conftest import real_deit_tiny, run_snakemake
 

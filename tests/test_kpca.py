@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from kpca_repro import kpca, method, numerics
-from kpca_repro.reference import head_metrics_reference
+from kpca_repro import projection
+from kpca_repro.method import equations as method
+from kpca_repro.method import kpca, numerics
+from kpca_repro.method.reference import head_metrics_reference
 
 
 def _keys(heads=4, n=23, d=8, scale=1.0, seed=0):
@@ -235,49 +237,49 @@ def test_feature_norm_log_domain_equals_direct_formula():
     k = torch.randn(2, 3, 17, 8, generator=gen, dtype=torch.float64)
     s = 1 / math.sqrt(8)
     direct = torch.exp(s * (q * q).sum(-1)) / torch.exp(s * q @ k.transpose(-1, -2)).sum(-1) ** 2
-    torch.testing.assert_close(kpca.feature_norm_sq(q, k), direct)
-    torch.testing.assert_close(kpca.feature_norm_sq(q, k, log_domain=False), direct)
+    torch.testing.assert_close(projection.feature_norm_sq(q, k), direct)
+    torch.testing.assert_close(projection.feature_norm_sq(q, k, log_domain=False), direct)
     # kernel trick: ||phi(q)||^2 = k(q, q) / g(q)^2 with an explicit loop over one head
     i = 5
     g = sum(math.exp(s * float(q[0, 0, i] @ k[0, 0, j])) for j in range(17))
-    assert float(kpca.feature_norm_sq(q, k)[0, 0, i]) == pytest.approx(math.exp(s * float(q[0, 0, i] @ q[0, 0, i])) / g**2, rel=1e-12)
+    assert float(projection.feature_norm_sq(q, k)[0, 0, i]) == pytest.approx(math.exp(s * float(q[0, 0, i] @ q[0, 0, i])) / g**2, rel=1e-12)
 
 
 def test_feature_norm_log_domain_survives_overflow_and_masks_keys():
     q = torch.full((1, 4, 16), 30.0)
     k = torch.full((1, 4, 16), 30.0)
-    assert not torch.isfinite(kpca.feature_norm_sq(q, k, log_domain=False)).all()
-    log_phi = kpca.log_feature_norm_sq(q, k)
+    assert not torch.isfinite(projection.feature_norm_sq(q, k, log_domain=False)).all()
+    log_phi = projection.log_feature_norm_sq(q, k)
     assert torch.isfinite(log_phi).all()
     # masking a key equals removing it
     gen = torch.Generator().manual_seed(0)
     q, k = torch.randn(5, 8, generator=gen, dtype=torch.float64), torch.randn(7, 8, generator=gen, dtype=torch.float64)
     mask = torch.tensor([True, True, False, True, False, True, True])
-    torch.testing.assert_close(kpca.feature_norm_sq(q, k, key_mask=mask), kpca.feature_norm_sq(q, k[mask]))
-    torch.testing.assert_close(kpca.feature_norm_sq(q, k, key_mask=mask, log_domain=False), kpca.feature_norm_sq(q, k[mask]))
+    torch.testing.assert_close(projection.feature_norm_sq(q, k, key_mask=mask), projection.feature_norm_sq(q, k[mask]))
+    torch.testing.assert_close(projection.feature_norm_sq(q, k, key_mask=mask, log_domain=False), projection.feature_norm_sq(q, k[mask]))
 
 
 def test_attention_output_is_naive_softmax_attention():
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(3, 6, 4, generator=gen, dtype=torch.float64) for _ in range(3))
-    h = kpca.attention_output(q, k, v)
+    h = projection.attention_output(q, k, v)
     w = torch.exp(q @ k.transpose(-1, -2) / 2)
     torch.testing.assert_close(h, (w / w.sum(-1, keepdim=True)) @ v)
     mask = torch.tensor([True, False, True, True, False, True])
-    torch.testing.assert_close(kpca.attention_output(q, k, v, key_mask=mask), kpca.attention_output(q, k[:, mask], v[:, mask]))
-    torch.testing.assert_close(kpca.output_norm_sq(h), torch.linalg.vector_norm(h, dim=-1) ** 2)
+    torch.testing.assert_close(projection.attention_output(q, k, v, key_mask=mask), projection.attention_output(q, k[:, mask], v[:, mask]))
+    torch.testing.assert_close(projection.output_norm_sq(h), torch.linalg.vector_norm(h, dim=-1) ** 2)
 
 
 def test_projection_errors_against_a_loop():
     phi = torch.tensor([[0.5, 2.0], [1e-3, 4.0]], dtype=torch.float64)
     h = torch.tensor([[1.0, 1.0], [3.0, 4.0]], dtype=torch.float64)
-    out = kpca.projection_errors(phi, h)
+    out = projection.projection_errors(phi, h)
     pairs = list(zip(phi.flatten().tolist(), h.flatten().tolist()))
     assert float(out["error"]) == pytest.approx(sum(abs(p - x) for p, x in pairs) / 4)
     assert float(out["rel_error_wrt_h"]) == pytest.approx(sum(abs(p - x) / (x + 1e-8) for p, x in pairs) / 4)
     assert float(out["rel_error_wrt_phiq"]) == pytest.approx(sum(abs(p - x) / (p + 1e-8) for p, x in pairs) / 4)
     assert float(out["h_ave"]) == pytest.approx(2.25) and float(out["phi_ave"]) == pytest.approx(sum(p for p, _ in pairs) / 4)
-    masked = kpca.projection_errors(phi, h, mask=torch.tensor([[True, False], [True, True]]))
+    masked = projection.projection_errors(phi, h, mask=torch.tensor([[True, False], [True, True]]))
     assert float(masked["h_ave"]) == pytest.approx((1 + 3 + 4) / 3)
 
 
@@ -309,9 +311,9 @@ def test_median_of_nonzero_entries_matches_a_full_sort_with_zeros_negatives_and_
 
 def test_cka_centering_by_means_equals_the_explicit_h_products():
     """Linear CKA from token-centered features and RBF CKA from mean-centered kernels equal
-    the CKA helper's explicit ``(H K) H`` form (kpca_repro/reference.py) in float64, and
+    the CKA helper's explicit ``(H K) H`` form (kpca_repro/method/reference.py) in float64, and
     stay within float32 round-off of it in float32."""
-    from kpca_repro.reference import CudaCKA
+    from kpca_repro.method.reference import CudaCKA
 
     cka = CudaCKA()
     gen = torch.Generator().manual_seed(5)

@@ -11,11 +11,13 @@ import pytest
 import torch
 import yaml
 
-from kpca_repro import images, kpca, norms, resources
-from kpca_repro.extraction import extract_vision
+from kpca_repro import projection
+from kpca_repro.analysis import norms
+from kpca_repro.analysis.norms import norm_statistics, sentence_samples, squared_norms
+from kpca_repro.capture.extraction import extract_vision
+from kpca_repro.capture.vision import attention_modules, load_timm_model
 from kpca_repro.h5io import ActivationWriter, CorruptActivationFileError
-from kpca_repro.norms import norm_statistics, sentence_samples, squared_norms
-from kpca_repro.vision import attention_modules, load_timm_model
+from kpca_repro.inputs import images, resources
 
 from conftest import REPO, TINY_KWARGS, real_deit_tiny, run_snakemake
 
@@ -59,13 +61,13 @@ def test_nlp_norms_form_equals_direct_formula_and_zeroes_overflow():
     q, k = torch.randn(2, 9, 32, generator=gen), torch.randn(2, 9, 32, generator=gen)
     s = 1 / 8
     direct = torch.exp(s * (q.double() * q.double()).sum(-1)) / torch.exp(s * q.double() @ k.double().transpose(-1, -2)).sum(-1) ** 2
-    got = kpca.feature_norm_sq(q, k, scale=s, log_domain=False, log_of_sum=True)
+    got = projection.feature_norm_sq(q, k, scale=s, log_domain=False, log_of_sum=True)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got.double(), direct, rtol=1e-5, atol=0)
-    torch.testing.assert_close(kpca.feature_norm_sq(q, k, scale=s).double(), direct, rtol=1e-5, atol=0)
+    torch.testing.assert_close(projection.feature_norm_sq(q, k, scale=s).double(), direct, rtol=1e-5, atol=0)
     big = torch.full((1, 3, 32), 10.0)  # s q.k = 400 > 88.7: the float32 sum overflows
-    assert (kpca.feature_norm_sq(big, big, scale=s, log_domain=False, log_of_sum=True) == 0).all()
-    assert torch.isfinite(kpca.log_feature_norm_sq(big.double(), big.double(), scale=s)).all()
+    assert (projection.feature_norm_sq(big, big, scale=s, log_domain=False, log_of_sum=True) == 0).all()
+    assert torch.isfinite(projection.log_feature_norm_sq(big.double(), big.double(), scale=s)).all()
 
 
 # --------------------------------------------------------------------------------------
@@ -174,7 +176,7 @@ def _synthetic_text(seed, lengths=(5, 3, 6), n=6, d=32, heads=2, layers=2, pad_v
     q, k, v = (rng.normal(0, 1.5, (layers, len(lengths), heads, n, d)).astype(np.float32) for _ in range(3))
     mask = np.array([[1] * m + [0] * (n - m) for m in lengths])
     km = torch.from_numpy(mask.astype(bool))[None, :, None, :]
-    h = kpca.attention_output(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v), key_mask=km).numpy()
+    h = projection.attention_output(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v), key_mask=km).numpy()
     pad = ~mask.astype(bool)[None, :, None, :, None].repeat(d, -1)
     pad = np.broadcast_to(pad, q.shape)
     junk = rng.normal(0, 1, q.shape).astype(np.float32) * pad_value

@@ -1,4 +1,4 @@
-"""kpca_repro.paths: the workflow's file layout, against Snakemake's own ``expand``."""
+"""kpca_repro.workflow.paths: the workflow's file layout, against Snakemake's own ``expand``."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import pytest
 import yaml
 from snakemake.io import expand
 
-from kpca_repro import paths
+from kpca_repro.workflow import paths
 
-BASE = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "config.yaml").read_text())
+REPO = Path(__file__).resolve().parents[1]
+BASE = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+paths.register_rule_targets(REPO)  # the default_target calls of the rule files, as Snakemake runs them
 
 
 def _config(**sections) -> dict:
@@ -43,6 +45,8 @@ def test_slugs_round_trip():
 
 
 def test_targets_follow_the_configuration():
+    """Rule all builds what the rule files registered: every table and figure of the configured
+    variants, the report's HTML of each table, last the comparison with the paper."""
     full = paths.all_targets(BASE)
     assert full[-1] == "results/paper_comparison.csv" and len(full) == len(set(full))
     for f in ("results/table4.csv", "results/table4_corrected.md", "results/figure5_corrected.pdf", "results/html/table4.html", "results/figure1.pdf"):
@@ -50,3 +54,18 @@ def test_targets_follow_the_configuration():
     vision_only = paths.all_targets(_config(text={"models": []}, variants=["paper"], figure1={"runs": [], "use_reference": False}))
     assert not any("table4" in t or "figure5" in t or "_corrected" in t or "figure1" in t for t in vision_only)
     assert paths.comparison_tables(_config(variants=["paper"], text={"models": []})) == {t: (f"results/table{t}.csv", None) for t in "123"}
+
+
+def test_a_table_registers_itself_in_its_rule_file():
+    """A rule file's default_target call alone puts a table into rule all and the report."""
+    for name in ("table1", "table2", "table3", "table4", "paper_comparison"):
+        assert name in paths.REPORT_TABLES and f"{name}_corrected" in paths.REPORT_TABLES or name == "paper_comparison"
+    before = list(paths.REPORT_TABLES)
+    try:
+        paths.default_target("results/table9{suffix}.csv", "results/table9{suffix}.md", report=True, when=lambda config: bool(config["vision"]["models"]))
+        full = paths.all_targets(BASE)
+        assert {"results/table9.csv", "results/table9_corrected.md", "results/html/table9_corrected.html"} <= set(full) and "table9" in paths.REPORT_TABLES
+        assert not any("table9" in t for t in paths.all_targets(_config(vision={"models": []})))
+    finally:
+        paths._TARGETS.pop(("results/table9{suffix}.csv", "results/table9{suffix}.md"))
+        paths.REPORT_TABLES[:] = before

@@ -14,8 +14,8 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from kpca_repro.kpca import eigenpairs, gamma_test, head_metrics, top_eigenvalues
-from kpca_repro.tables import TABLE1_COLUMNS, table1_paper, table_corrected
+from kpca_repro.analysis.tables import TABLE1_COLUMNS, table1_paper, table_corrected
+from kpca_repro.method.kpca import eigenpairs, gamma_test, head_metrics, top_eigenvalues
 
 PROPS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from kpca_repro.h5io import CorruptActivationFileError
-from kpca_repro.records import eigenvalue_records, gamma_records, kpca_records
+from kpca_repro.method.records import eigenvalue_records, gamma_records, kpca_records
 
 from conftest import REPO
 from test_workflow import _write_config
@@ -338,17 +338,17 @@ def test_a_changed_parameter_reruns_only_the_jobs_that_use_it(overrides, expecte
 
 CODE_CHANGES = [
     pytest.param(
-        "src/kpca_repro/kpca.py",
+        "src/kpca_repro/method/kpca.py",
         {"kpca_heads": 2, "eigenvalues_vision": 2, "gamma_vision": 1, "table1": 2, "table_spectra": 1, "figure3": 1},
         id="kpca-module",
     ),
     pytest.param(
-        "src/kpca_repro/extraction.py",
+        "src/kpca_repro/capture/extraction.py",
         {"extract_vision": 1, "kpca_heads": 2, "eigenvalues_vision": 2, "gamma_vision": 1, "table1": 2, "table_spectra": 1, "figure3": 1},
         id="extraction-module",
     ),
-    pytest.param("src/kpca_repro/tables.py", {"table1": 2, "table_spectra": 1}, id="tables-module"),
-    pytest.param("src/kpca_repro/figures.py", {"figure3": 1}, id="figures-module"),
+    pytest.param("src/kpca_repro/analysis/tables.py", {"table1": 2, "table_spectra": 1}, id="tables-module"),
+    pytest.param("src/kpca_repro/figures/plots.py", {"figure3": 1}, id="figures-module"),
 ]
 
 

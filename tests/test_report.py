@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from kpca_repro import report_check as rc
-from kpca_repro.tables import CORRECTED_METRICS, TEXT_CORRECTED_METRICS, corrected_markdown, markdown_table
+from kpca_repro.analysis.tables import CORRECTED_METRICS, TEXT_CORRECTED_METRICS, corrected_markdown, markdown_table
+from kpca_repro.workflow import report_check as rc
 
 from conftest import REPO, TINY_KWARGS
 
@@ -58,7 +58,7 @@ def test_the_lint_sees_every_caption_and_every_table():
     assert set(used) == {p.resolve() for p in (REPO / "workflow" / "report").glob("*.rst")}
     assert used[(REPO / "workflow" / "report" / "tables.rst").resolve()] == {"table"}
     assert used[(REPO / "workflow" / "report" / "figure_training.rst").resolve()] == {"fig"}
-    from kpca_repro.paths import REPORT_TABLES  # the tables the rule table_html renders
+    from kpca_repro.workflow.paths import REPORT_TABLES  # the tables the rule table_html renders
 
     assert re.search(r"^REPORT_TABLES = paths\.REPORT_TABLES$", (REPO / "workflow" / "rules" / "common.smk").read_text(), re.M)
     assert list(rc.WILDCARD_VALUES["table"]) == REPORT_TABLES

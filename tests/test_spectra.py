@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from kpca_repro import kpca, method
-from kpca_repro.tables import spectrum_statistics
+from kpca_repro import projection
+from kpca_repro.analysis.tables import spectrum_statistics
+from kpca_repro.method import equations as method
+from kpca_repro.method import kpca
 
 
 def test_standardized_keys_have_norm_d_minus_one():
-    k = kpca.standardize_tokens(torch.randn(3, 20, 64, dtype=torch.float64) * 5 + 2)
+    k = projection.standardize_tokens(torch.randn(3, 20, 64, dtype=torch.float64) * 5 + 2)
     torch.testing.assert_close((k**2).sum(-1), torch.full((3, 20), 63.0, dtype=torch.float64), rtol=1e-6, atol=0)
 
 

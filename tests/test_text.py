@@ -11,13 +11,17 @@ import pytest
 import torch
 import yaml
 
-from kpca_repro import extraction, hf_capture, kpca, method, text
+from kpca_repro import projection
+from kpca_repro.analysis.tables import table4_paper
+from kpca_repro.capture import extraction, hf_capture
+from kpca_repro.capture.vision import UnsupportedArchitectureError
+from kpca_repro.check_cache import sha256_file
 from kpca_repro.h5io import ActivationFile
-from kpca_repro.records import _head_groups, kpca_records
-from kpca_repro.resources import sha256_file
-from kpca_repro.tables import table4_paper
-from kpca_repro.variant import PAPER
-from kpca_repro.vision import UnsupportedArchitectureError
+from kpca_repro.inputs import model_info, text
+from kpca_repro.method import equations as method
+from kpca_repro.method import kpca
+from kpca_repro.method.records import _head_groups, kpca_records
+from kpca_repro.method.variant import PAPER
 
 from conftest import REPO, resources_dir_for_real_weights, run_snakemake
 
@@ -75,8 +79,8 @@ def test_slug_roundtrips_for_the_configured_models():
     models = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["text"]["models"]
     assert len(models) == 9
     for m in models:
-        assert "/" not in text.model_slug(m) and text.model_id_from_slug(text.model_slug(m)) == m
-    assert text.model_slug(MINILM) == "sentence-transformers--all-MiniLM-L6-v2"
+        assert "/" not in model_info.model_slug(m) and model_info.model_id_from_slug(model_info.model_slug(m)) == m
+    assert model_info.model_slug(MINILM) == "sentence-transformers--all-MiniLM-L6-v2"
 
 
 def test_sample_is_random_sample_of_the_filtered_rows(tmp_path):
@@ -97,20 +101,20 @@ def test_sample_is_random_sample_of_the_filtered_rows(tmp_path):
 
 
 def test_pkg_directory_and_missing_model_messages(monkeypatch, tmp_path):
-    path = text.resolve_local_dir(MINILM_PKG) if _minilm_installed() else None
+    path = model_info.resolve_local_dir(MINILM_PKG) if _minilm_installed() else None
     if path is not None:
         assert (path / "config.json").is_file()
-        assert text.model_source(MINILM, {MINILM: MINILM_PKG}, offline=True) == str(path)
+        assert model_info.model_source(MINILM, {MINILM: MINILM_PKG}, offline=True) == str(path)
     with pytest.raises(text.MissingModelError, match="not installed"):
-        text.resolve_local_dir("pkg:no_such_package_xyz/model")
+        model_info.resolve_local_dir("pkg:no_such_package_xyz/model")
     with pytest.raises(text.MissingModelError, match="config.json"):
-        text.resolve_local_dir(str(tmp_path))
+        model_info.resolve_local_dir(str(tmp_path))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     import huggingface_hub.constants as c
 
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     with pytest.raises(text.MissingModelError) as err:
-        text.model_source("bert-base-uncased", {}, offline=True)
+        model_info.model_source("bert-base-uncased", {}, offline=True)
     assert "'bert-base-uncased'" in str(err.value) and "text.local_models" in str(err.value)
 
 
@@ -144,7 +148,7 @@ def _check_hooks(model, enc, window: int | None = None):
         assert t["q"].shape == (b, a.n_heads, n, a.head_dim) and n >= length
         mask = torch.zeros(b, n, dtype=torch.bool)
         mask[:, :length] = enc["attention_mask"].bool()
-        naive = kpca.attention_output(t["q"], t["k"], t["v"], key_mask=mask[:, None, :])
+        naive = projection.attention_output(t["q"], t["k"], t["v"], key_mask=mask[:, None, :])
         real = mask[:, None, :, None].expand_as(naive)
         torch.testing.assert_close(t["h"][real], naive[real], atol=1e-5, rtol=1e-4)
         hidden, out = io[layer]
@@ -191,7 +195,7 @@ def _check_hooks_longformer(model, enc):
         n = t["q"].shape[2]
         mask = torch.zeros(b, n, dtype=torch.bool)
         mask[:, :length] = enc["attention_mask"].bool()
-        naive = kpca.attention_output(t["q"], t["k"], t["v"], key_mask=mask[:, None, :])
+        naive = projection.attention_output(t["q"], t["k"], t["v"], key_mask=mask[:, None, :])
         real = mask[:, None, :, None].expand_as(naive)
         torch.testing.assert_close(t["h"][real], naive[real], atol=1e-5, rtol=1e-4)
     return rec
@@ -433,7 +437,7 @@ def test_real_minilm_through_the_metrics(tmp_path):
     if not raw.exists():
         pytest.skip(f"WikiText-103 test rows not available: {raw} missing (set KPCA_RESOURCES)")
     samples = text.sample_rows(text.read_text_rows(raw), 3, 30, seed=0)
-    source = text.model_source(MINILM, {MINILM: MINILM_PKG}, offline=True)
+    source = model_info.model_source(MINILM, {MINILM: MINILM_PKG}, offline=True)
     model, tok = text.load_text_model(MINILM, source, offline=True)
     _check_hooks(model, text.tokenize_sample(tok, list(samples["text"]), 128))
     out = tmp_path / "minilm.h5"

@@ -11,10 +11,11 @@ import timm
 import torch
 import yaml
 
-from kpca_repro import kpca, training
-from kpca_repro.config_checks import resolve_scales
-from kpca_repro.figures import plot_figure1, plot_figure4
-from kpca_repro.training_summary import (
+from kpca_repro import projection
+from kpca_repro.capture.vision import AttentionRecorder
+from kpca_repro.training import train as training
+from kpca_repro.training.figures import plot_figure1, plot_figure4
+from kpca_repro.training.summary import (
     ABLATION_COLUMNS,
     CLAIMS,
     CLAIMS_COLUMNS,
@@ -32,7 +33,7 @@ from kpca_repro.training_summary import (
     training_claims_markdown,
     with_seeds,
 )
-from kpca_repro.vision import AttentionRecorder
+from kpca_repro.workflow.config_checks import resolve_scales
 
 from conftest import REPO, run_snakemake
 
@@ -89,12 +90,12 @@ def test_logged_jproj_equals_a_direct_computation_from_the_attention_tensors(num
     per_layer, phis, hs = [], [], []
     for layer in range(2):
         cap = {t: v.double() for t, v in rec.captured[layer].items()}
-        q, k = kpca.standardize_tokens(cap["q"], eps=0.0), kpca.standardize_tokens(cap["k"], eps=0.0)
+        q, k = projection.standardize_tokens(cap["q"], eps=0.0), projection.standardize_tokens(cap["k"], eps=0.0)
         d = q.shape[-1]
         np.testing.assert_allclose((q * q).sum(-1).numpy(), d - 1, rtol=1e-9)  # unbiased std, no epsilon
         # h of the model is softmax(q k^T / sqrt(d)) v on the standardized q, k
-        torch.testing.assert_close(cap["h"], kpca.attention_output(q, k, cap["v"]), rtol=1e-4, atol=1e-5)
-        phi = kpca.feature_norm_sq(q, k, log_domain=True)  # float64, log domain: an independent path
+        torch.testing.assert_close(cap["h"], projection.attention_output(q, k, cap["v"]), rtol=1e-4, atol=1e-5)
+        phi = projection.feature_norm_sq(q, k, log_domain=True)  # float64, log domain: an independent path
         h_sq = (cap["h"] ** 2).sum(-1)
         e = (phi - h_sq).abs()
         per_layer.append([e.mean(), h_sq.mean(), phi.mean(), (e / (h_sq + 1e-8)).mean(), (e / (phi + 1e-8)).mean()])
@@ -222,7 +223,7 @@ def test_a_checkpoint_carrying_a_pickled_object_is_refused_and_the_run_starts_af
     with pytest.raises(training.UntrustedCheckpointError, match=r"ck\.pt: refused to load the training checkpoint: torch\.load\(weights_only=True\) rejects it \(Unsupported global") as err:
         training.load_checkpoint(tmp_path / "ck.pt")
     assert isinstance(err.value.__cause__, pickle.UnpicklingError) and not marker.exists()
-    with caplog.at_level("WARNING", logger="kpca_repro.training"):
+    with caplog.at_level("WARNING", logger="kpca_repro.training.train"):
         training.train_run(_tiny_model(), train_set, val_set, _scale(epochs=1), tmp_path / "log.csv", tmp_path / "ck.pt", **kw)
     assert not marker.exists() and "refused to load" in caplog.text and "training from epoch 0" in caplog.text
     assert (tmp_path / "log.csv").read_bytes() == (tmp_path / "fresh.csv").read_bytes()

@@ -1,4 +1,4 @@
-"""Eigenvector-sign sensitivity and the bootstrap (kpca_repro.uncertainty)."""
+"""Eigenvector-sign sensitivity and the bootstrap (kpca_repro.method.uncertainty)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from kpca_repro import kpca, method, numerics
-from kpca_repro import uncertainty as unc
+from kpca_repro.method import equations as method
+from kpca_repro.method import kpca, numerics
+from kpca_repro.method import uncertainty as unc
 
 
 def _heads(n_heads=3, n=12, d=4, seed=0):

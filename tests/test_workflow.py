@@ -205,7 +205,7 @@ def test_comparison_and_report(tiny_run, tmp_path):
 
 def test_report_reads_cleanly(tiny_run, tmp_path):
     """No docutils message anywhere in the built report; the front page describes this run's config."""
-    from kpca_repro.report_check import front_page, markdown_problems, report_problems
+    from kpca_repro.workflow.report_check import front_page, markdown_problems, report_problems
 
     work, cfg, _ = tiny_run
     for md in sorted((work / "results").glob("*.md")):  # every Markdown table: one cell per column in every row

@@ -1,28 +1,22 @@
 """kpca_repro: the library behind the Snakemake pipeline reproducing arXiv:2505.07908.
 
-Modules, by pipeline stage (docs/internals.md):
+One subpackage per pipeline stage (docs/internals.md); a rule's ``code`` input is the source of
+the stages its script uses (``stage_code`` in workflow/rules/common.smk):
 
-* stage 1, extraction: :mod:`kpca_repro.extraction` (forward passes, HDF5 of q, k, v, h),
-  :mod:`kpca_repro.vision` (timm models and hooks), :mod:`kpca_repro.hf_capture` (Hugging
-  Face attention adapters), :mod:`kpca_repro.capture` (the capture invariant),
-  :mod:`kpca_repro.text` (text samples, tokenization), :mod:`kpca_repro.images` (image
-  inputs and sampling);
-* stage 2, per-head records: :mod:`kpca_repro.kpca` (all KPCA mathematics),
-  :mod:`kpca_repro.records` (records of an activation file), :mod:`kpca_repro.uncertainty`
-  (sign draws, bootstrap);
-* norms and training: :mod:`kpca_repro.projection` (J_proj, squared norms),
-  :mod:`kpca_repro.norms` (per-layer norm statistics), :mod:`kpca_repro.training`
-  (training runs of Figures 1 and 4), :mod:`kpca_repro.training_summary` (each run's
-  setting and token count, the token-count ablation table);
-* aggregation and rendering: :mod:`kpca_repro.tables`, :mod:`kpca_repro.figures`,
-  :mod:`kpca_repro.comparison` (against the published numbers), :mod:`kpca_repro.report`,
-  :mod:`kpca_repro.report_check` (strict report captions);
-* infrastructure: :mod:`kpca_repro.threads` (thread counts, worker pool),
-  :mod:`kpca_repro.h5io` (HDF5, atomic outputs), :mod:`kpca_repro.smk` (rule-script
-  helpers, logging), :mod:`kpca_repro.resources` (resources directory),
-  :mod:`kpca_repro.code_deps` (each rule's ``code`` input), :mod:`kpca_repro.slurm_preflight`
-  (cluster checks before submission), :mod:`kpca_repro.check_cache` (passed model checks
-  kept between runs), :mod:`kpca_repro.model_info` (torch-free model facts for parse time).
+* :mod:`kpca_repro.inputs`: downloads, the image and text samples, where models come from;
+* :mod:`kpca_repro.capture`: forward passes storing q, k, v, h per head;
+* :mod:`kpca_repro.method`: the kernel-PCA mathematics, its engine, the variants, per-head records;
+* :mod:`kpca_repro.analysis`: tables, norms, the comparison with the paper, HTML tables;
+* :mod:`kpca_repro.figures`: Figures 2, 3 and 5;
+* :mod:`kpca_repro.training`: the training runs of Figures 1 and 4 and their figures;
+* :mod:`kpca_repro.workflow`: what runs before any job (configuration checks, paths);
+* :mod:`kpca_repro.hub`: a local Hugging Face hub and stand-in models for the tests.
+
+The modules at the top are shared by every stage: :mod:`kpca_repro.h5io` (HDF5, atomic
+outputs), :mod:`kpca_repro.smk` (rule-script helpers, logging), :mod:`kpca_repro.progress`,
+:mod:`kpca_repro.threads` (thread counts, devices, worker pool), :mod:`kpca_repro.check_cache`
+(hashes, checks kept between runs), :mod:`kpca_repro.projection` (J_proj and squared norms,
+used by the method, the norms and training).
 """
 
 __version__ = "0.1.0"

@@ -1,13 +1,9 @@
-"""The results of the costly configuration checks, kept on disk between Snakemake runs.
+"""Passed configuration checks kept on disk between runs (their imports of torch, timm and
+transformers alone cost seconds), and file hashes. Standard library only.
 
-Building each vision model on the meta device or reading a language model's ``config.json``
-with transformers needs torch, timm and transformers, whose imports alone cost seconds, for the
-same answer every time. A check that passed is recorded under a key holding everything its
-answer depends on (model id and ``model_kwargs`` or the ``config.json`` content, the installed
-versions, a fingerprint of this package's source); a later run with the same key skips it. Only
-successes are stored; a missing or corrupt entry is ignored. Entries are JSON files
-``<directory>/<sha256 of the key>.json``, written atomically; the workflow keeps them in
-``.snakemake/kpca_repro/checks`` (always safe to delete). Standard library only.
+A pass is stored under a key holding everything its answer depends on (model, ``config.json``
+content, installed versions, this package's source), as ``<directory>/<sha256 of key>.json``;
+a missing or corrupt entry is ignored. The workflow keeps them in ``.snakemake/kpca_repro/checks``.
 """
 
 from __future__ import annotations
@@ -16,17 +12,15 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["FORMAT", "WORKFLOW_CACHE_DIR", "CheckCache", "package_version", "library_fingerprint", "file_sha256"]
+__all__ = ["FORMAT", "WORKFLOW_CACHE_DIR", "CheckCache", "package_version", "library_fingerprint", "sha256_file"]
 
 #: Stored with every key; changing the layout of the entries changes it.
 FORMAT = 1
 
-#: Where the workflow keeps its entries, relative to the working directory (the rule files'
-#: configuration checks, and the jobs' count of torch's default threads).
+#: Where the workflow keeps its entries, relative to the working directory.
 WORKFLOW_CACHE_DIR = os.path.join(".snakemake", "kpca_repro", "checks")
 
 
@@ -48,9 +42,10 @@ def library_fingerprint() -> str:
     return h.hexdigest()
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    """SHA-256 of a (small) file's bytes."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file, read in chunks."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 class CheckCache:
@@ -80,22 +75,15 @@ class CheckCache:
         return entry["value"]
 
     def put(self, key: dict, value: dict) -> None:
-        """Record that the check described by ``key`` passed with ``value`` (a JSON-serializable
-        dict). Atomic; a cache that cannot be written is left alone (the check simply runs
-        again next time)."""
+        """Record that the check ``key`` passed with ``value`` (JSON); atomic, and nothing when unwritable."""
         if self.directory is None:
             return
         canonical = self._canonical(key)
         target = self._path(canonical)
+        tmp = target.with_name(f".tmp-{os.getpid()}-{target.name}")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".json")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump({"key": canonical, "value": value}, f)
-                os.replace(tmp, target)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            tmp.write_text(json.dumps({"key": canonical, "value": value}), encoding="utf-8")
+            os.replace(tmp, target)
         except OSError:
-            pass
+            tmp.unlink(missing_ok=True)

@@ -17,11 +17,11 @@ Layout of one activation file (one model, one image shard)::
 
 ``q, k`` are the per-head queries and keys as the attention's dot product uses them (vision:
 after the qkv projection, any q/k normalisation and any rotary embedding;
-:mod:`kpca_repro.vision`), ``v`` the values, and ``h`` the per-head attention output before
+:mod:`kpca_repro.capture.vision`), ``v`` the values, and ``h`` the per-head attention output before
 anything acts on the concatenated heads (a sub-LN, the output projection). In vision files
 every batch was checked before it was written: ``max |h - softmax(s q k^T) v| / max |v|``
 over all heads of the batch's first and last image, in every layer, is at most
-``capture_rtol`` (:mod:`kpca_repro.capture`); ``capture_max_rel_error`` is the largest value
+``capture_rtol`` (:mod:`kpca_repro.capture.invariant`); ``capture_max_rel_error`` is the largest value
 measured in the file. Every dataset is written with ``track_times=False`` so identical runs
 give identical files.
 """
@@ -37,7 +37,15 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-__all__ = ["atomic_output", "atomic_directory", "ActivationWriter", "ActivationFile", "CorruptActivationFileError", "TENSORS"]
+__all__ = ["BATCH_FIRST", "SEQUENCE_FIRST", "PDF_METADATA", "atomic_output", "atomic_directory", "ActivationWriter", "ActivationFile", "CorruptActivationFileError", "TENSORS"]
+
+#: Seq-first or batch-first projections of a language model, as recorded in the attribute
+#: ``hooked_layout`` (:mod:`kpca_repro.capture.hf_capture`).
+BATCH_FIRST, SEQUENCE_FIRST = "batch_first", "sequence_first"
+
+#: ``savefig(..., metadata=PDF_METADATA)``: no creation date in PDFs, so identical runs give
+#: identical bytes (PNG files carry no timestamp).
+PDF_METADATA = {"CreationDate": None}
 
 TENSORS = ("q", "k", "v", "h")
 

@@ -4,9 +4,8 @@ Teo & Nguyen's projection loss (the paper's Section 3) compares, per query, the 
 norm of the feature map ``phi(q_i)`` in the kernel's feature space with the squared norm of
 the attention output ``h_i``: ``J_proj = mean_i (||phi(q_i)||^2 - ||h_i||^2)``. This module
 holds those quantities and the token standardization the authors apply to q and k first
-(docs/method.md 0.3, 0.4, 6-9). The training runs (Figures 1 and 4) and the norm jobs
-(Figures 2 and 5) import only this module, not :mod:`kpca_repro.kpca`, so an edit to the
-KPCA per-head metrics neither reruns nor restarts them.
+(docs/method.md 0.3, 0.4, 6-9), shared by the method, the norms (Figures 2 and 5) and the
+training runs (Figures 1 and 4).
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ def setup_logging(snakemake, name: str) -> logging.Logger:
     Returns:
         A logger named ``name``.
     """
-    from .progress import set_log_stream
+    from kpca_repro.progress import set_log_stream
 
     log_file = open(snakemake.log[0], "w", buffering=1)
     sys.stderr = _Tee(log_file, sys.__stderr__)

@@ -1,9 +1,5 @@
-"""Threads of the jobs: torch's default count, the configuration's thread settings, and the
-worker pool of the KPCA and eigenvalue stages.
-
-A small module of its own so that the extraction, norm and KPCA jobs can share it without
-listing each other's modules as rule inputs.
-"""
+"""How a job uses the machine: its device, torch's default thread count, the configuration's
+thread settings, and the worker pool of the KPCA and eigenvalue stages (shared by every stage)."""
 
 from __future__ import annotations
 
@@ -20,7 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-__all__ = ["torch_default_threads", "resolve_threads", "resolve_eigh_threads", "pin_intra_op_threads", "ordered_map", "device_stream"]
+__all__ = ["resolve_device", "torch_default_threads", "resolve_threads", "resolve_eigh_threads", "pin_intra_op_threads", "ordered_map", "device_stream"]
+
+
+def resolve_device(device: str) -> torch.device:
+    """``"auto"`` -> CUDA when available, else CPU; otherwise ``torch.device(device)``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
 
 
 #: Environment variables that set torch's default intra-op thread count (Snakemake sets them
@@ -30,7 +33,7 @@ _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 def _default_threads_key() -> dict:
     """Everything a fresh process's default thread count depends on, as a cache key."""
-    from .check_cache import package_version
+    from kpca_repro.check_cache import package_version
 
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("OMP_", "MKL_", "KMP_", "GOMP_")) and k not in _THREAD_ENV}
@@ -71,7 +74,7 @@ def torch_default_threads(cache_dir: str | os.PathLike | None = None) -> int:
     Raises:
         RuntimeError: the child process failed or printed no positive integer.
     """
-    from .check_cache import CheckCache
+    from kpca_repro.check_cache import CheckCache
 
     cache = CheckCache(cache_dir)
     key = _default_threads_key() if cache_dir is not None else {}
@@ -139,7 +142,7 @@ def pin_intra_op_threads(n: int) -> None:
 
     A new thread takes torch's process-wide default when it first runs a parallel kernel
     (set by the last ``torch.set_num_threads`` of any thread, for example a worker's
-    :func:`kpca_repro.kpca.intra_op_threads` around ``eigh``), and its OpenMP/MKL counts from
+    :func:`kpca_repro.method.kpca.intra_op_threads` around ``eigh``), and its OpenMP/MKL counts from
     ``OMP_NUM_THREADS`` before that. Reading the count first makes torch initialise the
     thread, so the explicit setting that follows is the one that holds.
     """

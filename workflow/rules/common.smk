@@ -1,55 +1,51 @@
 # Shared helpers: the configuration (validated, then checked), paths, input functions, and the
-# one check before the first job. Paths of this repository are relative to REPO (the directory
+# checks before the first job. Paths of this repository are relative to REPO (the directory
 # of the Snakefile, also when another workflow uses this one as a module).
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from kpca_repro import config_checks, paths
 from kpca_repro.check_cache import WORKFLOW_CACHE_DIR as CHECK_CACHE
-from kpca_repro.code_deps import library_modules
-from kpca_repro.config_checks import ConfigError, run_model_scale
-from kpca_repro.cost import CostTable, model_cost, text_model_shape
-from kpca_repro.model_info import MissingModelError, model_source
-from kpca_repro.paths import model_id_from_slug, model_slug
-from kpca_repro.preflight import Preflight
-from kpca_repro.resources import export_hub_timeouts
-from kpca_repro.training_summary import scale_setting, scale_tokens
+from kpca_repro.inputs.model_info import MissingModelError, model_source
+from kpca_repro.inputs.resources import export_hub_timeouts
+from kpca_repro.training.summary import scale_setting, scale_tokens
+from kpca_repro.workflow import config_checks, paths
+from kpca_repro.workflow.config_checks import ConfigError, run_model_scale
+from kpca_repro.workflow.cost import CostTable, model_cost, text_model_shape
+from kpca_repro.workflow.paths import default_target, model_id_from_slug, model_slug
+from kpca_repro.workflow.preflight import Preflight
+from kpca_repro.workflow.slurm_preflight import check_requests, rule_request
 
-# libgomp's idle threads spin about 300,000 times before they sleep; two jobs whose OpenMP teams
-# share cores then burn each other's time slices (docs/performance.md, GOMP_SPINCOUNT). A short
-# spin changes no number. Jobs inherit it; a value already exported is kept.
+# libgomp's idle threads spin before they sleep, so jobs sharing cores burn each other's time
+# slices (docs/performance.md, GOMP_SPINCOUNT); a short spin changes no number. Jobs inherit it.
 os.environ.setdefault("GOMP_SPINCOUNT", "3000")
-
-
-def _stop(message):
-    """End Snakemake with a configuration error's message alone, exit status 1 (a raised error
-    would add the Snakefile lines it came from: docs/running.md)."""
-    print(message, file=sys.stderr)
-    sys.exit(1)
 
 
 def _checked_config():
     """Validate ``config`` against the schema (filling defaults; one short message per error),
     resolve the training scales, then every check a schema cannot express (config_checks).
-    Cluster jobs re-parsing the workflow skip the costly checks (the jobs check again)."""
+    Cluster jobs re-parsing the workflow skip the costly checks (the jobs check again). A
+    failure ends Snakemake with its message alone, status 1 (a raised error would add the
+    Snakefile lines it came from: docs/running.md)."""
     schema = REPO / "workflow" / "schemas" / "config.schema.yaml"
     try:
-        validate(config, str(schema))
-    except WorkflowError:
-        message = config_checks.schema_error_message(config, yaml.safe_load(schema.read_text()), "workflow/schemas/config.schema.yaml")
-        if message is None:
-            raise
-        _stop(message)
-    try:
+        try:
+            validate(config, str(schema))
+        except WorkflowError:
+            message = config_checks.schema_error_message(config, yaml.safe_load(schema.read_text()), "workflow/schemas/config.schema.yaml")
+            if message is None:
+                raise
+            raise ConfigError(message) from None
         config["training"]["scales"] = config_checks.resolve_scales(config["training"]["scales"])
         config_checks.check_config(config, main_process=workflow.is_main_process, cache_dir=CHECK_CACHE)
     except ConfigError as exc:
-        _stop(str(exc))
+        print(exc, file=sys.stderr)
+        sys.exit(1)
 
 
 _checked_config()
@@ -61,11 +57,7 @@ VISION = config["vision"]
 TEXT = config["text"]
 TRAINING = config["training"]
 FIGURE1 = config["figure1"]
-FIGURE2 = config["figure2"]
 FIGURE5 = config["figure5"]
-ABLATION = config["token_ablation"]
-N_IMAGES = VISION["n_images"]
-TEXT_ROWS = TEXT["n_rows"]
 ENV = "../../envs/pipeline.yaml"
 REPORT_TABLES = paths.REPORT_TABLES
 FASHION_MNIST = [f"{RESOURCES}/datasets/fashion-mnist/{f}" for f in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")]
@@ -81,19 +73,21 @@ wildcard_constraints:
     sample=r"\d+|sentences",
 
 
-def code_inputs(script):
-    """The `code` input of the rules that run workflow/scripts/<script>: the library modules the
-    script reaches through imports (kpca_repro.code_deps), so that changing one reruns exactly
-    the jobs that use it (Snakemake tracks only the script file)."""
-    return library_modules(REPO / "workflow" / "scripts" / script, REPO / "src" / "kpca_repro")
+def stage_code(*stages):
+    """The `code` input of a rule: the package's shared modules (src/kpca_repro/*.py) and those of
+    the stages its script uses (src/kpca_repro/<stage>/*.py). Snakemake tracks only the script
+    file; this way editing a stage reruns exactly the jobs that use it."""
+    src = REPO / "src" / "kpca_repro"
+    return sorted(str(p) for d in ("", *stages) for p in (src / d).glob("*.py"))
 
 
 def ablation_runs():
     """(model, scale, tokens) of each token-ablation run; evaluated only when the table is requested."""
+    ablation = config["token_ablation"]
     try:
-        return [(model, scale, scale_tokens(TRAINING["scales"][scale])) for model in ABLATION["models"] for scale in ABLATION["scales"]]
+        return [(model, scale, scale_tokens(TRAINING["scales"][scale])) for model in ablation["models"] for scale in ablation["scales"]]
     except ValueError as exc:
-        raise WorkflowError(f"config key token_ablation.scales: {exc} in one of {', '.join(ABLATION['scales'])} (training.scales)") from None
+        raise WorkflowError(f"config key token_ablation.scales: {exc} in one of {', '.join(ablation['scales'])} (training.scales)") from None
 
 
 def reference_logs_input():
@@ -101,38 +95,12 @@ def reference_logs_input():
     return [FIGURE1["reference_logs"] or f"{RESOURCES}/training_logs"] if FIGURE1["use_reference"] else []
 
 
-def image_source():
-    """(directory, layout) of the images sampled for the vision analyses."""
-    return config_checks.image_source(config)
-
-
-def weights_path(model):
-    return config_checks.weights_path(config, model)
-
-
-# Output paths (kpca_repro.paths), bound to this run's configuration.
-def heads_files(variant, model, ext="csv"):
-    return paths.heads_files(config, variant, model, ext)
-
-
-def spectra_files(variant, model, keys):
-    return paths.spectra_files(config, variant, model, keys)
-
-
-def text_stage_files(model_id, ext="h5", variant=None):
-    return paths.text_stage_files(config, model_id, ext, variant)
-
-
-def norm_activations(domain, variant, model):
-    return paths.norm_activations(config, domain, variant, model)
-
-
-def comparison_tables():
-    return paths.comparison_tables(config)
-
-
-def all_targets():
-    return paths.all_targets(config)
+# Input paths (image_source: the sampled images' directory and layout) and output paths
+# (kpca_repro.workflow.paths), bound to this run's configuration.
+image_source, weights_path = partial(config_checks.image_source, config), partial(config_checks.weights_path, config)
+heads_files, spectra_files, text_stage_files, norm_activations, comparison_tables, all_targets = (
+    partial(f, config) for f in (paths.heads_files, paths.spectra_files, paths.text_stage_files, paths.norm_activations, paths.comparison_tables, paths.all_targets)
+)
 
 
 def figure5_models(wildcards):
@@ -143,13 +111,12 @@ def figure5_models(wildcards):
     return [model_slug(m) for m in models]
 
 
-# --------------------------------------------------------------------------------------
-# Before the first job: what the scheduled jobs need (their input functions register it while
-# Snakemake builds the DAG) and what it costs. kpca_repro.preflight, kpca_repro.cost.
-# --------------------------------------------------------------------------------------
+# Before the first job: the input functions register what the scheduled jobs need while Snakemake
+# builds the DAG; the Snakefile's onstart handler checks it (kpca_repro.workflow).
 
 PREFLIGHT = Preflight(config, REPO / "config")
 COSTS = CostTable()
+CLUSTER_RULES = set()
 
 
 def missing_input(kind):
@@ -164,17 +131,22 @@ def missing_input(kind):
     return register
 
 
+def on_cluster(rule):
+    """Input function (no files) of the cluster rules, which registers each one for the SLURM fit check."""
+    return lambda wildcards: CLUSTER_RULES.add(rule) or []
+
+
 def vision_weights(wildcards):
     """Input function of extract_vision: the model's weights; prints the model's cost line."""
     model = wildcards.model
     if workflow.is_main_process:
         COSTS.add(model, lambda: vision_cost(model))
-    return weights_path(wildcards.model)
+    return weights_path(model)
 
 
 def vision_cost(model):
     c = config_checks.check_vision_model(config, model, model, CHECK_CACHE)  # cached by the config check
-    return model_cost(model, "vision", c.n_tokens, c.depth, c.n_heads, c.head_dim, N_IMAGES)
+    return model_cost(model, "vision", c.n_tokens, c.depth, c.n_heads, c.head_dim, VISION["n_images"])
 
 
 def text_model_source(wildcards):
@@ -195,17 +167,17 @@ def text_model_files(wildcards):
     source = text_model_source(wildcards)
     model_id = model_id_from_slug(wildcards.slug)
     if workflow.is_main_process:
-        COSTS.add(model_id, lambda: (shape := text_model_shape(source)) and model_cost(model_id, "text", TEXT["max_length"], *shape, TEXT_ROWS))
+        COSTS.add(model_id, lambda: (shape := text_model_shape(source)) and model_cost(model_id, "text", TEXT["max_length"], *shape, TEXT["n_rows"]))
     if not os.path.isdir(source):
         return []
     return [str(p) for p in sorted(Path(source).iterdir()) if p.name in ("config.json", "model.safetensors", "pytorch_model.bin")]
 
 
 def slurm_fit_check():
-    """With the SLURM executor (profiles/slurm), stop before any submission when a cluster job's
-    cpus_per_task, mem_mb or gpu fits on no node of its partition: SLURM would leave it PENDING
-    forever (kpca_repro.slurm_preflight; KPCA_SLURM_PREFLIGHT=0 skips it)."""
+    """With the SLURM executor (profiles/slurm), stop before any submission when a scheduled cluster
+    rule's cpus_per_task, mem_mb or gpu (its resources after --set-resources / --set-threads, else
+    the default resources) fits on no node of its partition: SLURM would leave it PENDING forever
+    (kpca_repro.workflow.slurm_preflight; KPCA_SLURM_PREFLIGHT=0 skips it)."""
     if workflow.executor_plugin is not None and workflow.executor_plugin.name == "slurm":
-        from kpca_repro.slurm_preflight import check_jobs
-
-        check_jobs(workflow.dag.needrun_jobs())
+        defaults = workflow.resource_settings.default_resources
+        check_requests({rule: rule_request(workflow.get_rule(rule).resources, defaults) for rule in CLUSTER_RULES})

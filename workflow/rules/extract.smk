@@ -4,7 +4,7 @@
 rule sample_images:
     input:
         images=image_source()[0],
-        code=code_inputs("sample_images.py"),
+        code=stage_code("inputs"),
     output:
         "results/samples/vision_{n}.tsv",
     log:
@@ -23,9 +23,10 @@ rule sample_images:
 
 rule extract_vision:
     input:
+        cluster=on_cluster("extract_vision"),
         weights=vision_weights,
         samples="results/samples/vision_{n}.tsv",
-        code=code_inputs("extract_vision.py"),
+        code=stage_code("inputs", "capture"),
     output:
         "results/activations/{model}/vision_{n}_{shard}.h5",
     log:
@@ -55,7 +56,7 @@ rule extract_vision:
 rule sample_text:
     input:
         rows=f"{RESOURCES}/text/wikitext-103/wiki.test.raw",
-        code=code_inputs("sample_text.py"),
+        code=stage_code("inputs"),
     output:
         "results/samples/text_{n}.tsv",
     log:
@@ -74,9 +75,10 @@ rule sample_text:
 
 rule extract_text:
     input:
+        cluster=on_cluster("extract_text"),
         samples="results/samples/text_{sample}.tsv",
         model=text_model_files,
-        code=code_inputs("extract_text.py"),
+        code=stage_code("inputs", "capture"),
     output:
         "results/activations/{slug}/text_{sample}_{shard}.h5",
     log:

@@ -2,19 +2,19 @@
 # Snakemake's linter asks for rules and functions in separate files. Included right after common.smk,
 # whose configuration checks and path helpers they use.
 
-from kpca_repro.variant import from_suffix as variant_from_suffix
-from kpca_repro.variant import get as get_variant
-from kpca_repro.variant import suffix_pattern
+from kpca_repro.method.variant import from_suffix as variant_from_suffix
+from kpca_repro.method.variant import get as get_variant
+from kpca_repro.method.variant import suffix_pattern
 
 # `resources: gpu=GPU` of the rules that run on config["device"]: one GPU unless it is "cpu".
 GPU = 1 if config["device"] != "cpu" else 0
 # The `{suffix}` wildcard of the user-facing outputs (results/table1{suffix}.csv): every
-# variant's suffix, from kpca_repro.variant ("" paper, "_corrected" corrected).
+# variant's suffix, from kpca_repro.method.variant ("" paper, "_corrected" corrected).
 SUFFIXES = suffix_pattern()
 
 
 def variant_of(wildcards):
-    """The variant name a `{suffix}` wildcard names (kpca_repro.variant: "" paper, "_corrected" corrected)."""
+    """The variant name a `{suffix}` wildcard names (kpca_repro.method.variant: "" paper, "_corrected" corrected)."""
     return variant_from_suffix(wildcards.suffix).name
 
 

@@ -5,8 +5,9 @@
 
 rule kpca_heads:
     input:
+        cluster=on_cluster("kpca_heads"),
         activations="results/activations/{model}/{stem}.h5",
-        code=code_inputs("kpca_heads.py"),
+        code=stage_code("method"),
     output:
         heads="results/heads/{variant}/{model}/{stem}.csv",
         meta="results/heads/{variant}/{model}/{stem}.json",

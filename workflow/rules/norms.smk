@@ -8,7 +8,7 @@
 
 rule text_sentences:
     input:
-        code=code_inputs("text_sentences.py"),
+        code=stage_code("method", "analysis"),
     output:
         "results/samples/text_sentences.tsv",
     log:
@@ -27,7 +27,7 @@ rule text_sentences:
 rule norms_vision:
     input:
         activations=lambda wc: norm_activations("vision", wc.variant, wc.model),
-        code=code_inputs("norm_stats.py"),
+        code=stage_code("method", "analysis"),
     output:
         "results/norms/{variant}/{model}/vision.csv",
     log:
@@ -50,7 +50,7 @@ rule norms_vision:
 rule norms_text:
     input:
         activations=lambda wc: norm_activations("text", wc.variant, wc.model),
-        code=code_inputs("norm_stats.py"),
+        code=stage_code("method", "analysis"),
     output:
         "results/norms/{variant}/{model}/text.csv",
     log:
@@ -70,10 +70,13 @@ rule norms_text:
         "../scripts/norm_stats.py"
 
 
+default_target("results/figure2{suffix}.pdf")
+
+
 rule figure2:
     input:
         stats=norm_stats("vision", lambda wc: VISION["models"]),
-        code=code_inputs("figure_norms.py"),
+        code=stage_code("method", "analysis", "figures"),
     output:
         pdf="results/figure2{suffix}.pdf",
         png=report(
@@ -94,19 +97,22 @@ rule figure2:
         ENV
     params:
         title=lambda wc: (
-            f"Figure 2, corrected: all {N_IMAGES} images of Table 1, s = 1/sqrt(head_dim), log domain (float64), no trim"
+            f"Figure 2, corrected: all {VISION['n_images']} images of Table 1, s = 1/sqrt(head_dim), log domain (float64), no trim"
             if wc.suffix
-            else f"Figure 2, paper variant: {FIGURE2['n_images']} image (seed {config['seed']}), s = 1/8 hard-coded, " "values above the 95th percentile dropped per layer"
+            else f"Figure 2, paper variant: {config['figure2']['n_images']} image (seed {config['seed']}), s = 1/8 hard-coded, " "values above the 95th percentile dropped per layer"
         ),
         band_label=norm_band_label,
     script:
         "../scripts/figure_norms.py"
 
 
+default_target("results/figure5{suffix}.pdf", when=lambda config: bool(config["text"]["models"]))
+
+
 rule figure5:
     input:
         stats=norm_stats("text", figure5_models),
-        code=code_inputs("figure_norms.py"),
+        code=stage_code("method", "analysis", "figures"),
     output:
         pdf="results/figure5{suffix}.pdf",
         png=report(
@@ -127,7 +133,7 @@ rule figure5:
         ENV
     params:
         title=lambda wc: (
-            f"Figure 5, corrected: all {TEXT_ROWS} WikiText rows, padding excluded, s = 1/sqrt(head_dim), log domain (float64), no trim"
+            f"Figure 5, corrected: all {TEXT['n_rows']} WikiText rows, padding excluded, s = 1/sqrt(head_dim), log domain (float64), no trim"
             if wc.suffix
             else f"Figure 5, paper variant: the {len(FIGURE5['sentences'])} figure5.sentences, every padded position, "
             "s = 1/8 hard-coded, h without attention mask, values above the 95th percentile dropped per layer"

@@ -1,10 +1,13 @@
 # Summary: every published number of Tables 1-4 beside the reproduced one.
 
 
+default_target("results/paper_comparison.csv", report=True)
+
+
 rule paper_comparison:
     input:
         tables=lambda wc: [p for pair in comparison_tables().values() for p in pair if p],
-        code=code_inputs("paper_comparison.py"),
+        code=stage_code("method", "analysis"),
     output:
         csv=report(
             "results/paper_comparison.csv",
@@ -38,7 +41,7 @@ rule paper_comparison:
 rule table_html:
     input:
         csv="results/{table}.csv",
-        code=code_inputs("table_html.py"),
+        code=stage_code("analysis"),
     output:
         report(
             "results/html/{table}.html",

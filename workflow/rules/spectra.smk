@@ -3,8 +3,9 @@
 
 rule eigenvalues_vision:
     input:
+        cluster=on_cluster("eigenvalues_vision"),
         activations="results/activations/{model}/vision_{n}_{shard}.h5",
-        code=code_inputs("eigenvalues_vision.py"),
+        code=stage_code("method"),
     output:
         "results/spectra/{variant}/{model}/vision_{n}_{shard}_{keyset}.csv",
     log:
@@ -25,10 +26,13 @@ rule eigenvalues_vision:
         "../scripts/eigenvalues_vision.py"
 
 
+default_target("results/table2{suffix}.csv", "results/table3{suffix}.csv", report=True)
+
+
 rule table_spectra:
     input:
         records=lambda wc: [f for m in VISION["models"] for keys in (["standardized"] if wc.table == "2" else ["standardized", "raw"]) for f in spectra_files(variant_of(wc), m, keys)],
-        code=code_inputs("table_spectra.py"),
+        code=stage_code("method", "analysis"),
     output:
         csv="results/table{table}{suffix}.csv",
         md="results/table{table}{suffix}.md",
@@ -52,12 +56,13 @@ rule table_spectra:
 
 rule gamma_vision:
     input:
+        cluster=on_cluster("gamma_vision"),
         activations=expand(
             "results/activations/{model}/vision_{n}_0of1.h5",
             model=config["figure3"]["model"],
             n=config["figure3"]["n_images"],
         ),
-        code=code_inputs("gamma_vision.py"),
+        code=stage_code("method"),
     output:
         "results/figure3/gamma_{variant}.csv",
     log:
@@ -81,10 +86,13 @@ rule gamma_vision:
         "../scripts/gamma_vision.py"
 
 
+default_target("results/figure3{suffix}.pdf")
+
+
 rule figure3:
     input:
         gamma=lambda wc: f"results/figure3/gamma_{variant_of(wc)}.csv",
-        code=code_inputs("figure3.py"),
+        code=stage_code("figures"),
     output:
         pdf="results/figure3{suffix}.pdf",
         png=report(

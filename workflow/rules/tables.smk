@@ -1,12 +1,15 @@
 # Stage 3: aggregate per-head records into the paper's tables (CSV + Markdown).
-# One rule per table; {suffix} is a variant's output suffix (kpca_repro.variant: "" paper, "_corrected" corrected).
+# One rule per table; {suffix} is a variant's output suffix (kpca_repro.method.variant: "" paper, "_corrected" corrected).
 # Only the paper variant reads the sign draws and computes intervals (docs/uncertainty.md).
+
+
+default_target("results/table1{suffix}.csv", "results/table1{suffix}.md", report=True)
 
 
 rule table1:
     input:
         unpack(table_inputs(lambda variant, ext: [f for m in VISION["models"] for f in heads_files(variant, m, ext)])),
-        code=code_inputs("table1.py"),
+        code=stage_code("method", "analysis"),
     output:
         csv="results/table1{suffix}.csv",
         md="results/table1{suffix}.md",
@@ -30,10 +33,13 @@ rule table1:
 # Table 4: language models (docs/method.md Section 3; corrected: Section 15).
 
 
+default_target("results/table4{suffix}.csv", "results/table4{suffix}.md", report=True, when=lambda config: bool(config["text"]["models"]))  # text.models: [] leaves Table 4 out
+
+
 rule table4:
     input:
         unpack(table_inputs(lambda variant, ext: [f for m in TEXT["models"] for f in text_stage_files(m, ext, variant)])),
-        code=code_inputs("table4.py"),
+        code=stage_code("method", "analysis"),
     output:
         csv="results/table4{suffix}.csv",
         md="results/table4{suffix}.md",

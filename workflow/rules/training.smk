@@ -1,7 +1,7 @@
 # Figures 1 and 4: train a ViT from scratch while logging J_proj (docs/method.md 6-7).
 #
 # One run is one (model, scale, seed): results/training/<arch>_<scale>/seed<seed>/log.csv. A
-# scale's seeds are its `seeds` key, else training.seeds (training_summary.scale_seeds); the
+# scale's seeds are its `seeds` key, else training.seeds (kpca_repro.training.summary.scale_seeds); the
 # figures, the token ablation and the claims table read every seed of each run they name.
 #
 # The checkpoint results/training/<arch>_<scale>/seed<seed>/checkpoint.pt is deliberately NOT an
@@ -11,7 +11,7 @@
 # lost or duplicated. A checkpoint of another configuration (fingerprint), or one that
 # torch.load(weights_only=True) refuses (a pickled object), is not used: the run starts afresh.
 
-from kpca_repro.training_summary import run_dir, run_logs, run_scale, scale_seeds, with_seeds
+from kpca_repro.training.summary import run_dir, run_logs, run_scale, scale_seeds, with_seeds
 
 # (model, scale, tokens, seed) of every seed of every figure1.runs entry (checked by _check_config)
 FIGURE1_SEED_RUNS = with_seeds(TRAINING, [(model, scale, scale_tokens(TRAINING["scales"][scale])) for model, scale in map(run_model_scale, FIGURE1["runs"])])
@@ -67,8 +67,9 @@ if TRAINING_LOGS_MISSING:
 
 rule train:
     input:
+        cluster=on_cluster("train"),
         data=lambda wc: FASHION_MNIST if TRAINING["scales"][wc.scale]["dataset"] == "fashion_mnist" else [],
-        code=code_inputs("train.py"),
+        code=stage_code("training"),
     output:
         log="results/training/{arch}_{scale}/seed{seed}/log.csv",
     log:
@@ -101,7 +102,7 @@ rule train:
 rule training_claims:
     input:
         logs=run_logs(FIGURE1_SEED_RUNS),
-        code=code_inputs("training_claims.py"),
+        code=stage_code("training"),
     output:
         csv=report(
             "results/training_claims.csv",
@@ -125,13 +126,17 @@ rule training_claims:
         "../scripts/training_claims.py"
 
 
+# training curves: no variants
+default_target("results/figure1.pdf", "results/figure4.pdf", when=lambda config: bool(config["figure1"]["runs"] or config["figure1"]["use_reference"]))
+
+
 rule figure_training:
     input:
         logs=run_logs(FIGURE1_SEED_RUNS),
         reference=reference_logs_input(),
         # Figure 1 writes under each scale's column in how many seeds and epochs the claims hold
         claims=lambda wc: ["results/training_claims.csv"] if wc.fig == "1" and FIGURE1["runs"] else [],
-        code=code_inputs("figure_training.py"),
+        code=stage_code("training"),
     output:
         pdf="results/figure{fig}.pdf",
         png=report(
@@ -160,11 +165,14 @@ rule figure_training:
         "../scripts/figure_training.py"
 
 
+default_target("results/token_ablation.csv", when=lambda config: bool(config.get("token_ablation", {}).get("models") and config["token_ablation"]["scales"]))
+
+
 rule token_ablation:
     input:
         # evaluated only when the table is requested (ablation_runs checks the scales' patches)
         logs=lambda wc: run_logs(with_seeds(TRAINING, ablation_runs())),
-        code=code_inputs("token_ablation.py"),
+        code=stage_code("training"),
     output:
         csv="results/token_ablation.csv",
         md="results/token_ablation.md",

@@ -1,8 +1,8 @@
 """Rule download_fashion_mnist: the four IDX .gz files from downloads.fashion_mnist_url, checked."""
 
-from kpca_repro.resources import DownloadPolicy, download_fashion_mnist
+from kpca_repro.inputs.resources import DownloadPolicy, download_fashion_mnist
 from kpca_repro.smk import fail_cleanly, setup_logging
-from kpca_repro.training import FASHION_MNIST_FILES
+from kpca_repro.training.train import FASHION_MNIST_FILES
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "download_fashion_mnist")

@@ -1,6 +1,6 @@
 """Rule download_imagenet_sample: the 1000-image ImageNet sample at a pinned commit."""
 
-from kpca_repro.resources import DownloadPolicy, download_imagenet_sample
+from kpca_repro.inputs.resources import DownloadPolicy, download_imagenet_sample
 from kpca_repro.smk import fail_cleanly, setup_logging
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)

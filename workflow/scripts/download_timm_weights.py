@@ -1,6 +1,6 @@
 """Rule download_timm_weights: fetch a timm model's pretrained weights into the resources directory."""
 
-from kpca_repro.resources import DownloadPolicy, download_timm_weights
+from kpca_repro.inputs.resources import DownloadPolicy, download_timm_weights
 from kpca_repro.smk import fail_cleanly, setup_logging
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)

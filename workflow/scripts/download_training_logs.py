@@ -1,8 +1,8 @@
 """Rule download_training_logs: the authors' W&B CSV exports at a pinned commit, checked."""
 
-from kpca_repro.resources import DownloadPolicy, download_wandb_logs
+from kpca_repro.inputs.resources import DownloadPolicy, download_wandb_logs
 from kpca_repro.smk import fail_cleanly, setup_logging
-from kpca_repro.training import WANDB_FILES
+from kpca_repro.training.train import WANDB_FILES
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "download_training_logs")

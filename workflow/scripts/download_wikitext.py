@@ -1,8 +1,8 @@
 """Rule download_wikitext: the WikiText-103 raw test split into the resources directory."""
 
-from kpca_repro.resources import DownloadPolicy
+from kpca_repro.inputs.resources import DownloadPolicy
+from kpca_repro.inputs.text import download_wikitext
 from kpca_repro.smk import fail_cleanly, setup_logging
-from kpca_repro.text import download_wikitext
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "download_wikitext")

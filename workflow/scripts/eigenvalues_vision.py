@@ -3,9 +3,9 @@
 import torch
 
 from kpca_repro.h5io import atomic_output
-from kpca_repro.records import eigenvalue_records
+from kpca_repro.method.records import eigenvalue_records
 from kpca_repro.smk import setup_logging
-from kpca_repro.vision import resolve_device
+from kpca_repro.threads import resolve_device
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "eigenvalues_vision")

@@ -2,12 +2,11 @@
 
 import torch
 
+from kpca_repro.capture.extraction import extract_text
 from kpca_repro.check_cache import WORKFLOW_CACHE_DIR
-from kpca_repro.extraction import extract_text
+from kpca_repro.inputs.text import read_samples
 from kpca_repro.smk import setup_logging
-from kpca_repro.text import read_samples
-from kpca_repro.threads import resolve_threads
-from kpca_repro.vision import resolve_device
+from kpca_repro.threads import resolve_device, resolve_threads
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "extract_text")

@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from kpca_repro.figures import plot_gamma
+from kpca_repro.figures.plots import plot_gamma
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
 

@@ -2,10 +2,10 @@
 
 import pandas as pd
 
-from kpca_repro.figures import plot_norms
+from kpca_repro.analysis.tables import display_name
+from kpca_repro.figures.plots import plot_norms
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
-from kpca_repro.tables import display_name
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "figure_norms")

@@ -4,10 +4,9 @@ import torch
 
 from kpca_repro.check_cache import WORKFLOW_CACHE_DIR
 from kpca_repro.h5io import atomic_output
-from kpca_repro.records import gamma_records
+from kpca_repro.method.records import gamma_records
 from kpca_repro.smk import setup_logging
-from kpca_repro.threads import resolve_threads
-from kpca_repro.vision import resolve_device
+from kpca_repro.threads import resolve_device, resolve_threads
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "gamma_vision")

@@ -8,12 +8,11 @@ import torch
 
 from kpca_repro.check_cache import WORKFLOW_CACHE_DIR
 from kpca_repro.h5io import atomic_output
-from kpca_repro.records import kpca_records
+from kpca_repro.method.records import kpca_records
+from kpca_repro.method.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES, write_sign_draws
+from kpca_repro.method.variant import get as get_variant
 from kpca_repro.smk import setup_logging
-from kpca_repro.threads import resolve_eigh_threads
-from kpca_repro.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES, write_sign_draws
-from kpca_repro.variant import get as get_variant
-from kpca_repro.vision import resolve_device
+from kpca_repro.threads import resolve_device, resolve_eigh_threads
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "kpca_heads")

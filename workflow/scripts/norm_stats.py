@@ -2,9 +2,9 @@
 
 import torch
 
+from kpca_repro.analysis.norms import norm_statistics
 from kpca_repro.check_cache import WORKFLOW_CACHE_DIR
 from kpca_repro.h5io import atomic_output
-from kpca_repro.norms import norm_statistics
 from kpca_repro.smk import setup_logging
 from kpca_repro.threads import resolve_threads
 

@@ -2,7 +2,7 @@
 
 import os
 
-from kpca_repro.comparison import comparison_markdown, comparison_table, not_run_reason, published_model_ids
+from kpca_repro.analysis.comparison import comparison_markdown, comparison_table, not_run_reason, published_model_ids
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
 

@@ -1,7 +1,7 @@
 """Rule sample_images: the paper's seeded draw of n images (docs/method.md Section 1)."""
 
-from kpca_repro import images
 from kpca_repro.h5io import atomic_output
+from kpca_repro.inputs import images
 from kpca_repro.smk import setup_logging
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)

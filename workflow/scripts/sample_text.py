@@ -1,6 +1,6 @@
 """Rule sample_text: the paper's seeded draw of n WikiText-103 test rows (docs/method.md Section 3)."""
 
-from kpca_repro import text
+from kpca_repro.inputs import text
 from kpca_repro.smk import setup_logging
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)

@@ -1,10 +1,10 @@
 """Rule table4 (paper and corrected variant): aggregate per-head records of the language models into Table 4 (CSV + Markdown)."""
 
+from kpca_repro.analysis.tables import TEXT_CORRECTED_METRICS, corrected_markdown, label_stand_ins, markdown_table, read_head_records, table4_paper, table_corrected
 from kpca_repro.h5io import atomic_output
+from kpca_repro.method.uncertainty import read_sign_draws
+from kpca_repro.method.variant import get as get_variant
 from kpca_repro.smk import setup_logging
-from kpca_repro.tables import TEXT_CORRECTED_METRICS, corrected_markdown, label_stand_ins, markdown_table, read_head_records, table4_paper, table_corrected
-from kpca_repro.uncertainty import read_sign_draws
-from kpca_repro.variant import get as get_variant
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "table4")

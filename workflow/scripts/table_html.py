@@ -1,7 +1,7 @@
 """Rule table_html: one results table as an HTML page for the Snakemake report."""
 
+from kpca_repro.analysis.report import table_html
 from kpca_repro.h5io import atomic_output
-from kpca_repro.report import table_html
 from kpca_repro.smk import setup_logging
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)

@@ -2,9 +2,9 @@
 
 import pandas as pd
 
+from kpca_repro.analysis.tables import label_stand_ins, markdown_table, table_spectra
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
-from kpca_repro.tables import label_stand_ins, markdown_table, table_spectra
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "table_spectra")

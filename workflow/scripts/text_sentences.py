@@ -1,7 +1,7 @@
 """Rule text_sentences: the Figure 5 sentences (config figure5.sentences) as a samples table."""
 
+from kpca_repro.analysis.norms import sentence_samples
 from kpca_repro.h5io import atomic_output
-from kpca_repro.norms import sentence_samples
 from kpca_repro.smk import setup_logging
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)

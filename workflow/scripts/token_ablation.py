@@ -1,9 +1,9 @@
 """Rule token_ablation: J_proj, ||h||^2 and ||phi(q)||^2 at the first and last epoch per token count, over seeds."""
 
-from kpca_repro.figures import TRAINING_MODEL_NAMES
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
-from kpca_repro.training_summary import token_ablation_markdown, token_ablation_table
+from kpca_repro.training.figures import TRAINING_MODEL_NAMES
+from kpca_repro.training.summary import token_ablation_markdown, token_ablation_table
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "token_ablation")

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import torch
 
-from kpca_repro.resources import sha256_file
+from kpca_repro.check_cache import sha256_file
 from kpca_repro.smk import setup_logging
-from kpca_repro.training import build_datasets, build_model, config_fingerprint, train_run
-from kpca_repro.vision import resolve_device
+from kpca_repro.threads import resolve_device
+from kpca_repro.training.train import build_datasets, build_model, config_fingerprint, train_run
 
 #: Library modules that change no number of a training run (logging, HDF5/atomic files,
 #: resource paths, the package marker): left out of the checkpoint's fingerprint.

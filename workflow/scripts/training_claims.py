@@ -1,9 +1,9 @@
 """Rule training_claims: in how many seeds and epochs each of the authors' Figure 1 observations holds."""
 
-from kpca_repro.figures import TRAINING_MODEL_NAMES
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
-from kpca_repro.training_summary import claim_definitions, training_claims, training_claims_markdown
+from kpca_repro.training.figures import TRAINING_MODEL_NAMES
+from kpca_repro.training.summary import claim_definitions, training_claims, training_claims_markdown
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "training_claims")

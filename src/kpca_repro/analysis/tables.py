@@ -1,0 +1,591 @@
+"""Aggregation of per-head records into the paper's tables, and their Markdown rendering."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from kpca_repro.method import uncertainty as unc
+
+__all__ = [
+    "STAND_IN_LABEL",
+    "label_stand_ins",
+    "read_head_records",
+    "exact_mean",
+    "exact_std",
+    "MODEL_NAMES",
+    "display_name",
+    "table1_paper",
+    "table4_paper",
+    "TEXT_CORRECTED_METRICS",
+    "table_corrected",
+    "corrected_markdown",
+    "markdown_table",
+    "CORRECTED_METRICS",
+    "spectrum_statistics",
+    "eigenvalue_array",
+    "table_spectra",
+    "UNCERTAINTY_DEFAULTS",
+    "similarity_intervals",
+    "spectrum_intervals",
+]
+
+#: Uncertainty settings (config key ``uncertainty`` plus ``seed``; docs/uncertainty.md).
+UNCERTAINTY_DEFAULTS = {"seed": 0, "bootstrap": 1000, "coverage": 0.95, "sign_coverage": 0.9}
+
+#: Short names of the pretrained models (timm and Hugging Face ids) in the paper's tables.
+#: (:data:`kpca_repro.training.figures.TRAINING_MODEL_NAMES` names the architectures trained for Figures 1 and 4.)
+MODEL_NAMES = {
+    "vit_tiny_patch16_224": "ViT-Tiny",
+    "vit_small_patch16_224": "ViT-Small",
+    "vit_base_patch16_224": "ViT-Base",
+    "vit_large_patch16_224": "ViT-Large",
+    "deit_tiny_patch16_224": "DeiT-Tiny",
+    "deit_small_patch16_224": "DeiT-Small",
+    "deit_base_patch16_224": "DeiT-Base",
+    "deit_tiny_distilled_patch16_224": "DeiT-Tiny-D",
+    "deit_small_distilled_patch16_224": "DeiT-Small-D",
+    "deit_base_distilled_patch16_224": "DeiT-Base-D",
+    "bert-base-uncased": "BERT-Base",
+    "roberta-base": "RoBERTa-Base",
+    "google/electra-base-discriminator": "ELECTRA-Base",
+    "google/electra-small-discriminator": "ELECTRA-Small",
+    "xlm-roberta-base": "XLM-RoBERTa",
+    "allenai/longformer-base-4096": "Longformer",
+    "sentence-transformers/all-MiniLM-L6-v2": "MiniLM",
+    "camembert-base": "CamemBERT",
+    "studio-ousia/luke-base": "LUKE",
+}
+
+#: Corrected-variant metrics: (per-head column, label, the paper's statistic over heads).
+CORRECTED_METRICS = (
+    ("direct_cos_mean", "direct cosine (token rows)", "max"),
+    ("optimal_cos_mean", "optimal-matching cosine (token rows)", "max"),
+    ("direct_abs_cos_columns", "direct |cosine| (columns)", "max"),
+    ("optimal_abs_cos_columns", "optimal-matching |cosine| (columns)", "max"),
+    ("linear_cka", "linear CKA", "mean"),
+    ("rbf_cka", "RBF CKA", "mean"),
+)
+
+
+#: Table 4's corrected metrics: the paper's statistic is the mean over heads (docs/method.md 3),
+#: of per-head token maxima for the cosines (MDC, MOC) and of the token means beside them.
+TEXT_CORRECTED_METRICS = (
+    ("direct_cos_max", "MDC: max direct cosine over tokens", "mean"),
+    ("optimal_cos_max", "MOC: max optimal-matching cosine over tokens", "mean"),
+    ("direct_cos_mean", "direct cosine (token rows)", "mean"),
+    ("optimal_cos_mean", "optimal-matching cosine (token rows)", "mean"),
+    ("direct_abs_cos_columns", "direct |cosine| (columns)", "mean"),
+    ("optimal_abs_cos_columns", "optimal-matching |cosine| (columns)", "mean"),
+    ("linear_cka", "linear CKA", "mean"),
+    ("rbf_cka", "RBF CKA", "mean"),
+)
+
+
+#: Appended to the ``model`` cell of a row whose weights are stand-ins.
+STAND_IN_LABEL = " (stand-in weights)"
+
+
+def label_stand_ins(table: pd.DataFrame, stand_ins) -> pd.DataFrame:
+    """Mark the rows of models whose weights are stand-ins (config ``comparison.stand_in_models``).
+
+    A stand-in is a random-weight network of the exact architecture (docs/hub_fixture.md): its
+    row measures an untrained network, so it must never be read as the paper's model. The
+    ``model`` cell of every row whose ``timm_id`` or ``hf_id`` is in ``stand_ins`` gets
+    :data:`STAND_IN_LABEL` appended; nothing else changes, and a table without stand-ins is
+    returned unchanged (the same CSV bytes).
+
+    Args:
+        table: any results table with a ``model`` column and a ``timm_id`` or ``hf_id`` column.
+        stand_ins: model ids (as ``vision.models`` / ``text.models`` name them).
+
+    Returns:
+        A copy of ``table`` (or ``table`` itself when no row is a stand-in).
+    """
+    ids = set(stand_ins or ())
+    id_column = next((c for c in ("timm_id", "hf_id") if c in table.columns), None)
+    if not ids or id_column is None or "model" not in table.columns:
+        return table
+    hit = table[id_column].isin(ids).to_numpy()
+    if not hit.any():
+        return table
+    out = table.copy()
+    out.loc[hit, "model"] = out.loc[hit, "model"].astype(str) + STAND_IN_LABEL
+    return out
+
+
+def display_name(model_id: str) -> str:
+    """The paper's short name of a model id, or the id itself."""
+    return MODEL_NAMES.get(model_id, model_id)
+
+
+def read_head_records(head_files: list[str], meta_files: list[str], count_key: str, keep: tuple[str, ...] = ()) -> tuple[pd.DataFrame, dict[str, dict]]:
+    """Concatenate the per-head records of all shards and sum their metadata per model.
+
+    Args:
+        head_files: per-head CSVs (``results/heads/<variant>/<model>/...csv``).
+        meta_files: the JSON metadata beside them.
+        count_key: the metadata count summed over shards (``"n_images"`` or ``"n_sentences"``).
+        keep: further metadata keys copied from the first shard of a model.
+
+    Returns:
+        ``(records, meta)`` with ``meta[model_id]`` holding ``weights_sha256``, ``count_key``
+        and the ``keep`` keys.
+    """
+    import json
+
+    heads = pd.concat([pd.read_csv(f) for f in head_files], ignore_index=True)
+    meta: dict[str, dict] = {}
+    for f in meta_files:
+        with open(f) as fh:
+            m = json.load(fh)
+        entry = meta.setdefault(m["model_id"], {"weights_sha256": m["weights_sha256"], count_key: 0, **{k: m[k] for k in keep}})
+        entry[count_key] += m[count_key]
+    return heads, meta
+
+
+#: The per-head columns behind Table 1's four statistics (MDC, MOC, LCKA, KCKA).
+TABLE1_COLUMNS = ("direct_cos_mean", "optimal_cos_mean", "linear_cka", "rbf_cka")
+
+
+def _head_order(df: pd.DataFrame) -> pd.DataFrame:
+    """One model's records in canonical (layer, input, head) order, however they were sharded.
+
+    Statistics are order-independent by themselves (:func:`exact_mean`); the order makes the
+    selected rows and any further per-row output reproducible.
+    """
+    keys = [c for c in ("layer", "sample_rank", "head") if c in df.columns]
+    return df.sort_values(keys, kind="stable") if keys else df
+
+
+def exact_mean(values, skipna: bool = False) -> float:
+    """Mean of float values that does not depend on their order.
+
+    ``math.fsum`` (the correctly rounded sum of the exact values) divided by the count, so
+    the records of a model give the same bits however shards, chunks or worker threads
+    ordered them (a floating-point sum in another order can differ in the last digits).
+
+    Args:
+        values: 1-d array-like of floats.
+        skipna: leave NaN out (pandas' ``mean``) or let it propagate (``np.mean``).
+
+    Returns:
+        The mean; NaN for no value (or a NaN with ``skipna=False``); ``±inf``/NaN as
+        ``np.mean`` gives them when an infinite value is present.
+    """
+    x = np.asarray(values, dtype=np.float64).ravel()
+    if skipna:
+        x = x[~np.isnan(x)]
+    if x.size == 0:
+        return float("nan")
+    if not np.isfinite(x).all():  # NaN or inf: the result is that, whatever the order
+        return float(np.mean(x))
+    return math.fsum(x.tolist()) / x.size
+
+
+def exact_std(values, ddof: int = 1) -> float:
+    """Standard deviation (``ddof`` as in numpy) from :func:`exact_mean`'s order-independent sums.
+
+    Args:
+        values: 1-d array-like of finite floats.
+        ddof: delta degrees of freedom (1: the unbiased estimate of pandas' ``std``).
+
+    Returns:
+        The standard deviation, NaN for at most ``ddof`` values.
+    """
+    x = np.asarray(values, dtype=np.float64).ravel()
+    if x.size <= ddof:
+        return float("nan")
+    m = exact_mean(x)
+    return math.sqrt(math.fsum(((x - m) ** 2).tolist()) / (x.size - ddof))
+
+
+#: (table column, per-head column, statistic over heads) of Table 1 (docs/method.md 2).
+TABLE1_STATISTICS = (("MDC", "direct_cos_mean", "max"), ("MOC", "optimal_cos_mean", "max"), ("LCKA", "linear_cka", "mean"), ("KCKA", "rbf_cka", "mean"))
+#: The same for Table 4 (docs/method.md 3): NaN-skipping means over heads.
+TABLE4_STATISTICS = (("MDC", "direct_cos_max", "nanmean"), ("MOC", "optimal_cos_max", "nanmean"), ("LCKA", "linear_cka", "nanmean"), ("KCKA", "rbf_cka", "nanmean"))
+#: Statistics that depend on the eigenvector signs (they get a sign interval).
+SIGN_DEPENDENT = ("MDC", "MOC")
+
+
+def similarity_intervals(df: pd.DataFrame, statistics: tuple, draws: dict[str, np.ndarray] | None, settings: dict, tag: str, model: str) -> dict[str, float]:
+    """Sign and bootstrap intervals of one row of Table 1 or Table 4 (docs/uncertainty.md).
+
+    Resampling units are the images (``sample_rank``; sentences for Table 4). For each
+    statistic ``S`` of ``statistics``:
+
+    * ``S_sign_lower``, ``S_sign_upper`` (MDC, MOC): central ``sign_coverage`` interval of
+      the table statistic when every head takes one of its stored sign draws, independently
+      (all images, no resampling);
+    * ``S_lower``, ``S_upper``: central ``coverage`` percentile-bootstrap interval over the
+      images; for MDC and MOC every replicate also takes one sign draw per head, so the
+      interval combines sampling and sign variation. Without stored draws (``draws`` None
+      or zero-width) MDC and MOC get the bootstrap of the observed values and NaN sign
+      bounds.
+
+    Args:
+        df: the heads the table aggregates (rows in :func:`_head_order`), whose index labels
+            are the rows of ``draws``.
+        statistics: (table column, per-head column, ``"max" | "mean" | "nanmean"``) triples.
+        draws: per-head sign draws (:func:`kpca_repro.method.uncertainty.read_sign_draws`).
+        settings: ``seed``, ``bootstrap``, ``coverage``, ``sign_coverage``.
+        tag, model: with ``seed``, the bootstrap generator's seed (independent of sharding:
+            the heads are in a canonical order and the images coded in sorted order).
+
+    Returns:
+        Column name -> bound.
+    """
+    cfg = {**UNCERTAINTY_DEFAULTS, **settings}
+    rng = np.random.default_rng(unc.stable_seed(cfg["seed"], tag, model))
+    codes, n_groups = unc.group_codes(df["sample_rank"].to_numpy())
+    idx = unc.bootstrap_indices(rng, n_groups, int(cfg["bootstrap"]))
+    rows = df.index.to_numpy()
+    out: dict[str, float] = {}
+    for name, col, how in statistics:
+        stored = draws.get(col) if draws is not None and name in SIGN_DEPENDENT else None
+        mean_vector = draws.get(unc.MEAN_VECTOR) if draws is not None and col == "direct_cos_mean" else None
+        if mean_vector is not None and len(mean_vector) and mean_vector.shape[1] > 0:
+            # token mean of the direct cosine: m . sigma with fresh patterns (exact)
+            m = mean_vector[rows]
+            alone = unc.replicate_statistics(unc.fresh_direct_means(m, rng, idx.shape[0]), codes, n_groups, how, None)
+            out[f"{name}_sign_lower"], out[f"{name}_sign_upper"] = unc.percentile_interval(alone, cfg["sign_coverage"])
+            boot = unc.replicate_statistics(unc.fresh_direct_means(m, rng, idx.shape[0]), codes, n_groups, how, idx)
+        elif stored is not None and stored.shape[1] > 0:
+            # stored draws plus the solver's own value (one more pattern the heads took)
+            per_head = np.column_stack([df[col].to_numpy(np.float64), stored[rows]])
+            alone = unc.replicate_statistics(unc.pick_draws(per_head, rng, idx.shape[0]), codes, n_groups, how, None)
+            out[f"{name}_sign_lower"], out[f"{name}_sign_upper"] = unc.percentile_interval(alone, cfg["sign_coverage"])
+            boot = unc.replicate_statistics(unc.pick_draws(per_head, rng, idx.shape[0]), codes, n_groups, how, idx)
+        else:
+            if name in SIGN_DEPENDENT:
+                out[f"{name}_sign_lower"] = out[f"{name}_sign_upper"] = float("nan")
+            boot = unc.replicate_statistics(df[col].to_numpy(np.float64)[None, :], codes, n_groups, how, idx)
+        out[f"{name}_lower"], out[f"{name}_upper"] = unc.percentile_interval(boot, cfg["coverage"])
+    return out
+
+
+def _with_intervals(row: dict, intervals: dict[str, float], settings: dict, draws: dict | None) -> dict:
+    """``row`` with the interval columns after KCKA and the settings at the end."""
+    keys = list(row)
+    at = keys.index("KCKA") + 1
+    cfg = {**UNCERTAINTY_DEFAULTS, **settings}
+    tail = {
+        "bootstrap_resamples": int(cfg["bootstrap"]),
+        "coverage": float(cfg["coverage"]),
+        "sign_coverage": float(cfg["sign_coverage"]),
+        "sign_draws": int(draws["direct_cos_mean"].shape[1]) if draws is not None else 0,
+        "sign_draws_optimal": int(draws["optimal_cos_mean"].shape[1]) if draws is not None else 0,
+    }
+    return {**{k: row[k] for k in keys[:at]}, **intervals, **{k: row[k] for k in keys[at:]}, **tail}
+
+
+def table1_paper(heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np.ndarray] | None = None, uncertainty: dict | None = None) -> pd.DataFrame:
+    """Table 1 with the reference's aggregation (docs/method.md Section 2).
+
+    Over the heads the reference keeps (``dropped`` False): MDC = max of the per-head mean
+    direct cosine, MOC = max of the per-head mean matched cosine, LCKA and KCKA = plain means
+    (a NaN propagates, as ``np.mean`` does in the reference). Also the means over heads of the
+    two cosines, head counts and the weights' SHA-256. Every head with a non-finite
+    statistic is counted: ``n_heads_dropped`` (dropped as the reference drops them) and
+    ``n_heads_nonfinite`` (kept by the reference with a NaN statistic). The two are
+    disjoint. Table 4's ``n_heads_nonfinite`` counts something else: see
+    :func:`table4_paper`.
+
+    Args:
+        heads: per-head records of the paper variant with a ``model`` column.
+        meta: model id -> metadata (``weights_sha256``, ``n_images``).
+        draws: per-head sign draws, rows as ``heads`` (:func:`kpca_repro.method.uncertainty.read_sign_draws`).
+        uncertainty: with it (``seed``, ``bootstrap``, ``coverage``, ``sign_coverage``), the
+            interval columns of :func:`similarity_intervals` after KCKA (over the kept heads)
+            and the settings at the end; without it, no interval columns.
+
+    Returns:
+        One row per model, in the order of first appearance in ``heads``.
+    """
+    rows = []
+    for model, df in heads.groupby("model", sort=False):
+        df = _head_order(df)
+        kept = df[~df["dropped"].astype(bool)]
+        if uncertainty is not None:
+            intervals = similarity_intervals(kept, TABLE1_STATISTICS, draws, uncertainty, "table1", model)
+        rows.append(
+            {
+                "model": display_name(model),
+                "timm_id": model,
+                "MDC": kept["direct_cos_mean"].max(),
+                "MOC": kept["optimal_cos_mean"].max(),
+                "LCKA": exact_mean(kept["linear_cka"]),
+                "KCKA": exact_mean(kept["rbf_cka"]),
+                "MDC_mean_over_heads": exact_mean(kept["direct_cos_mean"], skipna=True),
+                "MOC_mean_over_heads": exact_mean(kept["optimal_cos_mean"], skipna=True),
+                "n_images": meta[model]["n_images"],
+                "n_heads": len(df),
+                "n_heads_analysed": len(kept),
+                "n_heads_dropped": int(df["dropped"].astype(bool).sum()),
+                # kept by the reference, yet a statistic is not finite (e.g. V_KPCA underflows
+                # to 0 and KCKA is NaN, docs/method.md 2 step 3): counted, and it poisons the mean
+                "n_heads_nonfinite": int((~np.isfinite(kept[list(TABLE1_COLUMNS)].to_numpy(float))).any(axis=1).sum()),
+                "n_exp_overflow": int(df["exp_overflow"].astype(bool).sum()),
+                "n_outer_overflow": int(df["outer_overflow"].astype(bool).sum()),
+                "n_allclose": int(df["allclose"].astype(bool).sum()),
+                "weights_sha256": meta[model]["weights_sha256"],
+            }
+        )
+        if uncertainty is not None:
+            rows[-1] = _with_intervals(rows[-1], intervals, uncertainty, draws)
+    return pd.DataFrame(rows)
+
+
+def table4_paper(heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np.ndarray] | None = None, uncertainty: dict | None = None) -> pd.DataFrame:
+    """Table 4 with the language-model reference's aggregation (docs/method.md 3).
+
+    ``df.mean(numeric_only=True)`` over all head rows, NaN-skipping per column: MDC = mean
+    over heads of the per-head *maximum* over tokens of the direct cosine, MOC = mean over
+    heads of the per-head maximum matched cosine (a non-finite head contributes 0 there,
+    because its NaN costs were set to 0), LCKA and KCKA = means over heads. Beside them,
+    Table 1's statistics of the same records (max over heads of the token means) and head
+    counts (non-finite heads are skipped, not dropped, by the reference).
+
+    ``n_heads_nonfinite`` here is the number of heads whose centered Gram matrix or
+    ``V_KPCA`` is not finite (the per-head ``dropped`` flag: heads Table 1's reference
+    would drop). The language-model reference keeps them and its means skip their NaNs, so
+    this table has no ``n_heads_dropped``. Table 1's ``n_heads_nonfinite`` instead counts
+    the *kept* heads with a non-finite statistic, and the heads counted here are Table 1's
+    ``n_heads_dropped``.
+
+    Args:
+        heads: per-head records of the paper variant with a ``model`` column.
+        meta: HF id -> metadata (``weights_sha256``, ``n_sentences``, ``longformer_transposed``).
+        draws, uncertainty: as :func:`table1_paper`; the resampling units are the sentences
+            (for Longformer's transposed reading, the positions that stand in for them).
+
+    Returns:
+        One row per model, in the order of first appearance in ``heads``.
+    """
+    rows = []
+    for model, df in heads.groupby("model", sort=False):
+        df = _head_order(df)
+        if uncertainty is not None:
+            intervals = similarity_intervals(df, TABLE4_STATISTICS, draws, uncertainty, "table4", model)
+        rows.append(
+            {
+                "model": display_name(model),
+                "hf_id": model,
+                "MDC": exact_mean(df["direct_cos_max"], skipna=True),
+                "MOC": exact_mean(df["optimal_cos_max"], skipna=True),
+                "LCKA": exact_mean(df["linear_cka"], skipna=True),
+                "KCKA": exact_mean(df["rbf_cka"], skipna=True),
+                "MDC_table1_statistic": df["direct_cos_mean"].max(),
+                "MOC_table1_statistic": df["optimal_cos_mean"].max(),
+                "n_sentences": meta[model]["n_sentences"],
+                "n_heads": len(df),
+                "n_heads_nonfinite": int(df["dropped"].astype(bool).sum()),
+                "n_exp_overflow": int(df["exp_overflow"].astype(bool).sum()),
+                "n_outer_overflow": int(df["outer_overflow"].astype(bool).sum()),
+                "n_allclose": int(df["allclose"].astype(bool).sum()),
+                "n_tokens": int(df["n_tokens"].max()),
+                "longformer_transposed": bool(meta[model].get("longformer_transposed", False)),
+                "weights_sha256": meta[model]["weights_sha256"],
+            }
+        )
+        if uncertainty is not None:
+            rows[-1] = _with_intervals(rows[-1], intervals, uncertainty, draws)
+    return pd.DataFrame(rows)
+
+
+def _stat(values: pd.Series, how: str) -> float:
+    return float(values.max()) if how == "max" else exact_mean(values)
+
+
+def table_corrected(
+    heads: pd.DataFrame,
+    meta: dict[str, dict],
+    metrics: tuple = CORRECTED_METRICS,
+    id_column: str = "timm_id",
+    count_key: str = "n_images",
+) -> pd.DataFrame:
+    """The corrected variant's table (docs/method.md Section 15), one row per (model, metric).
+
+    ``metrics``: (per-head column, label, paper statistic) triples, :data:`CORRECTED_METRICS`
+    for Table 1 or :data:`TEXT_CORRECTED_METRICS` for Table 4 (with ``id_column="hf_id"`` and
+    ``count_key="n_sentences"``).
+
+    Columns: the paper's statistic over heads (``paper_statistic``: max or mean) and its
+    value, mean and standard deviation (ddof 1) over heads, the same three for the random
+    Gaussian baseline, the number of heads and of non-finite heads (never dropped silently:
+    a non-finite head is counted, and excluded from that metric's statistics).
+    """
+    rows = []
+    for model, df in heads.groupby("model", sort=False):
+        df = _head_order(df)
+        for col, label, how in metrics:
+            vals = df[col]
+            ok = vals[np.isfinite(vals)]
+            base = df.get(f"baseline_{col}", pd.Series(dtype=float))
+            base = base[np.isfinite(base)]
+            rows.append(
+                {
+                    "model": display_name(model),
+                    id_column: model,
+                    "metric": label,
+                    "column": col,
+                    "paper_statistic": f"{how} over heads",
+                    "paper_statistic_value": _stat(ok, how),
+                    "mean": exact_mean(ok),
+                    "std": exact_std(ok, ddof=1),
+                    "baseline_paper_statistic_value": _stat(base, how) if len(base) else float("nan"),
+                    "baseline_mean": exact_mean(base),
+                    "baseline_std": exact_std(base, ddof=1),
+                    "n_heads": len(df),
+                    "n_nonfinite": int(len(vals) - len(ok)),
+                    count_key: meta[model][count_key],
+                    "weights_sha256": meta[model]["weights_sha256"],
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def _escape_pipes(value):
+    return value.replace("|", r"\|") if isinstance(value, str) else value
+
+
+def markdown_table(frame: pd.DataFrame, **kwargs) -> str:
+    """``frame.to_markdown(index=False, **kwargs)`` with ``|`` escaped as ``\\|`` in headers and cells.
+
+    A literal ``|`` (``direct |cosine| (columns)``) would otherwise end a Markdown table cell
+    and shift every column after it. Ends with a newline.
+    """
+    escaped = frame.rename(columns=_escape_pipes)
+    for col in escaped.columns:
+        if not pd.api.types.is_numeric_dtype(escaped[col]):
+            escaped[col] = escaped[col].map(_escape_pipes)
+    return escaped.to_markdown(index=False, **kwargs) + "\n"
+
+
+def corrected_markdown(table: pd.DataFrame, metrics: tuple = CORRECTED_METRICS) -> str:
+    """Markdown: one row per model, one column per metric, ``mean ± std (random: mean)``."""
+    cells = table.assign(cell=[f"{m:.3f} ± {s:.3f} (random {b:.3f})" for m, s, b in zip(table["mean"], table["std"], table["baseline_mean"])])
+    wide = cells.pivot(index="model", columns="metric", values="cell")
+    order = list(dict.fromkeys(table["model"]))
+    wide = wide.loc[order, [label for _, label, _ in metrics if label in wide.columns]]
+    counts = table.groupby("model", sort=False)[["n_heads", "n_nonfinite"]].max()
+    wide["heads (non-finite)"] = [f"{counts.loc[m, 'n_heads']} ({counts.loc[m, 'n_nonfinite']})" for m in wide.index]
+    return markdown_table(wide.reset_index())
+
+
+SPECTRUM_STATS = ("max", "min", "mean", "median")
+
+
+def spectrum_statistics(eigenvalues: np.ndarray) -> dict[str, float]:
+    """Table 2/3 statistics of one model (docs/method.md Section 4), in units of 1e-6.
+
+    Per image: the rank-wise mean of ``|lambda_r|`` over all (layer, head) pairs (a NaN head
+    makes that image's vector NaN, as ``np.mean`` does in the reference), then that vector's
+    max, min, mean and *lower* median (``torch.median``: element ``(R-1)//2`` of the sorted
+    vector). Across images: mean and unbiased standard deviation of each statistic.
+
+    Args:
+        eigenvalues: shape ``(images, layers * heads, R)``, float.
+
+    Returns:
+        ``{"max_mean": .., "max_std": .., ..., "median_std": ..}`` (x 1e6), plus
+        ``n_images``, ``n_heads`` and ``n_nonfinite_heads``.
+    """
+    stats = _per_image_spectrum(eigenvalues)
+    r = eigenvalues.shape[2]
+    out: dict[str, float] = {}
+    for name in SPECTRUM_STATS:
+        out[f"{name}_mean"] = float(stats[name].mean() * 1e6)
+        out[f"{name}_std"] = float(stats[name].std(ddof=1) * 1e6) if len(stats[name]) > 1 else float("nan")
+    heads = eigenvalues.reshape(-1, r)
+    out["n_images"] = int(eigenvalues.shape[0])
+    out["n_heads"] = int(heads.shape[0])
+    out["n_nonfinite_heads"] = int((~np.isfinite(heads).all(axis=1)).sum())
+    return out
+
+
+def _per_image_spectrum(eigenvalues: np.ndarray) -> dict[str, np.ndarray]:
+    """Per image ``(images,)``: max, min, mean and lower median of the rank-wise mean over heads."""
+    per_image = eigenvalues.mean(axis=1)  # (images, R)
+    r = per_image.shape[1]
+    return {
+        "max": per_image.max(axis=1),
+        "min": per_image.min(axis=1),
+        "mean": per_image.mean(axis=1),
+        "median": np.sort(per_image, axis=1)[:, (r - 1) // 2],
+    }
+
+
+def spectrum_intervals(eigenvalues: np.ndarray, settings: dict, model: str, keys: str) -> dict[str, float]:
+    """Percentile-bootstrap intervals over images of every Table 2/3 cell (x 1e-6).
+
+    Each replicate resamples the images with replacement and recomputes the mean and the
+    standard deviation (ddof 1) over images of each per-image statistic. The generator is
+    seeded by (``seed``, ``"spectra"``, model, keys), so Table 2 and Table 3 give the
+    standardized columns the same intervals.
+
+    Args:
+        eigenvalues: ``(images, layers * heads, R)`` (:func:`eigenvalue_array`).
+        settings: ``seed``, ``bootstrap``, ``coverage``.
+
+    Returns:
+        ``{"max_mean_lower": .., "max_mean_upper": .., "max_std_lower": .., ...}``.
+    """
+    cfg = {**UNCERTAINTY_DEFAULTS, **settings}
+    stats = _per_image_spectrum(eigenvalues)
+    n = eigenvalues.shape[0]
+    idx = unc.bootstrap_indices(np.random.default_rng(unc.stable_seed(cfg["seed"], "spectra", model, keys)), n, int(cfg["bootstrap"]))
+    out: dict[str, float] = {}
+    for name in SPECTRUM_STATS:
+        sample = stats[name][idx] * 1e6  # (B, images)
+        for what, values in (("mean", sample.mean(axis=1)), ("std", sample.std(axis=1, ddof=1) if n > 1 else np.full(len(sample), np.nan))):
+            out[f"{name}_{what}_lower"], out[f"{name}_{what}_upper"] = unc.percentile_interval(values, cfg["coverage"])
+    return out
+
+
+def eigenvalue_array(records: pd.DataFrame) -> np.ndarray:
+    """``(images, layers * heads, R)`` array from per-head eigenvalue records (``lambda_*`` columns)."""
+    cols = [c for c in records.columns if c.startswith("lambda_")]
+    ordered = records.sort_values(["sample_rank", "layer", "head"])
+    n_img = ordered["sample_rank"].nunique()
+    return ordered[cols].to_numpy(dtype=np.float64).reshape(n_img, -1, len(cols))
+
+
+def table_spectra(records: dict[tuple[str, str], pd.DataFrame], uncertainty: dict | None = None) -> pd.DataFrame:
+    """Table 2 (``keys == "standardized"``) or Table 3 rows from per-head eigenvalue records.
+
+    Args:
+        records: ``(model id, keys)`` -> records, ``keys`` in ``{"standardized", "raw"}``.
+
+    Returns:
+        One row per model. With both key treatments present (Table 3): the standardized
+        statistics, the unstandardized ones (suffix ``_raw``) and the percentage change
+        ``(raw / standardized - 1) * 100`` per statistic. With ``uncertainty`` (``seed``,
+        ``bootstrap``, ``coverage``), then the bootstrap bounds of every mean and std cell
+        (:func:`spectrum_intervals`): ``<cell>_lower``, ``<cell>_upper`` (``max_mean_lower``,
+        ``max_mean_raw_lower``, ...).
+    """
+    models = list(dict.fromkeys(m for m, _ in records))
+    rows = []
+    for model in models:
+        row: dict = {"model": display_name(model), "timm_id": model}
+        std = spectrum_statistics(eigenvalue_array(records[(model, "standardized")])) if (model, "standardized") in records else None
+        raw = spectrum_statistics(eigenvalue_array(records[(model, "raw")])) if (model, "raw") in records else None
+        if std:
+            row.update(std)
+        if raw:
+            row.update({f"{k}_raw": v for k, v in raw.items()})
+        if std and raw:
+            for name in SPECTRUM_STATS:
+                row[f"{name}_change_pct"] = (raw[f"{name}_mean"] / std[f"{name}_mean"] - 1) * 100
+        if uncertainty is not None:
+            for keys, suffix in (("standardized", ""), ("raw", "_raw")):
+                if (model, keys) in records:
+                    bounds = spectrum_intervals(eigenvalue_array(records[(model, keys)]), uncertainty, model, keys)
+                    row.update({k.replace("_lower", f"{suffix}_lower").replace("_upper", f"{suffix}_upper"): v for k, v in bounds.items()})
+            row["bootstrap_resamples"] = int({**UNCERTAINTY_DEFAULTS, **uncertainty}["bootstrap"])
+            row["coverage"] = float({**UNCERTAINTY_DEFAULTS, **uncertainty}["coverage"])
+        rows.append(row)
+    return pd.DataFrame(rows)

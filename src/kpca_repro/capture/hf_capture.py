@@ -1,0 +1,597 @@
+"""Hugging Face attention capture: store the q, k, v the attention really uses, or refuse.
+
+The KPCA analysis (docs/method.md Sections 0 and 3) needs, per layer and head, the q, k, v of an
+attention of the form ``h = softmax(s q k^T + mask) v`` with ``s = 1/sqrt(d)``, and ``h``, the
+per-head output before the output projection. Hugging Face encoders differ in what they do
+between their projections and the dot product, so each family has an adapter (:data:`FAMILIES`)
+that finds the attention modules by structure, hooks their projections, and applies to the
+hooked tensors exactly what the model's own forward applies, with the model's own functions:
+
+=================  ======================================================================
+family             stored q, k, v
+=================  ======================================================================
+``bert``           outputs of ``query``/``key``/``value`` (BERT, RoBERTa, ELECTRA, XLM-R,
+                   CamemBERT, LUKE, MiniLM): what the attention uses, unchanged
+``longformer``     the same, computed on ``(N, B, hidden)`` and stored batch-first; the
+                   query is copied before Longformer divides it by sqrt(d) in place;
+                   sliding window ``|i - j| <= attention_window // 2`` (a mask)
+``distilbert``     outputs of ``q_lin``/``k_lin``/``v_lin``; h = input of ``out_lin``
+``roformer``       ``query``/``key`` (and ``value`` if ``rotary_value``) after the model's
+                   ``apply_rotary_position_embeddings`` with its ``sinusoidal_pos``
+``esm``            ESM scales the query by ``d**-0.5`` and then rotates q and k (rotary
+                   configs); stored: the rotated key as used, and the rotated scaled query
+                   divided by the same ``d**-0.5`` (exact for d = 16, 64, 256; one float32
+                   rounding otherwise), so that the logits are ``q k^T / sqrt(d)``
+``modernbert``     the fused ``Wqkv`` output split into q, k, v, q and k after the model's
+                   ``apply_rotary_pos_emb``; h = input of ``Wo``; local layers attend
+                   within ``|i - j| <= local_attention // 2`` (a mask)
+``vit``            ``ViTModel``/``Dinov2Model``: ``q_proj``/``k_proj``/``v_proj``; h = input
+                   of ``o_proj``; no mask (capture level: the pipeline's vision path is timm)
+=================  ======================================================================
+
+Everything else is refused with one line naming the model, the reason and the supported
+families (:class:`~kpca_repro.capture.vision.UnsupportedArchitectureError`): relative-position
+attention (DeBERTa, MPNet, T5, ...), decoders with a causal mask (GPT-2, Llama, any config
+with ``is_decoder``), and any model type not listed. :func:`check_text_model` does this from
+the configuration alone (no weights), so that Snakemake refuses before any job.
+
+Trust, but verify: :func:`check_capture` recomputes ``softmax(q k^T / sqrt(d) + mask) v`` from
+the tensors about to be stored (:mod:`kpca_repro.capture.invariant`) and fails the extraction when it
+does not reproduce h, so a model an adapter misreads is never analysed silently.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from kpca_repro.capture.invariant import INVARIANT_RTOL, attention_mask_matrix, check_attention_invariant
+from kpca_repro.capture.vision import HeadRecorder, UnsupportedArchitectureError, split_heads
+from kpca_repro.h5io import BATCH_FIRST, SEQUENCE_FIRST
+
+__all__ = [
+    "BATCH_FIRST",
+    "SEQUENCE_FIRST",
+    "Family",
+    "FAMILIES",
+    "MODEL_TYPES",
+    "TEXT_FAMILIES",
+    "REFUSED",
+    "supported_summary",
+    "hf_family",
+    "check_text_model",
+    "HFAttention",
+    "attention_modules",
+    "HFAttentionRecorder",
+    "check_capture",
+]
+
+# --------------------------------------------------------------------------------------
+# Families
+# --------------------------------------------------------------------------------------
+
+
+def _model_fn(module: nn.Module, name: str) -> Callable:
+    """The function ``name`` of the module that defines ``type(module)``: the one its forward calls."""
+    fn = getattr(sys.modules[type(module).__module__], name, None)
+    if fn is None:
+        raise UnsupportedArchitectureError(f"{type(module).__module__} has no {name}; this transformers version is not supported by the capture")
+    return fn
+
+
+def _no_transform(attn: HFAttention, t: dict, extras: dict) -> None:
+    """q, k, v are the projection outputs themselves."""
+
+
+def _roformer_rotary(attn: HFAttention, t: dict, extras: dict) -> None:
+    """RoFormerSelfAttention: rotary on q, k (and v when ``rotary_value``) with ``sinusoidal_pos``."""
+    pos = extras.get("sinusoidal_pos")
+    if pos is None:  # the model applies no rotation either
+        return
+    rotate = attn.module.apply_rotary_position_embeddings
+    if getattr(attn.module, "rotary_value", False):
+        t["q"], t["k"], t["v"] = rotate(pos, t["q"], t["k"], t["v"])
+    else:
+        t["q"], t["k"] = rotate(pos, t["q"], t["k"])
+
+
+def _esm_scale_rotary(attn: HFAttention, t: dict, extras: dict) -> None:
+    """EsmSelfAttention: ``q * d**-0.5``, then rotary on q and k; q stored divided by ``d**-0.5``."""
+    c = attn.module.attention_head_size**-0.5
+    q = t["q"] * c
+    if attn.module.position_embedding_type == "rotary":
+        cos, sin = extras["position_embeddings"]
+        q, t["k"] = _model_fn(attn.module, "apply_rotary_pos_emb")(q, t["k"], cos, sin, unsqueeze_dim=1)
+    t["q"] = q / c
+
+
+def _rope_qk(attn: HFAttention, t: dict, extras: dict) -> None:
+    """ModernBertAttention: rotary on q and k with the layer type's ``(cos, sin)``."""
+    cos, sin = extras["position_embeddings"]
+    t["q"], t["k"] = _model_fn(attn.module, "apply_rotary_pos_emb")(t["q"], t["k"], cos, sin, unsqueeze_dim=1)
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one Hugging Face attention family is captured.
+
+    Attributes:
+        name: family name (HDF5 attribute ``capture_family``).
+        model_types: ``config.model_type`` values of the family.
+        projections: names of the separate q, k, v ``nn.Linear`` children of the attention
+            module, or None when ``fused`` names one Linear computing ``[q | k | v]``.
+        fused: the fused projection's name, or None.
+        out_proj: dotted path of the output projection (h is its input), from the attention
+            module; a leading ``"^."`` starts at the module's parent.
+        heads: attribute names holding the head count, tried in order (``"config.x"`` reads
+            the module's config).
+        head_dim: attribute names holding the head size.
+        extras: forward arguments of the attention module the transform needs.
+        transform: ``(attn, {"q","k","v"}, extras) -> None``, applied in place after the
+            module's forward: what the model does between the projections and the dot product.
+        window: ``module -> one-sided local window or None`` (a mask ``|i - j| <= w``).
+        what: one line for the README table.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    projections: tuple[str, str, str] | None
+    fused: str | None
+    out_proj: str
+    heads: tuple[str, ...]
+    head_dim: tuple[str, ...]
+    extras: tuple[str, ...] = ()
+    transform: Callable = _no_transform
+    window: Callable = lambda module: None
+    what: str = ""
+
+
+_HEADS = ("num_attention_heads", "num_heads", "n_heads")
+_DIM = ("attention_head_size", "head_dim")
+
+#: Every supported family.
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family(
+            "bert",
+            ("bert", "roberta", "electra", "xlm-roberta", "camembert", "luke"),
+            ("query", "key", "value"),
+            None,
+            "^.output.dense",
+            _HEADS,
+            _DIM,
+            what="query/key/value outputs as used; h = input of attention.output.dense",
+        ),
+        Family(
+            "longformer",
+            ("longformer",),
+            ("query", "key", "value"),
+            None,
+            "^.output.dense",
+            _HEADS,
+            _DIM,
+            window=lambda m: int(m.one_sided_attn_window_size),
+            what="query/key/value outputs (computed sequence-first, stored batch-first); sliding window |i-j| <= attention_window/2 as a mask",
+        ),
+        Family(
+            "distilbert",
+            ("distilbert",),
+            ("q_lin", "k_lin", "v_lin"),
+            None,
+            "out_lin",
+            _HEADS,
+            _DIM,
+            what="q_lin/k_lin/v_lin outputs; h = input of out_lin",
+        ),
+        Family(
+            "roformer",
+            ("roformer",),
+            ("query", "key", "value"),
+            None,
+            "^.output.dense",
+            _HEADS,
+            _DIM,
+            extras=("sinusoidal_pos",),
+            transform=_roformer_rotary,
+            what="q, k (and v if rotary_value) after the model's rotary embedding",
+        ),
+        Family(
+            "esm",
+            ("esm",),
+            ("query", "key", "value"),
+            None,
+            "^.output.dense",
+            _HEADS,
+            _DIM,
+            extras=("position_embeddings",),
+            transform=_esm_scale_rotary,
+            what="q, k after the model's query pre-scaling and rotary embedding; q stored / d^-1/2 so that s = 1/sqrt(d)",
+        ),
+        Family(
+            "modernbert",
+            ("modernbert",),
+            None,
+            "Wqkv",
+            "Wo",
+            ("config.num_attention_heads",),
+            ("head_dim",),
+            extras=("position_embeddings",),
+            transform=_rope_qk,
+            window=lambda m: int(m.config.sliding_window) if getattr(m, "sliding_window", None) is not None else None,
+            what="fused Wqkv split, q and k after the model's rotary embedding; local layers |i-j| <= local_attention/2 as a mask",
+        ),
+        Family(
+            "vit",
+            ("vit", "dinov2"),
+            ("q_proj", "k_proj", "v_proj"),
+            None,
+            "o_proj",
+            _HEADS,
+            _DIM,
+            what="q_proj/k_proj/v_proj outputs; h = input of o_proj (pixel inputs, capture level)",
+        ),
+    )
+}
+
+#: ``config.model_type`` -> supported family.
+MODEL_TYPES: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
+#: Families the text pipeline (tokenizer + ``AutoModel``) can run.
+TEXT_FAMILIES = ("bert", "longformer", "distilbert", "roformer", "esm", "modernbert")
+
+_RELATIVE = "relative-position terms are added to q k^T (disentangled attention), so the logits are not s q k^T + mask"
+#: Known model types refused, with the reason.
+REFUSED: dict[str, str] = {
+    "deberta": _RELATIVE,
+    "deberta-v2": _RELATIVE,
+    "sew-d": _RELATIVE,
+    "mpnet": "a learned relative position bias is added to the logits",
+    "t5": "a learned relative position bias is added to the logits (and an encoder-decoder with causal masks)",
+    "mt5": "a learned relative position bias is added to the logits (and an encoder-decoder with causal masks)",
+    "umt5": "a learned relative position bias is added to the logits (and an encoder-decoder with causal masks)",
+    "xlnet": "two-stream attention with relative positional encodings",
+    "big_bird": "block-sparse attention with random and global blocks",
+    "reformer": "LSH / chunked local attention",
+    "beit": "a relative position bias is added to the logits",
+    "data2vec-vision": "a relative position bias is added to the logits",
+    "swin": "windowed attention with a relative position bias",
+    "swinv2": "windowed cosine attention with a relative position bias",
+}
+
+
+def supported_summary() -> str:
+    """One line listing the supported Hugging Face model types by family."""
+    return "; ".join(f"{f.name}: {', '.join(f.model_types)}" for f in FAMILIES.values())
+
+
+def _refuse(who: str, model_type, reason: str) -> UnsupportedArchitectureError:
+    return UnsupportedArchitectureError(f"{who}: Hugging Face model type {model_type!r} is refused: {reason}. Supported (attention = softmax(q k^T / sqrt(d) + mask) v): {supported_summary()}")
+
+
+def _decoder_types() -> set[str]:
+    """Model types with a causal-LM class and no masked-LM class (decoders)."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    except ImportError:  # pragma: no cover - other transformers layouts
+        return {"gpt2", "gpt_neo", "gptj", "llama", "mistral", "qwen2", "opt", "bloom", "falcon", "gemma", "phi"}
+    return set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) - set(MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+
+def hf_family(config, who: str | None = None, text: bool = False) -> Family:
+    """The capture family of a Hugging Face configuration, or a one-line refusal.
+
+    Args:
+        config: a ``transformers.PretrainedConfig`` (only ``model_type`` and a few flags are read).
+        who: the model named in the error (default: the config's name or model type).
+        text: only families the text pipeline can run (:data:`TEXT_FAMILIES`).
+
+    Returns:
+        The :class:`Family`.
+
+    Raises:
+        UnsupportedArchitectureError: the model type is not supported (relative position
+            terms, a decoder's causal mask, a config with ``is_decoder`` /
+            ``add_cross_attention`` / ``is_encoder_decoder``, an ESM position embedding other
+            than absolute or rotary, a vision model in the text pipeline, or an unknown
+            type); one line naming the model, the reason and the supported families.
+    """
+    model_type = getattr(config, "model_type", None)
+    who = who or getattr(config, "_name_or_path", "") or str(model_type)
+    if getattr(config, "is_encoder_decoder", False):
+        raise _refuse(who, model_type, "an encoder-decoder model: its decoder uses a causal mask and cross-attention")
+    if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
+        raise _refuse(who, model_type, "configured as a decoder (is_decoder / add_cross_attention): causal mask and cross-attention")
+    family = MODEL_TYPES.get(model_type)
+    if family is None:
+        if model_type in REFUSED:
+            reason = REFUSED[model_type]
+        elif model_type in _decoder_types():
+            reason = "a decoder: its causal mask and generation cache are not analysed by this pipeline"
+        else:
+            reason = "its attention is not known to be softmax(q k^T / sqrt(d) + mask) v, and nothing is approximated"
+        raise _refuse(who, model_type, reason)
+    if family.name == "esm" and getattr(config, "position_embedding_type", "absolute") not in ("absolute", "rotary"):
+        raise _refuse(who, model_type, f"position_embedding_type {config.position_embedding_type!r} adds relative position terms to the logits")
+    if text and family.name not in TEXT_FAMILIES:
+        raise _refuse(who, model_type, "a vision model (pixel inputs); the text pipeline needs a tokenizer, and vision models run through timm")
+    return family
+
+
+def check_text_model(model_id: str, source: str) -> str | None:
+    """Check a configured language model from its configuration alone (no weights, no download).
+
+    Reads ``config.json`` with ``transformers.AutoConfig`` from the local directory ``source``
+    or, for a hub id, from the Hugging Face cache (``local_files_only``).
+
+    Args:
+        model_id: the configured Hugging Face id (named in errors).
+        source: a local directory, or the hub id (see :func:`kpca_repro.inputs.text.model_source`).
+
+    Returns:
+        The family name, or None when the configuration is not available locally (a hub id
+        not in the cache; the extraction refuses it after downloading, before any forward).
+
+    Raises:
+        UnsupportedArchitectureError: see :func:`hf_family` (text families only); a model type
+            unknown to the installed transformers is refused too.
+    """
+    if Path(source).is_dir():
+        if not (Path(source) / "config.json").is_file():
+            return None
+    else:  # a hub id: only from the cache (a cheap look-up first: importing transformers costs seconds)
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(source, "config.json"), str):
+            return None
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(source, local_files_only=True)
+    except OSError:
+        return None
+    except (ValueError, KeyError) as exc:
+        path = Path(source) / "config.json"
+        model_type = json.loads(path.read_text()).get("model_type") if path.is_file() else None
+        raise _refuse(model_id, model_type, f"transformers cannot read its configuration ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+    return hf_family(config, model_id, text=True).name
+
+
+# --------------------------------------------------------------------------------------
+# Modules
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class HFAttention:
+    """One self-attention module and how to capture it.
+
+    Attributes:
+        name: module path in the model.
+        module: the attention module whose forward computes q, k, v.
+        family: its :class:`Family`.
+        projections: ``{"q","k","v"}`` -> Linear, or ``{"qkv"}`` -> the fused Linear.
+        out_proj: the output projection; its input is the concatenated per-head output h.
+        n_heads, head_dim: ``H`` and ``d``; the logit scale is ``1/sqrt(d)``.
+        window: one-sided local window ``w`` (``|i - j| <= w``), or None.
+    """
+
+    name: str
+    module: nn.Module
+    family: Family
+    projections: dict[str, nn.Linear]
+    out_proj: nn.Linear
+    n_heads: int
+    head_dim: int
+    window: int | None = None
+
+    @property
+    def scale(self) -> float:
+        """The logit scale ``s = 1/sqrt(d)`` of the stored tensors."""
+        return 1.0 / math.sqrt(self.head_dim)
+
+
+def _attr(module: nn.Module, names: tuple[str, ...]):
+    for n in names:
+        obj = module
+        for part in n.split("."):
+            obj = getattr(obj, part, None)
+        if obj:
+            return int(obj)
+    return None
+
+
+def attention_modules(model: nn.Module, model_id: str | None = None) -> list[HFAttention]:
+    """Every self-attention module of a Hugging Face model, in depth order, with its adapter.
+
+    The family comes from ``model.config`` (:func:`hf_family`); the modules are found by the
+    family's structure (projection children, output projection), not by name.
+
+    Args:
+        model: a ``transformers`` model (``AutoModel``), on any device.
+        model_id: named in errors.
+
+    Returns:
+        One :class:`HFAttention` per layer.
+
+    Raises:
+        UnsupportedArchitectureError: the model type is refused (:func:`hf_family`), no module
+            fits, a module is causal, or its sizes or output projection do not fit; one line
+            naming the model or module.
+    """
+    config = getattr(model, "config", None)
+    who = model_id or type(model).__name__
+    if config is None:
+        raise _refuse(who, None, "not a Hugging Face model (no config)")
+    family = hf_family(config, who)
+    named = dict(model.named_modules())
+    found = []
+    for name, mod in named.items():
+        names = family.projections or (family.fused,)
+        if not all(isinstance(getattr(mod, a, None), nn.Linear) for a in names):
+            continue
+        heads, dim = _attr(mod, family.heads), _attr(mod, family.head_dim)
+        if not heads or not dim:
+            raise UnsupportedArchitectureError(f"{who}: {name} ({type(mod).__name__}) has {'/'.join(names)} but no head count {family.heads} or head size {family.head_dim}")
+        if getattr(mod, "is_causal", False):
+            raise _refuse(f"{who} ({name})", config.model_type, "the attention module is causal (is_causal)")
+        width = heads * dim
+        projections = {t: getattr(mod, a) for t, a in zip(("q", "k", "v"), names)} if family.projections else {"qkv": getattr(mod, family.fused)}
+        if any(p.out_features != width * (1 if family.projections else 3) for p in projections.values()):
+            raise UnsupportedArchitectureError(f"{who}: {name}: {'/'.join(names)} widths differ from heads x head size = {width}")
+        path = family.out_proj
+        out = named.get(name.rsplit(".", 1)[0]) if path.startswith("^.") else mod
+        for part in path.removeprefix("^.").split("."):
+            out = getattr(out, part, None)
+        if not isinstance(out, nn.Linear) or out.in_features != width:
+            raise UnsupportedArchitectureError(f"{who}: {name}: no output projection {path} taking the {width}-wide per-head attention output; h cannot be captured")
+        found.append(HFAttention(name, mod, family, projections, out, heads, dim, family.window(mod)))
+    if not found:
+        raise UnsupportedArchitectureError(f"{who}: no {family.name} self-attention module with {'/'.join(family.projections or (family.fused,))} Linear layers")
+    return found
+
+
+# --------------------------------------------------------------------------------------
+# Recorder
+# --------------------------------------------------------------------------------------
+
+
+class HFAttentionRecorder(HeadRecorder):
+    """Records the per-head q, k, v, h every attention module uses during a forward pass.
+
+    After ``model(**batch)``: ``captured[layer]`` maps ``"q" | "k" | "v" | "h"`` to float32
+    tensors ``(B, H, N, d)`` on the model's device, batch-first whatever layout the module
+    computes in, such that ``h = softmax(q k^T / sqrt(d) + mask) v`` (the family's transform
+    applied); ``layouts[layer]`` is ``"batch_first"`` or ``"sequence_first"`` (Longformer
+    applies its projections to ``(N, B, hidden)``), read from the tensors themselves: the
+    projection input must equal the module's hidden states or their transpose. Only the first
+    call of each projection per forward is kept.
+
+    Raises (during the forward pass):
+        UnsupportedArchitectureError: a projection input is neither; a projection never ran;
+            h is not ``(B, N, H*d)``.
+    """
+
+    def __init__(self, attns: list[HFAttention]):
+        super().__init__(attns)
+        self.layouts: list[str | None] = [None] * len(self.attns)
+        self._hidden: list[torch.Tensor | None] = [None] * len(self.attns)
+        self._extras: list[dict] = [{} for _ in self.attns]
+
+    def _attn_pre_hook(self, layer: int):
+        attn = self.attns[layer]
+        sig = inspect.signature(attn.module.forward)
+
+        def hook(_mod, args, kwargs):
+            try:
+                bound = sig.bind_partial(*args, **kwargs).arguments
+            except TypeError:
+                bound = dict(kwargs)
+            self._hidden[layer] = args[0] if args else kwargs.get("hidden_states")
+            self._extras[layer] = {k: bound.get(k) for k in attn.family.extras}
+            self.captured[layer] = {}
+
+        return hook
+
+    def _attn_post_hook(self, layer: int):
+        attn = self.attns[layer]
+
+        def hook(_mod, _args, _out):
+            t = self.captured[layer]
+            if not all(x in t for x in ("q", "k", "v")):
+                raise UnsupportedArchitectureError(f"{attn.name}: its projections {sorted(attn.projections)} did not all run in its forward; q, k, v cannot be captured")
+            attn.family.transform(attn, t, self._extras[layer])
+
+        return hook
+
+    def _layout(self, attn: HFAttention, layer: int, x: torch.Tensor, what: str) -> str:
+        hidden = self._hidden[layer]
+        if hidden is not None and x.shape == hidden.shape and torch.equal(x, hidden):
+            return BATCH_FIRST
+        if hidden is not None and x.ndim == 3 and x.shape == hidden.transpose(0, 1).shape and torch.equal(x, hidden.transpose(0, 1)):
+            return SEQUENCE_FIRST
+        raise UnsupportedArchitectureError(f"{attn.name}.{what}: its input is neither the attention module's hidden states nor their (sequence, batch) transpose")
+
+    def _proj_hook(self, layer: int, name: str):
+        attn = self.attns[layer]
+
+        def hook(_mod, inp, out):
+            t = self.captured[layer]
+            if name in t or (name == "qkv" and "q" in t):  # first call kept (docs/method.md 3)
+                return
+            layout = self._layout(attn, layer, inp[0], name)
+            self.layouts[layer] = layout
+            if layout == SEQUENCE_FIRST:
+                out = out.transpose(0, 1)
+            b, n, _ = out.shape
+            if name == "qkv":  # ModernBERT: view(B, N, 3, H, d).unbind(2), each transposed to (B, H, N, d)
+                q, k, v = out.view(b, n, 3, attn.n_heads, attn.head_dim).unbind(dim=-3)
+                t.update(q=q.transpose(1, 2), k=k.transpose(1, 2), v=v.transpose(1, 2))
+            else:
+                # a copy: Longformer scales its query projection in place right after this hook
+                t[name] = split_heads(out, attn.n_heads, attn.head_dim).clone()
+
+        return hook
+
+    def _out_pre_hook(self, layer: int):
+        attn = self.attns[layer]
+
+        def hook(_mod, args):
+            x, hidden = args[0], self._hidden[layer]
+            if hidden is None or x.ndim != 3 or x.shape[:2] != hidden.shape[:2]:  # h is batch-first (Longformer too)
+                raise UnsupportedArchitectureError(f"{attn.name}: the output projection's input is not (batch, tokens, heads x head size)")
+            self.captured[layer]["h"] = split_heads(x, attn.n_heads, attn.head_dim)
+
+        return hook
+
+    def _register(self) -> list:
+        handles = []
+        for layer, attn in enumerate(self.attns):
+            handles.append(attn.module.register_forward_pre_hook(self._attn_pre_hook(layer), with_kwargs=True))
+            for t, lin in attn.projections.items():
+                handles.append(lin.register_forward_hook(self._proj_hook(layer, t)))
+            handles.append(attn.out_proj.register_forward_pre_hook(self._out_pre_hook(layer)))
+            handles.append(attn.module.register_forward_hook(self._attn_post_hook(layer)))
+        return handles
+
+
+# --------------------------------------------------------------------------------------
+# Invariant
+# --------------------------------------------------------------------------------------
+
+
+def check_capture(model_id: str, attns: list[HFAttention], layers: list[dict], key_mask=None, inputs=None, tolerance: float = INVARIANT_RTOL) -> float:
+    """The capture invariant (:mod:`kpca_repro.capture.invariant`) on every layer of one batch.
+
+    Args:
+        model_id: named in the error.
+        attns: the modules (scale ``1/sqrt(d)``, local window).
+        layers: per layer, ``{"q","k","v","h"}`` -> ``(B, H, N, d)`` arrays or tensors (the
+            tensors about to be stored).
+        key_mask: optional ``(B, N)``, 1 = real token: the padding mask of the keys, and the
+            queries compared (padded queries are never analysed).
+        inputs: indices along ``B`` to check (default: the first and the last), all heads.
+        tolerance: largest accepted ``max |h - h_hat| / max |v|`` per head.
+
+    Returns:
+        The largest relative error over the checked heads of all layers.
+
+    Raises:
+        kpca_repro.capture.invariant.CaptureMismatchError: a layer exceeds ``tolerance``.
+    """
+    worst = 0.0
+    for layer, (attn, t) in enumerate(zip(attns, layers)):
+        b, _, n, _ = t["q"].shape
+        sel = sorted({0, b - 1}) if inputs is None else list(inputs)
+        km = None if key_mask is None else torch.as_tensor(key_mask).bool()
+        allowed = attention_mask_matrix(n, key_mask=km, window=attn.window)
+        res = check_attention_invariant(model_id, layer, t["q"], t["k"], t["v"], t["h"], scale=attn.scale, allowed=allowed, query_mask=km, inputs=sel, tolerance=tolerance)
+        worst = max(worst, res.max_rel_error)
+    return worst

@@ -1,0 +1,614 @@
+"""The KPCA engine: :mod:`kpca_repro.method.equations`'s mathematics on batches of heads, fast and per head exact.
+
+The mathematics (Gram matrix, centering, eigenpairs, V_KPCA, cosines, CKA, gamma test) is
+stated in :mod:`kpca_repro.method.equations`; what differs between the two variants is data in
+:mod:`kpca_repro.method.variant`. This module runs them on whole layers of whole image batches
+(``B * H`` heads, tensors ``(heads, N, d)``) on the CPU or a GPU, and holds the performance
+engineering that keeps each head's numbers those of a per-head loop:
+
+* :func:`head_metrics` in cache-sized blocks of :data:`CPU_BLOCK_HEADS` heads on the CPU;
+* :func:`eigenpairs`: ``eigh`` one matrix at a time on the CPU (LAPACK's path depends on the
+  batch), the solver on the CPU for CUDA inputs, non-finite matrices kept from the solver,
+  a fallback when one matrix does not converge;
+* :func:`intra_op_threads`: the authors' thread count for the paper variant's per-head
+  products and ``eigh`` (``eigh_threads``, docs/fidelity.md);
+* the paper variant's Gram matrix, centering and V_KPCA per head on the CPU
+  (:func:`_paper_centered_gram`, :func:`_paper_v_kpca`), the corrected variant's in place
+  (:func:`_corrected_centered_gram`);
+* ``V``'s CKA sides computed once for ``V_KPCA`` and the baseline (:func:`_token_row_metrics`).
+
+Notation (docs/method.md Section 0.1): ``N`` tokens, ``d`` head dimension, ``s = 1/sqrt(d)``,
+``K`` keys, ``V`` values, ``g_i = sum_j exp(s k_i . k_j)`` and
+``V_KPCA = G A - G 1_N A`` with ``G = diag(1/g)`` and ``A`` the top-``d`` eigenvectors of the
+centered Gram matrix (paper Eq. 5).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+import torch
+
+from kpca_repro.method.equations import (
+    center_dense,
+    center_inplace,
+    cka_from_sides,
+    cka_side,
+    direct_cosine,
+    fix_eigenvector_signs,
+    gamma_matrix,
+    gram_paper,
+    pairwise_spread,
+    perturb_eigenvectors,
+    rbf_side,
+    row_normalize,
+    select_eigenpairs,
+    v_kpca,
+)
+from kpca_repro.method.numerics import assignment_similarities
+from kpca_repro.method.variant import VARIANTS, Variant
+from kpca_repro.method.variant import get as get_variant
+from kpca_repro.projection import (
+    ROW_NORM_EPS,
+    standardize_tokens,
+)
+
+__all__ = [
+    "VARIANTS",
+    "CPU_BLOCK_HEADS",
+    "centered_gram",
+    "eigenpairs",
+    "intra_op_threads",
+    "head_metrics",
+    "top_eigenvalues",
+    "gamma_test",
+]
+
+#: Heads per block of :func:`head_metrics` on the CPU. Its many elementwise passes over
+#: ``N x N`` matrices then stay in the core's cache (eight float64 197 x 197 matrices are
+#: 2.5 MB), where a chunk of 64 heads would stream 20 MB per pass from memory (the measurement
+#: that chose 8: docs/performance.md, design choices). Every operation is per head, so the
+#: block size changes no number.
+CPU_BLOCK_HEADS = 8
+
+
+# --------------------------------------------------------------------------------------
+# Eigenpairs
+# --------------------------------------------------------------------------------------
+
+
+def _solve(safe: torch.Tensor, finite: torch.Tensor, n: int, per_matrix: bool, n_components: int, order: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch.linalg.eigh`` of every matrix of ``safe`` (one at a time or batched), then :func:`select_eigenpairs`; see :func:`eigenpairs`.
+
+    One matrix at a time, each matrix's kept columns are selected before anything is stacked,
+    so no ``(heads, N, N)`` copy of all eigenvectors is made.
+    """
+    kc = safe
+    try:
+        if per_matrix:
+            flat = safe.reshape(-1, n, n)
+            pairs = [select_eigenpairs(*torch.linalg.eigh(flat[i]), n_components, order) for i in range(flat.shape[0])]
+            if not pairs:
+                return safe.new_empty((*safe.shape[:-2], n_components)), safe.new_empty((*safe.shape[:-1], n_components)), finite
+            evals = torch.stack([p[0] for p in pairs]).reshape(*safe.shape[:-2], n_components)
+            evecs = torch.stack([p[1] for p in pairs]).reshape(*safe.shape[:-1], n_components)
+            return evals, evecs, finite
+        evals, evecs = torch.linalg.eigh(safe)
+    except torch.linalg.LinAlgError:  # one matrix did not converge: solve one by one
+        flat = safe.reshape(-1, n, n)
+        ok = finite.reshape(-1).clone()
+        evals = torch.full(flat.shape[:2], float("nan"), dtype=kc.dtype, device=kc.device)
+        evecs = torch.full(flat.shape, float("nan"), dtype=kc.dtype, device=kc.device)
+        for i in range(flat.shape[0]):
+            try:
+                evals[i], evecs[i] = torch.linalg.eigh(flat[i])
+            except torch.linalg.LinAlgError:
+                ok[i] = False
+        evals, evecs = evals.reshape(safe.shape[:-1]), evecs.reshape(safe.shape)
+        finite = ok.reshape(finite.shape)
+    return *select_eigenpairs(evals, evecs, n_components, order), finite
+
+
+def _finite_matrices(m: torch.Tensor) -> torch.Tensor:
+    """``(...)`` bool: every entry of the matrix ``m[...]`` ``(..., N, N)`` is finite.
+
+    A finite sum of all entries proves it for every matrix at once (a NaN or an infinite term
+    makes the sum NaN or infinite), for one pass of summation instead of a boolean copy; a
+    non-finite sum (a bad entry, or finite entries whose sum overflows) falls back to the
+    entry-by-entry test.
+    """
+    if bool(torch.isfinite(m.sum())):
+        return torch.ones(m.shape[:-2], dtype=torch.bool, device=m.device)
+    return torch.isfinite(m).all(dim=-1).all(dim=-1)
+
+
+@contextlib.contextmanager
+def intra_op_threads(n: int | None):
+    """Run the block with ``n`` torch intra-op threads on the calling thread, then restore them.
+
+    ``torch.set_num_threads`` sets the calling thread's OpenMP and MKL thread counts (MKL's
+    ``mkl_set_num_threads_local``); other threads keep theirs, so worker threads may each
+    hold a different count at the same time. It also sets torch's process-wide default,
+    which a thread that has not yet run a parallel torch kernel adopts: the caller's count is
+    read (which initialises the calling thread) and restored on exit.
+
+    Args:
+        n: threads for the block (a positive int), or None to change nothing.
+
+    Raises:
+        ValueError: ``n`` is not None and below 1.
+    """
+    if n is None:
+        yield
+        return
+    if n < 1:
+        raise ValueError(f"intra-op threads must be >= 1, got {n}")
+    before = torch.get_num_threads()
+    if before == n:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def eigenpairs(
+    kc: torch.Tensor,
+    n_components: int,
+    order: str = "abs_desc",
+    fix_signs: bool = False,
+    per_matrix: bool | None = None,
+    solver_device: str | torch.device | None = None,
+    threads: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top eigenpairs of symmetric matrices, batched, non-finite matrices handled.
+
+    ``torch.linalg.eigh`` on every matrix, then the selection rule of the script being
+    reproduced (docs/method.md 0.2 step 6):
+
+    * ``"abs_desc"``: by ``|lambda|`` descending (Table 1, ``value_vectors.py``);
+    * ``"desc"``: by signed eigenvalue descending (Tables 2-3, Fig. 3; the corrected variant);
+    * ``"asc_top"``: the last ``n_components`` columns of ``eigh``'s ascending output, kept
+      in ascending order (Table 4, ``nlp_value_vectors.py``).
+
+    A matrix with a non-finite entry is not passed to the solver (LAPACK may silently return
+    NaN or raise for it); its eigenpairs are returned as NaN and ``finite`` is False, which
+    is how the reference ends up dropping such a head.
+
+    Args:
+        kc: symmetric matrices, shape ``(..., N, N)``.
+        n_components: number of eigenpairs kept (``d``), ``1 <= n_components <= N``.
+        order: one of ``"abs_desc"``, ``"desc"``, ``"asc_top"``.
+        fix_signs: make each eigenvector's entry of largest magnitude positive
+            (docs/method.md 15.2), so the result does not depend on the LAPACK/cuSOLVER sign.
+        per_matrix: call the solver on one freshly allocated matrix at a time (default: on
+            the CPU). LAPACK (MKL) picks its code path by the memory alignment of each matrix
+            in a batch, so batched CPU ``eigh`` gives a head different round-off, and at
+            near-degenerate eigenvalues a different eigenvector sign, depending on the head's
+            position in the batch. One matrix at a time, every head gets the result a per-head
+            loop gives, whatever the batch size or sharding (docs/performance.md). ``False``
+            keeps one batched call (the default on CUDA).
+        solver_device: where ``eigh`` runs (default: ``kc``'s device). ``"cpu"`` for CUDA
+            inputs moves the matrices to the CPU for the solver (one matrix at a time there)
+            and the eigenpairs back: cuSOLVER solves a batch of 197 x 197 matrices one after
+            another, slower than a CPU core per worker thread (docs/performance.md).
+        threads: torch intra-op threads (and with them MKL's threads) of each CPU solver call,
+            set on the calling thread only for the solver calls (:func:`intra_op_threads`);
+            None keeps the caller's. MKL's ``syevd`` takes another code path for another
+            thread count, so at near-degenerate eigenvalues the eigenvectors' signs and
+            rotations depend on it: the paper variant passes the thread count the authors'
+            scripts ran with (torch's default, docs/fidelity.md). The count is per calling
+            thread, so concurrent calls from several worker threads each get it, and a
+            matrix's eigenpairs depend on it and on nothing else of the pipeline's threading.
+
+    Returns:
+        ``(eigenvalues, eigenvectors, finite)`` with shapes ``(..., n)``, ``(..., N, n)``
+        and ``(...)`` (bool). No division by ``N``: these are eigenvalues of ``K~_phi``.
+
+    Raises:
+        ValueError: unknown ``order`` or ``n_components`` out of range.
+    """
+    n = kc.shape[-1]
+    if not 1 <= n_components <= n:
+        raise ValueError(f"n_components must be in [1, {n}], got {n_components}")
+    if order not in ("abs_desc", "desc", "asc_top"):
+        raise ValueError(f"unknown eigenpair order {order!r}")
+    home = kc.device
+    if solver_device is not None and torch.device(solver_device) != home:
+        kc = kc.to(solver_device)
+    finite = _finite_matrices(kc)
+    safe = kc if bool(finite.all()) else torch.where(finite[..., None, None], kc, torch.zeros((), dtype=kc.dtype, device=kc.device))
+    if per_matrix is None:
+        per_matrix = kc.device.type == "cpu"
+    with intra_op_threads(threads if kc.device.type == "cpu" else None):
+        evals, evecs, finite = _solve(safe, finite, n, per_matrix, n_components, order)
+    if fix_signs:
+        evecs = fix_eigenvector_signs(evecs)
+    if not bool(finite.all()):
+        nan = torch.tensor(float("nan"), dtype=kc.dtype, device=kc.device)
+        evals = torch.where(finite[..., None], evals, nan)
+        evecs = torch.where(finite[..., None, None], evecs, nan)
+    return evals.to(home), evecs.to(home), finite.to(home)
+
+
+# --------------------------------------------------------------------------------------
+# Per-head pipeline
+# --------------------------------------------------------------------------------------
+
+
+def _cka_kernel_sides(x: torch.Tensor, paper: bool) -> dict[str, tuple]:
+    """:func:`cka_side` of the linear CKA (token-centered ``X``) and of the RBF kernel of ``x``."""
+    return {"linear": cka_side("features", x), "rbf": rbf_side(x, paper)}
+
+
+def _token_row_metrics(
+    v: torch.Tensor,
+    vk: torch.Tensor,
+    valid: torch.Tensor | None,
+    paper: bool,
+    prefix: str = "",
+    nan_cost_to_zero: bool = False,
+    cka_sqrt_of_product: bool = False,
+    cache: dict | None = None,
+) -> dict[str, torch.Tensor]:
+    """Token-row cosines (direct and optimally matched) and CKAs of ``V`` against ``V_KPCA``.
+
+    ``cache`` (a dict, empty at first) keeps ``V``'s centered kernels between calls with the
+    same ``V`` (``V_KPCA`` and then the baseline): the same operations, computed once.
+    """
+    eps = ROW_NORM_EPS if paper else None
+    vn, vkn = row_normalize(v, eps), row_normalize(vk, eps)
+    if cache is not None and not prefix:
+        cache["rows"] = (vn, vkn)  # for head_metrics(rows=...): sign draws (kpca_repro.method.uncertainty)
+    direct = direct_cosine(vn, vkn)
+    matched = assignment_similarities(vn @ vkn.transpose(-1, -2), valid, nan_to_zero=nan_cost_to_zero)
+    if cache is None:
+        cache = {}
+    if "v" not in cache:
+        cache["v"] = _cka_kernel_sides(v, paper)
+    sx, sy = cache["v"], _cka_kernel_sides(vk, paper)
+    out = {
+        f"{prefix}direct_cos_mean": direct.mean(-1),
+        f"{prefix}direct_cos_max": direct.amax(-1),
+        f"{prefix}direct_cos_min": direct.amin(-1),
+        f"{prefix}direct_cos_frac_negative": (direct < 0).to(v.dtype).mean(-1),
+        f"{prefix}optimal_cos_mean": matched.mean(-1),
+        f"{prefix}optimal_cos_max": matched.amax(-1),
+        f"{prefix}optimal_cos_min": matched.amin(-1),
+        f"{prefix}linear_cka": cka_from_sides(sx["linear"], sy["linear"], paper, cka_sqrt_of_product),
+        f"{prefix}rbf_cka": cka_from_sides(sx["rbf"], sy["rbf"], paper, cka_sqrt_of_product),
+    }
+    return out
+
+
+def _column_metrics(v: torch.Tensor, vk: torch.Tensor, valid: torch.Tensor, prefix: str = "", cache: dict | None = None) -> dict[str, torch.Tensor]:
+    """Column-wise comparison the paper's text describes (docs/method.md 15.3), sign-invariant.
+
+    Column ``c`` of ``V`` (one value dimension across the ``N`` tokens) against column ``c`` of
+    ``V_KPCA`` (one eigen-direction): mean over columns of ``|cos|``; and the optimal
+    ``d x d`` matching on ``|cos|``, mean of the matched ``|cos|``. ``cache`` (a dict) keeps
+    ``V``'s normalised columns between calls with the same ``V``.
+    """
+    if cache is None:
+        cache = {}
+    if "v_columns" not in cache:
+        cache["v_columns"] = row_normalize(v, None, dim=-2)
+    vc, vkc = cache["v_columns"], row_normalize(vk, None, dim=-2)
+    abs_cos = (vc.transpose(-1, -2) @ vkc).abs()
+    direct = torch.diagonal(abs_cos, dim1=-2, dim2=-1)
+    matched = assignment_similarities(abs_cos, valid)
+    return {
+        f"{prefix}direct_abs_cos_columns": direct.mean(-1),
+        f"{prefix}optimal_abs_cos_columns": matched.mean(-1),
+    }
+
+
+def _corrected_centered_gram(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(centered Kphi, log g)`` of the corrected variant: :func:`log_gram`, ``exp``, :func:`center`.
+
+    The same operations in the same order as those three functions, on one ``N x N`` buffer
+    per head (the logits, overwritten in place): bit-identical to them without three copies.
+    """
+    logits = (k @ k.transpose(-1, -2)).mul_(1.0 / math.sqrt(k.shape[-1]))
+    log_g = torch.logsumexp(logits, dim=-1)
+    kphi = logits.sub_(log_g[..., :, None]).sub_(log_g[..., None, :]).exp_()
+    return center_inplace(kphi), log_g
+
+
+def centered_gram(k: torch.Tensor, variant: str | Variant) -> torch.Tensor:
+    """The centered normalised Gram matrix of the keys, as ``variant`` builds it, batched over heads.
+
+    ``paper``: :func:`gram_paper` then :func:`center_dense` in ``k``'s dtype (plain ``exp``:
+    NaN where it overflows); ``corrected``: :func:`log_gram`, ``exp``, then :func:`center`
+    (finite for finite keys). :func:`head_metrics` builds the paper variant's matrix one
+    head at a time on the CPU instead (``_paper_centered_gram``), to match the authors'
+    per-head products to the bit.
+
+    Args:
+        k: keys, shape ``(..., N, d)``, already in the variant's dtype (float32 for
+            ``paper``, float64 for ``corrected``) and standardized if wanted.
+        variant: a :class:`~kpca_repro.method.variant.Variant` or its name; its ``gram`` decides.
+
+    Returns:
+        Shape ``(..., N, N)``, ``k``'s dtype and device.
+
+    Raises:
+        ValueError: unknown variant.
+    """
+    if get_variant(variant).gram == "exp":
+        return center_dense(gram_paper(k)[0])
+    return _corrected_centered_gram(k)[0]
+
+
+def _paper_centered_gram(k: torch.Tensor, threads: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(g, centered Kphi)`` of the paper variant (:func:`gram_paper`, :func:`center_dense`).
+
+    On the CPU one head at a time, with ``threads`` torch intra-op threads (None: the
+    caller's): the authors' per-head products to the bit, whatever the CPU. A batched
+    product over several heads rounds differently from the per-head ones on some CPUs (MKL's
+    AVX2 path with more than one thread), and these matrices decide the eigenvectors. On
+    CUDA, batched.
+    """
+    if k.device.type != "cpu" or k.shape[0] == 0:
+        kphi, g = gram_paper(k)
+        return g, center_dense(kphi)
+    with intra_op_threads(threads):
+        parts = [gram_paper(k[i]) for i in range(k.shape[0])]
+        kc = torch.stack([center_dense(p[0]) for p in parts])
+    return torch.stack([p[1] for p in parts]), kc
+
+
+def _paper_v_kpca(a: torch.Tensor, inv_g: torch.Tensor, threads: int | None) -> torch.Tensor:
+    """:func:`v_kpca` of the paper variant; on the CPU one head at a time with ``threads`` intra-op
+    threads (None: the caller's), as :func:`_paper_centered_gram`: the ``(G O) @ A`` product is
+    then the authors' 2-D product of each head, whatever the chunk. On CUDA, batched."""
+    if a.device.type != "cpu" or a.shape[0] == 0:
+        return v_kpca(a, inv_g)
+    with intra_op_threads(threads):
+        return torch.stack([v_kpca(a[i], inv_g[i]) for i in range(a.shape[0])])
+
+
+def head_metrics(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    variant: str | Variant,
+    *,
+    order: str | None = None,
+    g_eps: float = 0.0,
+    baseline: torch.Tensor | None = None,
+    nan_cost_to_zero: bool = False,
+    cka_sqrt_of_product: bool = False,
+    eigh_per_matrix: bool | None = None,
+    eigh_device: str | torch.device | None = None,
+    eigh_threads: int | None = None,
+    rows: dict | None = None,
+) -> dict[str, np.ndarray]:
+    """Every per-head quantity of Table 1 (docs/method.md 2) or its corrected form (docs/method.md 15).
+
+    For each head: Gram matrix of the keys, centering, eigenpairs, ``A`` (top ``d``),
+    ``V_KPCA`` (Eq. 5), then ``V`` against ``V_KPCA``: the allclose test, direct and
+    optimal-matching token-row cosines (mean/max/min), linear CKA and RBF CKA. The corrected
+    variant adds column-wise ``|cos|`` metrics and, if ``baseline`` is given, every
+    similarity against that random Gaussian stand-in for ``V_KPCA`` (``baseline_*`` columns).
+    On the CPU the heads go through in blocks of :data:`CPU_BLOCK_HEADS` (cache-sized; every
+    operation is per head, so no number depends on the blocks); on CUDA in one block.
+
+    Args:
+        k: keys, shape ``(heads, N, d)``; cast to float32 (paper) or float64 (corrected).
+        v: values, shape ``(heads, N, d_v)``, same dtype handling.
+        variant: a :class:`~kpca_repro.method.variant.Variant` or its name (``"paper"``, ``"corrected"``):
+            its dtype, Gram matrix, eigenpair order and sign rule, formulas and metrics.
+        order: eigenpair order; default the variant's (``"abs_desc"``: paper, Table 1; ``"desc"``).
+        g_eps: added to ``g`` in ``G = diag(1/(g + g_eps))`` (paper variant; 0 for vision,
+            1e-6 for the language-model script).
+        baseline: standard normal samples of ``V_KPCA``'s shape ``(heads, N, d)`` (corrected).
+        nan_cost_to_zero: reproduce ``nlp_value_vectors.py`` (docs/method.md 3), which has no
+            try/except: no head is dropped, every head goes through the assignment with
+            NaN similarities replaced by 0 (a non-finite head gets matched cosines 0 while
+            its other similarities stay NaN, to be skipped by a NaN-skipping mean).
+            Default: the vision reference, where a non-finite head is dropped (all its
+            similarities NaN).
+        cka_sqrt_of_product: CKA denominators ``sqrt(HSIC_xx HSIC_yy) + 1e-10`` of the
+            language-model script (paper variant only; see :func:`linear_cka`).
+        eigh_per_matrix: :func:`eigenpairs`'s ``per_matrix`` (default: one matrix at a time on
+            the CPU, so each head's numbers do not depend on the batch; one batched solver
+            call on CUDA).
+        eigh_device: :func:`eigenpairs`'s ``solver_device`` (default: the inputs' device).
+        eigh_threads: :func:`eigenpairs`'s ``threads``: torch intra-op threads of each CPU
+            ``eigh`` call (default: the caller's). In the paper variant on the CPU, the Gram
+            matrix and its centering, which decide the eigenvectors, are then also computed
+            one head at a time with that many threads, as the authors' per-head loop does:
+            float32 products round differently with the thread count on some CPUs (MKL's
+            AVX2 path; docs/fidelity.md). Every later operation runs with the caller's
+            threads (its round-off stays far inside the per-head tolerances).
+        rows: if a dict, filled with ``"v"`` and ``"v_kpca"``: the row-normalised ``V`` and
+            ``V_KPCA`` behind the token-row cosines (``(heads, N, d)``, the variant's dtype),
+            for the sign draws of :mod:`kpca_repro.method.uncertainty`.
+
+    Returns:
+        Column name -> float64 numpy array of shape ``(heads,)`` (bool for flags). Flags:
+        ``finite`` (the centered Gram matrix is finite), ``dropped`` (the reference would drop
+        the head: non-finite Gram or V_KPCA), ``exp_overflow`` (some ``exp(s k.k)`` is inf),
+        ``outer_overflow`` (finite ``g`` but ``g_i g_j`` overflowed to inf, entries zeroed),
+        ``allclose`` (``|V - V_KPCA| <= 1e-5 + 1e-3 |V_KPCA|`` everywhere).
+
+    Raises:
+        ValueError: unknown variant, or ``k`` and ``v`` shapes that disagree.
+    """
+    variant = get_variant(variant)
+    if k.ndim != 3 or v.ndim != 3 or k.shape[:2] != v.shape[:2]:
+        raise ValueError(f"k and v must be (heads, N, d) with equal heads and N; got {tuple(k.shape)} and {tuple(v.shape)}")
+    if baseline is not None and baseline.shape != v.shape:
+        raise ValueError(f"baseline must have V_KPCA's shape {tuple(v.shape)}, got {tuple(baseline.shape)}")
+    options = dict(order=order, g_eps=g_eps, nan_cost_to_zero=nan_cost_to_zero, cka_sqrt_of_product=cka_sqrt_of_product)
+    options.update(eigh_per_matrix=eigh_per_matrix, eigh_device=eigh_device, eigh_threads=eigh_threads)
+    block = CPU_BLOCK_HEADS if k.device.type == "cpu" else max(1, k.shape[0])
+    if k.shape[0] <= block:
+        return _head_metrics_block(k, v, variant, baseline, rows, **options)
+    blocks = []
+    for lo in range(0, k.shape[0], block):
+        part = slice(lo, lo + block)
+        block_rows = {} if rows is not None else None
+        blocks.append((_head_metrics_block(k[part], v[part], variant, None if baseline is None else baseline[part], block_rows, **options), block_rows))
+    if rows is not None:
+        rows.update({name: torch.cat([r[name] for _, r in blocks]) for name in ("v", "v_kpca")})
+    return {name: np.concatenate([c[name] for c, _ in blocks]) for name in blocks[0][0]}
+
+
+def _head_metrics_block(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    variant: Variant,
+    baseline: torch.Tensor | None,
+    rows: dict | None,
+    *,
+    order: str | None,
+    g_eps: float,
+    nan_cost_to_zero: bool,
+    cka_sqrt_of_product: bool,
+    eigh_per_matrix: bool | None,
+    eigh_device: str | torch.device | None,
+    eigh_threads: int | None,
+) -> dict[str, np.ndarray]:
+    """:func:`head_metrics` of one block of heads (arguments checked by the caller)."""
+    paper = variant.authors_formulas
+    exp_gram = variant.gram == "exp"
+    dtype = variant.torch_dtype
+    k, v = k.to(dtype), v.to(dtype)
+    d = min(v.shape[-1], v.shape[-2])  # fewer tokens than dimensions: at most N eigenvectors
+    cols: dict[str, torch.Tensor] = {}
+    if exp_gram:
+        cpu_threads = eigh_threads if eigh_device is None or torch.device(eigh_device).type == "cpu" else None
+        g, kc = _paper_centered_gram(k, cpu_threads)
+        _, a, finite = eigenpairs(kc, d, order or variant.order, fix_signs=variant.fix_signs, per_matrix=eigh_per_matrix, solver_device=eigh_device, threads=eigh_threads)
+        vk = _paper_v_kpca(a, 1.0 / (g + g_eps), cpu_threads)
+        dropped = ~(finite & torch.isfinite(vk).all(-1).all(-1))
+        g_finite = torch.isfinite(g).all(-1)
+        cols["exp_overflow"] = ~g_finite
+        # some g_i g_j overflows iff the largest does (rounding is monotonic): no N x N product
+        g_max = g.amax(-1)
+        cols["outer_overflow"] = g_finite & torch.isinf(g_max * g_max)
+    else:
+        kc, log_g = _corrected_centered_gram(k)
+        _, a, finite = eigenpairs(kc, d, order or variant.order, fix_signs=variant.fix_signs, per_matrix=eigh_per_matrix, solver_device=eigh_device, threads=eigh_threads)
+        inv_g = torch.exp(log_g.amin(-1, keepdim=True) - log_g)
+        vk = v_kpca(a, inv_g, paper=paper)
+        dropped = ~(finite & torch.isfinite(vk).all(-1).all(-1))
+    if vk.shape[-1] < v.shape[-1]:  # zero columns change no row cosine, X X^T or distance
+        vk = torch.nn.functional.pad(vk, (0, v.shape[-1] - vk.shape[-1]))
+    vk_true = vk if exp_gram else vk * torch.exp(-log_g.amin(-1))[..., None, None]
+    cols["finite"] = finite
+    cols["dropped"] = dropped
+    cols["allclose"] = ((v - vk_true).abs_() <= vk_true.abs().mul_(1e-3).add_(1e-5)).all(-1).all(-1)
+    cache: dict = {}
+    cols.update(
+        _token_row_metrics(
+            v,
+            vk,
+            None if nan_cost_to_zero else ~dropped,
+            paper,
+            nan_cost_to_zero=nan_cost_to_zero,
+            cka_sqrt_of_product=cka_sqrt_of_product,
+            cache=cache,
+        )
+    )
+    if rows is not None:
+        rows["v"], rows["v_kpca"] = cache["rows"]
+    if variant.column_metrics:
+        cols.update(_column_metrics(v, vk, ~dropped, cache=cache))
+    if variant.baselines:
+        if baseline is not None:
+            z = baseline.to(dtype=dtype, device=vk.device)
+            everything = torch.ones_like(dropped)
+            cols.update(_token_row_metrics(v, z, everything, paper, prefix="baseline_", cache=cache))
+            cols.update(_column_metrics(v, z, everything, prefix="baseline_", cache=cache))
+    out = {}
+    for name, t in cols.items():
+        arr = t.detach().cpu().numpy()
+        out[name] = arr if arr.dtype == bool else arr.astype(np.float64)
+    # A dropped head contributes nothing (docs/method.md 2 step 3): blank its similarities.
+    # Without try/except (nan_cost_to_zero, docs/method.md 3) nothing is dropped.
+    for name, arr in out.items():
+        if arr.dtype != bool and not name.startswith("baseline_") and not nan_cost_to_zero:
+            arr[out["dropped"]] = np.nan
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Spectra (Tables 2 and 3)
+# --------------------------------------------------------------------------------------
+
+
+def top_eigenvalues(k: torch.Tensor, n_components: int, variant: str | Variant, standardize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``n_components`` largest eigenvalues of the centered Gram matrix of the keys.
+
+    docs/method.md Sections 4-5: optional per-token key standardization, Gram matrix, centering,
+    ``eigh``, signed-descending order, ``|lambda_r|`` for ranks ``r = 1..n`` (no division by
+    ``N``). ``paper``: float32, plain ``exp`` (NaN where it overflows without
+    standardization). ``corrected``: float64 log-domain Gram matrix (always finite).
+
+    Args:
+        k: keys, shape ``(heads, N, d)``.
+        n_components: number of ranks kept (64 in the paper), at most ``N``.
+        variant: ``"paper"`` or ``"corrected"``.
+        standardize: standardize each key vector first (Table 2) or not (Table 3's starred rows).
+
+    Returns:
+        ``(eigenvalues, finite)``: shape ``(heads, n_components)`` float64 with NaN rows for
+        non-finite heads, and ``(heads,)`` bool.
+
+    Raises:
+        ValueError: unknown variant or ``n_components`` out of range.
+    """
+    variant = get_variant(variant)
+    k = k.to(variant.torch_dtype)
+    if standardize:
+        k = standardize_tokens(k)
+    kc = centered_gram(k, variant)
+    evals, _, finite = eigenpairs(kc, n_components, "desc")
+    return evals.abs().double(), finite
+
+
+# --------------------------------------------------------------------------------------
+# The gamma-constancy test (Figure 3)
+# --------------------------------------------------------------------------------------
+
+
+def gamma_test(k: torch.Tensor, n_components: int, variant: str | Variant, standardize: bool, noise: float, generator: torch.Generator) -> dict[str, dict[str, torch.Tensor]]:
+    """The gamma-constancy test of one set of heads for true and perturbed eigenvectors.
+
+    Keys (optionally standardized per token) -> centered Gram matrix (paper: float32, plain
+    ``exp``; corrected: float64 log domain) -> top ``n_components`` eigenvectors in
+    signed-descending order -> :func:`gamma_matrix` -> :func:`pairwise_spread`, for ``A`` and
+    for :func:`perturb_eigenvectors` of ``A``.
+
+    Args:
+        k: keys, shape ``(heads, N, d)``, any floating dtype; cast to float32 (``paper``) or
+            float64 (``corrected``).
+        n_components: number of eigenvectors tested (the columns of ``A``), at most ``N``.
+        variant: ``"paper"`` or ``"corrected"`` (also: eigenvector signs fixed, corrected only).
+        standardize: standardize each key vector first (:func:`standardize_tokens`).
+        noise: standard deviation of the perturbation (:func:`perturb_eigenvectors`).
+        generator: CPU ``torch.Generator`` of the perturbation; advanced by the draw.
+
+    Returns:
+        ``{"true": spread, "perturbed": spread}`` with :func:`pairwise_spread`'s dicts of
+        tensors of shape ``(heads, n_components)``, in the variant's dtype, on ``k``'s device.
+
+    Raises:
+        ValueError: unknown variant.
+    """
+    variant = get_variant(variant)
+    k = k.to(variant.torch_dtype)
+    if standardize:
+        k = standardize_tokens(k)
+    kc = centered_gram(k, variant)
+    _, a, _ = eigenpairs(kc, n_components, "desc", fix_signs=variant.fix_signs)
+    return {
+        "true": pairwise_spread(gamma_matrix(kc, a)),
+        "perturbed": pairwise_spread(gamma_matrix(kc, perturb_eigenvectors(a, noise, generator))),
+    }

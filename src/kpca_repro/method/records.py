@@ -1,0 +1,372 @@
+"""Stage 2: per-head records from activation files: KPCA metrics (Tables 1 and 4),
+eigenvalues (Tables 2 and 3) and the gamma test (Figure 3).
+
+Rule scripts call these; tests call them too. The mathematics itself lives in
+:mod:`kpca_repro.method.kpca`; extraction (stage 1) in :mod:`kpca_repro.capture.extraction`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from kpca_repro.h5io import ActivationFile
+from kpca_repro.method.kpca import gamma_test, head_metrics, top_eigenvalues
+from kpca_repro.method.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES, head_sign_draws
+from kpca_repro.method.variant import Variant
+from kpca_repro.method.variant import get as get_variant
+from kpca_repro.threads import ordered_map
+
+__all__ = ["kpca_records", "baseline_noise", "eigenvalue_records", "gamma_records", "layer_chunks"]
+
+
+def baseline_noise(seed: int, dataset_index: int, layer: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """Standard normal stand-in for V_KPCA of one (image, layer), float64 on the CPU.
+
+    Seeded by ``(seed, dataset_index, layer)`` so it does not depend on sharding or batching.
+    """
+    ss = np.random.SeedSequence([seed, int(dataset_index), int(layer)])
+    gen = torch.Generator().manual_seed(int(ss.generate_state(1, dtype=np.uint64)[0] >> 1))
+    return torch.randn(shape, generator=gen, dtype=torch.float64)
+
+
+def _head_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str | Variant, layer: int, seed: int, transposed: bool):
+    """Heads of one layer in groups with a common token count ``N``.
+
+    Yields ``(k, v, sample_rank, dataset_index, head, baseline)``: ``k, v`` float32 tensors
+    ``(heads, N, d)``, per-head index arrays, and the random baseline (corrected variant) or
+    None (``variant.baselines``). Three readings of the file:
+
+    * vision, and language models with ``variant.text_padding == "included"`` (paper): every
+      (input, head) with all ``N`` stored positions (padding included, docs/method.md 3);
+    * ``transposed`` (Longformer, paper variant): the reference's misreading of Longformer's
+      ``(sequence, batch, hidden)`` projections (docs/method.md 3): each "head matrix" is the
+      ``B`` inputs at one position ``p``, so ``sample_rank`` holds ``p`` and
+      ``dataset_index`` is -1;
+    * language models, ``text_padding == "excluded"`` (corrected, docs/method.md 15 item 4):
+      each input keeps only its real tokens (``attention_mask == 1``); inputs of equal length
+      are grouped.
+    """
+    variant = get_variant(variant)
+    k, v = t["k"], t["v"]
+    n_in, n_heads = k.shape[:2]
+
+    def base(index, shape):
+        return torch.cat([baseline_noise(seed, di, layer, shape) for di in index]) if variant.baselines else None
+
+    if transposed:
+        k, v = k.transpose(2, 1, 0, 3), v.transpose(2, 1, 0, 3)
+        n_pos = k.shape[0]
+        ranks = np.repeat(np.arange(n_pos), n_heads)
+        yield (
+            torch.from_numpy(np.ascontiguousarray(k)).reshape(-1, *k.shape[2:]),
+            torch.from_numpy(np.ascontiguousarray(v)).reshape(-1, *v.shape[2:]),
+            ranks,
+            np.full(len(ranks), -1),
+            np.tile(np.arange(n_heads), n_pos),
+            None,
+        )
+    elif variant.text_padding == "excluded" and af.attention_mask is not None:
+        mask = af.attention_mask.astype(bool)
+        lengths = mask.sum(axis=1)
+        for n in sorted(set(lengths.tolist())):
+            sel = np.flatnonzero(lengths == n)
+            kk = np.stack([k[i][:, mask[i]] for i in sel])
+            vv = np.stack([v[i][:, mask[i]] for i in sel])
+            yield (
+                torch.from_numpy(kk).reshape(-1, n, kk.shape[-1]),
+                torch.from_numpy(vv).reshape(-1, n, vv.shape[-1]),
+                np.repeat(af.sample_rank[sel], n_heads),
+                np.repeat(af.dataset_index[sel], n_heads),
+                np.tile(np.arange(n_heads), len(sel)),
+                base(af.dataset_index[sel], (n_heads, n, vv.shape[-1])),
+            )
+    else:
+        yield (
+            torch.from_numpy(k).reshape(-1, *k.shape[2:]),
+            torch.from_numpy(v).reshape(-1, *v.shape[2:]),
+            np.repeat(af.sample_rank, n_heads),
+            np.repeat(af.dataset_index, n_heads),
+            np.tile(np.arange(n_heads), n_in),
+            base(af.dataset_index, tuple(v.shape[1:])),
+        )
+
+
+def layer_chunks(af: ActivationFile, layers: Sequence[int], heads_per_chunk: int, names: tuple[str, ...] = ("k", "v")) -> Iterator[tuple[int, np.ndarray, dict[str, torch.Tensor]]]:
+    """Stream an activation file as chunks of at most ``max(heads_per_chunk, H)`` heads.
+
+    Reads each layer in blocks of ``max(1, heads_per_chunk // H)`` images, so host memory
+    depends on the chunk size, not on the number of images in the file.
+
+    Yields:
+        ``(layer, flat, tensors)``: the chunk's flat head indices ``image * H + head`` within
+        the layer (``(heads,)`` int64) and ``name -> (heads, N, d)`` float32 CPU tensors.
+    """
+    n_img, n_heads = len(af.sample_rank), int(af.attrs["n_heads"])
+    per_read = max(1, heads_per_chunk // n_heads)
+    for layer in layers:
+        for i0 in range(0, n_img, per_read):
+            i1 = min(i0 + per_read, n_img)
+            t = af.read(layer, names, images=slice(i0, i1))
+            flat_t = {name: torch.from_numpy(a).reshape(-1, *a.shape[2:]) for name, a in t.items()}
+            heads = (i1 - i0) * n_heads
+            for lo in range(0, heads, heads_per_chunk):
+                hi = min(lo + heads_per_chunk, heads)
+                yield layer, np.arange(i0 * n_heads + lo, i0 * n_heads + hi), {name: x[lo:hi] for name, x in flat_t.items()}
+
+
+def kpca_records(
+    activations: str | os.PathLike,
+    variant: str | Variant,
+    *,
+    device: torch.device,
+    heads_per_chunk: int = 64,
+    seed: int = 0,
+    layers: Sequence[int] | None = None,
+    progress: bool = True,
+    workers: int = 1,
+    eigh_device: str | torch.device | None = None,
+    eigh_threads: int | None = None,
+    sign_draws: tuple[int, int] | None = None,
+) -> tuple[pd.DataFrame, dict]:
+    """Per-head records of one activation file: every (input, layer, head) through KPCA.
+
+    Vision files (Table 1, docs/method.md 2) are streamed by layer and image block
+    (:func:`layer_chunks`; memory grows with neither depth nor the number of images).
+    Language-model files (Table 4, docs/method.md 3; recognised by their ``attention_mask``) are
+    read a layer at a time and grouped by :func:`_head_groups`: the paper variant uses
+    its ``text_options`` (:data:`kpca_repro.method.variant.PAPER`) and all padded positions (Longformer read transposed, as the
+    reference reads it); the corrected variant drops padding per sequence (docs/method.md 15).
+    Chunks of ``heads_per_chunk`` heads go through :func:`kpca_repro.method.kpca.head_metrics` on
+    ``device``, ``workers`` chunks at a time (:func:`ordered_map`). Each head's numbers do
+    not depend on the chunking, the number of workers or the sharding (per-matrix ``eigh``
+    on the CPU, :func:`kpca_repro.method.kpca.eigenpairs`); for bit-identical CPU runs keep torch's
+    intra-op threads fixed (the rule uses 1): every worker thread runs its chunks with the
+    calling thread's intra-op thread count, whatever it inherited.
+    ``eigh_device`` is passed to :func:`kpca_repro.method.kpca.head_metrics` (the rule uses
+    ``"cpu"`` on CUDA, the faster placement measured on an H100, docs/performance.md).
+    ``eigh_threads`` (paper variant only; the corrected variant's signs are fixed and it
+    keeps the caller's threads) is the intra-op thread count of every CPU ``eigh`` call,
+    set per call on the worker thread that makes it (:func:`kpca_repro.method.kpca.intra_op_threads`):
+    the rule passes torch's default count (:func:`resolve_eigh_threads`), so that each
+    head's eigenvectors are those of the authors' per-head loop on the same machine
+    (docs/fidelity.md). Each head's numbers then depend on ``eigh_threads`` and on nothing
+    of ``workers``, chunking or sharding.
+    ``sign_draws = (n_direct, n_optimal)`` also draws that many random eigenvector sign
+    patterns per head (seeded by ``seed`` and the head, :func:`kpca_repro.method.uncertainty.head_sign_draws`;
+    ``direct_cos_max`` draws only for text files, where Table 4 uses them).
+
+    Returns:
+        ``(records, meta)``: a DataFrame with one row per head (``sample_rank``,
+        ``dataset_index``, ``layer``, ``head``, ``n_tokens``, ``head_dim`` and the metric
+        columns) in (layer, input, head) order, and the file's metadata (model id, weights
+        SHA-256, number of images or sentences; for text, the padding treatment and whether
+        Longformer was read transposed). With ``sign_draws``, ``meta["sign_draws"]`` holds
+        the draws (name -> float32 ``(heads, R)``, rows as the records): pop it before
+        writing the metadata as JSON.
+
+    Raises:
+        kpca_repro.h5io.CorruptActivationFileError: the file is unreadable (named).
+    """
+    from kpca_repro.h5io import SEQUENCE_FIRST
+    from kpca_repro.progress import progress as progress_bar
+
+    variant = get_variant(variant)
+    frames = []
+    with ActivationFile(activations) as af:
+        model_id = str(af.attrs["model_id"])
+        n_in, n_heads = len(af.sample_rank), int(af.attrs["n_heads"])
+        text = af.attention_mask is not None
+        transposed = text and variant.text_padding == "included" and str(af.attrs.get("hooked_layout", "")) == SEQUENCE_FIRST
+        options = variant.text_options if text else {}
+        layer_list = list(layers if layers is not None else range(af.n_layers))
+
+        def chunks():
+            """``(layer, k, v, sample_rank, dataset_index, head, baseline or None)`` per chunk."""
+            if not text:
+                for layer, flat, t in layer_chunks(af, layer_list, heads_per_chunk):
+                    images = flat // n_heads
+                    base = None
+                    if variant.baselines:
+                        noise = {int(i): baseline_noise(seed, af.dataset_index[i], layer, (n_heads, *t["v"].shape[1:])) for i in np.unique(images)}
+                        base = torch.stack([noise[int(f // n_heads)][f % n_heads] for f in flat])
+                    yield layer, t["k"], t["v"], af.sample_rank[images], af.dataset_index[images], flat % n_heads, base
+                return
+            for layer in layer_list:
+                t = af.read(layer, ("k", "v"))
+                for k, v, ranks, index, head, base in _head_groups(af, t, variant, layer, seed, transposed):
+                    for lo in range(0, k.shape[0], heads_per_chunk):
+                        hi = min(lo + heads_per_chunk, k.shape[0])
+                        yield layer, k[lo:hi], v[lo:hi], ranks[lo:hi], index[lo:hi], head[lo:hi], base[lo:hi] if base is not None else None
+
+        caller_threads = torch.get_num_threads()
+        solver_threads = eigh_threads if variant.authors_threads else None
+
+        def work(chunk):
+            layer, k, v, ranks, index, head, base = chunk
+            rows = {} if sign_draws else None
+            cols = head_metrics(
+                k.to(device),
+                v.to(device),
+                variant,
+                baseline=base.to(device) if base is not None else None,
+                eigh_device=eigh_device,
+                eigh_threads=solver_threads,
+                rows=rows,
+                **options,
+            )
+            draws = None
+            if sign_draws:
+                nan_zero = bool(options.get("nan_cost_to_zero", False))
+                draws = head_sign_draws(
+                    rows["v"], rows["v_kpca"], {"layer": layer, "sample_rank": ranks, "dataset_index": index, "head": head},
+                    seed=seed, n_direct=sign_draws[0], n_optimal=sign_draws[1], token_max=text,
+                    valid=None if nan_zero else torch.from_numpy(~cols["dropped"]), nan_to_zero=nan_zero,
+                )  # fmt: skip
+            return draws, pd.DataFrame(
+                {
+                    "sample_rank": ranks,
+                    "dataset_index": index,
+                    "layer": layer,
+                    "head": head,
+                    "n_tokens": k.shape[1],
+                    "head_dim": v.shape[2],
+                    **cols,
+                }
+            )
+
+        total = (af.attention_mask.shape[1] if transposed else n_in) * n_heads * len(layer_list)
+        with progress_bar(total=total, desc=f"kpca {variant.name} {model_id}", unit="head", disable=not progress, mininterval=5) as bar:
+            draw_parts = []
+            for draws, frame in ordered_map(work, chunks(), workers=workers):
+                frames.append(frame)
+                draw_parts.append(draws)
+                bar.update(len(frame))
+        meta = {
+            "model_id": model_id,
+            "weights_sha256": str(af.attrs["weights_sha256"]),
+            "n_sentences" if text else "n_images": n_in,
+            "variant": variant.name,
+            "shard": int(af.attrs["shard"]),
+            "n_shards": int(af.attrs["n_shards"]),
+            "eigh_threads": solver_threads if solver_threads is not None else caller_threads,
+        }
+        if text:
+            meta["padding"] = variant.text_padding
+            meta["longformer_transposed"] = bool(transposed)
+        if sign_draws:
+            meta["sign_draws"] = {name: np.concatenate([p[name] for p in draw_parts]) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR)}
+    records = pd.concat(frames, ignore_index=True)
+    records.insert(0, "model", model_id)
+    records.insert(1, "variant", variant.name)
+    return records, meta
+
+
+def eigenvalue_records(
+    activations: str | os.PathLike,
+    variant: str,
+    standardize: bool,
+    *,
+    n_components: int = 64,
+    device: torch.device,
+    heads_per_chunk: int = 64,
+    workers: int = 1,
+) -> pd.DataFrame:
+    """Per-head top eigenvalues of one activation file (Tables 2 and 3, docs/method.md 4-5).
+
+    Streamed and parallel as :func:`kpca_records` (``workers`` chunks at a time).
+
+    Returns:
+        One row per (image, layer, head): ``sample_rank, dataset_index, layer, head,
+        finite`` and ``lambda_01 .. lambda_<n>`` (``|lambda_r|``, descending, NaN where the
+        paper variant overflows).
+
+    Raises:
+        kpca_repro.h5io.CorruptActivationFileError: the file is unreadable (named).
+    """
+    with ActivationFile(activations) as af:
+        n_heads = int(af.attrs["n_heads"])
+
+        def work(chunk):
+            layer, flat, t = chunk
+            evals, finite = top_eigenvalues(t["k"].to(device), n_components, variant, standardize)
+            frame = pd.DataFrame(evals.cpu().numpy(), columns=[f"lambda_{r + 1:02d}" for r in range(n_components)])
+            frame.insert(0, "finite", finite.cpu().numpy())
+            frame.insert(0, "head", flat % n_heads)
+            frame.insert(0, "layer", layer)
+            frame.insert(0, "dataset_index", af.dataset_index[flat // n_heads])
+            frame.insert(0, "sample_rank", af.sample_rank[flat // n_heads])
+            return frame
+
+        frames = list(ordered_map(work, layer_chunks(af, range(af.n_layers), heads_per_chunk, ("k",)), workers=workers))
+        model_id = str(af.attrs["model_id"])
+    out = pd.concat(frames, ignore_index=True)
+    out.insert(0, "keys", "standardized" if standardize else "raw")
+    out.insert(0, "variant", get_variant(variant).name)
+    out.insert(0, "model", model_id)
+    return out
+
+
+def gamma_records(
+    activations: str | os.PathLike,
+    layer: int,
+    variant: str,
+    *,
+    standardize: bool,
+    noise: float,
+    seed: int,
+    n_components: int,
+    device: torch.device,
+) -> pd.DataFrame:
+    """Figure 3's gamma-constancy statistics for every head of one layer (docs/method.md Section 10).
+
+    The keys of every (image, head) of ``layer`` go through :func:`kpca_repro.method.kpca.gamma_test`
+    as one batch, with one perturbation generator seeded by ``seed``.
+
+    Args:
+        activations: HDF5 activation file of the extraction (:class:`kpca_repro.h5io.ActivationFile`);
+            its keys have shape ``(images, heads, N, d)`` per layer (float32 on disk).
+        layer: 0-based transformer block (``figure3.block``).
+        variant: ``"paper"`` or ``"corrected"``.
+        standardize: standardize each key vector before the Gram matrix (``figure3.standardize``).
+        noise: standard deviation of the eigenvector perturbation (``figure3.noise``).
+        seed: seed of the CPU ``torch.Generator`` of the perturbation.
+        n_components: number of eigenvectors tested per head (``figure3.n_components``), at most ``N``.
+        device: where the Gram matrices and eigenpairs are computed.
+
+    Returns:
+        Long table: ``sample_rank, head, eigenvectors ("true" | "perturbed"), component,
+        abs_mean, abs_std, rel_mean, rel_std``; one row per (image, head, kind, component),
+        the four statistics as float64, ``sample_rank`` the images' draw ranks from the file.
+
+    Raises:
+        ValueError: ``layer`` is not a layer of the model.
+        kpca_repro.h5io.CorruptActivationFileError: the file is unreadable (named).
+    """
+    with ActivationFile(activations) as af:
+        if not 0 <= layer < af.n_layers:
+            raise ValueError(f"figure3.block {layer} is out of range: {af.attrs['model_id']} has {af.n_layers} blocks")
+        k = torch.from_numpy(af.read(layer, ("k",))["k"])
+        ranks = af.sample_rank
+    n_img, n_heads = k.shape[:2]
+    result = gamma_test(k.reshape(-1, *k.shape[2:]).to(device), n_components, variant, standardize, noise, torch.Generator().manual_seed(seed))
+    frames = []
+    for kind, spread in result.items():
+        arrays = {name: t.detach().cpu().double().numpy() for name, t in spread.items()}
+        heads, comps = np.meshgrid(np.arange(n_img * n_heads), np.arange(n_components), indexing="ij")
+        frames.append(
+            pd.DataFrame(
+                {
+                    "sample_rank": ranks[heads.ravel() // n_heads],
+                    "head": heads.ravel() % n_heads,
+                    "eigenvectors": kind,
+                    "component": comps.ravel(),
+                    **{name: arr.ravel() for name, arr in arrays.items()},
+                }
+            )
+        )
+    return pd.concat(frames, ignore_index=True)

@@ -1,0 +1,292 @@
+"""Checks of what a reader sees: captions that render cleanly, a clean report, whole Markdown tables.
+
+Snakemake renders each caption of ``workflow/report/`` (and the front page named by the
+Snakefile's ``report:`` directive) with Jinja2 and then docutils. By default docutils does not
+fail on an error: it prints a red "System Message" box into the page (for example
+"Undefined substitution referenced" when ``|λ|`` is read as a reST substitution). Two guards:
+
+* the build: the Snakefile points ``DOCUTILSCONFIG`` at ``workflow/report/docutils.conf``
+  (``halt_level: warning``), so ``snakemake --report`` itself stops at the first docutils
+  warning or error, naming the caption file;
+* this module: :func:`lint_captions` renders every caption for every value of the wildcards
+  it branches on (also the branches a given run does not reach), with undefined Jinja
+  variables as errors, and collects every docutils message; :func:`report_problems` scans
+  a built ``report.html`` (or ``.zip``) for docutils system messages.
+
+Command line (exit status 1 on any problem)::
+
+    python -m kpca_repro.workflow.report_check [my.yaml ...] [results/*.md] [report.html]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import re
+import sys
+import warnings
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+from kpca_repro.method.variant import REGISTRY
+from kpca_repro.workflow import paths
+
+__all__ = [
+    "WILDCARD_VALUES",
+    "strict_docutils",
+    "docutils_messages",
+    "caption_files",
+    "render_caption",
+    "lint_captions",
+    "report_problems",
+    "front_page",
+    "markdown_cells",
+    "markdown_problems",
+    "load_config",
+]
+
+#: This checkout (the rule files whose report tables the captions are checked for).
+_REPO = Path(__file__).resolve().parents[3]
+if (_REPO / "Snakefile").is_file():
+    paths.register_rule_targets(_REPO)
+
+#: Values of the wildcards the captions branch on, as the rules produce them: ``table`` of
+#: ``table_html`` (``kpca_repro.workflow.paths.REPORT_TABLES``, registered by the rule files),
+#: ``fig`` of ``figure_training``, ``suffix`` of the figure rules.
+WILDCARD_VALUES = {
+    "table": tuple(paths.REPORT_TABLES),
+    "fig": ("1", "4"),
+    "suffix": tuple(v.suffix for v in REGISTRY.values()),
+}
+
+#: Text of docutils system messages in HTML and of the ones the warning stream prints.
+_REPORT_PATTERNS = ("System Message", "system-message", "Undefined substitution", "Unknown target name", "(ERROR/", "(WARNING/", "(SEVERE/")
+
+
+def strict_docutils(conf: str | os.PathLike) -> None:
+    """Add ``conf`` (``halt_level: warning``) to ``DOCUTILSCONFIG``, read by every later docutils call.
+
+    Called by the Snakefile, so that ``snakemake --report``'s ``publish_parts`` raises on the
+    first docutils warning or error in a caption. Files already in ``DOCUTILSCONFIG`` are
+    kept, and read before ``conf``, whose settings therefore win; when the variable was unset,
+    docutils' standard configuration files (``/etc/docutils.conf``, ``./docutils.conf``,
+    ``~/.docutils``) are no longer read.
+    """
+    conf = os.fspath(conf)
+    current = [f for f in os.environ.get("DOCUTILSCONFIG", "").split(os.pathsep) if f]
+    if conf not in current:
+        os.environ["DOCUTILSCONFIG"] = os.pathsep.join([*current, conf])
+
+
+def docutils_messages(rst: str) -> list[str]:
+    """Every docutils message of level warning or above raised while rendering ``rst`` to HTML.
+
+    Rendered as Snakemake does (``publish_parts(..., writer_name="html")``) but with the
+    messages written to a buffer instead of into the page; configuration files are ignored.
+    """
+    from docutils.core import publish_parts
+
+    stream = io.StringIO()
+    with warnings.catch_warnings():  # writer_name, as Snakemake passes it, is deprecated in docutils 0.22
+        warnings.simplefilter("ignore", PendingDeprecationWarning)
+        publish_parts(
+            rst,
+            writer_name="html",
+            settings_overrides={"report_level": 2, "halt_level": 5, "warning_stream": stream, "_disable_config": True, "traceback": True},
+        )
+    text = stream.getvalue().strip()
+    return [m.strip() for m in re.split(r"\n(?=<string>:|\S+:\d+: \()", text) if m.strip()] if text else []
+
+
+def caption_files(root: str | Path) -> dict[Path, set[str]]:
+    """Caption files the workflow under ``root`` uses -> the wildcards each one branches on.
+
+    Read from the Snakefile's ``report:`` directive and every ``caption="..."`` of the rule
+    files (paths relative to the rule file, as Snakemake resolves them).
+    """
+    root = Path(root)
+    found: dict[Path, set[str]] = {}
+    snakefile = (root / "Snakefile").read_text()
+    for rel in re.findall(r'^report:\s*"([^"]+)"', snakefile, flags=re.M):
+        found[(root / rel).resolve()] = set()
+    for smk in sorted((root / "workflow" / "rules").glob("*.smk")):
+        for rel in re.findall(r'caption\s*=\s*"([^"]+)"', smk.read_text()):
+            found[(smk.parent / rel).resolve()] = set()
+    for path in found:
+        found[path] = set(re.findall(r"snakemake\.wildcards\.(\w+)", path.read_text()))
+    return found
+
+
+def _link_targets(root: Path) -> str:
+    """The link targets Snakemake appends to every caption (panels and categories)."""
+    categories = set()
+    for smk in (root / "workflow" / "rules").glob("*.smk"):
+        categories.update(re.findall(r'category\s*=\s*"([^"]+)"', smk.read_text()))
+    lines = [".. _Workflow: javascript:show_panel('workflow')", ".. _Statistics: javascript:show_panel('statistics')"]
+    lines += [f".. _{c}: javascript:app.showCategory('{c}')" for c in sorted(categories)]
+    return "\n\n" + "\n".join(lines) + "\n"
+
+
+def render_caption(path: str | Path, config: dict, wildcards: dict[str, str], links: str = "") -> str:
+    """The reST Snakemake gives docutils for caption ``path``: Jinja2 as in ``snakemake.report``.
+
+    Unlike Snakemake, an undefined variable (a misspelt config key) raises
+    ``jinja2.UndefinedError`` instead of rendering as an empty string.
+    """
+    from jinja2 import Environment, StrictUndefined
+
+    env = Environment(trim_blocks=True, lstrip_blocks=True, undefined=StrictUndefined)
+    snakemake = SimpleNamespace(config=config, wildcards=SimpleNamespace(**wildcards))
+    return env.from_string(Path(path).read_text() + links).render(snakemake=snakemake, categories={}, files=[])
+
+
+def lint_captions(root: str | Path, config: dict) -> list[str]:
+    """Problems of every caption of the workflow under ``root`` with configuration ``config``.
+
+    Each caption is rendered for every combination of the values in :data:`WILDCARD_VALUES`
+    of the wildcards it uses. Returns ``"<file> [wildcards]: <message>"`` lines; empty when
+    every rendering is clean. A wildcard without known values is itself a problem.
+    """
+    import itertools
+
+    from jinja2 import TemplateError
+
+    root = Path(root)
+    links = _link_targets(root)
+    problems = []
+    for path, names in caption_files(root).items():
+        unknown = sorted(n for n in names if n not in WILDCARD_VALUES)
+        if unknown:
+            problems.append(f"{path.name}: wildcards {unknown} have no values in kpca_repro.workflow.report_check.WILDCARD_VALUES")
+            continue
+        keys = sorted(names)
+        for values in itertools.product(*(WILDCARD_VALUES[k] for k in keys)):
+            wildcards = dict(zip(keys, values))
+            where = f"{path.name} {wildcards}" if wildcards else path.name
+            try:
+                rst = render_caption(path, config, wildcards, links)
+            except TemplateError as e:
+                problems.append(f"{where}: Jinja2: {e}")
+                continue
+            problems += [f"{where}: {m}" for m in docutils_messages(rst)]
+    return problems
+
+
+def report_problems(report: str | Path) -> list[str]:
+    """Docutils messages in a built Snakemake report (``.html``, or ``.zip`` with its HTML/JS files).
+
+    Returns one line per occurrence: the pattern found and ~120 characters around it.
+    """
+    report = Path(report)
+    if report.suffix == ".zip":
+        with zipfile.ZipFile(report) as z:
+            texts = {n: z.read(n).decode("utf-8", "replace") for n in z.namelist() if n.endswith((".html", ".js", ".json"))}
+    else:
+        texts = {report.name: report.read_text(encoding="utf-8", errors="replace")}
+    problems = []
+    for name, text in texts.items():
+        for pattern in _REPORT_PATTERNS:
+            for m in re.finditer(re.escape(pattern), text):
+                context = text[max(0, m.start() - 60) : m.end() + 60].replace("\n", " ")
+                problems.append(f"{name}: {pattern!r} in ...{context}...")
+    return problems
+
+
+def front_page(report: str | Path) -> str:
+    """The rendered front page (workflow description) of a built ``report.html``, as HTML.
+
+    Snakemake stores it as a JavaScript string ``var workflow_desc = "...";``.
+    """
+    import json
+
+    text = Path(report).read_text(encoding="utf-8")
+    m = re.search(r"var workflow_desc = (\".*?(?<!\\)\");", text, flags=re.S)
+    if m is None:
+        raise ValueError(f"{report}: no 'var workflow_desc = \"...\";' (a Snakemake report.html?)")
+    return json.loads(m.group(1))
+
+
+def markdown_cells(line: str) -> list[str]:
+    """Cells of one Markdown table row, split at the ``|`` not escaped as ``\\|``."""
+    cells = re.split(r"(?<!\\)\|", line.strip())
+    if cells and cells[0] == "":
+        cells = cells[1:]
+    if cells and cells[-1] == "":
+        cells = cells[:-1]
+    return [c.strip() for c in cells]
+
+
+def markdown_problems(text: str) -> list[str]:
+    """Broken Markdown tables in ``text``: a row whose cell count differs from the header's.
+
+    A table is a run of lines starting with ``|``; its second line must be the delimiter row
+    (``|:---|---:|``). An unescaped ``|`` inside a cell (``direct |cosine|``) adds cells to
+    its row, and in the header row stops a GFM renderer from seeing a table at all.
+    """
+    problems, block = [], []
+    lines = text.splitlines() + [""]
+    for number, line in enumerate(lines, 1):
+        if line.lstrip().startswith("|"):
+            block.append((number, line))
+            continue
+        if block:
+            (n0, header), rest = block[0], block[1:]
+            width = len(markdown_cells(header))
+            if not rest or not re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", rest[0][1].strip()):
+                problems.append(f"line {n0}: table without a delimiter row under its header")
+            for n, row in rest:
+                if len(markdown_cells(row)) != width:
+                    problems.append(f"line {n}: {len(markdown_cells(row))} cells, header (line {n0}) has {width}: {row.strip()[:100]}")
+            block = []
+    return problems
+
+
+def load_config(root: str | Path, configfiles: list[str] = ()) -> dict:
+    """The configuration as Snakemake builds it: ``config/config.yaml``, then each file (nested keys merged)."""
+    import yaml
+
+    def merge(base: dict, new: dict) -> dict:
+        for key, value in new.items():
+            if isinstance(value, dict) and isinstance(base.get(key), dict):
+                merge(base[key], value)
+            else:
+                base[key] = value
+        return base
+
+    config = yaml.safe_load((Path(root) / "config" / "config.yaml").read_text())
+    for f in configfiles:
+        merge(config, yaml.safe_load(Path(f).read_text()) or {})
+    return config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Check the report captions for docutils messages, and Markdown tables and built reports given as files.")
+    parser.add_argument(
+        "files",
+        nargs="*",
+        help="by suffix: .yaml/.yml configuration files layered on config/config.yaml (as --configfile), .md Markdown tables, .html/.zip built reports",
+    )
+    parser.add_argument("--root", default=str(_REPO), help="repository root (default: this checkout)")
+    args = parser.parse_args(argv)
+    by_kind: dict[str, list[str]] = {"config": [], "md": [], "report": []}
+    for f in args.files:
+        suffix = Path(f).suffix.lower()
+        kind = {".yaml": "config", ".yml": "config", ".md": "md", ".html": "report", ".zip": "report"}.get(suffix)
+        if kind is None:
+            parser.error(f"{f}: expected a .yaml/.yml, .md, .html or .zip file")
+        by_kind[kind].append(f)
+    problems = lint_captions(args.root, load_config(args.root, by_kind["config"]))
+    for md in by_kind["md"]:
+        problems += [f"{md}: {p}" for p in markdown_problems(Path(md).read_text())]
+    for report in by_kind["report"]:
+        problems += report_problems(report)
+    for p in problems:
+        print(p, file=sys.stderr)
+    print(f"{len(problems)} problem(s)" if problems else "no problem: captions, Markdown tables and reports are clean", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
