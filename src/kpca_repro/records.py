@@ -16,8 +16,8 @@ import torch
 
 from .h5io import ActivationFile
 from .kpca import gamma_test, head_metrics, top_eigenvalues
-from .threads import ordered_map
 from .solver_variation import BOUND_NAMES, head_solver_draws
+from .threads import ordered_map
 from .uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES
 from .variant import Variant
 from .variant import get as get_variant

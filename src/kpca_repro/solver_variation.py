@@ -35,8 +35,8 @@ and ``V_KPCA`` and ``M = Vn^T V^n / N``, the per-head token mean of the direct c
 ``Q_g in O(m_g)`` the contribution ``tr(M_g Q_g)`` of a group ranges exactly over
 ``[-||M_g||_*, ||M_g||_*]`` (nuclear norm, von Neumann's trace inequality, attained at the
 orthogonal Procrustes solution). A pair is the one-dimensional case in the angle:
-``tr(M_g R(theta)) = (M_11 + M_22) cos theta + (M_21 - M_12) sin theta`` with amplitude
-``sqrt((M_11+M_22)^2 + (M_21-M_12)^2)`` for rotations and its reflection counterpart for
+``tr(M_g R(theta)) = (M_11 + M_22) cos theta + (M_12 - M_21) sin theta`` with amplitude
+``sqrt((M_11+M_22)^2 + (M_12-M_21)^2)`` for rotations and its reflection counterpart for
 reflections, whose larger value is ``||M_g||_*`` (:func:`pair_direct_mean`, tested against a
 dense angle search).
 
@@ -172,14 +172,14 @@ def haar_orthogonal(gen: np.random.Generator, m: int, size: int = 1, k: int | No
 def pair_direct_mean(m: np.ndarray, theta: np.ndarray, reflect: bool = False) -> np.ndarray:
     """``tr(M Q(theta))`` of a pair: ``Q`` the rotation (or, ``reflect``, the reflection) by ``theta``.
 
-    Rotation ``[[c, -s], [s, c]]``: ``(M11 + M22) c + (M21 - M12) s``; reflection
+    Rotation ``[[c, -s], [s, c]]``: ``(M11 + M22) c + (M12 - M21) s``; reflection
     ``[[c, s], [s, -c]]``: ``(M11 - M22) c + (M12 + M21) s``. The maximum over both is the
     nuclear norm of ``M`` (:func:`group_trace_bound`).
     """
     c, s = np.cos(theta), np.sin(theta)
     if reflect:
         return (m[0, 0] - m[1, 1]) * c + (m[0, 1] + m[1, 0]) * s
-    return (m[0, 0] + m[1, 1]) * c + (m[1, 0] - m[0, 1]) * s
+    return (m[0, 0] + m[1, 1]) * c + (m[0, 1] - m[1, 0]) * s
 
 
 def group_trace_bound(m: np.ndarray) -> np.ndarray:
@@ -207,7 +207,8 @@ def _group_bases(kc64: np.ndarray, a64: np.ndarray, sel: np.ndarray, groups: lis
 
 
 def _configurations(a64: np.ndarray, signs: np.ndarray, groups: list[dict], gen: np.random.Generator | None) -> np.ndarray:
-    """``(R, N, d)`` eigenvector matrices: columns outside groups times ``signs``; every group rotated by a Haar draw (its own basis, its first ``k`` columns), or left as the solver's (``gen`` None)."""
+    """``(R, N, d)`` eigenvector matrices: columns outside groups times ``signs``; every group
+    rotated by a Haar draw (in its own basis, its first ``k`` columns), or kept as the solver's (``gen`` None)."""
     r = signs.shape[0]
     out = a64[None] * signs[:, None, :]
     for grp in groups:
