@@ -107,8 +107,8 @@ def summarise(table: int, records_csv: str, signs: str, out_dir: Path, paths: li
     stats = (("MDC", "direct_cos_mean", "max"), ("MOC", "optimal_cos_mean", "max")) if table == 1 else (("MDC", "direct_cos_max", "nanmean"), ("MOC", "optimal_cos_max", "nanmean"))
     per_head = "direct_cos_mean" if table == 1 else "direct_cos_max"
     if table == 1:
-        lo = np.fmin(np.nanmin(draws["direct_cos_mean_lower"], 1), draws["direct_cos_mean_own_lower"][:, 0])
-        hi = np.fmax(np.nanmax(draws["direct_cos_mean_upper"], 1), draws["direct_cos_mean_own_upper"][:, 0])
+        # exact per-head range over every sign and every rotation inside groups within the selection
+        lo, hi = draws["direct_cos_mean_range_lower"][:, 0], draws["direct_cos_mean_range_upper"][:, 0]
         own_lo, own_hi = draws["direct_cos_mean_own_lower"][:, 0], draws["direct_cos_mean_own_upper"][:, 0]
     else:
         lo, hi = np.nanmin(draws["direct_cos_max"], 1), np.nanmax(draws["direct_cos_max"], 1)
@@ -118,7 +118,7 @@ def summarise(table: int, records_csv: str, signs: str, out_dir: Path, paths: li
         f"(combined {row['MDC_lower']:.4f}–{row['MDC_upper']:.4f}), MOC solver interval {row['MOC_solver_lower']:.4f}–{row['MOC_solver_upper']:.4f} "
         f"(combined {row['MOC_lower']:.4f}–{row['MOC_upper']:.4f}); pipeline MDC {row['MDC']:.4f}, MOC {row['MOC']:.4f}",
         "",
-        "| path | MDC | inside | MOC | inside | heads outside their per-head range | heads whose signs differ from the solver's own (outside own-sign range) |",
+        "| path | MDC | inside | MOC | inside | heads outside their per-head range | heads outside the own-sign range (signs differ from the pipeline's) |",
         "|---|---|---|---|---|---|---|",
     ]
     tol = 1e-6  # float32 round-off of the per-head values against the float32-stored bounds

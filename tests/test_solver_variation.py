@@ -213,3 +213,33 @@ def test_statuses_claim_only_what_the_interval_varies():
     assert cmp.status("0.15", 0.124, 0.11, 0.14, solver=False) == cmp.DIFFERS_SAMPLING
     assert cmp.status("0.15", 0.124, 0.11, 0.16) == cmp.CONSISTENT
     assert "solver" not in cmp.CONSISTENT_SAMPLING and "solver" not in cmp.DIFFERS_SAMPLING
+
+
+def test_per_head_range_is_the_exact_extreme_over_every_sign_pattern():
+    """Without groups the range is +-sum |m_c|: the extremes of m . sigma over all 2^d patterns."""
+    ev = np.concatenate([np.linspace(1.0, 0.2, 12), np.linspace(-1e-3, -0.1, 18)])
+    kc = _matrix(ev, 3)
+    v = np.random.default_rng(4).standard_normal((30, 6)).astype(np.float32)
+    rows = _rows(kc, v, 6)
+    draws, _ = sv.head_solver_draws(rows, IDS, seed=0, n_direct=4, n_optimal=0, token_max=False, order="abs_desc")
+    m = draws[unc.MEAN_VECTOR][0].astype(np.float64)
+    every = np.array(np.meshgrid(*[[-1.0, 1.0]] * 6)).reshape(6, -1).T @ m
+    assert float(draws["direct_cos_mean_range_upper"][0, 0]) == pytest.approx(every.max(), abs=1e-6)
+    assert float(draws["direct_cos_mean_range_lower"][0, 0]) == pytest.approx(every.min(), abs=1e-6)
+    # with a degenerate pair: the range holds every sign pattern of the other columns times every pair rotation
+    ev2 = np.array([3.0, 2.0, 2.0, 1.0, 0.5, 0.25] + [0.01 * i for i in range(14)])
+    kc2 = _matrix(ev2, 5)
+    v2 = np.random.default_rng(6).standard_normal((20, 5))
+    rows2 = _rows(kc2, v2.astype(np.float32), 5)
+    d2, _ = sv.head_solver_draws(rows2, IDS, seed=0, n_direct=4, n_optimal=0, token_max=False, order="abs_desc")
+    a, inv_g = rows2["a"][0].double().numpy(), rows2["inv_g"][0].double().numpy()
+    lo, hi = float(d2["direct_cos_mean_range_lower"][0, 0]), float(d2["direct_cos_mean_range_upper"][0, 0])
+    values = []
+    for signs in np.array(np.meshgrid(*[[-1.0, 1.0]] * 3)).reshape(3, -1).T:
+        for t in np.linspace(-np.pi, np.pi, 181):
+            b = a.copy()
+            b[:, [0, 3, 4]] *= signs
+            b[:, 1:3] = a[:, 1:3] @ np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]])
+            values.append(_token_mean(v2, b, inv_g))
+    assert lo - 1e-6 <= min(values) and max(values) <= hi + 1e-6
+    assert max(values) == pytest.approx(hi, abs=1e-3) and min(values) == pytest.approx(lo, abs=1e-3)  # attained (grid of 2 degrees)

@@ -16,7 +16,7 @@ import torch
 
 from .h5io import ActivationFile
 from .kpca import gamma_test, head_metrics, top_eigenvalues
-from .solver_variation import BOUND_NAMES, head_solver_draws
+from .solver_variation import BOUND_NAMES, RANGE_NAMES, head_solver_draws
 from .threads import ordered_map
 from .uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES
 from .variant import Variant
@@ -265,7 +265,7 @@ def kpca_records(
             meta["padding"] = variant.text_padding
             meta["longformer_transposed"] = bool(transposed)
         if sign_draws:
-            meta["sign_draws"] = {name: np.concatenate([p[name] for p in draw_parts]) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *BOUND_NAMES)}
+            meta["sign_draws"] = {name: np.concatenate([p[name] for p in draw_parts]) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *BOUND_NAMES, *RANGE_NAMES)}
     records = pd.concat(frames, ignore_index=True)
     records.insert(0, "model", model_id)
     records.insert(1, "variant", variant.name)

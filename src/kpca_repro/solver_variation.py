@@ -69,6 +69,7 @@ __all__ = [
     "RESOLUTION_FACTOR",
     "ROTATION_DRAWS",
     "BOUND_NAMES",
+    "RANGE_NAMES",
     "HEAD_COLUMNS",
     "unit_roundoff",
     "resolution_tolerance",
@@ -91,6 +92,10 @@ ROTATION_DRAWS = 32
 #: bounds of the token-mean direct cosine over rotations inside groups, per draw and at the
 #: solver's own signs and subspaces.
 BOUND_NAMES = ("direct_cos_mean_lower", "direct_cos_mean_upper", "direct_cos_mean_own_lower", "direct_cos_mean_own_upper")
+#: Per-head exact range of the token-mean direct cosine over every sign and every rotation
+#: inside groups within the selection (for a group straddling the selection boundary: over
+#: its drawn subspaces and the solver's own). The per-head check of perf/solver_paths.py.
+RANGE_NAMES = ("direct_cos_mean_range_lower", "direct_cos_mean_range_upper")
 #: Per-head record columns: smallest relative eigengap among the selected pairs and at the
 #: selection boundary, number of near-degenerate groups, largest group, and whether a group
 #: straddles the selection boundary.
@@ -221,20 +226,32 @@ def _configurations(a64: np.ndarray, signs: np.ndarray, groups: list[dict], gen:
     return out
 
 
-def _bounded_direct_means(vn: np.ndarray, vkn: np.ndarray, groups: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Token means of the direct cosine ``(R,)`` and their exact bounds over rotations of the groups inside the selection."""
+def _bounded_direct_means(vn: np.ndarray, vkn: np.ndarray, groups: list[dict]) -> tuple[np.ndarray, ...]:
+    """Token means of the direct cosine ``(R,)``, their exact bounds over rotations of the groups inside the
+    selection (signs kept), and their exact bounds over those rotations *and* every sign outside groups.
+
+    With ``p_c`` the token mean of column ``c``'s products, a sign flip of a column outside the
+    groups contributes ``+-p_c`` and a group inside the selection ``[-||M_g||_*, ||M_g||_*]``;
+    the columns of a group straddling the boundary stay as drawn (row norms change with them).
+    """
     n = vn.shape[-2]
     p = vn[None] * vkn  # (R, N, d)
-    value = p.mean(-2).sum(-1)
+    per_col = p.mean(-2)  # (R, d)
+    value = per_col.sum(-1)
     free, width = value.copy(), np.zeros_like(value)
+    in_group = np.zeros(vkn.shape[-1], bool)
     for grp in groups:
+        in_group[grp["cols"]] = True
         if grp["boundary"]:
-            continue  # its subspace is drawn, not bounded (row norms change with it)
+            continue  # its subspace is drawn, not bounded
         cols = grp["cols"]
         m = np.einsum("nc,rnb->rcb", vn[:, cols], vkn[:, :, cols]) / n
         free -= np.trace(m, axis1=-2, axis2=-1)
         width += group_trace_bound(m)
-    return value, free - width, free + width
+    singles = per_col[:, ~in_group]
+    full_free = free - singles.sum(-1)
+    full_width = width + np.abs(singles).sum(-1)
+    return value, free - width, free + width, full_free - full_width, full_free + full_width
 
 
 def head_solver_draws(
@@ -282,6 +299,8 @@ def head_solver_draws(
     out["direct_cos_mean_upper"] = np.full((h, n_direct), np.nan)
     out["direct_cos_mean_own_lower"] = np.full((h, 1), np.nan)
     out["direct_cos_mean_own_upper"] = np.full((h, 1), np.nan)
+    for name in RANGE_NAMES:
+        out[name] = np.full((h, 1), np.nan)
     cols = {name: np.full(h, np.nan) for name in HEAD_COLUMNS}
     cols["solver_groups"] = np.zeros(h)
     cols["solver_group_max"] = np.ones(h)
@@ -305,6 +324,8 @@ def head_solver_draws(
             out["direct_cos_mean"][i] = t["direct_cos_mean"][0].numpy()
             out["direct_cos_mean_lower"][i] = out["direct_cos_mean_upper"][i] = out["direct_cos_mean"][i]
             out["direct_cos_mean_own_lower"][i] = out["direct_cos_mean_own_upper"][i] = own
+            m_abs = float(np.abs(out[MEAN_VECTOR][i]).sum())
+            out["direct_cos_mean_range_lower"][i], out["direct_cos_mean_range_upper"][i] = -m_abs, m_abs
             if token_max:
                 out["direct_cos_max"][i] = t["direct_cos_max"][0].numpy()
             if n_optimal:
@@ -327,15 +348,17 @@ def head_solver_draws(
         n_rot = min(n_direct, ROTATION_DRAWS)
         reps = np.arange(n_direct) % max(n_rot, 1)
         vkn_r = normalised(_configurations(a64, s_direct[:n_rot, :d], bases, gens[2]))
-        value, lo, hi = _bounded_direct_means(vn.numpy(), vkn_r, bases)
+        value, lo, hi, full_lo, full_hi = _bounded_direct_means(vn.numpy(), vkn_r, bases)
         out["direct_cos_mean"][i], out["direct_cos_mean_lower"][i], out["direct_cos_mean_upper"][i] = value[reps], lo[reps], hi[reps]
         if token_max:
             out["direct_cos_max"][i] = (vn.numpy()[None] * vkn_r).sum(-1).max(-1)[reps]
         own_conf = normalised(a64[None].copy())
         # the solver's own configuration: its value is the point estimate; bounds over interior groups
-        _, olo, ohi = _bounded_direct_means(vn.numpy(), own_conf, bases)
+        _, olo, ohi, ofull_lo, ofull_hi = _bounded_direct_means(vn.numpy(), own_conf, bases)
         delta = own - float((vn.numpy() * own_conf[0]).sum(-1).mean())  # float32 point estimate vs float64 rebuild
         out["direct_cos_mean_own_lower"][i], out["direct_cos_mean_own_upper"][i] = olo[0] + min(delta, 0.0), ohi[0] + max(delta, 0.0)
+        out["direct_cos_mean_range_lower"][i] = min(float(full_lo.min()), float(ofull_lo[0]) + min(delta, 0.0))
+        out["direct_cos_mean_range_upper"][i] = max(float(full_hi.max()), float(ofull_hi[0]) + max(delta, 0.0))
         if n_optimal:
             vkn_o = torch.from_numpy(normalised(_configurations(a64, s_opt[:, :d], bases, gens[3])))
             sim = vn[None] @ vkn_o.transpose(-1, -2)

@@ -62,6 +62,8 @@ SIGN_DRAW_NAMES = ("direct_cos_mean", "direct_cos_max", "optimal_cos_mean", "opt
 #: Optional per-head arrays (:data:`kpca_repro.solver_variation.BOUND_NAMES`): exact bounds
 #: of the token-mean direct cosine over rotations inside near-degenerate eigenspaces.
 OPTIONAL_DRAW_NAMES = ("direct_cos_mean_lower", "direct_cos_mean_upper", "direct_cos_mean_own_lower", "direct_cos_mean_own_upper")
+#: Optional per-head ranges (:data:`kpca_repro.solver_variation.RANGE_NAMES`), written and read when present.
+OPTIONAL_RANGE_NAMES = ("direct_cos_mean_range_lower", "direct_cos_mean_range_upper")
 #: Per-head ``m = mean_i P_i`` ``(heads, d)``: the direct token mean under signs ``sigma`` is
 #: ``m . sigma``, so the tables draw fresh patterns from it (exact, no stored-draw tails).
 MEAN_VECTOR = "direct_cos_mean_vector"
@@ -205,7 +207,7 @@ def write_sign_draws(path: str | os.PathLike, draws: dict[str, np.ndarray], attr
     import h5py
 
     with h5py.File(path, "w", track_order=False) as f:
-        for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *(n for n in OPTIONAL_DRAW_NAMES if n in draws)):
+        for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *(n for n in (*OPTIONAL_DRAW_NAMES, *OPTIONAL_RANGE_NAMES) if n in draws)):
             f.create_dataset(name, data=np.asarray(draws[name], dtype=np.float32), track_times=False)
         for key, value in attrs.items():
             f.attrs[key] = value
@@ -223,13 +225,13 @@ def read_sign_draws(paths: list[str | os.PathLike]) -> dict[str, np.ndarray]:
     """
     import h5py
 
-    parts: dict[str, list[np.ndarray]] = {name: [] for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *OPTIONAL_DRAW_NAMES)}
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *OPTIONAL_DRAW_NAMES, *OPTIONAL_RANGE_NAMES)}
     for p in paths:
         with h5py.File(p, "r") as f:
             for name in parts:
                 if name in f:
                     parts[name].append(f[name][()])
-    for name in OPTIONAL_DRAW_NAMES:  # only where every file has them (older files: signs only)
+    for name in (*OPTIONAL_DRAW_NAMES, *OPTIONAL_RANGE_NAMES):  # only where every file has them (older files: signs only)
         if len(parts[name]) != len(paths):
             del parts[name]
     out = {}
