@@ -375,7 +375,7 @@ def table1_paper(heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np
     Args:
         heads: per-head records of the paper variant with a ``model`` column.
         meta: model id -> metadata (``weights_sha256``, ``n_images``).
-        draws: per-head sign draws, rows as ``heads`` (:func:`kpca_repro.uncertainty.read_sign_draws`).
+        draws: per-head solver draws (signs and rotations), rows as ``heads`` (:func:`kpca_repro.uncertainty.read_sign_draws`).
         uncertainty: with it (``seed``, ``bootstrap``, ``coverage``, ``sign_coverage``), the
             interval columns of :func:`similarity_intervals` after KCKA (over the kept heads)
             and the settings at the end; without it, no interval columns.
