@@ -206,6 +206,10 @@ def test_table1_solver_interval_holds_the_point_estimate_and_names_the_deciding_
     assert row["MDC_eigengap"] == top["eigengap_min"]
     assert "MDC_sign_lower" not in t.columns and "MOC_solver_lower" in t.columns
     assert bool(row["solver_rotations"])
+    # MOC: every head takes its (single) draw, joined with the reproduced value
+    moc = df["optimal_cos_mean"].to_numpy()
+    assert row["MOC_solver_lower"] == pytest.approx(moc.max() - 0.01, abs=1e-6) and row["MOC_solver_upper"] == pytest.approx(moc.max())
+    assert row["MOC_lower"] <= row["MOC"] <= row["MOC_upper"] and row["interval_note"] == ""
 
 
 def test_statuses_claim_only_what_the_interval_varies():

@@ -233,10 +233,13 @@ def similarity_intervals(df: pd.DataFrame, statistics: tuple, draws: dict[str, n
       lower envelope, upper quantile of the upper envelope) and (b) the exact range over
       rotations at the solver's own signs, which contains the reproduced value. Otherwise
       (Table 4's MDC, every MOC): the central ``sign_coverage`` range when every head takes
-      one of its stored sign-and-rotation draws or the solver's own value, independently.
+      one of its stored sign-and-rotation draws, independently (another solver changes the
+      configuration of nearly every head at once), joined with the reproduced value (the
+      solver's own configuration).
     * ``S_lower``, ``S_upper``: central ``coverage`` percentile-bootstrap interval over the
       images; for MDC and MOC every replicate also takes one solver draw per head (for
-      Table 1's MDC: its lower and upper envelope, and the own-sign range), so the interval
+      Table 1's MDC: its lower and upper envelope), joined with the bootstrap of the solver's
+      own configuration (Table 1's MDC: its own-sign range), so the interval
       combines sampling and solver variation. Without stored draws (``draws`` None or
       zero-width) MDC and MOC get the bootstrap of the observed values and NaN solver
       bounds.
@@ -288,11 +291,20 @@ def similarity_intervals(df: pd.DataFrame, statistics: tuple, draws: dict[str, n
             out[f"{name}_solver_lower"], out[f"{name}_solver_upper"] = unc.percentile_interval(alone, sc)
             boot = unc.replicate_statistics(unc.fresh_direct_means(m, rng, idx.shape[0]), codes, n_groups, how, idx)
         elif stored is not None and stored.shape[1] > 0:
-            # stored draws plus the solver's own value (one more configuration the heads took)
-            per_head = np.column_stack([df[col].to_numpy(np.float64), stored[rows]])
+            # another solver changes the configuration of (nearly) every head at once: every head
+            # takes a random stored draw, and the solver's own configuration (the reproduced
+            # value) is one more admissible outcome, joined to the central range of the draws
+            point = df[col].to_numpy(np.float64)[None, :]
+            per_head = stored[rows]
             alone = unc.replicate_statistics(unc.pick_draws(per_head, rng, idx.shape[0]), codes, n_groups, how, None)
-            out[f"{name}_solver_lower"], out[f"{name}_solver_upper"] = unc.percentile_interval(alone, sc)
+            own = float(unc.replicate_statistics(point, codes, n_groups, how, None)[0])
+            lo, hi = unc.percentile_interval(alone, sc)
+            out[f"{name}_solver_lower"], out[f"{name}_solver_upper"] = float(np.fmin(lo, own)), float(np.fmax(hi, own))
             boot = unc.replicate_statistics(unc.pick_draws(per_head, rng, idx.shape[0]), codes, n_groups, how, idx)
+            own_boot = unc.percentile_interval(unc.replicate_statistics(point, codes, n_groups, how, idx), cov)
+            b_lo, b_hi = unc.percentile_interval(boot, cov)
+            out[f"{name}_lower"], out[f"{name}_upper"] = float(np.fmin(b_lo, own_boot[0])), float(np.fmax(b_hi, own_boot[1]))
+            continue
         else:
             if name in SIGN_DEPENDENT:
                 out[f"{name}_solver_lower"] = out[f"{name}_solver_upper"] = float("nan")
