@@ -121,11 +121,23 @@ def summarise(table: int, records_csv: str, signs: str, out_dir: Path, paths: li
         "| path | MDC | inside | MOC | inside | heads outside their per-head range | heads outside the own-sign range (signs differ from the pipeline's) |",
         "|---|---|---|---|---|---|---|",
     ]
+    # where an interval is a central range of draws (every head a random sign-and-rotation draw):
+    # the rank of each path among 4000 such replicates, which is uniform if solvers behave like draws
+    codes, n_groups = uncertainty.group_codes(heads["sample_rank"].to_numpy())
+    rng = np.random.default_rng(0)
+    draw_stats = {}
+    for name, col, how in stats:
+        if table == 4 or name == "MOC":
+            rows = np.flatnonzero(~heads["dropped"].astype(bool).to_numpy()) if table == 1 else np.arange(len(heads))
+            sub = codes[rows]
+            draw_stats[name] = uncertainty.replicate_statistics(uncertainty.pick_draws(draws[col][rows], rng, 4000), *uncertainty.group_codes(sub), how, None)
+    lines[2] = lines[2].replace(" | heads outside", " | rank among draws (" + ", ".join(draw_stats) + ") | heads outside", 1)
+    lines[3] = lines[3] + "---|"
     tol = 1e-6  # float32 round-off of the per-head values against the float32-stored bounds
     for path in paths:
         f = out_dir / f"{path}.csv"
         if not f.exists():
-            lines.append(f"| {path} | – | not run | – | – | – | – |")
+            lines.append(f"| {path} | – | not run | – | – | – | – | – |")
             continue
         p = pd.read_csv(f)
         assert (p[["layer", "sample_rank", "head"]].to_numpy() == heads[["layer", "sample_rank", "head"]].to_numpy()).all(), "rows differ from the records"
@@ -140,7 +152,13 @@ def summarise(table: int, records_csv: str, signs: str, out_dir: Path, paths: li
         finite = np.isfinite(v) & kept
         outside = int((finite & ((v < lo - tol) | (v > hi + tol))).sum())
         own = "–" if own_lo is None else str(int((finite & ((v < own_lo - tol) | (v > own_hi + tol))).sum()))
-        lines.append(f"| {path} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} | {outside} of {int(finite.sum())} | {own} |")
+        ranks = []
+        for name, col, how in stats:
+            if name in draw_stats:
+                x = p[col].to_numpy(np.float64)[kept]
+                value = np.nanmax(x) if how == "max" else np.nanmean(x)
+                ranks.append(f"{(draw_stats[name] < value).mean():.3f}")
+        lines.append(f"| {path} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} | {' / '.join(ranks)} | {outside} of {int(finite.sum())} | {own} |")
     return "\n".join(lines) + "\n"
 
 
