@@ -348,7 +348,7 @@ def deciding_head(df: pd.DataFrame, col: str, prefix: str = "MDC_") -> dict:
     if not np.isfinite(values).any():
         return {**{prefix + k: -1 for k in keys}, prefix + "eigengap": float("nan")}
     top = df.iloc[int(np.nanargmax(values))]
-    out = {prefix + k: int(top[k]) for k in keys}
+    out = {prefix + k: int(top[k]) if k in df else -1 for k in keys}  # -1: not in the records
     out[prefix + "eigengap"] = float(top["eigengap_min"]) if "eigengap_min" in df else float("nan")
     return out
 
