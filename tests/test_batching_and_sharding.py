@@ -76,9 +76,11 @@ def test_cpu_blocks_change_no_number_and_keep_the_sign_draw_rows(variant, one_th
     rows_one: dict = {}
     one = kpca.head_metrics(k, v, variant, rows=rows_one, **kwargs)
     _assert_same(blocks, one)
-    assert rows_blocks.keys() == rows_one.keys() == {"v", "v_kpca"}
+    # kc, a, inv_g: for the rotations of kpca_repro.method.solver_variation (issue 34)
+    assert rows_blocks.keys() == rows_one.keys() == {"v", "v_kpca", "kc", "a", "inv_g"}
+    shapes = {"v": (19, 30, 8), "v_kpca": (19, 30, 8), "kc": (19, 30, 30), "a": (19, 30, 8), "inv_g": (19, 30)}
     for name in rows_one:
-        assert rows_blocks[name].shape == (19, 30, 8)
+        assert rows_blocks[name].shape == shapes[name]
         torch.testing.assert_close(rows_blocks[name], rows_one[name], rtol=0, atol=0, equal_nan=True)  # overflowing heads: NaN
     last: dict = {}
     kpca.head_metrics(k[18:], v[18:], variant, rows=last, **{**kwargs, **({"baseline": base[18:]} if "baseline" in kwargs else {})})

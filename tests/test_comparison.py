@@ -94,7 +94,7 @@ def test_comparison_statuses_on_a_small_fixture(tmp_path):
     sha = "ab" * 32
     t1 = _write(
         tmp_path / "table1.csv",
-        "model,timm_id,MDC,MOC,LCKA,KCKA,MDC_sign_lower,MDC_sign_upper,MDC_lower,MDC_upper,KCKA_lower,KCKA_upper,weights_sha256\n"
+        "model,timm_id,MDC,MOC,LCKA,KCKA,MDC_solver_lower,MDC_solver_upper,MDC_lower,MDC_upper,KCKA_lower,KCKA_upper,weights_sha256\n"
         f"A,a,0.124,0.309,0.107,0.303,0.09,0.14,0.08,0.16,0.300,0.304,{sha}\n"
         f"C,c,0.1,0.3,0.1,0.3,,,,,,,{sha}\n"
         f"D,d,0.1,0.3,0.1,0.3,,,,,,,{sha}\n",
@@ -120,23 +120,23 @@ def test_comparison_statuses_on_a_small_fixture(tmp_path):
         return out[(out["table"] == table) & (out["model_id"] == model) & (out["column"] == col)].iloc[0]
 
     mdc = get("Table 1", "a", "MDC")
-    assert mdc["status"] == cmp.CONSISTENT and (mdc["lower"], mdc["upper"], mdc["sign_lower"], mdc["sign_upper"]) == (0.08, 0.16, 0.09, 0.14)
+    assert mdc["status"] == cmp.CONSISTENT and (mdc["lower"], mdc["upper"], mdc["solver_lower"], mdc["solver_upper"]) == (0.08, 0.16, 0.09, 0.14)
     assert mdc["difference"] == pytest.approx(0.124 - 0.15)
     assert get("Table 1", "a", "MOC")["status"] == cmp.WITHIN_ROUNDING
     assert get("Table 1", "a", "MOC")["corrected"] == pytest.approx(0.306)
-    assert get("Table 1", "a", "KCKA")["status"] == cmp.DIFFERS  # 0.31 - 0.005 > 0.304
+    assert get("Table 1", "a", "KCKA")["status"] == cmp.DIFFERS_SAMPLING  # 0.31 - 0.005 > 0.304; a bootstrap interval: sampling only
     assert get("Table 1", "a", "LCKA")["status"] == cmp.WITHIN_ROUNDING
     b = get("Table 1", "b", "LCKA")
     assert b["status"] == cmp.NOT_RUN and b["reason"] == "weights unavailable: w/b.safetensors"
     assert get("Table 1", "c", "MDC")["status"] == cmp.NOT_COMPARABLE and "model_kwargs" in get("Table 1", "c", "MDC")["reason"]
     assert get("Table 1", "d", "MDC")["status"] == cmp.NOT_COMPARABLE and "checksums.d" in get("Table 1", "d", "KCKA")["reason"]
     assert get("Table 3", "a", "max_mean")["status"] == cmp.NOT_PUBLISHED
-    assert get("Table 3", "a", "min_mean")["status"] == cmp.CONSISTENT  # 35 vs 34, interval 30-40
-    assert get("Table 3", "a", "min_std")["status"] == cmp.DIFFERS  # 10 vs 11: the interval 9-10.4 misses 10.5-11.5
-    assert get("Table 3", "a", "mean_std")["status"] == cmp.DIFFERS  # 16 vs 15, no interval
+    assert get("Table 3", "a", "min_mean")["status"] == cmp.CONSISTENT_SAMPLING  # 35 vs 34, interval 30-40
+    assert get("Table 3", "a", "min_std")["status"] == cmp.DIFFERS_SAMPLING  # 10 vs 11: the interval 9-10.4 misses 10.5-11.5
+    assert get("Table 3", "a", "mean_std")["status"] == cmp.DIFFERS_SAMPLING  # 16 vs 15, no interval
     assert get("Table 3", "a", "mean_std")["reason"] == "no interval in the reproduced table"
     assert get("Table 3", "a", "median_mean")["status"] == cmp.NOT_COMPARABLE  # not finite
-    assert set(out["status"]) == {cmp.WITHIN_ROUNDING, cmp.CONSISTENT, cmp.DIFFERS, cmp.NOT_COMPARABLE, cmp.NOT_RUN, cmp.NOT_PUBLISHED}
+    assert set(out["status"]) == {cmp.WITHIN_ROUNDING, cmp.CONSISTENT, cmp.CONSISTENT_SAMPLING, cmp.DIFFERS_SAMPLING, cmp.NOT_COMPARABLE, cmp.NOT_RUN, cmp.NOT_PUBLISHED}
     assert len(out) == 4 * 4 + 8  # every published cell has a row
     ranks = out["status"].map(cmp.STATUS_ORDER).to_numpy()
     assert (ranks[1:] >= ranks[:-1]).all() and ranks[0] == 0  # ran, then not comparable, then not run / not published

@@ -398,12 +398,12 @@ def test_table4_from_a_tiny_bert(tiny_bert_dir, tiny_text_resources, tmp_path):
     assert row["hf_id"] == TINY_ID and row["n_sentences"] == 5 and row["n_heads"] == 5 * 2 * 4
     heads = pd.concat(pd.read_csv(f) for f in sorted((tmp_path / "results" / "heads" / "paper" / "tiny-org--tiny-bert").glob("*.csv")))
     assert row["MDC"] == pytest.approx(heads["direct_cos_max"].mean()) and row["KCKA"] == pytest.approx(heads["rbf_cka"].mean())
-    # sign and bootstrap intervals over the sentences (docs/uncertainty.md), after KCKA
-    assert list(t4.columns[6:10]) == ["MDC_sign_lower", "MDC_sign_upper", "MDC_lower", "MDC_upper"]
+    # solver and bootstrap intervals over the sentences (docs/uncertainty.md), after KCKA
+    assert list(t4.columns[6:10]) == ["MDC_solver_lower", "MDC_solver_upper", "MDC_lower", "MDC_upper"]
     for stat in ("MDC", "MOC", "LCKA", "KCKA"):
         assert row[f"{stat}_lower"] <= row[f"{stat}_upper"]
     for stat in ("MDC", "MOC"):
-        assert row[f"{stat}_sign_lower"] <= row[f"{stat}_sign_upper"] and -1 <= row[f"{stat}_sign_lower"] and row[f"{stat}_sign_upper"] <= 1
+        assert row[f"{stat}_solver_lower"] <= row[f"{stat}_solver_upper"] and -1 <= row[f"{stat}_solver_lower"] and row[f"{stat}_solver_upper"] <= 1
     assert row["LCKA_lower"] <= row["LCKA"] + 1e-12 <= row["LCKA_upper"] + 2e-12
     corrected = pd.read_csv(tmp_path / "results" / "table4_corrected.csv")
     assert set(corrected["column"]) >= {"direct_cos_max", "optimal_abs_cos_columns", "rbf_cka"}

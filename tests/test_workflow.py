@@ -137,15 +137,15 @@ def test_figure2_from_tiny_models(tiny_run):
 
 
 def test_interval_columns_on_the_tiny_run(tiny_run):
-    """Sign, combined and bootstrap intervals beside the statistics they bound (docs/uncertainty.md)."""
+    """Solver, combined and bootstrap intervals beside the statistics they bound (docs/uncertainty.md)."""
     work, _, _ = tiny_run
     table = pd.read_csv(work / "results" / "table1.csv")
     cols = list(table.columns)
     assert cols[:6] == ["model", "timm_id", "MDC", "MOC", "LCKA", "KCKA"]
-    # after KCKA, per statistic: MDC and MOC their sign-only then combined interval, LCKA and KCKA their bootstrap interval
+    # after KCKA, per statistic: MDC and MOC their solver (signs and rotations) then combined interval, LCKA and KCKA their bootstrap interval
     intervals = [
-        "MDC_sign_lower", "MDC_sign_upper", "MDC_lower", "MDC_upper",
-        "MOC_sign_lower", "MOC_sign_upper", "MOC_lower", "MOC_upper",
+        "MDC_solver_lower", "MDC_solver_upper", "MDC_lower", "MDC_upper",
+        "MOC_solver_lower", "MOC_solver_upper", "MOC_lower", "MOC_upper",
         "LCKA_lower", "LCKA_upper", "KCKA_lower", "KCKA_upper",
     ]  # fmt: skip
     assert cols[6 : 6 + len(intervals)] == intervals
@@ -153,8 +153,8 @@ def test_interval_columns_on_the_tiny_run(tiny_run):
     for stat in ("MDC", "MOC", "LCKA", "KCKA"):
         assert (table[f"{stat}_lower"] <= table[f"{stat}_upper"]).all()
     for stat in ("MDC", "MOC"):
-        assert (table[f"{stat}_sign_lower"] <= table[f"{stat}_sign_upper"]).all()
-        assert table[[f"{stat}_sign_lower", f"{stat}_sign_upper", f"{stat}_lower", f"{stat}_upper"]].abs().le(1).all().all()
+        assert (table[f"{stat}_solver_lower"] <= table[f"{stat}_solver_upper"]).all()
+        assert table[[f"{stat}_solver_lower", f"{stat}_solver_upper", f"{stat}_lower", f"{stat}_upper"]].abs().le(1).all().all()
     # a mean over heads: its bootstrap interval holds the value (up to round-off)
     for stat in ("LCKA", "KCKA"):
         assert (table[f"{stat}_lower"] <= table[stat] + 1e-12).all() and (table[stat] <= table[f"{stat}_upper"] + 1e-12).all()

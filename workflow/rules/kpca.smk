@@ -29,7 +29,7 @@ rule kpca_heads:
         seed=config["seed"],
         heads_per_chunk=config["kpca"]["heads_per_chunk"],
         eigh_threads=config["kpca"].get("eigh_threads", "auto"),
-        # eigenvector-sign draws per head (a variant with sign_draws: paper; docs/uncertainty.md)
+        # eigenvector sign-and-rotation draws per head (a variant with sign_draws: paper; docs/uncertainty.md)
         sign_draws=lambda wc: (config["uncertainty"]["sign_draws"], config["uncertainty"]["sign_draws_optimal"]) if get_variant(wc.variant).sign_draws else (0, 0),
     script:
         "../scripts/kpca_heads.py"

@@ -34,7 +34,7 @@ records, meta = kpca_records(
     eigh_threads=eigh_threads,
     sign_draws=tuple(smk.params.sign_draws) if any(smk.params.sign_draws) else None,
 )
-# per-head sign draws, rows as the records CSV (the corrected variant's signs are fixed: none)
+# per-head solver draws (signs and rotations), rows as the records CSV (the corrected variant's signs are fixed: none)
 draws = meta.pop("sign_draws", None) or {name: np.empty((len(records), 0), np.float32) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR)}
 log.info(
     "%d heads, %d dropped, on %s, eigh on %s threads, OpenMP spin count %s",

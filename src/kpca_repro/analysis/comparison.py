@@ -16,7 +16,8 @@ An empty cell is a number the source does not give (unreadable). The number of d
 of each published cell sets the rounding used to decide whether the reproduction matches.
 
 Every published number gets one status (docs/uncertainty.md), in this order of the rows:
-:data:`WITHIN_ROUNDING`, :data:`CONSISTENT`, :data:`DIFFERS` (the model ran), then
+:data:`WITHIN_ROUNDING`, :data:`CONSISTENT`, :data:`DIFFERS` (or their sampling-only forms
+:data:`CONSISTENT_SAMPLING`, :data:`DIFFERS_SAMPLING`; the model ran), then
 :data:`NOT_COMPARABLE`, then :data:`NOT_RUN` and :data:`NOT_PUBLISHED`; the ``reason``
 column says why for the last three.
 """
@@ -43,6 +44,8 @@ __all__ = [
     "WITHIN_ROUNDING",
     "CONSISTENT",
     "DIFFERS",
+    "CONSISTENT_SAMPLING",
+    "DIFFERS_SAMPLING",
     "NOT_COMPARABLE",
     "NOT_RUN",
     "STAND_IN_REASON",
@@ -60,9 +63,16 @@ __all__ = [
 ]
 
 WITHIN_ROUNDING = "within rounding"
-#: The published value (widened by its rounding) overlaps the reproduced cell's interval.
+#: The published value (widened by its rounding) overlaps the reproduced cell's interval, an
+#: interval that varies the sample and the solver (eigenvector signs and rotations inside
+#: near-degenerate eigenspaces; MDC and MOC of Tables 1 and 4, docs/uncertainty.md).
 CONSISTENT = "consistent with sampling and solver variation"
 DIFFERS = "differs beyond sampling and solver variation"
+#: The same for an interval that varies the sample only (the bootstrap of LCKA, KCKA and
+#: Tables 2-3; and MDC / MOC of a table without solver draws): a status claims only what
+#: its interval covers.
+CONSISTENT_SAMPLING = "consistent with sampling variation"
+DIFFERS_SAMPLING = "differs beyond sampling variation"
 #: The model ran, but not as published: built with ``vision.model_kwargs``, weights whose
 #: SHA-256 is not the one in config ``checksums``, or a non-finite reproduced value.
 NOT_COMPARABLE = "not comparable"
@@ -73,7 +83,7 @@ NOT_PUBLISHED = "not published"
 #: Former name of :data:`WITHIN_ROUNDING`.
 MATCH = WITHIN_ROUNDING
 #: Row groups, in the order of the comparison table.
-STATUS_ORDER = {WITHIN_ROUNDING: 0, CONSISTENT: 0, DIFFERS: 0, NOT_COMPARABLE: 1, NOT_RUN: 2, NOT_PUBLISHED: 2}
+STATUS_ORDER = {WITHIN_ROUNDING: 0, CONSISTENT: 0, DIFFERS: 0, CONSISTENT_SAMPLING: 0, DIFFERS_SAMPLING: 0, NOT_COMPARABLE: 1, NOT_RUN: 2, NOT_PUBLISHED: 2}
 
 
 @dataclass(frozen=True)
@@ -198,7 +208,7 @@ def decimals(cell: str) -> int:
     return len(cell.split(".", 1)[1]) if "." in cell else 0
 
 
-def status(published: str, reproduced: float, lower: float = float("nan"), upper: float = float("nan")) -> str:
+def status(published: str, reproduced: float, lower: float = float("nan"), upper: float = float("nan"), solver: bool = True) -> str:
     """The statistical status of one published number.
 
     * :data:`WITHIN_ROUNDING`: ``|reproduced - published| <=`` half a unit of the published
@@ -206,8 +216,11 @@ def status(published: str, reproduced: float, lower: float = float("nan"), upper
     * :data:`CONSISTENT`: otherwise, the published value's rounding range
       ``[published - half unit, published + half unit]`` overlaps the reproduced cell's
       interval ``[lower, upper]`` (bootstrap over images or sentences, combined with
-      eigenvector-sign draws for MDC and MOC);
+      solver variation for MDC and MOC: signs and rotations);
     * :data:`DIFFERS`: otherwise, including when no finite interval is given.
+
+    ``solver`` False (an interval that varies the sample only): :data:`CONSISTENT_SAMPLING`
+    and :data:`DIFFERS_SAMPLING` instead, so that the status claims only what was varied.
 
     Raises:
         ValueError: ``published`` is empty or ``reproduced`` is not finite (callers give those
@@ -220,8 +233,8 @@ def status(published: str, reproduced: float, lower: float = float("nan"), upper
     if abs(reproduced - value) <= half:
         return WITHIN_ROUNDING
     if math.isfinite(lower) and math.isfinite(upper) and lower - half <= value <= upper + half:
-        return CONSISTENT
-    return DIFFERS
+        return CONSISTENT if solver else CONSISTENT_SAMPLING
+    return DIFFERS if solver else DIFFERS_SAMPLING
 
 
 def not_comparable_reason(model_id: str, model_kwargs: dict, checksums: dict, weights_sha256: str | None, stand_ins=()) -> str | None:
@@ -283,10 +296,11 @@ def compare_table(
     """One row per published cell of one table, with its interval and status.
 
     Columns: ``table, model, model_id, column, published, reproduced, lower, upper,
-    sign_lower, sign_upper, corrected, difference, status, reason, source``. ``lower`` and
+    solver_lower, solver_upper, corrected, difference, status, reason, source``. ``lower`` and
     ``upper`` are the reproduced table's ``<column>_lower`` / ``<column>_upper`` (bootstrap,
-    combined with the sign draws for MDC and MOC), ``sign_lower`` / ``sign_upper`` its
-    ``<column>_sign_*`` bounds (MDC, MOC); NaN where the table has none.
+    combined with the solver variation for MDC and MOC), ``solver_lower`` / ``solver_upper``
+    its ``<column>_solver_*`` bounds (MDC, MOC: eigenvector signs and rotations inside
+    near-degenerate eigenspaces); NaN where the table has none.
 
     Args:
         spec: which table and how its columns map.
@@ -313,7 +327,9 @@ def compare_table(
             cell = pub.get(col, "")
             rep = _lookup(reproduced, spec.id_column, model_id, rep_col)
             lower, upper = (_lookup(reproduced, spec.id_column, model_id, f"{rep_col}_{b}") for b in ("lower", "upper"))
-            sign_lower, sign_upper = (_lookup(reproduced, spec.id_column, model_id, f"{rep_col}_sign_{b}") for b in ("lower", "upper"))
+            solver_lower, solver_upper = (_lookup(reproduced, spec.id_column, model_id, f"{rep_col}_solver_{b}") for b in ("lower", "upper"))
+            # the interval varies the solver only where the table has solver bounds (MDC, MOC)
+            solver = math.isfinite(solver_lower) and math.isfinite(solver_upper)
             cor_col = spec.corrected[col]
             cor = _lookup_long(corrected, spec.id_column, model_id, cor_col)
             pub_value = float(cell) if cell.strip() else float("nan")
@@ -327,8 +343,8 @@ def compare_table(
             elif not math.isfinite(rep):
                 st, reason = NOT_COMPARABLE, "reproduced value is not finite"
             else:
-                st = status(cell, rep, lower, upper)
-                if st == DIFFERS and not (math.isfinite(lower) and math.isfinite(upper)):
+                st = status(cell, rep, lower, upper, solver)
+                if st in (DIFFERS, DIFFERS_SAMPLING) and not (math.isfinite(lower) and math.isfinite(upper)):
                     reason = "no interval in the reproduced table"
             rows.append(
                 {
@@ -340,8 +356,8 @@ def compare_table(
                     "reproduced": rep,
                     "lower": lower,
                     "upper": upper,
-                    "sign_lower": sign_lower,
-                    "sign_upper": sign_upper,
+                    "solver_lower": solver_lower,
+                    "solver_upper": solver_upper,
                     "corrected": cor,
                     "difference": rep - pub_value,
                     "status": st,
@@ -352,7 +368,7 @@ def compare_table(
     return pd.DataFrame(rows)
 
 
-COLUMNS = ["table", "model", "model_id", "column", "published", "reproduced", "lower", "upper", "sign_lower", "sign_upper", "corrected", "difference", "status", "reason", "source"]
+COLUMNS = ["table", "model", "model_id", "column", "published", "reproduced", "lower", "upper", "solver_lower", "solver_upper", "corrected", "difference", "status", "reason", "source"]
 
 
 def comparison_table(
@@ -407,7 +423,7 @@ def comparison_markdown(table: pd.DataFrame) -> str:
     if not len(table):
         return "No published tables were compared (config key comparison.published_tables is null, or names a directory without them).\n"
     shown = table.drop(columns=["source"]).copy()
-    for col in ("published", "reproduced", "lower", "upper", "sign_lower", "sign_upper", "corrected", "difference"):
+    for col in ("published", "reproduced", "lower", "upper", "solver_lower", "solver_upper", "corrected", "difference"):
         if col in shown:
             shown[col] = [("" if not np.isfinite(x) else f"{x:.3f}" if abs(x) < 10 else f"{x:.1f}") for x in shown[col]]
     counts = table["status"].value_counts(sort=False)

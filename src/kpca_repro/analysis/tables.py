@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 #: Uncertainty settings (config key ``uncertainty`` plus ``seed``; docs/uncertainty.md).
-UNCERTAINTY_DEFAULTS = {"seed": 0, "bootstrap": 1000, "coverage": 0.95, "sign_coverage": 0.9}
+UNCERTAINTY_DEFAULTS = {"seed": 0, "bootstrap": 1000, "coverage": 0.95, "sign_coverage": 0.99}
 
 #: Short names of the pretrained models (timm and Hugging Face ids) in the paper's tables.
 #: (:data:`kpca_repro.training.figures.TRAINING_MODEL_NAMES` names the architectures trained for Figures 1 and 4.)
@@ -206,30 +206,49 @@ def exact_std(values, ddof: int = 1) -> float:
 TABLE1_STATISTICS = (("MDC", "direct_cos_mean", "max"), ("MOC", "optimal_cos_mean", "max"), ("LCKA", "linear_cka", "mean"), ("KCKA", "rbf_cka", "mean"))
 #: The same for Table 4 (docs/method.md 3): NaN-skipping means over heads.
 TABLE4_STATISTICS = (("MDC", "direct_cos_max", "nanmean"), ("MOC", "optimal_cos_max", "nanmean"), ("LCKA", "linear_cka", "nanmean"), ("KCKA", "rbf_cka", "nanmean"))
-#: Statistics that depend on the eigenvector signs (they get a sign interval).
+#: Statistics that depend on the eigenvector basis a solver returns (they get a solver interval).
 SIGN_DEPENDENT = ("MDC", "MOC")
 
 
+def _replicate_pair(lo: np.ndarray, hi: np.ndarray, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """One stored draw per head and replicate, the same pick for the lower and the upper array: ``(n, H)`` each."""
+    h, r = lo.shape
+    pick = rng.integers(0, r, size=(n, h))
+    rows = np.arange(h)[None, :]
+    return np.asarray(lo)[rows, pick].astype(np.float64), np.asarray(hi)[rows, pick].astype(np.float64)
+
+
 def similarity_intervals(df: pd.DataFrame, statistics: tuple, draws: dict[str, np.ndarray] | None, settings: dict, tag: str, model: str) -> dict[str, float]:
-    """Sign and bootstrap intervals of one row of Table 1 or Table 4 (docs/uncertainty.md).
+    """Solver and bootstrap intervals of one row of Table 1 or Table 4 (docs/uncertainty.md).
 
     Resampling units are the images (``sample_rank``; sentences for Table 4). For each
     statistic ``S`` of ``statistics``:
 
-    * ``S_sign_lower``, ``S_sign_upper`` (MDC, MOC): central ``sign_coverage`` interval of
-      the table statistic when every head takes one of its stored sign draws, independently
-      (all images, no resampling);
+    * ``S_solver_lower``, ``S_solver_upper`` (MDC, MOC): what the solver's freedom can print,
+      all images, no resampling. The admissible eigenbases are every eigenvector's sign and
+      any rotation inside each near-degenerate group (:mod:`kpca_repro.method.solver_variation`).
+      Table 1's MDC with stored rotation bounds: the union of (a) the central
+      ``sign_coverage`` range of the table statistic when every head takes a random sign
+      draw and its *exact* lower / upper bound over the rotations (lower quantile of the
+      lower envelope, upper quantile of the upper envelope) and (b) the exact range over
+      rotations at the solver's own signs, which contains the reproduced value. Otherwise
+      (Table 4's MDC, every MOC): the central ``sign_coverage`` range when every head takes
+      one of its stored sign-and-rotation draws, independently (another solver changes the
+      configuration of nearly every head at once), joined with the reproduced value (the
+      solver's own configuration).
     * ``S_lower``, ``S_upper``: central ``coverage`` percentile-bootstrap interval over the
-      images; for MDC and MOC every replicate also takes one sign draw per head, so the
-      interval combines sampling and sign variation. Without stored draws (``draws`` None
-      or zero-width) MDC and MOC get the bootstrap of the observed values and NaN sign
+      images; for MDC and MOC every replicate also takes one solver draw per head (for
+      Table 1's MDC: its lower and upper envelope), joined with the bootstrap of the solver's
+      own configuration (Table 1's MDC: its own-sign range), so the interval
+      combines sampling and solver variation. Without stored draws (``draws`` None or
+      zero-width) MDC and MOC get the bootstrap of the observed values and NaN solver
       bounds.
 
     Args:
         df: the heads the table aggregates (rows in :func:`_head_order`), whose index labels
             are the rows of ``draws``.
         statistics: (table column, per-head column, ``"max" | "mean" | "nanmean"``) triples.
-        draws: per-head sign draws (:func:`kpca_repro.method.uncertainty.read_sign_draws`).
+        draws: per-head solver draws (:func:`kpca_repro.method.uncertainty.read_sign_draws`).
         settings: ``seed``, ``bootstrap``, ``coverage``, ``sign_coverage``.
         tag, model: with ``seed``, the bootstrap generator's seed (independent of sharding:
             the heads are in a canonical order and the images coded in sorted order).
@@ -243,31 +262,100 @@ def similarity_intervals(df: pd.DataFrame, statistics: tuple, draws: dict[str, n
     idx = unc.bootstrap_indices(rng, n_groups, int(cfg["bootstrap"]))
     rows = df.index.to_numpy()
     out: dict[str, float] = {}
+    sc, cov = cfg["sign_coverage"], cfg["coverage"]
     for name, col, how in statistics:
         stored = draws.get(col) if draws is not None and name in SIGN_DEPENDENT else None
+        bounds = draws is not None and col == "direct_cos_mean" and all(k in draws and draws[k].shape[1] > 0 for k in unc.OPTIONAL_DRAW_NAMES)
         mean_vector = draws.get(unc.MEAN_VECTOR) if draws is not None and col == "direct_cos_mean" else None
+        if bounds:
+            point = df[col].to_numpy(np.float64)
+            own_lo = np.fmin(draws["direct_cos_mean_own_lower"][rows, 0].astype(np.float64), point)[None, :]
+            own_hi = np.fmax(draws["direct_cos_mean_own_upper"][rows, 0].astype(np.float64), point)[None, :]
+            lo_d, hi_d = draws["direct_cos_mean_lower"][rows], draws["direct_cos_mean_upper"][rows]
+            lo, hi = _replicate_pair(lo_d, hi_d, rng, idx.shape[0])
+            q_lo = unc.percentile_interval(unc.replicate_statistics(lo, codes, n_groups, how, None), sc)[0]
+            q_hi = unc.percentile_interval(unc.replicate_statistics(hi, codes, n_groups, how, None), sc)[1]
+            own = (unc.replicate_statistics(own_lo, codes, n_groups, how, None)[0], unc.replicate_statistics(own_hi, codes, n_groups, how, None)[0])
+            out[f"{name}_solver_lower"], out[f"{name}_solver_upper"] = float(min(q_lo, own[0])), float(max(q_hi, own[1]))
+            lo, hi = _replicate_pair(lo_d, hi_d, rng, idx.shape[0])
+            b_lo = unc.percentile_interval(unc.replicate_statistics(lo, codes, n_groups, how, idx), cov)[0]
+            b_hi = unc.percentile_interval(unc.replicate_statistics(hi, codes, n_groups, how, idx), cov)[1]
+            o_lo = unc.percentile_interval(unc.replicate_statistics(own_lo, codes, n_groups, how, idx), cov)[0]
+            o_hi = unc.percentile_interval(unc.replicate_statistics(own_hi, codes, n_groups, how, idx), cov)[1]
+            out[f"{name}_lower"], out[f"{name}_upper"] = float(min(b_lo, o_lo)), float(max(b_hi, o_hi))
+            continue
         if mean_vector is not None and len(mean_vector) and mean_vector.shape[1] > 0:
-            # token mean of the direct cosine: m . sigma with fresh patterns (exact)
+            # token mean of the direct cosine: m . sigma with fresh patterns (exact; sign-only files)
             m = mean_vector[rows]
             alone = unc.replicate_statistics(unc.fresh_direct_means(m, rng, idx.shape[0]), codes, n_groups, how, None)
-            out[f"{name}_sign_lower"], out[f"{name}_sign_upper"] = unc.percentile_interval(alone, cfg["sign_coverage"])
+            out[f"{name}_solver_lower"], out[f"{name}_solver_upper"] = unc.percentile_interval(alone, sc)
             boot = unc.replicate_statistics(unc.fresh_direct_means(m, rng, idx.shape[0]), codes, n_groups, how, idx)
         elif stored is not None and stored.shape[1] > 0:
-            # stored draws plus the solver's own value (one more pattern the heads took)
-            per_head = np.column_stack([df[col].to_numpy(np.float64), stored[rows]])
+            # another solver changes the configuration of (nearly) every head at once: every head
+            # takes a random stored draw, and the solver's own configuration (the reproduced
+            # value) is one more admissible outcome, joined to the central range of the draws
+            point = df[col].to_numpy(np.float64)[None, :]
+            per_head = stored[rows]
             alone = unc.replicate_statistics(unc.pick_draws(per_head, rng, idx.shape[0]), codes, n_groups, how, None)
-            out[f"{name}_sign_lower"], out[f"{name}_sign_upper"] = unc.percentile_interval(alone, cfg["sign_coverage"])
+            own = float(unc.replicate_statistics(point, codes, n_groups, how, None)[0])
+            lo, hi = unc.percentile_interval(alone, sc)
+            out[f"{name}_solver_lower"], out[f"{name}_solver_upper"] = float(np.fmin(lo, own)), float(np.fmax(hi, own))
             boot = unc.replicate_statistics(unc.pick_draws(per_head, rng, idx.shape[0]), codes, n_groups, how, idx)
+            own_boot = unc.percentile_interval(unc.replicate_statistics(point, codes, n_groups, how, idx), cov)
+            b_lo, b_hi = unc.percentile_interval(boot, cov)
+            out[f"{name}_lower"], out[f"{name}_upper"] = float(np.fmin(b_lo, own_boot[0])), float(np.fmax(b_hi, own_boot[1]))
+            continue
         else:
             if name in SIGN_DEPENDENT:
-                out[f"{name}_sign_lower"] = out[f"{name}_sign_upper"] = float("nan")
+                out[f"{name}_solver_lower"] = out[f"{name}_solver_upper"] = float("nan")
             boot = unc.replicate_statistics(df[col].to_numpy(np.float64)[None, :], codes, n_groups, how, idx)
-        out[f"{name}_lower"], out[f"{name}_upper"] = unc.percentile_interval(boot, cfg["coverage"])
+        out[f"{name}_lower"], out[f"{name}_upper"] = unc.percentile_interval(boot, cov)
     return out
 
 
-def _with_intervals(row: dict, intervals: dict[str, float], settings: dict, draws: dict | None) -> dict:
-    """``row`` with the interval columns after KCKA and the settings at the end."""
+def outside_note(row: dict, statistics: tuple) -> str:
+    """Why a reproduced value lies outside its own interval, per statistic ('' when every value is inside).
+
+    Intervals that are quantiles of draws (Table 4's MDC, every MOC, the bootstrap) need not
+    contain the value the solver printed: it is one configuration among many, and a value
+    in the tail of the draws' distribution is outside a central interval.
+    """
+    notes = []
+    for name, _, _ in statistics:
+        value = row.get(name)
+        for kind, lo_key, hi_key in (("solver", f"{name}_solver_lower", f"{name}_solver_upper"), ("combined", f"{name}_lower", f"{name}_upper")):
+            lo, hi = row.get(lo_key), row.get(hi_key)
+            if value is None or lo is None or hi is None or not all(np.isfinite([value, lo, hi])):
+                continue
+            if not lo <= value <= hi:
+                notes.append(f"{name} outside its {kind} interval: that interval is a central range of random draws, and the solver's own configuration lies in their tail")
+    return "; ".join(notes)
+
+
+def deciding_head(df: pd.DataFrame, col: str, prefix: str = "MDC_") -> dict:
+    """The head whose per-head ``col`` is the maximum over heads (Table 1's MDC), with its eigengap.
+
+    A maximum over thousands of heads is set by one head: the one printed here.
+
+    Returns:
+        ``<prefix>layer``, ``<prefix>head``, ``<prefix>sample_rank``,
+        ``<prefix>dataset_index`` and ``<prefix>eigengap`` (the head's ``eigengap_min``,
+        smallest relative gap among its selected eigenpairs and at the selection boundary;
+        NaN where the records have none). -1 and NaN when no value is finite.
+    """
+    keys = ("layer", "head", "sample_rank", "dataset_index")
+    values = df[col].to_numpy(np.float64)
+    if not np.isfinite(values).any():
+        return {**{prefix + k: -1 for k in keys}, prefix + "eigengap": float("nan")}
+    top = df.iloc[int(np.nanargmax(values))]
+    out = {prefix + k: int(top[k]) if k in df else -1 for k in keys}  # -1: not in the records
+    out[prefix + "eigengap"] = float(top["eigengap_min"]) if "eigengap_min" in df else float("nan")
+    return out
+
+
+def _with_intervals(row: dict, intervals: dict[str, float], settings: dict, draws: dict | None, statistics: tuple = ()) -> dict:
+    """``row`` with the interval columns after KCKA, the settings at the end and ``interval_note``
+    (:func:`outside_note`: why a value lies outside its own interval, '' when none does)."""
     keys = list(row)
     at = keys.index("KCKA") + 1
     cfg = {**UNCERTAINTY_DEFAULTS, **settings}
@@ -277,8 +365,11 @@ def _with_intervals(row: dict, intervals: dict[str, float], settings: dict, draw
         "sign_coverage": float(cfg["sign_coverage"]),
         "sign_draws": int(draws["direct_cos_mean"].shape[1]) if draws is not None else 0,
         "sign_draws_optimal": int(draws["optimal_cos_mean"].shape[1]) if draws is not None else 0,
+        "solver_rotations": bool(draws is not None and all(k in draws for k in unc.OPTIONAL_DRAW_NAMES)),
     }
-    return {**{k: row[k] for k in keys[:at]}, **intervals, **{k: row[k] for k in keys[at:]}, **tail}
+    out = {**{k: row[k] for k in keys[:at]}, **intervals, **{k: row[k] for k in keys[at:]}, **tail}
+    out["interval_note"] = outside_note(out, statistics)
+    return out
 
 
 def table1_paper(heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np.ndarray] | None = None, uncertainty: dict | None = None) -> pd.DataFrame:
@@ -296,7 +387,7 @@ def table1_paper(heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np
     Args:
         heads: per-head records of the paper variant with a ``model`` column.
         meta: model id -> metadata (``weights_sha256``, ``n_images``).
-        draws: per-head sign draws, rows as ``heads`` (:func:`kpca_repro.method.uncertainty.read_sign_draws`).
+        draws: per-head solver draws (signs and rotations), rows as ``heads`` (:func:`kpca_repro.method.uncertainty.read_sign_draws`).
         uncertainty: with it (``seed``, ``bootstrap``, ``coverage``, ``sign_coverage``), the
             interval columns of :func:`similarity_intervals` after KCKA (over the kept heads)
             and the settings at the end; without it, no interval columns.
@@ -320,6 +411,8 @@ def table1_paper(heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np
                 "KCKA": exact_mean(kept["rbf_cka"]),
                 "MDC_mean_over_heads": exact_mean(kept["direct_cos_mean"], skipna=True),
                 "MOC_mean_over_heads": exact_mean(kept["optimal_cos_mean"], skipna=True),
+                # the head that decides the maximum, and its eigengap (docs/uncertainty.md)
+                **deciding_head(kept, "direct_cos_mean"),
                 "n_images": meta[model]["n_images"],
                 "n_heads": len(df),
                 "n_heads_analysed": len(kept),
@@ -334,7 +427,7 @@ def table1_paper(heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np
             }
         )
         if uncertainty is not None:
-            rows[-1] = _with_intervals(rows[-1], intervals, uncertainty, draws)
+            rows[-1] = _with_intervals(rows[-1], intervals, uncertainty, draws, TABLE1_STATISTICS)
     return pd.DataFrame(rows)
 
 
@@ -379,6 +472,8 @@ def table4_paper(heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np
                 "KCKA": exact_mean(df["rbf_cka"], skipna=True),
                 "MDC_table1_statistic": df["direct_cos_mean"].max(),
                 "MOC_table1_statistic": df["optimal_cos_mean"].max(),
+                # MDC here is a mean over heads; the head behind Table 1's statistic (its maximum)
+                **deciding_head(df, "direct_cos_mean", "MDC_table1_statistic_"),
                 "n_sentences": meta[model]["n_sentences"],
                 "n_heads": len(df),
                 "n_heads_nonfinite": int(df["dropped"].astype(bool).sum()),
@@ -391,7 +486,7 @@ def table4_paper(heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np
             }
         )
         if uncertainty is not None:
-            rows[-1] = _with_intervals(rows[-1], intervals, uncertainty, draws)
+            rows[-1] = _with_intervals(rows[-1], intervals, uncertainty, draws, TABLE4_STATISTICS)
     return pd.DataFrame(rows)
 
 

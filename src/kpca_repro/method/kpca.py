@@ -427,7 +427,9 @@ def head_metrics(
             threads (its round-off stays far inside the per-head tolerances).
         rows: if a dict, filled with ``"v"`` and ``"v_kpca"``: the row-normalised ``V`` and
             ``V_KPCA`` behind the token-row cosines (``(heads, N, d)``, the variant's dtype),
-            for the sign draws of :mod:`kpca_repro.method.uncertainty`.
+            for the sign draws of :mod:`kpca_repro.method.uncertainty`; and ``"kc"``, ``"a"``,
+            ``"inv_g"`` (centered Gram matrices, selected eigenvectors, diagonal of ``G``) for
+            the rotations of :mod:`kpca_repro.method.solver_variation`.
 
     Returns:
         Column name -> float64 numpy array of shape ``(heads,)`` (bool for flags). Flags:
@@ -455,7 +457,7 @@ def head_metrics(
         block_rows = {} if rows is not None else None
         blocks.append((_head_metrics_block(k[part], v[part], variant, None if baseline is None else baseline[part], block_rows, **options), block_rows))
     if rows is not None:
-        rows.update({name: torch.cat([r[name] for _, r in blocks]) for name in ("v", "v_kpca")})
+        rows.update({name: torch.cat([r[name] for _, r in blocks]) for name in ("v", "v_kpca", "kc", "a", "inv_g")})
     return {name: np.concatenate([c[name] for c, _ in blocks]) for name in blocks[0][0]}
 
 
@@ -518,6 +520,9 @@ def _head_metrics_block(
     )
     if rows is not None:
         rows["v"], rows["v_kpca"] = cache["rows"]
+        # for rotations inside near-degenerate eigenspaces (kpca_repro.method.solver_variation)
+        rows["kc"], rows["a"] = kc, a
+        rows["inv_g"] = 1.0 / (g + g_eps) if exp_gram else torch.exp(log_g.amin(-1, keepdim=True) - log_g)
     if variant.column_metrics:
         cols.update(_column_metrics(v, vk, ~dropped, cache=cache))
     if variant.baselines:

@@ -16,7 +16,8 @@ import torch
 
 from kpca_repro.h5io import ActivationFile
 from kpca_repro.method.kpca import gamma_test, head_metrics, top_eigenvalues
-from kpca_repro.method.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES, head_sign_draws
+from kpca_repro.method.solver_variation import BOUND_NAMES, RANGE_NAMES, head_solver_draws
+from kpca_repro.method.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES
 from kpca_repro.method.variant import Variant
 from kpca_repro.method.variant import get as get_variant
 from kpca_repro.threads import ordered_map
@@ -157,8 +158,10 @@ def kpca_records(
     (docs/fidelity.md). Each head's numbers then depend on ``eigh_threads`` and on nothing
     of ``workers``, chunking or sharding.
     ``sign_draws = (n_direct, n_optimal)`` also draws that many random eigenvector sign
-    patterns per head (seeded by ``seed`` and the head, :func:`kpca_repro.method.uncertainty.head_sign_draws`;
-    ``direct_cos_max`` draws only for text files, where Table 4 uses them).
+    patterns per head, with rotations inside near-degenerate eigenspaces (seeded by ``seed``
+    and the head, :func:`kpca_repro.method.solver_variation.head_solver_draws`; ``direct_cos_max``
+    draws only for text files, where Table 4 uses them), and adds the per-head columns
+    :data:`kpca_repro.method.solver_variation.HEAD_COLUMNS` (``eigengap_min``, ...).
 
     Returns:
         ``(records, meta)``: a DataFrame with one row per head (``sample_rank``,
@@ -222,11 +225,14 @@ def kpca_records(
             draws = None
             if sign_draws:
                 nan_zero = bool(options.get("nan_cost_to_zero", False))
-                draws = head_sign_draws(
-                    rows["v"], rows["v_kpca"], {"layer": layer, "sample_rank": ranks, "dataset_index": index, "head": head},
+                # signs and rotations inside near-degenerate eigenspaces (docs/uncertainty.md)
+                draws, gap_cols = head_solver_draws(
+                    rows, {"layer": layer, "sample_rank": ranks, "dataset_index": index, "head": head},
                     seed=seed, n_direct=sign_draws[0], n_optimal=sign_draws[1], token_max=text,
+                    order=options.get("order") or variant.order,
                     valid=None if nan_zero else torch.from_numpy(~cols["dropped"]), nan_to_zero=nan_zero,
                 )  # fmt: skip
+                cols = {**cols, **gap_cols}
             return draws, pd.DataFrame(
                 {
                     "sample_rank": ranks,
@@ -259,7 +265,7 @@ def kpca_records(
             meta["padding"] = variant.text_padding
             meta["longformer_transposed"] = bool(transposed)
         if sign_draws:
-            meta["sign_draws"] = {name: np.concatenate([p[name] for p in draw_parts]) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR)}
+            meta["sign_draws"] = {name: np.concatenate([p[name] for p in draw_parts]) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *BOUND_NAMES, *RANGE_NAMES)}
     records = pd.concat(frames, ignore_index=True)
     records.insert(0, "model", model_id)
     records.insert(1, "variant", variant.name)

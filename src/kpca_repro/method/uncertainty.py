@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # torch and the KPCA module load only where sign draws are co
 __all__ = [
     "SIGN_DRAW_NAMES",
     "MEAN_VECTOR",
+    "OPTIONAL_DRAW_NAMES",
     "fresh_direct_means",
     "head_generator",
     "sign_patterns",
@@ -58,6 +59,11 @@ __all__ = [
 
 #: Per-head sign-draw arrays: direct/optimal cosine, token mean (Table 1) / token max (Table 4).
 SIGN_DRAW_NAMES = ("direct_cos_mean", "direct_cos_max", "optimal_cos_mean", "optimal_cos_max")
+#: Optional per-head arrays (:data:`kpca_repro.method.solver_variation.BOUND_NAMES`): exact bounds
+#: of the token-mean direct cosine over rotations inside near-degenerate eigenspaces.
+OPTIONAL_DRAW_NAMES = ("direct_cos_mean_lower", "direct_cos_mean_upper", "direct_cos_mean_own_lower", "direct_cos_mean_own_upper")
+#: Optional per-head ranges (:data:`kpca_repro.method.solver_variation.RANGE_NAMES`), written and read when present.
+OPTIONAL_RANGE_NAMES = ("direct_cos_mean_range_lower", "direct_cos_mean_range_upper")
 #: Per-head ``m = mean_i P_i`` ``(heads, d)``: the direct token mean under signs ``sigma`` is
 #: ``m . sigma``, so the tables draw fresh patterns from it (exact, no stored-draw tails).
 MEAN_VECTOR = "direct_cos_mean_vector"
@@ -201,7 +207,7 @@ def write_sign_draws(path: str | os.PathLike, draws: dict[str, np.ndarray], attr
     import h5py
 
     with h5py.File(path, "w", track_order=False) as f:
-        for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR):
+        for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *(n for n in (*OPTIONAL_DRAW_NAMES, *OPTIONAL_RANGE_NAMES) if n in draws)):
             f.create_dataset(name, data=np.asarray(draws[name], dtype=np.float32), track_times=False)
         for key, value in attrs.items():
             f.attrs[key] = value
@@ -219,11 +225,15 @@ def read_sign_draws(paths: list[str | os.PathLike]) -> dict[str, np.ndarray]:
     """
     import h5py
 
-    parts: dict[str, list[np.ndarray]] = {name: [] for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR)}
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *OPTIONAL_DRAW_NAMES, *OPTIONAL_RANGE_NAMES)}
     for p in paths:
         with h5py.File(p, "r") as f:
             for name in parts:
-                parts[name].append(f[name][()])
+                if name in f:
+                    parts[name].append(f[name][()])
+    for name in (*OPTIONAL_DRAW_NAMES, *OPTIONAL_RANGE_NAMES):  # only where every file has them (older files: signs only)
+        if len(parts[name]) != len(paths):
+            del parts[name]
     out = {}
     # head dimensions differ between models: m is zero-padded (zeros add nothing to m . sigma)
     width = max((a.shape[1] for a in parts[MEAN_VECTOR]), default=0)

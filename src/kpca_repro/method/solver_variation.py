@@ -1,0 +1,369 @@
+"""Solver variation of the paper variant's cosines: eigenvector signs *and* rotations inside eigenspaces a solver cannot resolve.
+
+A backward-stable symmetric eigensolver (Householder tridiagonalisation followed by QR,
+divide-and-conquer or MRRR: LAPACK ``syev``/``syevd``/``syevr``/``syevx``, cuSOLVER) returns
+the exact eigenpairs of a nearby matrix ``K + E`` with ``||E||_2 <= p(n) u ||K||_2``
+(``u`` the unit roundoff of the dtype the solver works in, ``p(n)`` a modestly growing
+function of the order ``n``; LAPACK Users' Guide, "Accuracy and stability", Section 4.7).
+Building ``K`` itself in that dtype (the authors' float32 Gram matrix and its centering:
+sums of ``n`` rounded terms per entry) adds an error of the same form. By the Davis-Kahan
+``sin theta`` theorem an eigenvector whose eigenvalue is separated from the rest of the
+spectrum by ``gap`` is then determined only up to an angle with ``sin theta <= ||E|| / gap``;
+for ``gap <= ||E||`` it is not determined at all: any unit vector of the invariant subspace
+of the eigenvalues within ``||E||`` of each other is a correct answer, and which one a
+solver prints depends on its code path (driver, thread count, instruction set).
+
+This module therefore models the admissible eigenbases as follows (docs/uncertainty.md):
+
+* **tolerance** (:func:`resolution_tolerance`): ``tau = c n u ||K||_2`` with
+  ``c`` = :data:`RESOLUTION_FACTOR`, ``n`` the matrix order and ``u`` the unit roundoff of
+  the solver's dtype (``2**-24`` for the paper's float32);
+* **groups** (:func:`eigen_groups`): the eigenvalues, sorted, chained wherever two
+  neighbours are at most ``tau`` apart; a group with at least two members of which at least
+  one is selected is *near-degenerate*. A group with selected and unselected members
+  straddles the selection boundary (which ``k`` of its ``m`` vectors the top-``d`` selection
+  takes is then also undetermined);
+* **admissible set**: every selected eigenvector's sign, and inside each near-degenerate
+  group any orthonormal basis of any ``k``-dimensional subspace of the group's span
+  (``O(m)`` for a group inside the selection).
+
+``V_KPCA = G A - G 1_N A`` is linear in ``A``, so a rotation ``Q`` of the columns of ``A``
+inside a group rotates the same columns of ``V_KPCA``; rotations inside the selection leave
+every token row norm of ``V_KPCA`` unchanged. With ``Vn``, ``V^n`` the row-normalised ``V``
+and ``V_KPCA`` and ``M = Vn^T V^n / N``, the per-head token mean of the direct cosine is
+``tr(M Q)`` for the block-diagonal orthogonal ``Q`` of the admissible set, and over
+``Q_g in O(m_g)`` the contribution ``tr(M_g Q_g)`` of a group ranges exactly over
+``[-||M_g||_*, ||M_g||_*]`` (nuclear norm, von Neumann's trace inequality, attained at the
+orthogonal Procrustes solution). A pair is the one-dimensional case in the angle:
+``tr(M_g R(theta)) = (M_11 + M_22) cos theta + (M_12 - M_21) sin theta`` with amplitude
+``sqrt((M_11+M_22)^2 + (M_12-M_21)^2)`` for rotations and its reflection counterpart for
+reflections, whose larger value is ``||M_g||_*`` (:func:`pair_direct_mean`, tested against a
+dense angle search).
+
+What is a bound and what is a draw (:func:`head_solver_draws`):
+
+* Table 1's per-head token mean of the direct cosine: for every random sign pattern
+  (signs of the vectors outside groups; the same patterns as the sign-only treatment) and
+  every Haar-random subspace of each boundary-straddling group, the *exact* minimum and
+  maximum over all rotations of the groups inside the selection (``direct_cos_mean_lower``,
+  ``direct_cos_mean_upper``), and the same at the solver's own signs and subspaces
+  (``direct_cos_mean_own_lower`` / ``_upper``);
+* every other statistic (Table 4's token maximum, the matched cosines): draws, with random
+  signs and Haar-random orthogonal matrices inside every group (:func:`haar_orthogonal`).
+
+A head without a near-degenerate group gets exactly the sign-only treatment of
+:func:`kpca_repro.method.uncertainty.head_sign_draws` (same patterns, same values).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kpca_repro.method.equations import row_normalize, v_kpca
+from kpca_repro.method.numerics import assignment_similarities
+from kpca_repro.method.uncertainty import MEAN_VECTOR, direct_sign_statistics, head_generator, optimal_sign_statistics, sign_patterns
+from kpca_repro.projection import ROW_NORM_EPS
+
+__all__ = [
+    "RESOLUTION_FACTOR",
+    "ROTATION_DRAWS",
+    "BOUND_NAMES",
+    "RANGE_NAMES",
+    "HEAD_COLUMNS",
+    "unit_roundoff",
+    "resolution_tolerance",
+    "selected_indices",
+    "eigen_groups",
+    "relative_eigengap",
+    "haar_orthogonal",
+    "pair_direct_mean",
+    "group_trace_bound",
+    "head_solver_draws",
+]
+
+#: ``c`` of the tolerance ``c n u ||K||_2``: eigenvalue gaps at most this far apart are
+#: treated as unresolved (docs/uncertainty.md, "Model of solver variation").
+RESOLUTION_FACTOR = 1.0
+#: Distinct sign-and-rotation draws per head with a near-degenerate group (the stored
+#: ``n_direct`` columns repeat them; heads without groups keep all ``n_direct`` sign draws).
+ROTATION_DRAWS = 32
+#: Per-head arrays written beside :data:`kpca_repro.method.uncertainty.SIGN_DRAW_NAMES`: exact
+#: bounds of the token-mean direct cosine over rotations inside groups, per draw and at the
+#: solver's own signs and subspaces.
+BOUND_NAMES = ("direct_cos_mean_lower", "direct_cos_mean_upper", "direct_cos_mean_own_lower", "direct_cos_mean_own_upper")
+#: Per-head exact range of the token-mean direct cosine over every sign and every rotation
+#: inside groups within the selection (for a group straddling the selection boundary: over
+#: its drawn subspaces and the solver's own). The per-head check of perf/solver_paths.py.
+RANGE_NAMES = ("direct_cos_mean_range_lower", "direct_cos_mean_range_upper")
+#: Per-head record columns: smallest relative eigengap among the selected pairs and at the
+#: selection boundary, number of near-degenerate groups, largest group, and whether a group
+#: straddles the selection boundary.
+HEAD_COLUMNS = ("eigengap_min", "solver_groups", "solver_group_max", "solver_boundary_group")
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """``u = eps / 2`` of a floating dtype (``2**-24`` for float32, ``2**-53`` for float64)."""
+    return float(torch.finfo(dtype).eps) / 2.0
+
+
+def resolution_tolerance(evals: np.ndarray, n: int, dtype: torch.dtype, factor: float = RESOLUTION_FACTOR) -> float:
+    """``factor * n * u * ||K||_2``: the eigenvalue gap below which a backward-stable solver in ``dtype`` cannot resolve eigenvectors."""
+    return float(factor * n * unit_roundoff(dtype) * np.max(np.abs(evals)))
+
+
+def selected_indices(evals_asc: np.ndarray, d: int, order: str) -> np.ndarray:
+    """Indices into the ascending spectrum of the ``d`` selected eigenpairs, in the order of the columns of ``A``.
+
+    The rule of :func:`kpca_repro.method.equations.select_eigenpairs` applied to the eigenvalues:
+    ``abs_desc`` (stable sort of ``|lambda|`` descending), ``desc``, ``asc_top``.
+    """
+    n = len(evals_asc)
+    if order == "asc_top":
+        return np.arange(n - d, n)
+    key = np.abs(evals_asc) if order == "abs_desc" else evals_asc
+    return np.argsort(-key, kind="stable")[:d]
+
+
+def eigen_groups(evals_asc: np.ndarray, selected: np.ndarray, tol: float) -> list[np.ndarray]:
+    """Near-degenerate groups: runs of the ascending spectrum with neighbour gaps ``<= tol`` that hold a selected eigenvalue.
+
+    Returns:
+        Index arrays (into the ascending spectrum), each with at least two members and at
+        least one selected member.
+    """
+    is_sel = np.zeros(len(evals_asc), bool)
+    is_sel[selected] = True
+    out, start = [], 0
+    gaps = np.diff(evals_asc)
+    for i in range(len(evals_asc)):
+        if i == len(evals_asc) - 1 or gaps[i] > tol:
+            members = np.arange(start, i + 1)
+            if len(members) > 1 and is_sel[members].any():
+                out.append(members)
+            start = i + 1
+    return out
+
+
+def relative_eigengap(evals_asc: np.ndarray, selected: np.ndarray) -> float:
+    """Smallest gap ``|lambda_i - lambda_j| / ||K||_2`` between neighbours of the ascending spectrum of which at least one is selected.
+
+    Covers the gaps among the selected pairs and at the selection boundary. NaN for a
+    non-finite spectrum.
+    """
+    if not np.isfinite(evals_asc).all() or len(evals_asc) < 2:
+        return float("nan")
+    is_sel = np.zeros(len(evals_asc), bool)
+    is_sel[selected] = True
+    gaps = np.diff(evals_asc)
+    touch = is_sel[:-1] | is_sel[1:]
+    scale = np.max(np.abs(evals_asc))
+    return float(gaps[touch].min() / scale) if touch.any() and scale > 0 else float("nan")
+
+
+def haar_orthogonal(gen: np.random.Generator, m: int, size: int = 1, k: int | None = None) -> np.ndarray:
+    """``size`` Haar-distributed ``m x m`` orthogonal matrices, or their first ``k`` columns (uniform on the Stiefel manifold).
+
+    QR of a standard Gaussian ``m x k`` matrix with the columns multiplied by the signs of
+    ``R``'s diagonal (Mezzadri 2007): the distribution is invariant under left
+    multiplication by any orthogonal matrix. Shape ``(size, m, k)``.
+    """
+    z = gen.standard_normal((size, m, m if k is None else k))
+    q, r = torch.linalg.qr(torch.from_numpy(z))  # torch's LAPACK: several times faster than NumPy's here
+    sign = torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))
+    return (q * torch.where(sign == 0, 1.0, sign)[:, None, :]).numpy()
+
+
+def pair_direct_mean(m: np.ndarray, theta: np.ndarray, reflect: bool = False) -> np.ndarray:
+    """``tr(M Q(theta))`` of a pair: ``Q`` the rotation (or, ``reflect``, the reflection) by ``theta``.
+
+    Rotation ``[[c, -s], [s, c]]``: ``(M11 + M22) c + (M12 - M21) s``; reflection
+    ``[[c, s], [s, -c]]``: ``(M11 - M22) c + (M12 + M21) s``. The maximum over both is the
+    nuclear norm of ``M`` (:func:`group_trace_bound`).
+    """
+    c, s = np.cos(theta), np.sin(theta)
+    if reflect:
+        return (m[0, 0] - m[1, 1]) * c + (m[0, 1] + m[1, 0]) * s
+    return (m[0, 0] + m[1, 1]) * c + (m[0, 1] - m[1, 0]) * s
+
+
+def group_trace_bound(m: np.ndarray) -> np.ndarray:
+    """``max_{Q in O(m)} tr(M Q) = ||M||_*`` (sum of singular values), batched over leading axes; the minimum is its negative."""
+    return torch.linalg.svdvals(torch.from_numpy(np.ascontiguousarray(m))).sum(-1).numpy()
+
+
+def _group_bases(kc64: np.ndarray, a64: np.ndarray, sel: np.ndarray, groups: list[np.ndarray]) -> list[dict]:
+    """Per group: the selected columns of ``A`` in it, and an orthonormal basis of its span (the solver's own columns first)."""
+    col_of = {int(idx): c for c, idx in enumerate(sel)}
+    need_extra = any(any(int(i) not in col_of for i in g) for g in groups)
+    evecs = torch.linalg.eigh(torch.from_numpy(kc64))[1].numpy() if need_extra else None
+    out = []
+    for g in groups:
+        cols = np.array([col_of[int(i)] for i in g if int(i) in col_of])
+        extra_idx = [int(i) for i in g if int(i) not in col_of]
+        basis = a64[:, cols]
+        if extra_idx:
+            x = evecs[:, extra_idx]
+            x = x - basis @ (basis.T @ x)  # the solver's columns span part of the group: complete them
+            q = torch.linalg.qr(torch.from_numpy(np.ascontiguousarray(x)))[0].numpy()
+            basis = np.concatenate([basis, q], axis=1)
+        out.append({"cols": cols, "basis": basis, "boundary": bool(extra_idx)})
+    return out
+
+
+def _configurations(a64: np.ndarray, signs: np.ndarray, groups: list[dict], gen: np.random.Generator | None) -> np.ndarray:
+    """``(R, N, d)`` eigenvector matrices: columns outside groups times ``signs``; every group
+    rotated by a Haar draw (in its own basis, its first ``k`` columns), or kept as the solver's (``gen`` None)."""
+    r = signs.shape[0]
+    out = a64[None] * signs[:, None, :]
+    for grp in groups:
+        cols, basis = grp["cols"], grp["basis"]
+        if gen is None:
+            out[:, :, cols] = a64[None][:, :, cols]
+            continue
+        q = haar_orthogonal(gen, basis.shape[1], r, k=len(cols))
+        out[:, :, cols] = np.einsum("nm,rmk->rnk", basis, q)
+    return out
+
+
+def _bounded_direct_means(vn: np.ndarray, vkn: np.ndarray, groups: list[dict]) -> tuple[np.ndarray, ...]:
+    """Token means of the direct cosine ``(R,)``, their exact bounds over rotations of the groups inside the
+    selection (signs kept), and their exact bounds over those rotations *and* every sign outside groups.
+
+    With ``p_c`` the token mean of column ``c``'s products, a sign flip of a column outside the
+    groups contributes ``+-p_c`` and a group inside the selection ``[-||M_g||_*, ||M_g||_*]``;
+    the columns of a group straddling the boundary stay as drawn (row norms change with them).
+    """
+    n = vn.shape[-2]
+    p = vn[None] * vkn  # (R, N, d)
+    per_col = p.mean(-2)  # (R, d)
+    value = per_col.sum(-1)
+    free, width = value.copy(), np.zeros_like(value)
+    in_group = np.zeros(vkn.shape[-1], bool)
+    for grp in groups:
+        in_group[grp["cols"]] = True
+        if grp["boundary"]:
+            continue  # its subspace is drawn, not bounded
+        cols = grp["cols"]
+        m = np.einsum("nc,rnb->rcb", vn[:, cols], vkn[:, :, cols]) / n
+        free -= np.trace(m, axis1=-2, axis2=-1)
+        width += group_trace_bound(m)
+    singles = per_col[:, ~in_group]
+    full_free = free - singles.sum(-1)
+    full_width = width + np.abs(singles).sum(-1)
+    return value, free - width, free + width, full_free - full_width, full_free + full_width
+
+
+def head_solver_draws(
+    rows: dict,
+    ids: dict[str, np.ndarray],
+    *,
+    seed: int,
+    n_direct: int,
+    n_optimal: int,
+    token_max: bool,
+    order: str,
+    valid: torch.Tensor | None = None,
+    nan_to_zero: bool = False,
+    factor: float = RESOLUTION_FACTOR,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Solver-variation draws and bounds of a chunk of heads (signs and rotations inside near-degenerate groups).
+
+    Args:
+        rows: :func:`kpca_repro.method.kpca.head_metrics`' ``rows``: ``v``, ``v_kpca`` (row-normalised),
+            ``kc`` (centered Gram matrices, the solver's dtype), ``a`` (selected
+            eigenvectors in column order), ``inv_g`` (the diagonal of ``G``).
+        ids, seed, n_direct, n_optimal, token_max, valid, nan_to_zero: as
+            :func:`kpca_repro.method.uncertainty.head_sign_draws` (the same sign patterns: stream 0
+            direct, 1 matched; Haar rotations: streams 2 and 3).
+        order: the eigenpair order of the selection (``abs_desc``, ``desc``, ``asc_top``).
+        factor: ``c`` of :func:`resolution_tolerance`.
+
+    Returns:
+        ``(draws, columns)``: ``draws`` as :func:`kpca_repro.method.uncertainty.head_sign_draws` plus
+        :data:`BOUND_NAMES` (``(heads, n_direct)`` and ``(heads, 1)``, float32); ``columns``:
+        :data:`HEAD_COLUMNS` -> ``(heads,)`` arrays for the per-head records.
+    """
+    vn_all = rows["v"].detach().to("cpu", torch.float64)
+    vkn_all = rows["v_kpca"].detach().to("cpu", torch.float64)
+    kc_all, a_all = rows["kc"].detach().cpu(), rows["a"].detach().cpu()
+    inv_g_all = rows["inv_g"].detach().to("cpu", torch.float64)
+    h, n_tok, dv = vn_all.shape
+    d = a_all.shape[-1]
+    solver_dtype = kc_all.dtype
+    ident = {k: np.broadcast_to(np.asarray(ids[k]), (h,)) for k in ("layer", "sample_rank", "dataset_index", "head")}
+    names = ("direct_cos_mean", "direct_cos_max", "optimal_cos_mean", "optimal_cos_max")
+    out = {name: np.full((h, n_optimal if name.startswith("optimal") else (n_direct if (token_max or name == "direct_cos_mean") else 0)), np.nan) for name in names}
+    out[MEAN_VECTOR] = (vn_all * vkn_all).mean(-2).numpy()
+    out["direct_cos_mean_lower"] = np.full((h, n_direct), np.nan)
+    out["direct_cos_mean_upper"] = np.full((h, n_direct), np.nan)
+    out["direct_cos_mean_own_lower"] = np.full((h, 1), np.nan)
+    out["direct_cos_mean_own_upper"] = np.full((h, 1), np.nan)
+    for name in RANGE_NAMES:
+        out[name] = np.full((h, 1), np.nan)
+    cols = {name: np.full(h, np.nan) for name in HEAD_COLUMNS}
+    cols["solver_groups"] = np.zeros(h)
+    cols["solver_group_max"] = np.ones(h)
+    cols["solver_boundary_group"] = np.zeros(h, bool)
+    eps = ROW_NORM_EPS
+    for i in range(h):
+        gens = [head_generator(seed, ident["layer"][i], ident["sample_rank"][i], ident["dataset_index"][i], ident["head"][i], s) for s in range(4)]
+        s_direct, s_opt = sign_patterns(gens[0], n_direct, dv), sign_patterns(gens[1], n_optimal, dv)
+        vn, vkn = vn_all[i], vkn_all[i]
+        own = float((vn * vkn).mean(-2).sum())
+        kc = kc_all[i].double().numpy()
+        groups: list[np.ndarray] = []
+        if np.isfinite(kc).all():
+            ev = torch.linalg.eigvalsh(torch.from_numpy(kc)).numpy()
+            sel = selected_indices(ev, d, order)
+            tol = resolution_tolerance(ev, kc.shape[-1], solver_dtype, factor)
+            groups = eigen_groups(ev, sel, tol)
+            cols["eigengap_min"][i] = relative_eigengap(ev, sel)
+        if not groups:  # today's sign treatment, the same numbers
+            t = direct_sign_statistics(vn[None], vkn[None], torch.from_numpy(s_direct)[None], token_max=token_max)
+            out["direct_cos_mean"][i] = t["direct_cos_mean"][0].numpy()
+            out["direct_cos_mean_lower"][i] = out["direct_cos_mean_upper"][i] = out["direct_cos_mean"][i]
+            out["direct_cos_mean_own_lower"][i] = out["direct_cos_mean_own_upper"][i] = own
+            m_abs = float(np.abs(out[MEAN_VECTOR][i]).sum())
+            out["direct_cos_mean_range_lower"][i], out["direct_cos_mean_range_upper"][i] = -m_abs, m_abs
+            if token_max:
+                out["direct_cos_max"][i] = t["direct_cos_max"][0].numpy()
+            if n_optimal:
+                o = optimal_sign_statistics(vn[None], vkn[None], torch.from_numpy(s_opt)[None], None if valid is None else valid[i : i + 1], nan_to_zero)
+                out["optimal_cos_mean"][i], out["optimal_cos_max"][i] = o["optimal_cos_mean"][0].numpy(), o["optimal_cos_max"][0].numpy()
+            continue
+        a64 = a_all[i].double().numpy()
+        bases = _group_bases(kc, a64, sel, groups)
+        cols["solver_groups"][i] = len(groups)
+        cols["solver_group_max"][i] = max(len(g) for g in groups)
+        cols["solver_boundary_group"][i] = any(b["boundary"] for b in bases)
+        inv_g = inv_g_all[i]
+
+        def normalised(conf: np.ndarray) -> np.ndarray:
+            vk = v_kpca(torch.from_numpy(conf), inv_g[None].expand(conf.shape[0], -1), paper=False)
+            if vk.shape[-1] < dv:
+                vk = torch.nn.functional.pad(vk, (0, dv - vk.shape[-1]))
+            return row_normalize(vk, eps).numpy()
+
+        n_rot = min(n_direct, ROTATION_DRAWS)
+        reps = np.arange(n_direct) % max(n_rot, 1)
+        vkn_r = normalised(_configurations(a64, s_direct[:n_rot, :d], bases, gens[2]))
+        value, lo, hi, full_lo, full_hi = _bounded_direct_means(vn.numpy(), vkn_r, bases)
+        out["direct_cos_mean"][i], out["direct_cos_mean_lower"][i], out["direct_cos_mean_upper"][i] = value[reps], lo[reps], hi[reps]
+        if token_max:
+            out["direct_cos_max"][i] = (vn.numpy()[None] * vkn_r).sum(-1).max(-1)[reps]
+        own_conf = normalised(a64[None].copy())
+        # the solver's own configuration: its value is the point estimate; bounds over interior groups
+        _, olo, ohi, ofull_lo, ofull_hi = _bounded_direct_means(vn.numpy(), own_conf, bases)
+        delta = own - float((vn.numpy() * own_conf[0]).sum(-1).mean())  # float32 point estimate vs float64 rebuild
+        out["direct_cos_mean_own_lower"][i], out["direct_cos_mean_own_upper"][i] = olo[0] + min(delta, 0.0), ohi[0] + max(delta, 0.0)
+        out["direct_cos_mean_range_lower"][i] = min(float(full_lo.min()), float(ofull_lo[0]) + min(delta, 0.0))
+        out["direct_cos_mean_range_upper"][i] = max(float(full_hi.max()), float(ofull_hi[0]) + max(delta, 0.0))
+        if n_optimal:
+            vkn_o = torch.from_numpy(normalised(_configurations(a64, s_opt[:, :d], bases, gens[3])))
+            sim = vn[None] @ vkn_o.transpose(-1, -2)
+            ok = None if valid is None else valid[i : i + 1].expand(n_optimal)
+            matched = assignment_similarities(sim, ok, nan_to_zero=nan_to_zero)
+            out["optimal_cos_mean"][i], out["optimal_cos_max"][i] = matched.mean(-1).numpy(), matched.amax(-1).numpy()
+    draws = {k: np.asarray(x, dtype=np.float32) for k, x in out.items()}
+    return draws, cols

@@ -1,0 +1,249 @@
+"""Solver variation beyond signs: rotations inside near-degenerate eigenspaces (kpca_repro.method.solver_variation, issue 34 items 2-4)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.linalg
+import torch
+
+from kpca_repro.analysis import comparison as cmp
+from kpca_repro.analysis import tables
+from kpca_repro.method import solver_variation as sv
+from kpca_repro.method import uncertainty as unc
+from kpca_repro.method.equations import linear_cka, rbf_cka, row_normalize, select_eigenpairs, v_kpca
+from kpca_repro.projection import ROW_NORM_EPS
+
+
+def _matrix(evals: np.ndarray, seed: int) -> np.ndarray:
+    """A float32 symmetric matrix with the given spectrum (random orthogonal eigenvectors)."""
+    q = np.linalg.qr(np.random.default_rng(seed).standard_normal((len(evals), len(evals))))[0]
+    m = (q * evals) @ q.T
+    return ((m + m.T) / 2).astype(np.float32)
+
+
+def _rows(kc: np.ndarray, v: np.ndarray, d: int, order: str = "abs_desc", eigh=None, seed: int = 0) -> dict:
+    """``head_metrics``' rows of one head from a centered Gram matrix, values and an eigensolver."""
+    k = torch.from_numpy(kc)
+    w, vec = (eigh or torch.linalg.eigh)(k)
+    _, a = select_eigenpairs(torch.as_tensor(w), torch.as_tensor(vec), d, order)
+    inv_g = torch.from_numpy(np.random.default_rng(seed + 1).uniform(0.5, 1.5, kc.shape[0]).astype(np.float32))
+    vk = v_kpca(a, inv_g)
+    vt = torch.from_numpy(v)
+    return {"v": row_normalize(vt)[None], "v_kpca": row_normalize(vk)[None], "kc": k[None], "a": a[None], "inv_g": inv_g[None]}
+
+
+IDS = {"layer": 0, "sample_rank": 0, "dataset_index": 0, "head": 0}
+
+
+def test_tolerance_is_c_n_u_norm_and_groups_chain_gaps_below_it():
+    ev = np.array([-1.0, 0.1, 0.5, 0.5 + 1e-7, 0.5 + 2e-7, 0.9, 0.9 + 5e-7, 2.0])
+    tol = sv.resolution_tolerance(ev, 8, torch.float32)
+    assert tol == pytest.approx(sv.RESOLUTION_FACTOR * 8 * 2.0**-24 * 2.0)
+    assert sv.unit_roundoff(torch.float64) == 2.0**-53
+    sel = sv.selected_indices(ev, 3, "abs_desc")  # |lambda| descending: 2.0, -1.0, 0.9 + 5e-7
+    assert list(sel) == [7, 0, 6]
+    groups = sv.eigen_groups(ev, sel, tol)
+    assert [list(g) for g in groups] == [[5, 6]]  # 0.5-triple has no selected member; 0.9 pair straddles the boundary
+    assert sv.relative_eigengap(ev, sel) == pytest.approx(5e-7 / 2.0)
+    assert list(sv.selected_indices(ev, 3, "asc_top")) == [5, 6, 7]
+    assert list(sv.selected_indices(ev, 2, "desc")) == [7, 6]
+
+
+@pytest.mark.parametrize("m,k", [(2, 2), (5, 5), (7, 3)])
+def test_haar_draws_are_orthogonal_and_cover_both_determinants(m, k):
+    q = sv.haar_orthogonal(np.random.default_rng(0), m, 200, k=k)
+    assert q.shape == (200, m, k)
+    eye = np.einsum("rmi,rmj->rij", q, q)
+    assert np.abs(eye - np.eye(k)).max() < 1e-12
+    if k == m:
+        dets = np.sign(np.linalg.det(q))
+        assert (dets > 0).any() and (dets < 0).any()  # reflections are in O(m) too
+    # Haar: invariant mean zero entries, E[q_ij^2] = 1/m
+    assert np.abs((q**2).mean(0) - 1.0 / m).max() < 0.1
+
+
+@pytest.mark.parametrize("paper", [True, False])
+def test_ckas_are_invariant_under_rotations_inside_groups(paper):
+    gen = np.random.default_rng(1)
+    v = torch.from_numpy(gen.standard_normal((40, 6)))
+    vk = torch.from_numpy(gen.standard_normal((40, 6)))
+    q = np.eye(6)
+    q[1:4, 1:4] = sv.haar_orthogonal(gen, 3)[0]
+    q[4:6, 4:6] = sv.haar_orthogonal(gen, 2)[0]
+    q[0, 0] = -1.0
+    rotated = vk @ torch.from_numpy(q)
+    for cka in (linear_cka, rbf_cka):
+        a, b = float(cka(v, vk, paper)), float(cka(v, rotated, paper))
+        assert a == pytest.approx(b, abs=1e-10)
+
+
+def test_pair_rotation_bound_equals_a_dense_angle_search():
+    gen = np.random.default_rng(2)
+    theta = np.linspace(-np.pi, np.pi, 200001)
+    for _ in range(20):
+        m = gen.standard_normal((2, 2))
+        # the closed form is tr(M Q(theta)) for rotations and reflections
+        for reflect in (False, True):
+            t = 0.37
+            q = np.array([[np.cos(t), np.sin(t)], [np.sin(t), -np.cos(t)]]) if reflect else np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]])
+            assert sv.pair_direct_mean(m, np.array(t), reflect) == pytest.approx(np.trace(m @ q))
+        brute = np.concatenate([sv.pair_direct_mean(m, theta, False), sv.pair_direct_mean(m, theta, True)])
+        bound = float(sv.group_trace_bound(m))
+        assert brute.max() == pytest.approx(bound, abs=1e-9) and brute.min() == pytest.approx(-bound, abs=1e-9)
+
+
+def test_without_near_degenerate_groups_the_draws_are_the_sign_draws():
+    ev = np.concatenate([np.linspace(1.0, 0.2, 12), np.zeros(18) + np.linspace(-1e-3, -0.1, 18)])
+    kc = _matrix(ev, 3)
+    v = np.random.default_rng(4).standard_normal((30, 8)).astype(np.float32)
+    rows = _rows(kc, v, 8)
+    draws, cols = sv.head_solver_draws(rows, IDS, seed=7, n_direct=64, n_optimal=3, token_max=True, order="abs_desc")
+    old = unc.head_sign_draws(rows["v"], rows["v_kpca"], IDS, seed=7, n_direct=64, n_optimal=3, token_max=True)
+    assert cols["solver_groups"][0] == 0 and not cols["solver_boundary_group"][0]
+    for name in (*unc.SIGN_DRAW_NAMES, unc.MEAN_VECTOR):
+        assert np.array_equal(draws[name], old[name]), name
+    assert np.array_equal(draws["direct_cos_mean_lower"], draws["direct_cos_mean"])
+    assert np.array_equal(draws["direct_cos_mean_upper"], draws["direct_cos_mean"])
+
+
+def _token_mean(v: np.ndarray, a: np.ndarray, inv_g: np.ndarray) -> float:
+    vk = v_kpca(torch.from_numpy(a), torch.from_numpy(inv_g), paper=False)
+    return float((row_normalize(torch.from_numpy(v), ROW_NORM_EPS) * row_normalize(vk, ROW_NORM_EPS)).sum(-1).mean())
+
+
+def test_bounds_equal_a_brute_force_search_over_the_degenerate_pair():
+    """An exactly degenerate pair inside the selection: the own-sign bounds are the extreme
+    token means over every rotation and reflection of the pair (dense search)."""
+    ev = np.array([3.0, 2.0, 2.0, 1.0, 0.5, 0.25] + [0.01 * i for i in range(14)])
+    kc = _matrix(ev, 5)
+    v = np.random.default_rng(6).standard_normal((20, 5))
+    rows = _rows(kc, v.astype(np.float32), 5)
+    draws, cols = sv.head_solver_draws(rows, IDS, seed=0, n_direct=8, n_optimal=0, token_max=False, order="abs_desc")
+    assert cols["solver_groups"][0] == 1 and cols["solver_group_max"][0] == 2
+    a, inv_g = rows["a"][0].double().numpy(), rows["inv_g"][0].double().numpy()
+    values = []
+    for t in np.linspace(-np.pi, np.pi, 4001):
+        for reflect in (False, True):
+            q = np.array([[np.cos(t), np.sin(t)], [np.sin(t), -np.cos(t)]]) if reflect else np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]])
+            b = a.copy()
+            b[:, 1:3] = a[:, 1:3] @ q
+            values.append(_token_mean(v, b, inv_g))
+    assert max(values) == pytest.approx(float(draws["direct_cos_mean_own_upper"][0, 0]), abs=2e-6)
+    assert min(values) == pytest.approx(float(draws["direct_cos_mean_own_lower"][0, 0]), abs=2e-6)
+    # every draw's value lies inside its bounds
+    assert (draws["direct_cos_mean_lower"] <= draws["direct_cos_mean"] + 1e-6).all()
+    assert (draws["direct_cos_mean"] <= draws["direct_cos_mean_upper"] + 1e-6).all()
+
+
+def _scipy(driver):
+    def eigh(k):
+        w, vec = scipy.linalg.eigh(k.numpy(), driver=driver)
+        return torch.from_numpy(w), torch.from_numpy(vec)
+
+    return eigh
+
+
+def test_degenerate_head_under_different_drivers_lands_inside_its_interval():
+    """The whole selection is one degenerate pair (d = 2): every driver's answer differs in
+    its rotation, and every one lies inside the own-sign range of the pipeline's solver."""
+    ev = np.array([2.0, 2.0 * (1 + 1e-8), 0.7, 0.3, 0.1] + [0.001 * i for i in range(11)])
+    kc = _matrix(ev, 8)
+    v = np.random.default_rng(9).standard_normal((16, 2)).astype(np.float32)
+    rows = _rows(kc, v, 2)
+    draws, cols = sv.head_solver_draws(rows, IDS, seed=0, n_direct=16, n_optimal=0, token_max=False, order="abs_desc")
+    lo, hi = float(draws["direct_cos_mean_own_lower"][0, 0]), float(draws["direct_cos_mean_own_upper"][0, 0])
+    assert cols["solver_group_max"][0] == 2 and hi - lo > 0.1
+    inv_g = rows["inv_g"][0].double().numpy()
+    seen = set()
+    for solver in (torch.linalg.eigh, _scipy("evd"), _scipy("evr"), _scipy("evx"), lambda k: tuple(map(torch.from_numpy, np.linalg.eigh(k.numpy().astype(np.float64))))):
+        a = _rows(kc, v, 2, eigh=solver)["a"][0].double().numpy()
+        value = _token_mean(v.astype(np.float64), a, inv_g)
+        seen.add(round(value, 6))
+        assert lo - 1e-6 <= value <= hi + 1e-6
+    assert len(seen) > 1  # the drivers really differ
+
+
+def _table_heads(n_img: int = 4, n_heads: int = 3) -> pd.DataFrame:
+    gen = np.random.default_rng(3)
+    rows = [
+        {"model": "m", "variant": "paper", "sample_rank": i, "dataset_index": i, "layer": 0, "head": h, "dropped": False, "exp_overflow": False, "outer_overflow": False, "allclose": False}
+        for i in range(n_img)
+        for h in range(n_heads)
+    ]
+    df = pd.DataFrame(rows)
+    for col in ("direct_cos_mean", "optimal_cos_mean", "linear_cka", "rbf_cka", "direct_cos_max", "optimal_cos_max"):
+        df[col] = gen.uniform(0, 0.3, len(df))
+    df["eigengap_min"] = gen.uniform(1e-7, 1e-3, len(df))
+    return df
+
+
+def test_table1_solver_interval_holds_the_point_estimate_and_names_the_deciding_head():
+    df = _table_heads()
+    h = len(df)
+    x = df["direct_cos_mean"].to_numpy()
+    gen = np.random.default_rng(0)
+    spread = gen.uniform(-0.2, 0.2, (h, 16))
+    draws = {
+        "direct_cos_mean": spread.astype(np.float32),
+        "direct_cos_max": np.zeros((h, 0), np.float32),
+        "optimal_cos_mean": (df["optimal_cos_mean"].to_numpy()[:, None] - 0.01).astype(np.float32),
+        "optimal_cos_max": np.zeros((h, 1), np.float32),
+        unc.MEAN_VECTOR: np.zeros((h, 2), np.float32),
+        "direct_cos_mean_lower": (spread - 0.05).astype(np.float32),
+        "direct_cos_mean_upper": (spread + 0.05).astype(np.float32),
+        "direct_cos_mean_own_lower": (x[:, None] - 0.02).astype(np.float32),
+        "direct_cos_mean_own_upper": (x[:, None] + 0.03).astype(np.float32),
+    }
+    t = tables.table1_paper(df, {"m": {"n_images": 4, "weights_sha256": "s"}}, draws, {"bootstrap": 200})
+    row = t.iloc[0]
+    assert row["MDC_solver_lower"] <= row["MDC"] <= row["MDC_solver_upper"]
+    # the own-sign range is exact: the max over heads of the own upper bounds
+    assert row["MDC_solver_upper"] >= x.max() + 0.03 - 1e-6
+    top = df.iloc[int(np.argmax(x))]
+    assert (row["MDC_layer"], row["MDC_head"], row["MDC_sample_rank"]) == (top["layer"], top["head"], top["sample_rank"])
+    assert row["MDC_eigengap"] == top["eigengap_min"]
+    assert "MDC_sign_lower" not in t.columns and "MOC_solver_lower" in t.columns
+    assert bool(row["solver_rotations"])
+    # MOC: every head takes its (single) draw, joined with the reproduced value
+    moc = df["optimal_cos_mean"].to_numpy()
+    assert row["MOC_solver_lower"] == pytest.approx(moc.max() - 0.01, abs=1e-6) and row["MOC_solver_upper"] == pytest.approx(moc.max())
+    assert row["MOC_lower"] <= row["MOC"] <= row["MOC_upper"] and row["interval_note"] == ""
+
+
+def test_statuses_claim_only_what_the_interval_varies():
+    assert cmp.status("0.15", 0.124, 0.11, 0.16, solver=False) == cmp.CONSISTENT_SAMPLING
+    assert cmp.status("0.15", 0.124, 0.11, 0.14, solver=False) == cmp.DIFFERS_SAMPLING
+    assert cmp.status("0.15", 0.124, 0.11, 0.16) == cmp.CONSISTENT
+    assert "solver" not in cmp.CONSISTENT_SAMPLING and "solver" not in cmp.DIFFERS_SAMPLING
+
+
+def test_per_head_range_is_the_exact_extreme_over_every_sign_pattern():
+    """Without groups the range is +-sum |m_c|: the extremes of m . sigma over all 2^d patterns."""
+    ev = np.concatenate([np.linspace(1.0, 0.2, 12), np.linspace(-1e-3, -0.1, 18)])
+    kc = _matrix(ev, 3)
+    v = np.random.default_rng(4).standard_normal((30, 6)).astype(np.float32)
+    rows = _rows(kc, v, 6)
+    draws, _ = sv.head_solver_draws(rows, IDS, seed=0, n_direct=4, n_optimal=0, token_max=False, order="abs_desc")
+    m = draws[unc.MEAN_VECTOR][0].astype(np.float64)
+    every = np.array(np.meshgrid(*[[-1.0, 1.0]] * 6)).reshape(6, -1).T @ m
+    assert float(draws["direct_cos_mean_range_upper"][0, 0]) == pytest.approx(every.max(), abs=1e-6)
+    assert float(draws["direct_cos_mean_range_lower"][0, 0]) == pytest.approx(every.min(), abs=1e-6)
+    # with a degenerate pair: the range holds every sign pattern of the other columns times every pair rotation
+    ev2 = np.array([3.0, 2.0, 2.0, 1.0, 0.5, 0.25] + [0.01 * i for i in range(14)])
+    kc2 = _matrix(ev2, 5)
+    v2 = np.random.default_rng(6).standard_normal((20, 5))
+    rows2 = _rows(kc2, v2.astype(np.float32), 5)
+    d2, _ = sv.head_solver_draws(rows2, IDS, seed=0, n_direct=4, n_optimal=0, token_max=False, order="abs_desc")
+    a, inv_g = rows2["a"][0].double().numpy(), rows2["inv_g"][0].double().numpy()
+    lo, hi = float(d2["direct_cos_mean_range_lower"][0, 0]), float(d2["direct_cos_mean_range_upper"][0, 0])
+    values = []
+    for signs in np.array(np.meshgrid(*[[-1.0, 1.0]] * 3)).reshape(3, -1).T:
+        for t in np.linspace(-np.pi, np.pi, 181):
+            b = a.copy()
+            b[:, [0, 3, 4]] *= signs
+            b[:, 1:3] = a[:, 1:3] @ np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]])
+            values.append(_token_mean(v2, b, inv_g))
+    assert lo - 1e-6 <= min(values) and max(values) <= hi + 1e-6
+    assert max(values) == pytest.approx(hi, abs=1e-3) and min(values) == pytest.approx(lo, abs=1e-3)  # attained (grid of 2 degrees)
