@@ -26,3 +26,15 @@ Modules, by pipeline stage (docs/internals.md):
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["analyze_heads", "analyze_file"]
+
+
+def __getattr__(name):
+    # the notebook API (kpca_repro.api), imported on first use so that `import kpca_repro`
+    # (paths, variant, config checks at parse time) stays free of pandas and torch
+    if name in ("analyze_heads", "analyze_file"):
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'kpca_repro' has no attribute {name!r}")

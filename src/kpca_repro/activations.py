@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
@@ -45,6 +46,9 @@ __all__ = [
     "validate",
     "write_activations",
     "install_user_file",
+    "check_user_config",
+    "label_user_rows",
+    "USER_LABEL",
     "main",
 ]
 
@@ -344,6 +348,47 @@ def install_user_file(source: str | os.PathLike, target: str | os.PathLike, *, n
             f.attrs["capture_max_rel_error"] = float(summary.capture_max_rel_error)
             f.attrs["user_source"] = str(Path(source).resolve())
     return summary
+
+
+#: Appended to the ``model`` cell of a user model's rows in Tables 1-4.
+USER_LABEL = " (user activations)"
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)?$")
+
+
+def check_user_config(config: dict) -> None:
+    """The checks of ``activations:`` a schema cannot express, at parse time (no file is opened).
+
+    Raises:
+        ValueError: a name that is not a model id (letters, digits, ``_ . -``, at most one
+            ``/``), a name also in ``vision.models`` / ``text.models``, or a missing file; the
+            message names the config key and the fix.
+    """
+    for name, entry in config.get("activations", {}).items():
+        key = f"config key activations.{name}"
+        if not _NAME.match(name) or "--" in name:
+            raise ValueError(f"{key}: the name must be letters, digits, '_', '.', '-' (no '--'), with at most one '/' (docs/activations.md)")
+        if name in config["vision"]["models"] or name in config["text"]["models"]:
+            raise ValueError(f"{key}: {name} is also in vision.models or text.models; give your activations another name (docs/activations.md)")
+        for i, file in enumerate(entry["files"]):
+            if not os.path.isfile(file):
+                raise ValueError(f"{key}.files[{i}]: {file} does not exist (relative paths are read from the working directory; docs/activations.md)")
+
+
+def label_user_rows(table, names):
+    """Append :data:`USER_LABEL` to the ``model`` cell of the rows whose ``timm_id`` / ``hf_id`` is in ``names``.
+
+    A table without such rows is returned unchanged (the same CSV bytes).
+    """
+    names = set(names or ())
+    id_column = next((c for c in ("timm_id", "hf_id") if c in table.columns), None)
+    if not names or id_column is None or "model" not in table.columns:
+        return table
+    hit = table[id_column].isin(names).to_numpy()
+    if not hit.any():
+        return table
+    out = table.copy()
+    out.loc[hit, "model"] = out.loc[hit, "model"].astype(str) + USER_LABEL
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

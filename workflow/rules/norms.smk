@@ -72,7 +72,7 @@ rule norms_text:
 
 rule figure2:
     input:
-        stats=norm_stats("vision", lambda wc: VISION["models"]),
+        stats=norm_stats("vision", lambda wc: VISION["models"] + [model_slug(m) for m in user_models(config, "vision")]),
         code=code_inputs("figure_norms.py"),
     output:
         pdf="results/figure2{suffix}.pdf",

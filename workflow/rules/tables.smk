@@ -5,7 +5,7 @@
 
 rule table1:
     input:
-        unpack(table_inputs(lambda variant, ext: [f for m in VISION["models"] for f in heads_files(variant, m, ext)])),
+        unpack(table_inputs(lambda variant, ext: [f for m in VISION["models"] for f in heads_files(variant, m, ext)] + user_heads(variant, ext, "vision"))),
         code=code_inputs("table1.py"),
     output:
         csv="results/table1{suffix}.csv",
@@ -23,6 +23,7 @@ rule table1:
         variant=variant_of,
         uncertainty=paper_uncertainty,
         stand_ins=config["comparison"]["stand_in_models"],
+        user_models=list(USER),
     script:
         "../scripts/table1.py"
 
@@ -32,7 +33,7 @@ rule table1:
 
 rule table4:
     input:
-        unpack(table_inputs(lambda variant, ext: [f for m in TEXT["models"] for f in text_stage_files(m, ext, variant)])),
+        unpack(table_inputs(lambda variant, ext: [f for m in TEXT["models"] for f in text_stage_files(m, ext, variant)] + user_heads(variant, ext, "text"))),
         code=code_inputs("table4.py"),
     output:
         csv="results/table4{suffix}.csv",
@@ -50,5 +51,6 @@ rule table4:
         variant=variant_of,
         uncertainty=paper_uncertainty,
         stand_ins=config["comparison"]["stand_in_models"],
+        user_models=list(USER),
     script:
         "../scripts/table4.py"
