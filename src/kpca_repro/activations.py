@@ -157,7 +157,8 @@ def validate(path: str | os.PathLike, *, kind: str | None = None, check_invarian
     except OSError as exc:
         raise ActivationFormatError(path, f"not a readable HDF5 file ({exc})", "write it with h5py (kpca_repro.activations.write_activations)") from None
     with f:
-        attrs = {k: f.attrs[k] for k in f.attrs}
+        # numpy scalars as Python values, so messages read "is 2", not "is np.int64(2)"
+        attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in f.attrs.items()}
         version = attrs.get("format_version", FORMAT_VERSION)
         if _as_int(version) != FORMAT_VERSION:
             raise ActivationFormatError(path, f"format_version is {version!r}, this pipeline reads version {FORMAT_VERSION}", f"write the layout of version {FORMAT_VERSION} and set format_version = {FORMAT_VERSION}")

@@ -54,12 +54,13 @@ def analyze_heads(
 
     For each head (keys ``K`` and values ``V``, ``N`` tokens x ``d``), with ``s = 1/sqrt(d)``:
 
-    * Gram matrix and centering (docs/method.md 0.2): ``paper``: ``K_phi = exp(s K K^T) / (g g^T + eps)``,
-      ``g_i = exp(s |k_i|^2 / 2)``, ``K~ = K_phi - 1_N K_phi - K_phi 1_N + 1_N K_phi 1_N``
-      (float32); ``corrected``: the same matrix in the log domain, mean-subtracted (float64);
+    * Gram matrix and centering (docs/method.md 0.2): ``K_phi = exp(s K K^T) / (g g^T + eps)``,
+      ``g_i = sum_j exp(s k_i.k_j)``, ``K~ = K_phi - 1_N K_phi - K_phi 1_N + 1_N K_phi 1_N``
+      (``1_N`` the matrix of ``1/N``); ``paper``: float32, ``eps = 1e-6``; ``corrected``:
+      float64, computed in the log domain, ``eps = 0``;
     * eigenpairs ``K~ a_r = lambda_r a_r``, the top ``d`` (paper: by ``|lambda|``; corrected:
       descending, sign of each eigenvector's largest entry positive) form ``A`` (N x d);
-    * ``V_KPCA = (G O) A`` (Eq. 5), compared with ``V``: ``allclose``, the direct and optimal
+    * ``V_KPCA = G A - G 1_N A`` (Eq. 5, ``G = diag(1/g)``), compared with ``V``: ``allclose``, the direct and optimal
       (Hungarian-matched) token-row cosines ``cos(v_i, v^KPCA_j)`` (mean, max, min), linear CKA
       and RBF CKA; corrected: column-wise ``|cos|`` and the same statistics against a standard
       normal ``V_KPCA`` seeded by ``(seed, dataset_index, layer)`` (``baseline_*``).
