@@ -5,7 +5,6 @@ configuration end to end."""
 from __future__ import annotations
 
 import io
-import json
 import math
 import re
 import subprocess
@@ -16,14 +15,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-import yaml
 from torch import nn
 
-from conftest import REPO, run_snakemake
 from kpca_repro import analyze_file, analyze_heads
-from kpca_repro.activations import ActivationFormatError, USER_LABEL, install_user_file, main, validate, write_activations
+from kpca_repro.activations import ActivationFormatError, install_user_file, main, validate
 from kpca_repro.capture import CaptureMismatchError
-from kpca_repro.comparison import NOT_COMPARABLE, USER_ACTIVATIONS_REASON, mark_user_activations
 from kpca_repro.module_capture import HeadCapture, ModuleCapture, record_activations
 
 # --------------------------------------------------------------------------------------

@@ -161,7 +161,9 @@ def validate(path: str | os.PathLike, *, kind: str | None = None, check_invarian
         attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in f.attrs.items()}
         version = attrs.get("format_version", FORMAT_VERSION)
         if _as_int(version) != FORMAT_VERSION:
-            raise ActivationFormatError(path, f"format_version is {version!r}, this pipeline reads version {FORMAT_VERSION}", f"write the layout of version {FORMAT_VERSION} and set format_version = {FORMAT_VERSION}")
+            raise ActivationFormatError(
+                path, f"format_version is {version!r}, this pipeline reads version {FORMAT_VERSION}", f"write the layout of version {FORMAT_VERSION} and set format_version = {FORMAT_VERSION}"
+            )
         for name, typ in REQUIRED_ATTRS.items():
             if name not in attrs:
                 raise ActivationFormatError(path, f"root attribute {name!r} is missing", f"set f.attrs[{name!r}] ({typ.__name__})")
@@ -199,7 +201,9 @@ def validate(path: str | os.PathLike, *, kind: str | None = None, check_invarian
                     raise ActivationFormatError(path, f"dataset /{key} is missing (n_layers = {n_layers})", f"store /{key} as {shape} float32, or correct n_layers")
                 ds = f[key]
                 if ds.shape != shape:
-                    raise ActivationFormatError(path, f"/{key} has shape {ds.shape}, expected (B, n_heads, n_tokens, head_dim) = {shape}", "store per-head tensors batch-first, heads before tokens, or correct the attributes")
+                    raise ActivationFormatError(
+                        path, f"/{key} has shape {ds.shape}, expected (B, n_heads, n_tokens, head_dim) = {shape}", "store per-head tensors batch-first, heads before tokens, or correct the attributes"
+                    )
                 if ds.dtype != np.float32:
                     raise ActivationFormatError(path, f"/{key} has dtype {ds.dtype}", "store float32 (e.g. arr.astype(np.float32))")
         mask = None
@@ -223,7 +227,11 @@ def validate(path: str | os.PathLike, *, kind: str | None = None, check_invarian
             for name, arr in t.items():
                 if not np.isfinite(arr).all():
                     bad = np.argwhere(~np.isfinite(arr))[0]
-                    raise ActivationFormatError(path, f"/{_layer_key(layer)}/{name} has a non-finite value at input {bad[0]}, head {bad[1]}, token {bad[2]}", "store finite values (a NaN or inf from the model cannot be analysed)")
+                    raise ActivationFormatError(
+                        path,
+                        f"/{_layer_key(layer)}/{name} has a non-finite value at input {bad[0]}, head {bad[1]}, token {bad[2]}",
+                        "store finite values (a NaN or inf from the model cannot be analysed)",
+                    )
             if check_invariant:
                 err = _check_layer(path, attrs["model_id"], layer, t, scale, mask, tolerance)
                 worst = err if worst is None else max(worst, err)
@@ -235,7 +243,9 @@ def _check_layer(path, model_id, layer, t, scale, mask, tolerance) -> float:
     from .capture import INVARIANT_RTOL, attention_mask_matrix, check_attention_invariant
 
     allowed = attention_mask_matrix(t["q"].shape[2], key_mask=mask) if mask is not None else None
-    res = check_attention_invariant(f"{model_id} ({path})", layer, t["q"], t["k"], t["v"], t["h"], scale=scale, allowed=allowed, query_mask=mask, tolerance=INVARIANT_RTOL if tolerance is None else tolerance)
+    res = check_attention_invariant(
+        f"{model_id} ({path})", layer, t["q"], t["k"], t["v"], t["h"], scale=scale, allowed=allowed, query_mask=mask, tolerance=INVARIANT_RTOL if tolerance is None else tolerance
+    )
     return res.max_rel_error
 
 
@@ -337,7 +347,9 @@ def install_user_file(source: str | os.PathLike, target: str | os.PathLike, *, n
 
     summary = validate(source, kind=kind, tolerance=tolerance)
     if summary.model_id != name:
-        raise ActivationFormatError(source, f"model_id is {summary.model_id!r} but the config entry activations.{name} names it {name!r}", f"rename the entry to {summary.model_id!r} or set model_id = {name!r}")
+        raise ActivationFormatError(
+            source, f"model_id is {summary.model_id!r} but the config entry activations.{name} names it {name!r}", f"rename the entry to {summary.model_id!r} or set model_id = {name!r}"
+        )
     with atomic_output(target) as tmp:
         shutil.copyfile(source, tmp)
         with h5py.File(tmp, "r+") as f:

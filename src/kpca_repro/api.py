@@ -159,9 +159,15 @@ def analyze_heads(
                 nan_zero = bool(options.get("nan_cost_to_zero", False))
                 draw_parts.append(
                     head_sign_draws(
-                        rows["v"], rows["v_kpca"], {"layer": layer, "sample_rank": rk[lo:hi], "dataset_index": ix[lo:hi], "head": hd[lo:hi]},
-                        seed=seed, n_direct=sign_draws[0], n_optimal=sign_draws[1], token_max=text,
-                        valid=None if nan_zero else torch.from_numpy(~cols["dropped"]), nan_to_zero=nan_zero,
+                        rows["v"],
+                        rows["v_kpca"],
+                        {"layer": layer, "sample_rank": rk[lo:hi], "dataset_index": ix[lo:hi], "head": hd[lo:hi]},
+                        seed=seed,
+                        n_direct=sign_draws[0],
+                        n_optimal=sign_draws[1],
+                        token_max=text,
+                        valid=None if nan_zero else torch.from_numpy(~cols["dropped"]),
+                        nan_to_zero=nan_zero,
                     )  # fmt: skip
                 )
             meta = {"variant": var.name, "layer": layer, "sample_rank": rk[lo:hi], "dataset_index": ix[lo:hi], "head": hd[lo:hi], "n_tokens": kk.shape[1], "head_dim": vv.shape[2]}
