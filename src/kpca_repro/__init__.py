@@ -7,6 +7,10 @@ Modules, by pipeline stage (docs/internals.md):
   Face attention adapters), :mod:`kpca_repro.capture` (the capture invariant),
   :mod:`kpca_repro.text` (text samples, tokenization), :mod:`kpca_repro.images` (image
   inputs and sampling);
+* any attention (docs/activations.md): :mod:`kpca_repro.activations` (the activation file
+  format, its validator and writer), :mod:`kpca_repro.module_capture` (the capture interface
+  for any ``torch.nn.Module``), :mod:`kpca_repro.api` (``kpca_repro.analyze_heads``,
+  ``kpca_repro.analyze_file``: per-head metrics in a notebook);
 * stage 2, per-head records: :mod:`kpca_repro.kpca` (all KPCA mathematics),
   :mod:`kpca_repro.records` (records of an activation file), :mod:`kpca_repro.uncertainty`
   (sign draws, bootstrap);
