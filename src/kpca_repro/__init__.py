@@ -35,10 +35,12 @@ __all__ = ["analyze_heads", "analyze_file"]
 
 
 def __getattr__(name):
-    # the notebook API (kpca_repro.api), imported on first use so that `import kpca_repro`
-    # (paths, variant, config checks at parse time) stays free of pandas and torch
+    # The notebook API (kpca_repro.api), imported on first use: `import kpca_repro` (paths,
+    # variant, config checks at parse time) stays free of pandas and torch, and by name, so
+    # that kpca_repro.code_deps (which follows import statements) does not make api.py and the
+    # KPCA engine behind it a `code` input of every rule: no rule script uses the API.
     if name in ("analyze_heads", "analyze_file"):
-        from . import api
+        import importlib
 
-        return getattr(api, name)
+        return getattr(importlib.import_module(f"{__name__}.api"), name)
     raise AttributeError(f"module 'kpca_repro' has no attribute {name!r}")
