@@ -1,6 +1,7 @@
 """Any attention (issue 33): the activation format and its validator, the capture interface on
-modules the pipeline never saw, the notebook API against the pipeline, user activations from the
-configuration end to end."""
+modules the pipeline never saw, the notebook API against the records stage, the configuration
+checks, paths, labels and comparison of user activations (the pipeline runs:
+tests/test_activations_workflow.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ import torch
 from torch import nn
 
 from kpca_repro import analyze_file, analyze_heads
-from kpca_repro.activations import ActivationFormatError, install_user_file, main, validate
+from kpca_repro.activations import USER_LABEL, ActivationFormatError, install_user_file, main, validate
 from kpca_repro.capture import CaptureMismatchError
+from kpca_repro.comparison import NOT_COMPARABLE, USER_ACTIVATIONS_REASON, mark_user_activations
 from kpca_repro.module_capture import HeadCapture, ModuleCapture, record_activations
 
 # --------------------------------------------------------------------------------------
@@ -393,3 +395,65 @@ def test_api_cosines_by_brute_force():
     vv = v.astype(np.float32).astype(np.float64)
     cos = (vv * vk).sum(1) / np.linalg.norm(vv, axis=1) / np.linalg.norm(vk, axis=1)
     assert row["direct_cos_mean"] == pytest.approx(cos.mean(), rel=1e-9, abs=1e-12)
+
+
+# --------------------------------------------------------------------------------------
+# Configuration, paths, labels and the comparison (no pipeline run)
+# --------------------------------------------------------------------------------------
+
+
+def _cfg(**activations):
+    return {"variants": ["paper"], "vision": {"models": ["deit_tiny_patch16_224"], "n_images": 4, "shards": 1}, "text": {"models": [], "n_rows": 2, "shards": 1}, "activations": activations}
+
+
+def test_user_paths_follow_the_configured_files():
+    from kpca_repro import paths
+
+    cfg = _cfg(**{"org/enc": {"files": ["a.h5", "b.h5"], "kind": "text"}, "mine": {"files": ["m.h5"], "kind": "vision"}})
+    assert paths.user_models(cfg) == ["org/enc", "mine"] and paths.user_models(cfg, "vision") == ["mine"]
+    assert paths.user_files(cfg, "org/enc") == ["results/activations/org--enc/user_0of2.h5", "results/activations/org--enc/user_1of2.h5"]
+    assert paths.user_files(cfg, "mine", "csv", "paper") == ["results/heads/paper/mine/user_0of1.csv"]
+    assert paths.user_spectra_files(cfg, "corrected", "mine", ["standardized", "raw"]) == [
+        "results/spectra/corrected/mine/user_0of1_standardized.csv",
+        "results/spectra/corrected/mine/user_0of1_raw.csv",
+    ]
+    # the norms of a user model read its own files in both variants
+    for variant in ("paper", "corrected"):
+        assert paths.norm_activations(cfg, "text", variant, "org--enc") == paths.user_files(cfg, "org/enc")
+    assert "4" in paths.comparison_tables(cfg)  # a user text model brings Table 4
+
+
+def test_user_configuration_checks(tmp_path, monkeypatch):
+    from kpca_repro.activations import check_user_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.h5").write_bytes(b"")
+    check_user_config(_cfg(mine={"files": ["m.h5"], "kind": "vision"}))
+    for entries, needle in [
+        ({"deit_tiny_patch16_224": {"files": ["m.h5"], "kind": "vision"}}, "also in vision.models"),
+        ({"a--b": {"files": ["m.h5"], "kind": "vision"}}, "no '--'"),
+        ({"mine": {"files": ["m.h5", "gone.h5"], "kind": "vision"}}, "activations.mine.files[1]: gone.h5 does not exist"),
+    ]:
+        with pytest.raises(ValueError) as info:
+            check_user_config(_cfg(**entries))
+        assert needle in str(info.value)
+    empty = _cfg(mine={"files": ["m.h5"], "kind": "text"})
+    empty["vision"]["models"] = []
+    with pytest.raises(ValueError, match="entry of kind vision"):
+        check_user_config(empty)
+
+
+def test_user_rows_are_labelled_and_not_comparable():
+    from kpca_repro.activations import label_user_rows
+    from kpca_repro.comparison import DIFFERS, NOT_RUN, WITHIN_ROUNDING
+
+    table = pd.DataFrame({"model": ["DeiT-Tiny", "mine"], "timm_id": ["deit_tiny_patch16_224", "mine"], "MDC": [0.1, 0.2]})
+    out = label_user_rows(table, ["mine"])
+    assert out["model"].tolist() == ["DeiT-Tiny", "mine" + USER_LABEL] and out["MDC"].equals(table["MDC"])
+    assert label_user_rows(table, []) is table
+    comp = pd.DataFrame({"model_id": ["deit_tiny_patch16_224", "deit_tiny_patch16_224", "vit_base_patch16_224"], "status": [DIFFERS, NOT_RUN, WITHIN_ROUNDING], "reason": ["", "not in config", ""]})
+    marked = mark_user_activations(comp, ["deit_tiny_patch16_224"])
+    first = marked[marked["model_id"] == "deit_tiny_patch16_224"]
+    assert first["status"].tolist() == [NOT_COMPARABLE, NOT_RUN] and first["reason"].iloc[0] == USER_ACTIVATIONS_REASON
+    assert marked["status"].iloc[0] == WITHIN_ROUNDING  # compared rows first, as comparison_table orders them
+    assert mark_user_activations(comp, []) is comp
