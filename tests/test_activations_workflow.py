@@ -36,7 +36,7 @@ def _run_doc_writer(path):
 
 
 def _config(path, **extra):
-    cfg = {"offline": True, "kpca": {"heads_per_chunk": 8, "threads": 1}, "spectra": {"n_components": 4}, "text": {"models": []}, **extra}
+    cfg = {"offline": True, "kpca": {"heads_per_chunk": 8, "threads": 1}, "spectra": {"n_images": 2, "n_components": 4}, "text": {"models": []}, **extra}
     path.write_text(yaml.safe_dump(cfg))
     return path
 
