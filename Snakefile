@@ -29,6 +29,8 @@ report: "workflow/report/workflow.rst"
 include: "workflow/rules/common.smk"
 # Values and functions several rule files share (GPU resource, variant wildcards).
 include: "workflow/rules/helpers.smk"
+# The `activations:` entries (a user's own activation files, docs/activations.md) and their input functions.
+include: "workflow/rules/user_helpers.smk"
 
 
 # `snakemake --report` fails on any docutils warning or error in a caption instead of showing
@@ -47,6 +49,7 @@ onstart:
 
 include: "workflow/rules/resources.smk"
 include: "workflow/rules/extract.smk"
+include: "workflow/rules/activations.smk"
 include: "workflow/rules/kpca.smk"
 include: "workflow/rules/tables.smk"
 include: "workflow/rules/spectra.smk"

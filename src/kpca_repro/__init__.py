@@ -17,6 +17,23 @@ outputs), :mod:`kpca_repro.smk` (rule-script helpers, logging), :mod:`kpca_repro
 :mod:`kpca_repro.threads` (thread counts, devices, worker pool), :mod:`kpca_repro.check_cache`
 (hashes, checks kept between runs), :mod:`kpca_repro.projection` (J_proj and squared norms,
 used by the method, the norms and training).
+
+Any attention (docs/activations.md): :mod:`kpca_repro.activations` (the activation file
+format, its validator and writer), :mod:`kpca_repro.capture.module_capture` (the capture
+interface for any ``torch.nn.Module``), :mod:`kpca_repro.method.api` (``kpca_repro.analyze_heads``,
+``kpca_repro.analyze_file``: per-head metrics in a notebook).
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["analyze_heads", "analyze_file"]
+
+
+def __getattr__(name):
+    # The notebook API (kpca_repro.method.api), imported on first use: `import kpca_repro`
+    # (paths, variant, config checks at parse time) stays free of pandas and torch.
+    if name in ("analyze_heads", "analyze_file"):
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.method.api"), name)
+    raise AttributeError(f"module 'kpca_repro' has no attribute {name!r}")

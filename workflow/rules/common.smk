@@ -105,7 +105,7 @@ heads_files, spectra_files, text_stage_files, norm_activations, comparison_table
 
 def figure5_models(wildcards):
     """Path slugs of the Figure 5 models (figure5.models, else text.models)."""
-    models = FIGURE5["models"] if FIGURE5["models"] is not None else TEXT["models"]
+    models = (FIGURE5["models"] if FIGURE5["models"] is not None else TEXT["models"]) + paths.user_models(config, "text")
     if not models:
         raise WorkflowError("config keys figure5.models / text.models: no language model configured for Figure 5")
     return [model_slug(m) for m in models]

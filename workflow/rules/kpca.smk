@@ -1,6 +1,7 @@
 # Stage 2: per (input, layer, head): Gram matrix, centering, eigenpairs, V_KPCA, metrics.
 # One rule for vision (vision_<n>_<shard>) and language-model (text_<sample>_<shard>) files;
 # the records module reads the kind of file from its layout (attention_mask for text).
+# user_<i>of<S>: a user's activation file (activations.smk, docs/activations.md).
 
 
 rule kpca_heads:
@@ -17,7 +18,7 @@ rule kpca_heads:
     benchmark:
         "benchmarks/kpca_heads/{variant}/{model}/{stem}.tsv"
     wildcard_constraints:
-        stem=r"(vision_\d+|text_(\d+|sentences))_\d+of\d+",
+        stem=r"(vision_\d+|text_(\d+|sentences)|user)_\d+of\d+",
     conda:
         ENV
     threads: config["kpca"]["threads"]

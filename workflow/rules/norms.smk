@@ -75,7 +75,7 @@ default_target("results/figure2{suffix}.pdf")
 
 rule figure2:
     input:
-        stats=norm_stats("vision", lambda wc: VISION["models"]),
+        stats=norm_stats("vision", lambda wc: VISION["models"] + [model_slug(m) for m in user_models(config, "vision")]),
         code=stage_code("method", "analysis", "figures"),
     output:
         pdf="results/figure2{suffix}.pdf",
@@ -106,7 +106,7 @@ rule figure2:
         "../scripts/figure_norms.py"
 
 
-default_target("results/figure5{suffix}.pdf", when=lambda config: bool(config["text"]["models"]))
+default_target("results/figure5{suffix}.pdf", when=lambda config: bool(config["text"]["models"] or user_models(config, "text")))
 
 
 rule figure5:

@@ -34,6 +34,8 @@ rule paper_comparison:
         checksums=config["checksums"],
         # never compared: random weights of the exact architecture (docs/hub_fixture.md)
         stand_ins=config["comparison"]["stand_in_models"],
+        # never compared: a user's activations (docs/activations.md)
+        user_models=list(USER),
     script:
         "../scripts/paper_comparison.py"
 

@@ -31,7 +31,8 @@ default_target("results/table2{suffix}.csv", "results/table3{suffix}.csv", repor
 
 rule table_spectra:
     input:
-        records=lambda wc: [f for m in VISION["models"] for keys in (["standardized"] if wc.table == "2" else ["standardized", "raw"]) for f in spectra_files(variant_of(wc), m, keys)],
+        records=lambda wc: [f for m in VISION["models"] for keys in (["standardized"] if wc.table == "2" else ["standardized", "raw"]) for f in spectra_files(variant_of(wc), m, keys)]
+        + [f for m in user_models(config, "vision") for f in user_spectra_files(config, variant_of(wc), m, ["standardized"] if wc.table == "2" else ["standardized", "raw"])],
         code=stage_code("method", "analysis"),
     output:
         csv="results/table{table}{suffix}.csv",
@@ -50,6 +51,7 @@ rule table_spectra:
         variant=variant_of,
         uncertainty={"seed": config["seed"], **config["uncertainty"]},
         stand_ins=config["comparison"]["stand_in_models"],
+        user_models=list(USER),
     script:
         "../scripts/table_spectra.py"
 

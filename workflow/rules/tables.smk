@@ -8,7 +8,7 @@ default_target("results/table1{suffix}.csv", "results/table1{suffix}.md", report
 
 rule table1:
     input:
-        unpack(table_inputs(lambda variant, ext: [f for m in VISION["models"] for f in heads_files(variant, m, ext)])),
+        unpack(table_inputs(lambda variant, ext: [f for m in VISION["models"] for f in heads_files(variant, m, ext)] + user_heads(variant, ext, "vision"))),
         code=stage_code("method", "analysis"),
     output:
         csv="results/table1{suffix}.csv",
@@ -26,6 +26,7 @@ rule table1:
         variant=variant_of,
         uncertainty=paper_uncertainty,
         stand_ins=config["comparison"]["stand_in_models"],
+        user_models=list(USER),
     script:
         "../scripts/table1.py"
 
@@ -33,12 +34,14 @@ rule table1:
 # Table 4: language models (docs/method.md Section 3; corrected: Section 15).
 
 
-default_target("results/table4{suffix}.csv", "results/table4{suffix}.md", report=True, when=lambda config: bool(config["text"]["models"]))  # text.models: [] leaves Table 4 out
+default_target(
+    "results/table4{suffix}.csv", "results/table4{suffix}.md", report=True, when=lambda config: bool(config["text"]["models"] or user_models(config, "text"))
+)  # text.models: [] leaves Table 4 out
 
 
 rule table4:
     input:
-        unpack(table_inputs(lambda variant, ext: [f for m in TEXT["models"] for f in text_stage_files(m, ext, variant)])),
+        unpack(table_inputs(lambda variant, ext: [f for m in TEXT["models"] for f in text_stage_files(m, ext, variant)] + user_heads(variant, ext, "text"))),
         code=stage_code("method", "analysis"),
     output:
         csv="results/table4{suffix}.csv",
@@ -56,5 +59,6 @@ rule table4:
         variant=variant_of,
         uncertainty=paper_uncertainty,
         stand_ins=config["comparison"]["stand_in_models"],
+        user_models=list(USER),
     script:
         "../scripts/table4.py"

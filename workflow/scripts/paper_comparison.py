@@ -2,7 +2,7 @@
 
 import os
 
-from kpca_repro.analysis.comparison import comparison_markdown, comparison_table, not_run_reason, published_model_ids
+from kpca_repro.analysis.comparison import comparison_markdown, comparison_table, mark_user_activations, not_run_reason, published_model_ids
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
 
@@ -19,6 +19,7 @@ table = comparison_table(
     checksums=dict(smk.params.checksums),
     stand_ins=list(smk.params.stand_ins),
 )
+table = mark_user_activations(table, smk.params.user_models)  # docs/activations.md
 log.info("%d published numbers compared: %s", len(table), table["status"].value_counts().to_dict() if len(table) else {})
 with atomic_output(smk.output.csv) as tmp:
     table.to_csv(tmp, index=False)

@@ -1,5 +1,6 @@
 """Rule table4 (paper and corrected variant): aggregate per-head records of the language models into Table 4 (CSV + Markdown)."""
 
+from kpca_repro.activations import label_user_rows
 from kpca_repro.analysis.tables import TEXT_CORRECTED_METRICS, corrected_markdown, label_stand_ins, markdown_table, read_head_records, table4_paper, table_corrected
 from kpca_repro.h5io import atomic_output
 from kpca_repro.method.uncertainty import read_sign_draws
@@ -13,10 +14,12 @@ if get_variant(smk.params.variant).tables == "paper":
     # sign and bootstrap intervals (docs/uncertainty.md); the draws' rows follow the records files
     table = table4_paper(heads, meta, read_sign_draws(smk.input.signs), dict(smk.params.uncertainty))
     table = label_stand_ins(table, smk.params.stand_ins)  # docs/hub_fixture.md
+    table = label_user_rows(table, smk.params.user_models)  # docs/activations.md
     markdown = markdown_table(table.drop(columns=["weights_sha256"]), floatfmt=".3f")
 else:
     table = table_corrected(heads, meta, TEXT_CORRECTED_METRICS, id_column="hf_id", count_key="n_sentences")
     table = label_stand_ins(table, smk.params.stand_ins)
+    table = label_user_rows(table, smk.params.user_models)
     markdown = corrected_markdown(table, TEXT_CORRECTED_METRICS)
 with atomic_output(smk.output.csv) as tmp:
     table.to_csv(tmp, index=False)

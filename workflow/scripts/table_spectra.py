@@ -2,6 +2,7 @@
 
 import pandas as pd
 
+from kpca_repro.activations import label_user_rows
 from kpca_repro.analysis.tables import label_stand_ins, markdown_table, table_spectra
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
@@ -16,6 +17,7 @@ for f in smk.input.records:
 table = table_spectra(frames, dict(smk.params.uncertainty))  # with bootstrap intervals (docs/uncertainty.md)
 table.insert(2, "variant", smk.params.variant)
 table = label_stand_ins(table, smk.params.stand_ins)  # docs/hub_fixture.md
+table = label_user_rows(table, smk.params.user_models)  # docs/activations.md
 with atomic_output(smk.output.csv) as tmp:
     table.to_csv(tmp, index=False)
 with atomic_output(smk.output.md) as tmp:

@@ -49,6 +49,8 @@ __all__ = [
     "NOT_COMPARABLE",
     "NOT_RUN",
     "STAND_IN_REASON",
+    "USER_ACTIVATIONS_REASON",
+    "mark_user_activations",
     "NOT_PUBLISHED",
     "STATUS_ORDER",
     "not_comparable_reason",
@@ -78,6 +80,8 @@ DIFFERS_SAMPLING = "differs beyond sampling variation"
 NOT_COMPARABLE = "not comparable"
 NOT_RUN = "not run"
 #: The reason of a stand-in's rows (config ``comparison.stand_in_models``).
+#: The reason of the rows of a model analysed from user activations (config ``activations:``).
+USER_ACTIVATIONS_REASON = "user activations, not comparable (config activations:, docs/activations.md): a user's q, k, v, h, not the paper's model and sample"
 STAND_IN_REASON = "stand-in weights (random weights of the exact architecture, config comparison.stand_in_models): never compared with the paper"
 NOT_PUBLISHED = "not published"
 #: Former name of :data:`WITHIN_ROUNDING`.
@@ -429,3 +433,26 @@ def comparison_markdown(table: pd.DataFrame) -> str:
     counts = table["status"].value_counts(sort=False)
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
     return f"{len(table)} published numbers: {summary}.\n\n" + markdown_table(shown)
+
+
+def mark_user_activations(table: pd.DataFrame, user_models) -> pd.DataFrame:
+    """Mark every compared row of a model analysed from user activations as not comparable.
+
+    A name under config ``activations:`` may be a published model id (a user's own capture
+    of DeiT-Tiny, say); its numbers come from the user's files and sample, never from the
+    paper's setting, so each of its rows that ran gets status ``not comparable`` and
+    :data:`USER_ACTIVATIONS_REASON`. Rows of other models, and rows not run, are unchanged;
+    the order of :func:`comparison_table` is kept (:data:`STATUS_ORDER`, stable).
+    """
+    names = set(user_models or ())
+    if not names or not len(table):
+        return table
+    ran = ~table["status"].isin([NOT_RUN, NOT_PUBLISHED])
+    hit = (table["model_id"].isin(names) & ran).to_numpy()
+    if not hit.any():
+        return table
+    out = table.copy()
+    out.loc[hit, "status"] = NOT_COMPARABLE
+    out.loc[hit, "reason"] = USER_ACTIVATIONS_REASON
+    order = np.argsort(out["status"].map(STATUS_ORDER).to_numpy(), kind="stable")
+    return out.iloc[order].reset_index(drop=True)

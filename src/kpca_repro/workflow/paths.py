@@ -42,6 +42,9 @@ __all__ = [
     "norm_activations",
     "comparison_tables",
     "all_targets",
+    "user_models",
+    "user_files",
+    "user_spectra_files",
 ]
 
 #: Result tables rendered as HTML for ``snakemake --report`` (caption: workflow/report/tables.rst),
@@ -117,12 +120,36 @@ def text_stage_files(config: dict, model_id: str, ext: str = "h5", variant: str 
     return [f"{prefix}/{model_slug(model_id)}/text_{config['text']['n_rows']}_{shard}.{ext}" for shard in text_shards(config)]
 
 
+def user_models(config: dict, kind: str | None = None) -> list[str]:
+    """Names of the ``activations:`` entries (docs/activations.md), those of ``kind`` (``vision`` or ``text``) when given."""
+    return [name for name, entry in config.get("activations", {}).items() if kind is None or entry["kind"] == kind]
+
+
+def user_files(config: dict, name: str, ext: str = "h5", variant: str | None = None) -> list[str]:
+    """A user model's activation files as installed in the results (``ext`` h5:
+    ``results/activations/<slug>/user_<i>of<S>.h5``, one per configured file) or their
+    per-head records (csv/json, with ``variant``)."""
+    n = len(config["activations"][name]["files"])
+    prefix = "results/activations" if ext == "h5" else f"results/heads/{variant}"
+    return [f"{prefix}/{model_slug(name)}/user_{i}of{n}.{ext}" for i in range(n)]
+
+
+def user_spectra_files(config: dict, variant: str, name: str, keys: str | list[str]) -> list[str]:
+    """Eigenvalue records of a user model (Tables 2 and 3): every installed file, each key set."""
+    keys = [keys] if isinstance(keys, str) else list(keys)
+    return [f.replace("results/activations/", f"results/spectra/{variant}/").replace(".h5", f"_{keyset}.csv") for f in user_files(config, name) for keyset in keys]
+
+
 def norm_activations(config: dict, domain: str, variant: str, model: str) -> list[str]:
     """Activation files behind one model's squared-norm statistics (Figures 2 and 5).
 
     The paper variant reads its own samples (``figure2.n_images`` images, the
-    ``figure5.sentences``); the corrected one reads the Table 1 / Table 4 samples.
+    ``figure5.sentences``); the corrected one reads the Table 1 / Table 4 samples. A user
+    model (``activations:``, ``model`` its path slug) reads its own files in both variants.
     """
+    users = {model_slug(name): name for name in user_models(config)}
+    if model in users:
+        return user_files(config, users[model])
     if domain == "vision":
         if variant == PAPER.name:
             return [f"results/activations/{model}/vision_{config['figure2']['n_images']}_0of1.h5"]
@@ -135,7 +162,7 @@ def norm_activations(config: dict, domain: str, variant: str, model: str) -> lis
 def comparison_tables(config: dict) -> dict[str, tuple[str, str | None]]:
     """Table number -> (paper-variant CSV, corrected CSV or None) for the tables this run builds."""
     out = {"1": "results/table1.csv", "2": "results/table2.csv", "3": "results/table3.csv"}
-    if config["text"]["models"]:
+    if config["text"]["models"] or user_models(config, "text"):
         out["4"] = "results/table4.csv"
     corrected = CORRECTED.name in config["variants"]
     return {t: (p, CORRECTED.output(p.removesuffix(".csv"), "csv") if corrected else None) for t, p in out.items()}

@@ -1,0 +1,197 @@
+"""The notebook API: per-head KPCA metrics of any q, k, v (and h), without Snakemake.
+
+``kpca_repro.analyze_heads`` is the function; ``kpca_repro.analyze_file`` runs the pipeline's
+own stage (:func:`kpca_repro.method.records.kpca_records`) on an activation file
+(docs/activations.md). Both reach the same engine, :func:`kpca_repro.method.kpca.head_metrics`, with
+the same per-head grouping (:func:`kpca_repro.method.records._head_groups`), the same options and the
+same random baselines, so a head's numbers are the same from either (tests/test_activations.py
+checks equality on real DeiT-Tiny and MiniLM activations).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["analyze_heads", "analyze_file"]
+
+
+def _four_d(x, name: str) -> np.ndarray:
+    """``(N, d)`` / ``(H, N, d)`` / ``(B, H, N, d)`` -> float32 ``(B, H, N, d)``."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x)
+    if a.dtype.kind != "f":
+        raise TypeError(f"{name} must be a floating-point array, got dtype {a.dtype}")
+    if a.ndim not in (2, 3, 4):
+        raise ValueError(f"{name} must be (N, d), (H, N, d) or (B, H, N, d); got shape {a.shape}")
+    return np.ascontiguousarray(a.reshape((1,) * (4 - a.ndim) + a.shape).astype(np.float32, copy=False))
+
+
+def analyze_heads(
+    q,
+    k,
+    v,
+    h=None,
+    *,
+    variant: str = "paper",
+    attention_mask=None,
+    layer: int = 0,
+    sample_rank=None,
+    dataset_index=None,
+    seed: int = 0,
+    device: str = "cpu",
+    eigh_threads: int | None = None,
+    heads_per_chunk: int = 64,
+    sign_draws: tuple[int, int] | None = None,
+    tolerance: float | None = None,
+) -> pd.DataFrame:
+    """Per-head KPCA metrics of one or many attention heads, in either variant (docs/method.md).
+
+    For each head (keys ``K`` and values ``V``, ``N`` tokens x ``d``), with ``s = 1/sqrt(d)``:
+
+    * Gram matrix and centering (docs/method.md 0.2): ``K_phi = exp(s K K^T) / (g g^T + eps)``,
+      ``g_i = sum_j exp(s k_i.k_j)``, ``K~ = K_phi - 1_N K_phi - K_phi 1_N + 1_N K_phi 1_N``
+      (``1_N`` the matrix of ``1/N``); ``paper``: float32, ``eps = 1e-6``; ``corrected``:
+      float64, computed in the log domain, ``eps = 0``;
+    * eigenpairs ``K~ a_r = lambda_r a_r``, the top ``d`` (paper: by ``|lambda|``; corrected:
+      descending, sign of each eigenvector's largest entry positive) form ``A`` (N x d);
+    * ``V_KPCA = G A - G 1_N A`` (Eq. 5, ``G = diag(1/g)``), compared with ``V``: ``allclose``, the direct and optimal
+      (Hungarian-matched) token-row cosines ``cos(v_i, v^KPCA_j)`` (mean, max, min), linear CKA
+      and RBF CKA; corrected: column-wise ``|cos|`` and the same statistics against a standard
+      normal ``V_KPCA`` seeded by ``(seed, dataset_index, layer)`` (``baseline_*``).
+
+    Language-model inputs (``attention_mask`` given) follow Table 4: ``paper`` analyses all
+    ``N`` positions with the NLP script's options (ascending top-``d``, ``g + 1e-6``, NaN costs
+    -> 0, ``sqrt(HSIC_xx HSIC_yy) + 1e-10``); ``corrected`` keeps each input's real tokens only.
+
+    Args:
+        q: queries ``(B, H, N, d)``, ``(H, N, d)`` or ``(N, d)`` (numpy or torch, any float
+            dtype; rounded to float32 as the activation files store them). Only used, with
+            ``h``, for the capture invariant; may be None when ``h`` is None.
+        k, v: keys and values, the same shape as ``q`` (``v``'s last dimension must equal ``d``).
+        h: the attention's per-head output, same shape; when given, the invariant
+            ``max |h - softmax(s q k^T + mask) v| / max |v| <= tolerance`` is checked first.
+        variant: ``"paper"`` or ``"corrected"`` (:mod:`kpca_repro.method.variant`).
+        attention_mask: ``(B, N)`` 0/1, 1 = real token (language models); None = all real (vision).
+        layer: the layer index written to the records and used to seed the baselines.
+        sample_rank, dataset_index: ``(B,)`` integers (default ``0 .. B-1``); ``dataset_index``
+            seeds the corrected variant's baselines as in the pipeline.
+        seed: the pipeline's ``seed`` (baselines, sign draws).
+        device: where the Gram matrices are computed (``"cpu"``, ``"cuda"``).
+        eigh_threads: paper variant: torch intra-op threads of each CPU ``eigh`` (the
+            pipeline uses torch's default count and records it as ``eigh_threads`` in each
+            records JSON); None: the caller's. Pass that value, with
+            ``torch.set_num_threads(1)`` as the rule sets it, for bit-identical numbers.
+        heads_per_chunk: heads per engine call (no number depends on it on the CPU).
+        sign_draws: ``(n_direct, n_optimal)`` random eigenvector sign patterns per head
+            (paper variant; :func:`kpca_repro.method.uncertainty.head_sign_draws`); the draws, name ->
+            float32 ``(heads, R)`` in the rows' order, are returned in ``df.attrs["sign_draws"]``.
+        tolerance: the invariant's tolerance (default 1e-4, :mod:`kpca_repro.capture.invariant`).
+
+    Returns:
+        One row per (input, head): ``variant, layer, sample_rank, dataset_index, head, n_tokens,
+        head_dim`` and the metric columns of the pipeline's per-head records
+        (docs/internals.md "Per-head records"): flags ``finite, dropped, exp_overflow,
+        outer_overflow, allclose`` (bool), ``direct_cos_mean|max|min``, ``direct_cos_frac_negative``,
+        ``optimal_cos_mean|max|min``, ``linear_cka``, ``rbf_cka`` (float64, dimensionless;
+        NaN for a dropped head). Rows in the pipeline's order: input-major for vision, grouped
+        by real-token count for the corrected variant of language models.
+
+    Raises:
+        ValueError: shapes disagree, an unknown variant, a mask of the wrong shape.
+        TypeError: a non-float array.
+        kpca_repro.capture.invariant.CaptureMismatchError: ``h`` is given and q, k, v do not reproduce it
+            (the message gives the measured error, input and head).
+    """
+    import torch
+
+    from kpca_repro.capture.invariant import INVARIANT_RTOL, attention_mask_matrix, check_attention_invariant
+    from kpca_repro.method.kpca import head_metrics
+    from kpca_repro.method.records import _head_groups
+    from kpca_repro.method.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES, head_sign_draws
+    from kpca_repro.method.variant import get as get_variant
+
+    var = get_variant(variant)
+    k4, v4 = _four_d(k, "k"), _four_d(v, "v")
+    if k4.shape != v4.shape:
+        raise ValueError(f"k and v must have one shape (B, H, N, d); got {k4.shape} and {v4.shape}")
+    n_in, n_heads, n_tokens, d = k4.shape
+    mask = None
+    if attention_mask is not None:
+        mask = np.asarray(attention_mask.detach().cpu() if hasattr(attention_mask, "detach") else attention_mask).reshape(-1, n_tokens) if np.size(attention_mask) == n_in * n_tokens else None
+        if mask is None:
+            raise ValueError(f"attention_mask must be (B, N) = ({n_in}, {n_tokens}), got shape {np.shape(attention_mask)}")
+        mask = mask.astype(np.int64)
+    if h is not None:
+        if q is None:
+            raise ValueError("h is given but q is None: the invariant needs q")
+        q4, h4 = _four_d(q, "q"), _four_d(h, "h")
+        if q4.shape != k4.shape or h4.shape != k4.shape:
+            raise ValueError(f"q, k, v, h must have one shape; got {q4.shape}, {k4.shape}, {v4.shape}, {h4.shape}")
+        allowed = attention_mask_matrix(n_tokens, key_mask=mask) if mask is not None else None
+        check_attention_invariant("analyze_heads", layer, q4, k4, v4, h4, scale=1.0 / math.sqrt(d), allowed=allowed, query_mask=mask, tolerance=INVARIANT_RTOL if tolerance is None else tolerance)
+    ranks = np.arange(n_in) if sample_rank is None else np.asarray(sample_rank, dtype=np.int64)
+    index = np.arange(n_in) if dataset_index is None else np.asarray(dataset_index, dtype=np.int64)
+    if ranks.shape != (n_in,) or index.shape != (n_in,):
+        raise ValueError(f"sample_rank and dataset_index must be ({n_in},)")
+    text = mask is not None
+    options = var.text_options if text else {}
+    solver_threads = eigh_threads if var.authors_threads else None
+    # the records stage's own grouping of heads (padding kept or dropped, baselines per input)
+    source = SimpleNamespace(attention_mask=mask, sample_rank=ranks, dataset_index=index)
+    frames, draw_parts = [], []
+    dev = torch.device(device)
+    for kk, vv, rk, ix, hd, base in _head_groups(source, {"k": k4, "v": v4}, var, layer, seed, transposed=False):
+        for lo in range(0, kk.shape[0], heads_per_chunk):
+            hi = min(lo + heads_per_chunk, kk.shape[0])
+            rows = {} if sign_draws else None
+            cols = head_metrics(
+                kk[lo:hi].to(dev), vv[lo:hi].to(dev), var,
+                baseline=base[lo:hi].to(dev) if base is not None else None,
+                eigh_device="cpu" if dev.type == "cuda" else None, eigh_threads=solver_threads, rows=rows, **options,
+            )  # fmt: skip
+            if sign_draws:
+                nan_zero = bool(options.get("nan_cost_to_zero", False))
+                draw_parts.append(
+                    head_sign_draws(
+                        rows["v"],
+                        rows["v_kpca"],
+                        {"layer": layer, "sample_rank": rk[lo:hi], "dataset_index": ix[lo:hi], "head": hd[lo:hi]},
+                        seed=seed,
+                        n_direct=sign_draws[0],
+                        n_optimal=sign_draws[1],
+                        token_max=text,
+                        valid=None if nan_zero else torch.from_numpy(~cols["dropped"]),
+                        nan_to_zero=nan_zero,
+                    )  # fmt: skip
+                )
+            meta = {"variant": var.name, "layer": layer, "sample_rank": rk[lo:hi], "dataset_index": ix[lo:hi], "head": hd[lo:hi], "n_tokens": kk.shape[1], "head_dim": vv.shape[2]}
+            frames.append(pd.DataFrame({**meta, **cols}))
+    out = pd.concat(frames, ignore_index=True)
+    if sign_draws:
+        out.attrs["sign_draws"] = {name: np.concatenate([p[name] for p in draw_parts]) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR)}
+    return out
+
+
+def analyze_file(path: str | os.PathLike, variant: str = "paper", *, device: str = "cpu", seed: int = 0, **kwargs) -> pd.DataFrame:
+    """The per-head records of one activation file (docs/activations.md), as the pipeline writes them.
+
+    Calls :func:`kpca_repro.method.records.kpca_records` (the ``kpca_heads`` rule's function) and
+    returns its records; ``kwargs`` go to it (``heads_per_chunk``, ``workers``, ``layers``,
+    ``eigh_threads``, ``sign_draws``). Validate a file of your own first
+    (``python -m kpca_repro.activations validate FILE``).
+
+    Raises:
+        kpca_repro.h5io.CorruptActivationFileError: the file is unreadable.
+    """
+    import torch
+
+    from kpca_repro.method.records import kpca_records
+
+    records, _ = kpca_records(path, variant, device=torch.device(device), seed=seed, progress=False, **kwargs)
+    return records

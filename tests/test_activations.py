@@ -1,0 +1,459 @@
+"""Any attention (issue 33): the activation format and its validator, the capture interface on
+modules the pipeline never saw, the notebook API against the records stage, the configuration
+checks, paths, labels and comparison of user activations (the pipeline runs:
+tests/test_activations_workflow.py)."""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from kpca_repro import analyze_file, analyze_heads
+from kpca_repro.activations import USER_LABEL, ActivationFormatError, install_user_file, main, validate
+from kpca_repro.analysis.comparison import NOT_COMPARABLE, USER_ACTIVATIONS_REASON, mark_user_activations
+from kpca_repro.capture.invariant import CaptureMismatchError
+from kpca_repro.capture.module_capture import HeadCapture, ModuleCapture, record_activations
+
+# --------------------------------------------------------------------------------------
+# Models the pipeline has never seen: a hand-written ViT and a grouped-query attention
+# --------------------------------------------------------------------------------------
+
+
+class HandAttention(nn.Module):
+    """Multi-head attention written out by hand, optionally grouped-query (``n_kv < heads``)
+    and with a per-head q normalisation (a transform a careless capture misses)."""
+
+    def __init__(self, dim: int, heads: int, n_kv: int | None = None, q_norm: bool = False, scale: float | None = None):
+        super().__init__()
+        self.heads, self.n_kv, self.d = heads, n_kv or heads, dim // heads
+        self.to_q = nn.Linear(dim, dim)
+        self.to_k = nn.Linear(dim, self.n_kv * self.d)
+        self.to_v = nn.Linear(dim, self.n_kv * self.d)
+        self.q_norm = nn.LayerNorm(self.d) if q_norm else nn.Identity()
+        self.scale = self.d**-0.5 if scale is None else scale
+        self.out = nn.Linear(dim, dim)
+
+    def project(self, x):
+        b, n, _ = x.shape
+        q = self.q_norm(self.to_q(x).view(b, n, self.heads, self.d).transpose(1, 2))
+        k = self.to_k(x).view(b, n, self.n_kv, self.d).transpose(1, 2)
+        v = self.to_v(x).view(b, n, self.n_kv, self.d).transpose(1, 2)
+        rep = self.heads // self.n_kv  # each key/value head serves `rep` query heads
+        return q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+
+    def forward(self, x, attention_mask=None):
+        b, n, c = x.shape
+        q, k, v = self.project(x)
+        logits = (q @ k.transpose(-1, -2)) * self.scale
+        if attention_mask is not None:
+            logits = logits.masked_fill(~attention_mask.bool()[:, None, None, :], float("-inf"))
+        o = (logits.softmax(-1) @ v).transpose(1, 2).reshape(b, n, c)
+        return self.out(o)
+
+
+class Block(nn.Module):
+    def __init__(self, dim, heads, **kw):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = HandAttention(dim, heads, **kw)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x, attention_mask=None):
+        x = x + self.attn(self.norm1(x), attention_mask)
+        return x + self.mlp(self.norm2(x))
+
+
+class HandViT(nn.Module):
+    """Patch embedding, class token, position embeddings, blocks: a ViT without timm."""
+
+    def __init__(self, dim=16, heads=2, depth=2, img=8, patch=4, **kw):
+        super().__init__()
+        self.embed = nn.Conv2d(3, dim, patch, patch)
+        self.cls = nn.Parameter(torch.randn(1, 1, dim))
+        self.pos = nn.Parameter(torch.randn(1, 1 + (img // patch) ** 2, dim))
+        self.blocks = nn.ModuleList(Block(dim, heads, **kw) for _ in range(depth))
+
+    def forward(self, images):
+        x = self.embed(images).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(len(x), -1, -1), x], dim=1) + self.pos
+        for blk in self.blocks:
+            x = blk(x)
+        return x
+
+
+class GQAEncoder(nn.Module):
+    """A text encoder with grouped-query attention and a padding mask."""
+
+    def __init__(self, vocab=50, dim=16, heads=4, n_kv=2, depth=2, n_max=12):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, dim), nn.Parameter(torch.randn(1, n_max, dim))
+        self.blocks = nn.ModuleList(Block(dim, heads, n_kv=n_kv) for _ in range(depth))
+
+    def forward(self, input_ids, attention_mask):
+        x = self.tok(input_ids) + self.pos[:, : input_ids.shape[1]]
+        for blk in self.blocks:
+            x = blk(x, attention_mask)
+        return x
+
+
+def hand_qkv(module, args, kwargs):
+    """The capture a user writes for HandAttention: q, k, v as its dot product uses them
+    (q after q_norm, keys and values repeated per query head), the logit scale folded into q."""
+    q, k, v = module.project(args[0])
+    return q * (module.scale * math.sqrt(module.d)), k, v
+
+
+def careless_qkv(module, args, kwargs):
+    """A wrong capture: q taken at the projection, before the q normalisation."""
+    x = args[0]
+    b, n, _ = x.shape
+    _, k, v = module.project(x)
+    return module.to_q(x).view(b, n, module.heads, module.d).transpose(1, 2), k, v
+
+
+def _hand_vit(seed=0, **kw):
+    torch.manual_seed(seed)
+    return HandViT(**kw).eval()
+
+
+def _images(n, seed=1):
+    return torch.randn(n, 3, 8, 8, generator=torch.Generator().manual_seed(seed))
+
+
+def _token_batch(seed=2):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 50, (3, 10), generator=g)
+    mask = torch.ones(3, 10, dtype=torch.int64)
+    mask[1, 7:] = 0  # padded rows of unequal length
+    mask[2, 4:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def write_hand_vit(path, model_id="hand_vit", n=3, **kw):
+    model = _hand_vit(**kw)
+    capture = ModuleCapture([blk.attn for blk in model.blocks], hand_qkv, lambda m: m.out)
+    return record_activations(model, capture, [_images(2), _images(n - 2, seed=5)], path, model_id=model_id)
+
+
+def write_gqa(path, model_id="gqa_encoder"):
+    torch.manual_seed(3)
+    model = GQAEncoder().eval()
+    capture = ModuleCapture([blk.attn for blk in model.blocks], hand_qkv, lambda m: m.out)
+    return record_activations(model, capture, [_token_batch()], path, model_id=model_id)
+
+
+def _same(a: pd.DataFrame, b: pd.DataFrame, keys=("layer", "sample_rank", "head")):
+    """Equal per-head numbers (exactly, after both went through the CSV text the pipeline writes)."""
+    keys = list(keys)
+    cols = [c for c in b.columns if c not in ("model", "variant")]
+
+    def roundtrip(df):
+        buf = io.StringIO()
+        df[cols].to_csv(buf, index=False)
+        buf.seek(0)
+        return pd.read_csv(buf).sort_values(keys, kind="stable").reset_index(drop=True)
+
+    pd.testing.assert_frame_equal(roundtrip(a), roundtrip(b), check_exact=True)
+
+
+def _api_on_file(path, variant, eigh_threads=None, seed=0):
+    """analyze_heads on every layer of an activation file, read with h5py alone."""
+    frames = []
+    with h5py.File(path, "r") as f:
+        mask = f["attention_mask"][:] if "attention_mask" in f else None
+        for layer in range(int(f.attrs["n_layers"])):
+            g = f[f"layers/{layer:02d}"]
+            frames.append(
+                analyze_heads(g["q"][:], g["k"][:], g["v"][:], g["h"][:], variant=variant, attention_mask=mask, layer=layer,
+                              sample_rank=f["sample_rank"][:], dataset_index=f["dataset_index"][:], seed=seed, eigh_threads=eigh_threads)
+            )  # fmt: skip
+    return pd.concat(frames, ignore_index=True)
+
+
+# --------------------------------------------------------------------------------------
+# Capture interface
+# --------------------------------------------------------------------------------------
+
+
+def test_hand_written_vit_is_recorded_and_validates(tmp_path):
+    summary = write_hand_vit(tmp_path / "a.h5", q_norm=True)
+    assert summary.kind == "vision" and (summary.n_inputs, summary.n_layers, summary.n_heads, summary.n_tokens, summary.head_dim) == (3, 2, 2, 5, 8)
+    assert summary.capture_max_rel_error <= 1e-5  # float32 round-off, far below the 1e-4 tolerance
+    again = validate(tmp_path / "a.h5")
+    assert again.capture_max_rel_error == summary.capture_max_rel_error
+
+
+def test_a_logit_scale_other_than_one_over_sqrt_d_is_folded_into_q(tmp_path):
+    """A module with s = 0.5 (not 1/sqrt(8)): the capture stores q * s * sqrt(d), so the stored
+    logits q k^T / sqrt(d) are the module's, and the invariant holds."""
+    summary = write_hand_vit(tmp_path / "s.h5", scale=0.5)
+    assert summary.attention_scale == pytest.approx(1 / math.sqrt(8)) and summary.capture_max_rel_error <= 1e-5
+
+
+def test_a_capture_that_misses_a_transform_is_refused_with_the_measured_error(tmp_path):
+    model = _hand_vit(q_norm=True)
+    capture = ModuleCapture([blk.attn for blk in model.blocks], careless_qkv, lambda m: m.out)
+    with pytest.raises(CaptureMismatchError) as info:
+        record_activations(model, capture, [_images(2)], tmp_path / "bad.h5", model_id="careless")
+    measured = float(re.search(r"= ([0-9.e+-]+) x max \|v\|", str(info.value)).group(1))
+    assert measured > 1e-4 and "layer 0" in str(info.value)
+    assert not (tmp_path / "bad.h5").exists() and not list(tmp_path.iterdir())
+
+
+def test_grouped_query_attention_with_padding(tmp_path):
+    summary = write_gqa(tmp_path / "g.h5")
+    assert summary.kind == "text" and summary.n_heads == 4 and summary.capture_max_rel_error <= 1e-5
+    with h5py.File(tmp_path / "g.h5") as f:
+        k = f["layers/00/k"][:]
+        np.testing.assert_array_equal(k[:, 0], k[:, 1])  # query heads 0, 1 share key head 0
+        assert not np.array_equal(k[:, 1], k[:, 2])
+        assert f["attention_mask"][:].sum(axis=1).tolist() == [10, 7, 4]
+
+
+def test_timm_and_hugging_face_recorders_are_head_captures(tmp_path):
+    """The pipeline's own adapters go through the same interface as a user's module."""
+    import timm
+    from transformers import BertConfig, BertModel
+
+    from kpca_repro.capture import hf_capture, vision
+
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=2, num_classes=0).eval()
+    rec = vision.CaptureRecorder(vision.capture_plan(vit, "vit_tiny"), "vit_tiny")
+    assert isinstance(rec, HeadCapture)
+    s = record_activations(vit, rec, [torch.randn(2, 3, 32, 32)], tmp_path / "timm.h5", model_id="vit_tiny_patch16_224")
+    assert (s.n_layers, s.n_heads, s.n_tokens) == (2, 3, 5) and s.capture_max_rel_error <= 1e-5
+
+    cfg = BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, max_position_embeddings=16, attn_implementation="eager")
+    bert = BertModel(cfg).eval()
+    hrec = hf_capture.HFAttentionRecorder(hf_capture.attention_modules(bert, "tiny-bert"))
+    assert isinstance(hrec, HeadCapture)
+    batch = _token_batch()
+    s = record_activations(bert, hrec, [batch], tmp_path / "hf.h5", model_id="tiny-bert")
+    assert s.kind == "text" and (s.n_layers, s.n_heads, s.n_tokens) == (2, 2, 10) and s.capture_max_rel_error <= 1e-5
+
+
+def test_a_capture_must_satisfy_the_protocol(tmp_path):
+    with pytest.raises(TypeError, match="not a HeadCapture"):
+        record_activations(_hand_vit(), object(), [_images(1)], tmp_path / "x.h5", model_id="x")
+
+
+# --------------------------------------------------------------------------------------
+# Format and validator
+# --------------------------------------------------------------------------------------
+
+
+def _mutate(src, dst, fn):
+    dst.write_bytes(src.read_bytes())
+    with h5py.File(dst, "r+") as f:
+        fn(f)
+    return dst
+
+
+def _set(name, value):
+    def fn(f):
+        f.attrs[name] = value
+
+    return fn
+
+
+def _replace(key, data):
+    def fn(f):
+        if key in f:
+            del f[key]
+        f.create_dataset(key, data=data)
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    "mutation, violation, fix",
+    [
+        (_set("format_version", 2), "format_version is 2", "set format_version = 1"),
+        (lambda f: f.attrs.__delitem__("model_id"), "'model_id' is missing", "f.attrs['model_id']"),
+        (_set("n_heads", 0), "'n_heads' is 0", "positive integer"),
+        (_set("attention_scale", 0.5), "attention_scale is 0.5", "store q multiplied by"),
+        (lambda f: f.__delitem__("sample_rank"), "/sample_rank is missing", "(B,) integer"),
+        (_replace("sample_rank", np.zeros(3, np.int64)), "repeated values", "0..B-1"),
+        (lambda f: f.__delitem__("layers/01/h"), "/layers/01/h is missing", "correct n_layers"),
+        (_set("n_tokens", 7), "expected (B, n_heads, n_tokens, head_dim) = (3, 2, 7, 8)", "batch-first"),
+        (_replace("layers/00/q", np.zeros((3, 2, 5, 8), np.float64)), "dtype float64", "float32"),
+        (_replace("layers/00/v", np.full((3, 2, 5, 8), np.nan, np.float32)), "non-finite value at input 0, head 0, token 0", "finite"),
+        (_replace("attention_mask", np.zeros((3, 5), np.int64)), "without real tokens", "drop that input"),
+    ],
+)
+def test_the_validator_names_the_first_violation_and_its_fix(tmp_path, mutation, violation, fix):
+    good = tmp_path / "good.h5"
+    write_hand_vit(good)
+    bad = _mutate(good, tmp_path / "bad.h5", mutation)
+    with pytest.raises(ActivationFormatError) as info:
+        validate(bad)
+    assert violation in info.value.violation and fix in info.value.fix
+
+
+def test_kind_must_match_the_mask(tmp_path):
+    write_hand_vit(tmp_path / "v.h5")
+    write_gqa(tmp_path / "t.h5")
+    with pytest.raises(ActivationFormatError, match="attention_mask is missing"):
+        validate(tmp_path / "v.h5", kind="text")
+    with pytest.raises(ActivationFormatError, match="declare kind: text"):
+        validate(tmp_path / "t.h5", kind="vision")
+
+
+def test_the_validator_recomputes_the_invariant(tmp_path):
+    """A file whose h is not softmax(q k^T / sqrt(d)) v (here: h of another layer) is refused."""
+    good = tmp_path / "good.h5"
+    write_hand_vit(good)
+    with h5py.File(good) as f:
+        other_h = f["layers/01/h"][:]
+    bad = _mutate(good, tmp_path / "bad.h5", _replace("layers/00/h", other_h))
+    with pytest.raises(CaptureMismatchError, match="layer 0"):
+        validate(bad)
+    assert validate(bad, check_invariant=False).capture_max_rel_error is None
+
+
+def test_the_command_line(tmp_path, capsys):
+    write_hand_vit(tmp_path / "good.h5")
+    assert main(["validate", str(tmp_path / "good.h5")]) == 0
+    assert capsys.readouterr().out.startswith("ok: format_version 1, model_id 'hand_vit', vision, 3 inputs x 2 layers x 2 heads")
+    bad = _mutate(tmp_path / "good.h5", tmp_path / "bad.h5", _set("format_version", 9))
+    proc = subprocess.run([sys.executable, "-m", "kpca_repro.activations", "validate", str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 1 and "format_version is 9" in proc.stderr and "Fix:" in proc.stderr
+
+
+def test_install_copies_and_fills_the_pipeline_attributes(tmp_path):
+    write_hand_vit(tmp_path / "mine.h5")
+    before = (tmp_path / "mine.h5").read_bytes()
+    install_user_file(tmp_path / "mine.h5", tmp_path / "out" / "user_1of2.h5", name="hand_vit", kind="vision", shard=1, n_shards=2)
+    assert (tmp_path / "mine.h5").read_bytes() == before
+    with h5py.File(tmp_path / "out" / "user_1of2.h5") as f:
+        assert (int(f.attrs["shard"]), int(f.attrs["n_shards"])) == (1, 2) and f.attrs["format_version"] == 1
+    with pytest.raises(ActivationFormatError, match="rename the entry"):
+        install_user_file(tmp_path / "mine.h5", tmp_path / "out" / "x.h5", name="other", kind="vision", shard=0, n_shards=1)
+
+
+# --------------------------------------------------------------------------------------
+# The notebook API
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["paper", "corrected"])
+def test_api_equals_the_records_stage(tmp_path, variant):
+    write_hand_vit(tmp_path / "v.h5")
+    write_gqa(tmp_path / "t.h5")
+    for path in ("v.h5", "t.h5"):
+        _same(_api_on_file(tmp_path / path, variant), analyze_file(tmp_path / path, variant))
+
+
+def test_api_shapes_and_errors():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((6, 4)).astype(np.float32) for _ in range(3))
+    one = analyze_heads(q, k, v)
+    assert len(one) == 1 and (one["n_tokens"].iloc[0], one["head_dim"].iloc[0]) == (6, 4)
+    # (H, N, d): one row per head, each head's numbers as if analysed alone
+    many = analyze_heads(np.stack([q, q]), np.stack([k, 2 * k]), np.stack([v, v]))
+    assert many["head"].tolist() == [0, 1]
+    _same(many.iloc[:1], one)
+    h = torch.softmax(torch.from_numpy(q @ k.T / 2.0), -1).numpy() @ v
+    analyze_heads(q, k, v, h)  # consistent h: accepted
+    with pytest.raises(CaptureMismatchError):
+        analyze_heads(q, k, v, h + 1.0)
+    with pytest.raises(ValueError, match="one shape"):
+        analyze_heads(q, k, v[:, :3])
+    with pytest.raises(ValueError, match="attention_mask"):
+        analyze_heads(q, k, v, attention_mask=np.ones(5))
+    draws = analyze_heads(q, k, v, sign_draws=(4, 2)).attrs["sign_draws"]
+    assert all(a.shape[0] == 1 for a in draws.values())
+
+
+def test_api_cosines_by_brute_force():
+    """direct_cos_mean of the corrected variant, recomputed from its definition (docs/method.md 0.2, 15)."""
+    rng = np.random.default_rng(1)
+    n, d = 7, 3
+    k, v = rng.standard_normal((n, d)), rng.standard_normal((n, d))
+    row = analyze_heads(None, k, v, variant="corrected").iloc[0]
+    kk = k.astype(np.float32).astype(np.float64)  # the API rounds to float32 as the files store them
+    kraw = np.exp(kk @ kk.T / math.sqrt(d))
+    g = kraw.sum(1)
+    kphi = kraw / np.outer(g, g)
+    one = np.full((n, n), 1 / n)
+    kc = kphi - one @ kphi - kphi @ one + one @ kphi @ one
+    lam, vec = np.linalg.eigh(kc)
+    a = vec[:, np.argsort(-lam)[:d]]  # descending
+    a = a * np.sign(a[np.abs(a).argmax(0), np.arange(d)])  # largest entry positive
+    vk = (a - a.mean(0)) / g[:, None]  # V_KPCA = G A - G 1_N A
+    vv = v.astype(np.float32).astype(np.float64)
+    cos = (vv * vk).sum(1) / np.linalg.norm(vv, axis=1) / np.linalg.norm(vk, axis=1)
+    assert row["direct_cos_mean"] == pytest.approx(cos.mean(), rel=1e-9, abs=1e-12)
+
+
+# --------------------------------------------------------------------------------------
+# Configuration, paths, labels and the comparison (no pipeline run)
+# --------------------------------------------------------------------------------------
+
+
+def _cfg(**activations):
+    return {"variants": ["paper"], "vision": {"models": ["deit_tiny_patch16_224"], "n_images": 4, "shards": 1}, "text": {"models": [], "n_rows": 2, "shards": 1}, "activations": activations}
+
+
+def test_user_paths_follow_the_configured_files():
+    from kpca_repro.workflow import paths
+
+    cfg = _cfg(**{"org/enc": {"files": ["a.h5", "b.h5"], "kind": "text"}, "mine": {"files": ["m.h5"], "kind": "vision"}})
+    assert paths.user_models(cfg) == ["org/enc", "mine"] and paths.user_models(cfg, "vision") == ["mine"]
+    assert paths.user_files(cfg, "org/enc") == ["results/activations/org--enc/user_0of2.h5", "results/activations/org--enc/user_1of2.h5"]
+    assert paths.user_files(cfg, "mine", "csv", "paper") == ["results/heads/paper/mine/user_0of1.csv"]
+    assert paths.user_spectra_files(cfg, "corrected", "mine", ["standardized", "raw"]) == [
+        "results/spectra/corrected/mine/user_0of1_standardized.csv",
+        "results/spectra/corrected/mine/user_0of1_raw.csv",
+    ]
+    # the norms of a user model read its own files in both variants
+    for variant in ("paper", "corrected"):
+        assert paths.norm_activations(cfg, "text", variant, "org--enc") == paths.user_files(cfg, "org/enc")
+    assert "4" in paths.comparison_tables(cfg)  # a user text model brings Table 4
+
+
+def test_user_configuration_checks(tmp_path, monkeypatch):
+    from kpca_repro.activations import check_user_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.h5").write_bytes(b"")
+    check_user_config(_cfg(mine={"files": ["m.h5"], "kind": "vision"}))
+    for entries, needle in [
+        ({"deit_tiny_patch16_224": {"files": ["m.h5"], "kind": "vision"}}, "also in vision.models"),
+        ({"a--b": {"files": ["m.h5"], "kind": "vision"}}, "no '--'"),
+        ({"mine": {"files": ["m.h5", "gone.h5"], "kind": "vision"}}, "activations.mine.files[1]: gone.h5 does not exist"),
+    ]:
+        with pytest.raises(ValueError) as info:
+            check_user_config(_cfg(**entries))
+        assert needle in str(info.value)
+    empty = _cfg(mine={"files": ["m.h5"], "kind": "text"})
+    empty["vision"]["models"] = []
+    with pytest.raises(ValueError, match="entry of kind vision"):
+        check_user_config(empty)
+
+
+def test_user_rows_are_labelled_and_not_comparable():
+    from kpca_repro.activations import label_user_rows
+    from kpca_repro.analysis.comparison import DIFFERS, NOT_RUN, WITHIN_ROUNDING
+
+    table = pd.DataFrame({"model": ["DeiT-Tiny", "mine"], "timm_id": ["deit_tiny_patch16_224", "mine"], "MDC": [0.1, 0.2]})
+    out = label_user_rows(table, ["mine"])
+    assert out["model"].tolist() == ["DeiT-Tiny", "mine" + USER_LABEL] and out["MDC"].equals(table["MDC"])
+    assert label_user_rows(table, []) is table
+    comp = pd.DataFrame({"model_id": ["deit_tiny_patch16_224", "deit_tiny_patch16_224", "vit_base_patch16_224"], "status": [DIFFERS, NOT_RUN, WITHIN_ROUNDING], "reason": ["", "not in config", ""]})
+    marked = mark_user_activations(comp, ["deit_tiny_patch16_224"])
+    first = marked[marked["model_id"] == "deit_tiny_patch16_224"]
+    assert first["status"].tolist() == [NOT_COMPARABLE, NOT_RUN] and first["reason"].iloc[0] == USER_ACTIVATIONS_REASON
+    assert marked["status"].iloc[0] == WITHIN_ROUNDING  # compared rows first, as comparison_table orders them
+    assert mark_user_activations(comp, []) is comp
