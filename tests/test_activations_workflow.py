@@ -13,8 +13,9 @@ import pytest
 import yaml
 from test_activations import _api_on_file, _mutate, _replace, _same, write_gqa, write_hand_vit
 
-from kpca_repro.activations import USER_LABEL, validate
+from kpca_repro.activations import validate
 from kpca_repro.analysis.comparison import NOT_COMPARABLE, NOT_RUN, USER_ACTIVATIONS_REASON
+from kpca_repro.analysis.tables import USER_LABEL
 
 from conftest import REPO, real_deit_tiny, run_snakemake
 

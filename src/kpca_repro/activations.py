@@ -47,8 +47,6 @@ __all__ = [
     "write_activations",
     "install_user_file",
     "check_user_config",
-    "label_user_rows",
-    "USER_LABEL",
     "main",
 ]
 
@@ -363,8 +361,6 @@ def install_user_file(source: str | os.PathLike, target: str | os.PathLike, *, n
     return summary
 
 
-#: Appended to the ``model`` cell of a user model's rows in Tables 1-4.
-USER_LABEL = " (user activations)"
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)?$")
 
 
@@ -388,23 +384,6 @@ def check_user_config(config: dict) -> None:
         for i, file in enumerate(entry["files"]):
             if not os.path.isfile(file):
                 raise ValueError(f"{key}.files[{i}]: {file} does not exist (relative paths are read from the working directory; docs/activations.md)")
-
-
-def label_user_rows(table, names):
-    """Append :data:`USER_LABEL` to the ``model`` cell of the rows whose ``timm_id`` / ``hf_id`` is in ``names``.
-
-    A table without such rows is returned unchanged (the same CSV bytes).
-    """
-    names = set(names or ())
-    id_column = next((c for c in ("timm_id", "hf_id") if c in table.columns), None)
-    if not names or id_column is None or "model" not in table.columns:
-        return table
-    hit = table[id_column].isin(names).to_numpy()
-    if not hit.any():
-        return table
-    out = table.copy()
-    out.loc[hit, "model"] = out.loc[hit, "model"].astype(str) + USER_LABEL
-    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,6 @@
 """Rule table1 (paper and corrected variant): aggregate per-head records into Table 1 (CSV + Markdown)."""
 
-from kpca_repro.activations import label_user_rows
-from kpca_repro.analysis.tables import corrected_markdown, label_stand_ins, markdown_table, read_head_records, table1_paper, table_corrected
+from kpca_repro.analysis.tables import corrected_markdown, label_stand_ins, label_user_rows, markdown_table, read_head_records, table1_paper, table_corrected
 from kpca_repro.h5io import atomic_output
 from kpca_repro.method.uncertainty import read_sign_draws
 from kpca_repro.method.variant import get as get_variant

@@ -1,7 +1,6 @@
 """Rule table4 (paper and corrected variant): aggregate per-head records of the language models into Table 4 (CSV + Markdown)."""
 
-from kpca_repro.activations import label_user_rows
-from kpca_repro.analysis.tables import TEXT_CORRECTED_METRICS, corrected_markdown, label_stand_ins, markdown_table, read_head_records, table4_paper, table_corrected
+from kpca_repro.analysis.tables import TEXT_CORRECTED_METRICS, corrected_markdown, label_stand_ins, label_user_rows, markdown_table, read_head_records, table4_paper, table_corrected
 from kpca_repro.h5io import atomic_output
 from kpca_repro.method.uncertainty import read_sign_draws
 from kpca_repro.method.variant import get as get_variant

@@ -2,8 +2,7 @@
 
 import pandas as pd
 
-from kpca_repro.activations import label_user_rows
-from kpca_repro.analysis.tables import label_stand_ins, markdown_table, table_spectra
+from kpca_repro.analysis.tables import label_stand_ins, label_user_rows, markdown_table, table_spectra
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
 

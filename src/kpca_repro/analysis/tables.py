@@ -684,3 +684,24 @@ def table_spectra(records: dict[tuple[str, str], pd.DataFrame], uncertainty: dic
             row["coverage"] = float({**UNCERTAINTY_DEFAULTS, **uncertainty}["coverage"])
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+#: Appended to the model cell of rows built from a user's own activation files (docs/activations.md).
+USER_LABEL = " (user activations)"
+
+
+def label_user_rows(table, names):
+    """Append :data:`USER_LABEL` to the ``model`` cell of the rows whose ``timm_id`` / ``hf_id`` is in ``names``.
+
+    A table without such rows is returned unchanged (the same CSV bytes).
+    """
+    names = set(names or ())
+    id_column = next((c for c in ("timm_id", "hf_id") if c in table.columns), None)
+    if not names or id_column is None or "model" not in table.columns:
+        return table
+    hit = table[id_column].isin(names).to_numpy()
+    if not hit.any():
+        return table
+    out = table.copy()
+    out.loc[hit, "model"] = out.loc[hit, "model"].astype(str) + USER_LABEL
+    return out

@@ -151,7 +151,7 @@ def record_activations(
         kpca_repro.capture.invariant.CaptureMismatchError: the captured q, k, v do not reproduce h
             (the measured error, layer, input and head in the message); no file is written.
     """
-    from .activations import write_activations
+    from kpca_repro.activations import write_activations
 
     if not isinstance(capture, HeadCapture):
         raise TypeError(f"{type(capture).__name__} is not a HeadCapture (captured, __enter__/__exit__, numpy_layer)")

@@ -78,7 +78,7 @@ def register_rule_targets(repo: str | Path) -> None:
         lines = (repo / "workflow" / "rules" / f"{name}.smk").read_text().splitlines()
         for i in (i for i, line in enumerate(lines) if line.startswith("default_target(")):
             end = next(j for j in range(i + 1, len(lines) + 1) if _parses("\n".join(lines[i:j])))
-            eval(compile("\n".join(lines[i:end]), f"{name}.smk", "eval"), {"default_target": default_target})
+            eval(compile("\n".join(lines[i:end]), f"{name}.smk", "eval"), {"default_target": default_target, "user_models": user_models})
 
 
 def _parses(source: str) -> bool:
