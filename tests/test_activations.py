@@ -167,8 +167,9 @@ def _same(a: pd.DataFrame, b: pd.DataFrame, keys=("layer", "sample_rank", "head"
     pd.testing.assert_frame_equal(roundtrip(a), roundtrip(b), check_exact=True)
 
 
-def _api_on_file(path, variant, eigh_threads=None, seed=0):
-    """analyze_heads on every layer of an activation file, read with h5py alone."""
+def _api_on_file(path, variant, eigh_threads=None, seed=0, sign_draws=None):
+    """analyze_heads on every layer of an activation file, read with h5py alone; ``sign_draws``
+    as the kpca_heads rule passes them (the paper variant's solver draws add per-head columns)."""
     frames = []
     with h5py.File(path, "r") as f:
         mask = f["attention_mask"][:] if "attention_mask" in f else None
@@ -176,7 +177,8 @@ def _api_on_file(path, variant, eigh_threads=None, seed=0):
             g = f[f"layers/{layer:02d}"]
             frames.append(
                 analyze_heads(g["q"][:], g["k"][:], g["v"][:], g["h"][:], variant=variant, attention_mask=mask, layer=layer,
-                              sample_rank=f["sample_rank"][:], dataset_index=f["dataset_index"][:], seed=seed, eigh_threads=eigh_threads)
+                              sample_rank=f["sample_rank"][:], dataset_index=f["dataset_index"][:], seed=seed, eigh_threads=eigh_threads,
+                              sign_draws=sign_draws)
             )  # fmt: skip
     return pd.concat(frames, ignore_index=True)
 

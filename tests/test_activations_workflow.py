@@ -22,6 +22,9 @@ from conftest import REPO, real_deit_tiny, run_snakemake
 pytestmark = pytest.mark.integration
 
 DOC = REPO / "docs" / "activations.md"
+# The solver draws the kpca_heads rule asks for (default configuration; only the paper variant draws).
+_UNC = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["uncertainty"]
+RULE_DRAWS = {"paper": (_UNC["sign_draws"], _UNC["sign_draws_optimal"]), "corrected": None}
 
 
 def _doc_writer() -> str:
@@ -97,7 +100,7 @@ def test_the_api_gives_the_pipeline_numbers(user_run, variant, name, files):
     import torch
 
     torch.set_num_threads(1)  # as the rule runs
-    api = pd.concat([_api_on_file(user_run / f, variant, eigh_threads=threads) for f in files], ignore_index=True)
+    api = pd.concat([_api_on_file(user_run / f, variant, eigh_threads=threads, sign_draws=RULE_DRAWS[variant]) for f in files], ignore_index=True)
     _same(api, pipeline)
 
 
@@ -178,7 +181,7 @@ def test_api_equals_the_pipeline_on_real_activations(real_run, variant, folder, 
     csv = real_run / "results" / "heads" / variant / folder / f"{stem}_0of1.csv"
     threads = json.loads(csv.with_suffix(".json").read_text())["eigh_threads"]
     torch.set_num_threads(1)  # as the rule runs
-    _same(_api_on_file(real_run / "results" / "activations" / folder / f"{stem}_0of1.h5", variant, eigh_threads=threads), pd.read_csv(csv))
+    _same(_api_on_file(real_run / "results" / "activations" / folder / f"{stem}_0of1.h5", variant, eigh_threads=threads, sign_draws=RULE_DRAWS[variant]), pd.read_csv(csv))
 
 
 @pytest.mark.realweights

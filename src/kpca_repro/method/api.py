@@ -88,9 +88,13 @@ def analyze_heads(
             records JSON); None: the caller's. Pass that value, with
             ``torch.set_num_threads(1)`` as the rule sets it, for bit-identical numbers.
         heads_per_chunk: heads per engine call (no number depends on it on the CPU).
-        sign_draws: ``(n_direct, n_optimal)`` random eigenvector sign patterns per head
-            (paper variant; :func:`kpca_repro.method.uncertainty.head_sign_draws`); the draws, name ->
-            float32 ``(heads, R)`` in the rows' order, are returned in ``df.attrs["sign_draws"]``.
+        sign_draws: ``(n_direct, n_optimal)`` solver draws per head: eigenvector signs, and
+            rotations inside near-degenerate eigenspaces
+            (:func:`kpca_repro.method.solver_variation.head_solver_draws`, as the ``kpca_heads``
+            rule with ``uncertainty.sign_draws`` / ``sign_draws_optimal``); adds the columns
+            ``eigengap_min``, ``solver_groups``, ``solver_group_max``,
+            ``solver_boundary_group``, and returns the draws, name -> ``(heads, R)`` in the
+            rows' order, in ``df.attrs["sign_draws"]``.
         tolerance: the invariant's tolerance (default 1e-4, :mod:`kpca_repro.capture.invariant`).
 
     Returns:
@@ -113,7 +117,8 @@ def analyze_heads(
     from kpca_repro.capture.invariant import INVARIANT_RTOL, attention_mask_matrix, check_attention_invariant
     from kpca_repro.method.kpca import head_metrics
     from kpca_repro.method.records import _head_groups
-    from kpca_repro.method.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES, head_sign_draws
+    from kpca_repro.method.solver_variation import BOUND_NAMES, RANGE_NAMES, head_solver_draws
+    from kpca_repro.method.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES
     from kpca_repro.method.variant import get as get_variant
 
     var = get_variant(variant)
@@ -157,24 +162,20 @@ def analyze_heads(
             )  # fmt: skip
             if sign_draws:
                 nan_zero = bool(options.get("nan_cost_to_zero", False))
-                draw_parts.append(
-                    head_sign_draws(
-                        rows["v"],
-                        rows["v_kpca"],
-                        {"layer": layer, "sample_rank": rk[lo:hi], "dataset_index": ix[lo:hi], "head": hd[lo:hi]},
-                        seed=seed,
-                        n_direct=sign_draws[0],
-                        n_optimal=sign_draws[1],
-                        token_max=text,
-                        valid=None if nan_zero else torch.from_numpy(~cols["dropped"]),
-                        nan_to_zero=nan_zero,
-                    )  # fmt: skip
-                )
+                # signs and rotations inside near-degenerate eigenspaces, as the records stage
+                draws, gap_cols = head_solver_draws(
+                    rows, {"layer": layer, "sample_rank": rk[lo:hi], "dataset_index": ix[lo:hi], "head": hd[lo:hi]},
+                    seed=seed, n_direct=sign_draws[0], n_optimal=sign_draws[1], token_max=text,
+                    order=options.get("order") or var.order,
+                    valid=None if nan_zero else torch.from_numpy(~cols["dropped"]), nan_to_zero=nan_zero,
+                )  # fmt: skip
+                draw_parts.append(draws)
+                cols = {**cols, **gap_cols}
             meta = {"variant": var.name, "layer": layer, "sample_rank": rk[lo:hi], "dataset_index": ix[lo:hi], "head": hd[lo:hi], "n_tokens": kk.shape[1], "head_dim": vv.shape[2]}
             frames.append(pd.DataFrame({**meta, **cols}))
     out = pd.concat(frames, ignore_index=True)
     if sign_draws:
-        out.attrs["sign_draws"] = {name: np.concatenate([p[name] for p in draw_parts]) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR)}
+        out.attrs["sign_draws"] = {name: np.concatenate([p[name] for p in draw_parts]) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *BOUND_NAMES, *RANGE_NAMES)}
     return out
 
 
