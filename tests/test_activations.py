@@ -180,6 +180,8 @@ def _api_on_file(path, variant, eigh_threads=None, seed=0, sign_draws=None):
                               sample_rank=f["sample_rank"][:], dataset_index=f["dataset_index"][:], seed=seed, eigh_threads=eigh_threads,
                               sign_draws=sign_draws)
             )  # fmt: skip
+    for frame in frames:  # the draws (arrays) in attrs are not compared, and pandas cannot concatenate them
+        frame.attrs.clear()
     return pd.concat(frames, ignore_index=True)
 
 

@@ -3,6 +3,7 @@
 # asks for rules and functions in separate files); the rules are in activations.smk.
 
 import re
+import sys
 
 from kpca_repro.activations import check_user_config
 from kpca_repro.workflow.paths import user_files, user_models, user_spectra_files
@@ -11,8 +12,9 @@ USER = config["activations"]
 USER_BY_SLUG = {model_slug(name): name for name in USER}
 try:
     check_user_config(config)
-except ValueError as exc:
-    _stop(str(exc))
+except ValueError as exc:  # the message alone, status 1, as the other configuration errors
+    print(exc, file=sys.stderr)
+    sys.exit(1)
 
 
 def user_source(wildcards):
