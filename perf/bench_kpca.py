@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import resource
 import subprocess
 import sys
@@ -713,11 +714,14 @@ def cmd_ab(args) -> dict:
 
     tmp = Path(tempfile.mkdtemp())
     shutil.copytree(Path(args.tree).resolve() / "src" / "kpca_repro", tmp / "kpca_other")
+    for source in (tmp / "kpca_other").rglob("*.py"):  # absolute imports of the copy stay inside the copy
+        source.write_text(re.sub(r"\bkpca_repro\b", "kpca_other", source.read_text()))
     spec = importlib.util.spec_from_file_location("kpca_other", tmp / "kpca_other" / "__init__.py", submodule_search_locations=[str(tmp / "kpca_other")])
     pkg = importlib.util.module_from_spec(spec)
     sys.modules["kpca_other"] = pkg
     spec.loader.exec_module(pkg)
-    import kpca_other.kpca as other  # the copied tree's module
+    # the copied tree's engine: kpca_other.method.kpca (package by stage) or kpca_other.kpca (older, flat trees)
+    other = importlib.import_module("kpca_other.method.kpca" if (tmp / "kpca_other" / "method" / "kpca.py").is_file() else "kpca_other.kpca")
 
     torch.set_num_threads(1)
     ks, vs, bs = [], [], []
