@@ -115,9 +115,8 @@ def analyze_heads(
     import torch
 
     from kpca_repro.capture.invariant import INVARIANT_RTOL, attention_mask_matrix, check_attention_invariant
-    from kpca_repro.method.kpca import head_metrics
-    from kpca_repro.method.records import _head_groups
-    from kpca_repro.method.solver_variation import BOUND_NAMES, RANGE_NAMES, head_solver_draws
+    from kpca_repro.method.records import _head_groups, chunk_records
+    from kpca_repro.method.solver_variation import BOUND_NAMES, RANGE_NAMES
     from kpca_repro.method.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES
     from kpca_repro.method.variant import get as get_variant
 
@@ -154,25 +153,14 @@ def analyze_heads(
     for kk, vv, rk, ix, hd, base in _head_groups(source, {"k": k4, "v": v4}, var, layer, seed, transposed=False):
         for lo in range(0, kk.shape[0], heads_per_chunk):
             hi = min(lo + heads_per_chunk, kk.shape[0])
-            rows = {} if sign_draws else None
-            cols = head_metrics(
-                kk[lo:hi].to(dev), vv[lo:hi].to(dev), var,
-                baseline=base[lo:hi].to(dev) if base is not None else None,
-                eigh_device="cpu" if dev.type == "cuda" else None, eigh_threads=solver_threads, rows=rows, **options,
+            draws, frame = chunk_records(
+                layer, kk[lo:hi], vv[lo:hi], rk[lo:hi], ix[lo:hi], hd[lo:hi], base[lo:hi] if base is not None else None,
+                variant=var, device=dev, eigh_device="cpu" if dev.type == "cuda" else None, eigh_threads=solver_threads,
+                options=options, sign_draws=sign_draws, seed=seed, text=text,
             )  # fmt: skip
-            if sign_draws:
-                nan_zero = bool(options.get("nan_cost_to_zero", False))
-                # signs and rotations inside near-degenerate eigenspaces, as the records stage
-                draws, gap_cols = head_solver_draws(
-                    rows, {"layer": layer, "sample_rank": rk[lo:hi], "dataset_index": ix[lo:hi], "head": hd[lo:hi]},
-                    seed=seed, n_direct=sign_draws[0], n_optimal=sign_draws[1], token_max=text,
-                    order=options.get("order") or var.order,
-                    valid=None if nan_zero else torch.from_numpy(~cols["dropped"]), nan_to_zero=nan_zero,
-                )  # fmt: skip
-                draw_parts.append(draws)
-                cols = {**cols, **gap_cols}
-            meta = {"variant": var.name, "layer": layer, "sample_rank": rk[lo:hi], "dataset_index": ix[lo:hi], "head": hd[lo:hi], "n_tokens": kk.shape[1], "head_dim": vv.shape[2]}
-            frames.append(pd.DataFrame({**meta, **cols}))
+            draw_parts.append(draws)
+            frame.insert(0, "variant", var.name)
+            frames.append(frame)
     out = pd.concat(frames, ignore_index=True)
     if sign_draws:
         out.attrs["sign_draws"] = {name: np.concatenate([p[name] for p in draw_parts]) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *BOUND_NAMES, *RANGE_NAMES)}

@@ -120,6 +120,59 @@ def layer_chunks(af: ActivationFile, layers: Sequence[int], heads_per_chunk: int
                 yield layer, np.arange(i0 * n_heads + lo, i0 * n_heads + hi), {name: x[lo:hi] for name, x in flat_t.items()}
 
 
+def chunk_records(
+    layer: int,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ranks: np.ndarray,
+    index: np.ndarray,
+    head: np.ndarray,
+    base: torch.Tensor | None,
+    *,
+    variant: Variant,
+    device: torch.device,
+    eigh_device,
+    eigh_threads: int | None,
+    options: dict,
+    sign_draws: tuple[int, int] | None,
+    seed: int,
+    text: bool,
+) -> tuple[dict[str, np.ndarray] | None, pd.DataFrame]:
+    """Per-head records of one chunk of heads (``k``, ``v``: ``(heads, N, d)``; ``ranks``,
+    ``index``, ``head``: ``(heads,)``; ``base``: the corrected variant's random baselines):
+    :func:`kpca_repro.method.kpca.head_metrics`, and with ``sign_draws`` the solver draws
+    (:func:`kpca_repro.method.solver_variation.head_solver_draws`) and their per-head columns.
+    The one per-chunk step of :func:`kpca_records` and :func:`kpca_repro.method.api.analyze_heads`.
+
+    Returns:
+        ``(draws or None, records)``, one record row per head.
+    """
+    rows = {} if sign_draws else None
+    cols = head_metrics(
+        k.to(device),
+        v.to(device),
+        variant,
+        baseline=base.to(device) if base is not None else None,
+        eigh_device=eigh_device,
+        eigh_threads=eigh_threads,
+        rows=rows,
+        **options,
+    )
+    draws = None
+    if sign_draws:
+        nan_zero = bool(options.get("nan_cost_to_zero", False))
+        # signs and rotations inside near-degenerate eigenspaces (docs/uncertainty.md)
+        draws, gap_cols = head_solver_draws(
+            rows, {"layer": layer, "sample_rank": ranks, "dataset_index": index, "head": head},
+            seed=seed, n_direct=sign_draws[0], n_optimal=sign_draws[1], token_max=text,
+            order=options.get("order") or variant.order,
+            valid=None if nan_zero else torch.from_numpy(~cols["dropped"]), nan_to_zero=nan_zero,
+        )  # fmt: skip
+        cols = {**cols, **gap_cols}
+    frame = pd.DataFrame({"sample_rank": ranks, "dataset_index": index, "layer": layer, "head": head, "n_tokens": k.shape[1], "head_dim": v.shape[2], **cols})
+    return draws, frame
+
+
 def kpca_records(
     activations: str | os.PathLike,
     variant: str | Variant,
@@ -210,40 +263,8 @@ def kpca_records(
         solver_threads = eigh_threads if variant.authors_threads else None
 
         def work(chunk):
-            layer, k, v, ranks, index, head, base = chunk
-            rows = {} if sign_draws else None
-            cols = head_metrics(
-                k.to(device),
-                v.to(device),
-                variant,
-                baseline=base.to(device) if base is not None else None,
-                eigh_device=eigh_device,
-                eigh_threads=solver_threads,
-                rows=rows,
-                **options,
-            )
-            draws = None
-            if sign_draws:
-                nan_zero = bool(options.get("nan_cost_to_zero", False))
-                # signs and rotations inside near-degenerate eigenspaces (docs/uncertainty.md)
-                draws, gap_cols = head_solver_draws(
-                    rows, {"layer": layer, "sample_rank": ranks, "dataset_index": index, "head": head},
-                    seed=seed, n_direct=sign_draws[0], n_optimal=sign_draws[1], token_max=text,
-                    order=options.get("order") or variant.order,
-                    valid=None if nan_zero else torch.from_numpy(~cols["dropped"]), nan_to_zero=nan_zero,
-                )  # fmt: skip
-                cols = {**cols, **gap_cols}
-            return draws, pd.DataFrame(
-                {
-                    "sample_rank": ranks,
-                    "dataset_index": index,
-                    "layer": layer,
-                    "head": head,
-                    "n_tokens": k.shape[1],
-                    "head_dim": v.shape[2],
-                    **cols,
-                }
-            )
+            return chunk_records(*chunk, variant=variant, device=device, eigh_device=eigh_device, eigh_threads=solver_threads,
+                                 options=options, sign_draws=sign_draws, seed=seed, text=text)  # fmt: skip
 
         total = (af.attention_mask.shape[1] if transposed else n_in) * n_heads * len(layer_list)
         with progress_bar(total=total, desc=f"kpca {variant.name} {model_id}", unit="head", disable=not progress, mininterval=5) as bar:
