@@ -315,6 +315,50 @@ def test_wrong_capture_fails_the_job_and_leaves_no_file(model_dirs, tmp_path, mo
     assert list(tmp_path.iterdir()) == []
 
 
+def _user_recording(source, model_id, samples, out, batch_size=2):
+    """record_activations (a user's entry point) with the pipeline's Hugging Face recorder, batched as extract_text batches."""
+    from kpca_repro.capture.module_capture import record_activations
+
+    model, tok = text.load_text_model(model_id, str(source), offline=True)
+    rec = hf_capture.HFAttentionRecorder(hf_capture.attention_modules(model, model_id))
+    enc = text.tokenize_sample(tok, list(samples["text"]), 128)
+    batches = [{k: v[i : i + batch_size] for k, v in enc.items()} for i in range(0, len(samples), batch_size)]
+    return rec, lambda: record_activations(model, rec, batches, out, model_id=model_id)
+
+
+def test_record_activations_with_the_hf_recorder_writes_the_extracted_tensors(tmp_path):
+    """The same q, k, v, h and mask, bit for bit, from extract_text and from record_activations given the pipeline's recorder."""
+    source = _save_with_word_tokenizer("bert", tmp_path / "bert")
+    samples = text.sample_rows(ROWS, 4, 10, seed=0)
+    extraction.extract_text("tiny/bert", str(source), samples, tmp_path / "pipeline.h5", batch_size=2, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
+    _, record = _user_recording(source, "tiny/bert", samples, tmp_path / "user.h5")
+    record()
+    with ActivationFile(tmp_path / "pipeline.h5") as a, ActivationFile(tmp_path / "user.h5") as b:
+        np.testing.assert_array_equal(a.attention_mask, b.attention_mask)
+        for layer in range(2):
+            pipeline, user = a.read(layer), b.read(layer)
+            for t in "qkvh":
+                np.testing.assert_array_equal(pipeline[t], user[t], err_msg=f"layer {layer} {t}")
+
+
+def test_a_hook_that_does_not_fire_is_refused_alike_by_extract_text_and_record_activations(tmp_path, monkeypatch):
+    """One forward-and-capture loop: an h hook that never fires is refused by the pipeline and by a
+    user's record_activations with the same error type and message, and no file is left."""
+    source = _save_with_word_tokenizer("bert", tmp_path / "models" / "bert")
+    monkeypatch.setattr(hf_capture.HFAttentionRecorder, "_out_pre_hook", lambda self, layer: lambda _mod, _args: None)
+    samples = text.sample_rows(ROWS, 4, 10, seed=0)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(UnsupportedArchitectureError) as pipeline:
+        extraction.extract_text("tiny/bert", str(source), samples, out / "pipeline.h5", batch_size=2, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
+    rec, record = _user_recording(source, "tiny/bert", samples, out / "user.h5")
+    with pytest.raises(ValueError) as user:
+        record()
+    assert type(pipeline.value) is type(user.value) and str(pipeline.value) == str(user.value)
+    assert "(0, 'h'), (1, 'h')" in str(user.value) and "did not fire" in str(user.value)
+    assert not rec.handles and not list(out.iterdir())
+
+
 @pytest.mark.parametrize("max_length", [128, 6])
 def test_extraction_equals_the_authors_one_forward_pass(tmp_path, max_length):
     """BERT-style q, k, v as ``nlp_value_vectors.py`` stores them, bit for bit, with the pipeline's batching.

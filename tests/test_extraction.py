@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from kpca_repro.capture import vision
 from kpca_repro.capture.extraction import extract_vision
+from kpca_repro.capture.module_capture import record_activations
 from kpca_repro.capture.vision import AttentionRecorder, attention_modules, load_timm_model
 from kpca_repro.h5io import ActivationFile, CorruptActivationFileError, atomic_output
 from kpca_repro.inputs import images, resources
@@ -74,6 +76,48 @@ def test_activation_files_are_deterministic(tiny_resources, photos_dir, tmp_path
     for p in paths:
         extract_vision(model_id, weights, "x", samples, p, batch_size=2, device=torch.device("cpu"), model_kwargs=TINY_KWARGS[model_id], progress=False)
     assert paths[0].read_bytes() == paths[1].read_bytes()
+
+
+def _tiny_vit_inputs(tiny_resources, photos_dir, n):
+    model_id = "vit_tiny_patch16_224"
+    weights = tiny_resources / "weights" / "timm" / f"{model_id}.safetensors"
+    samples = images.sample_images(images.list_images(photos_dir, "flat"), n, seed=0)
+    tf = images.paper_transform(32)
+    x = torch.stack([tf(images.load_image(p)) for p in samples["path"]])
+    return model_id, weights, samples, x
+
+
+def test_record_activations_with_the_timm_recorder_writes_the_extracted_tensors(tiny_resources, photos_dir, tmp_path):
+    """A user's entry point (record_activations) given the pipeline's timm recorder stores, bit for
+    bit, the q, k, v, h extract_vision stores for the same images in the same batches."""
+    model_id, weights, samples, x = _tiny_vit_inputs(tiny_resources, photos_dir, 3)
+    extract_vision(model_id, weights, "x", samples, tmp_path / "pipeline.h5", batch_size=2, device=torch.device("cpu"), model_kwargs=TINY_KWARGS[model_id], progress=False)
+    model = load_timm_model(model_id, weights, TINY_KWARGS[model_id])
+    rec = vision.CaptureRecorder(vision.capture_plan(model, model_id), model_id)
+    record_activations(model, rec, [x[:2], x[2:]], tmp_path / "user.h5", model_id=model_id)
+    with ActivationFile(tmp_path / "pipeline.h5") as a, ActivationFile(tmp_path / "user.h5") as b:
+        assert a.n_layers == b.n_layers == 2
+        for layer in range(2):
+            pipeline, user = a.read(layer), b.read(layer)
+            for t in "qkvh":
+                np.testing.assert_array_equal(pipeline[t], user[t], err_msg=f"layer {layer} {t}")
+
+
+def test_a_hook_that_does_not_fire_is_refused_alike_by_extract_vision_and_record_activations(tiny_resources, photos_dir, tmp_path, monkeypatch):
+    """The pipeline's extraction and a user's record_activations run the same forward-and-capture
+    loop: a recorder whose h hooks never fire is refused by both with one error type and message,
+    and neither leaves a file."""
+    monkeypatch.setattr(vision.CaptureRecorder, "_h_pre_hook", lambda self, layer: lambda _mod, _args: None)
+    model_id, weights, samples, x = _tiny_vit_inputs(tiny_resources, photos_dir, 2)
+    with pytest.raises(vision.UnsupportedArchitectureError) as pipeline:
+        extract_vision(model_id, weights, "x", samples, tmp_path / "pipeline.h5", batch_size=2, device=torch.device("cpu"), model_kwargs=TINY_KWARGS[model_id], progress=False)
+    model = load_timm_model(model_id, weights, TINY_KWARGS[model_id])
+    rec = vision.CaptureRecorder(vision.capture_plan(model, model_id), model_id)
+    with pytest.raises(ValueError) as user:
+        record_activations(model, rec, [x], tmp_path / "user.h5", model_id=model_id)
+    assert type(pipeline.value) is type(user.value) and str(pipeline.value) == str(user.value)
+    assert "(0, 'h'), (1, 'h')" in str(user.value) and "did not fire" in str(user.value)
+    assert not rec.handles and not list(tmp_path.iterdir())  # hooks removed, no file
 
 
 def test_truncated_activation_file_is_reported_with_its_name(tmp_path):

@@ -3,7 +3,9 @@
 One forward pass per batch captures every layer's q, k, v and h as the attention uses them
 (:mod:`kpca_repro.capture.vision`, :mod:`kpca_repro.capture.hf_capture`), checks the capture invariant
 (:mod:`kpca_repro.capture.invariant`) and writes the shard's rows (:mod:`kpca_repro.h5io`). Forward
-batches are the whole sample's blocks (:func:`kpca_repro.inputs.images.shard_batches`).
+batches are the whole sample's blocks (:func:`kpca_repro.inputs.images.shard_batches`). The forward
+passes are :func:`kpca_repro.capture.module_capture.capture_batches`, the loop a user's module
+runs through (:func:`kpca_repro.capture.module_capture.record_activations`).
 
 Nothing here imports the method (:mod:`kpca_repro.method`), so an edit to the per-head metrics
 does not rerun extraction (its rules' code inputs are the ``inputs`` and ``capture`` stages).
@@ -14,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 
 import h5py
 import numpy as np
@@ -21,6 +24,7 @@ import pandas as pd
 import torch
 
 from kpca_repro.capture.invariant import INVARIANT_RTOL, check_attention_invariant
+from kpca_repro.capture.module_capture import capture_batches
 from kpca_repro.capture.vision import CaptureRecorder, UnsupportedArchitectureError, attention_scale, capture_plan, load_timm_model
 from kpca_repro.h5io import ActivationWriter, atomic_output
 from kpca_repro.inputs import images as img
@@ -114,7 +118,8 @@ def extract_vision(
     One forward pass per batch of ``batch_size`` images captures every layer with
     :class:`kpca_repro.capture.vision.CaptureRecorder`: q and k as the attention's dot product uses
     them (after q/k norms and the rotary embedding), v, and h before the output projection
-    (:mod:`kpca_repro.capture.vision`). Preprocessing is the paper's
+    (:mod:`kpca_repro.capture.vision`), through
+    :func:`kpca_repro.capture.module_capture.capture_batches`. Preprocessing is the paper's
     (:func:`kpca_repro.inputs.images.paper_transform`) at the model's input size.
 
     The capture invariant (:func:`kpca_repro.capture.invariant.check_attention_invariant`) is checked
@@ -142,7 +147,8 @@ def extract_vision(
     Raises:
         kpca_repro.inputs.images.UnreadableImageError: an image cannot be decoded (named).
         kpca_repro.capture.vision.UnsupportedArchitectureError: the model is not one the capture
-            supports (one line: model, reason, supported families), or a hook did not fire.
+            supports (one line: model, reason, supported families), or a hook did not fire
+            (:class:`kpca_repro.capture.module_capture.HooksDidNotFireError`).
         kpca_repro.capture.invariant.CaptureMismatchError: the captured q, k, v do not reproduce h.
     """
     from kpca_repro.progress import progress as progress_bar
@@ -194,19 +200,15 @@ def extract_vision(
         writer.write_index("dataset_index", samples["dataset_index"].to_numpy())
         background = _BackgroundWriter(writer)
         decoded = prefetch_batches(lambda p: transform(img.load_image(p)), [all_paths[run] for run, _, _ in batches], decode_threads)
+        runs = capture_batches(model, CaptureRecorder(plan, model_id), (x.to(device) for x in decoded), model_id=model_id)
         try:
-            with torch.no_grad(), CaptureRecorder(plan, model_id) as rec:
+            with closing(runs):  # the hooks are removed when the last batch is done or on an error
                 bar = progress_bar(batches, desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5)
-                for (_run, keep, start), x in zip(bar, decoded):
-                    x = x.to(device)
-                    rec.clear()
-                    model(x)
-                    if rec.missing():
-                        raise UnsupportedArchitectureError(f"{model_id}: the capture hooks did not fire for (layer, tensor) {rec.missing()[:4]}")
+                for (_run, keep, start), (_x, captured) in zip(bar, runs):
                     checked = sorted({0, keep.stop - keep.start - 1})
                     layers = []
-                    for layer in range(len(attns)):
-                        t = {name: a[keep] for name, a in rec.numpy_layer(layer).items()}
+                    for layer, tensors in enumerate(captured):
+                        t = {name: a[keep] for name, a in tensors.items()}
                         if t["q"].shape[1:] != (heads, n_tokens, head_dim) or t["h"].shape != t["q"].shape:
                             raise UnsupportedArchitectureError(f"{model_id}: layer {layer} captured q {t['q'].shape}, h {t['h'].shape}; expected (B, {heads}, {n_tokens}, {head_dim})")
                         res = check_attention_invariant(model_id, layer, t["q"], t["k"], t["v"], t["h"], scale=scale, inputs=checked)
@@ -243,7 +245,8 @@ def extract_text(
 
     One forward pass per batch captures every layer with the model family's adapter
     (:mod:`kpca_repro.capture.hf_capture`: q, k, v as the attention uses them, after any rotary
-    embedding, such that ``h = softmax(q k^T / sqrt(d) + mask) v``). After each batch and
+    embedding, such that ``h = softmax(q k^T / sqrt(d) + mask) v``), through
+    :func:`kpca_repro.capture.module_capture.capture_batches`. After each batch and
     before anything is written, the capture invariant (:mod:`kpca_repro.capture.invariant`) is checked
     on every layer for all heads of the batch's first and last row, with the padding mask
     (and the local window of Longformer / ModernBERT local layers); a mismatch aborts the
@@ -272,7 +275,8 @@ def extract_text(
         kpca_repro.inputs.resources.ChecksumMismatchError: the weights differ from ``checksum``.
         MissingModelError: the model cannot be loaded (id and configuration key named).
         kpca_repro.capture.vision.UnsupportedArchitectureError: the model's attention is refused or
-            the hooks do not fit it (one line: model, reason, supported families).
+            the hooks do not fit it (one line: model, reason, supported families), or a hook
+            did not fire (:class:`kpca_repro.capture.module_capture.HooksDidNotFireError`).
         kpca_repro.capture.invariant.CaptureMismatchError: the stored q, k, v do not reproduce h.
     """
     from kpca_repro.capture.hf_capture import HFAttentionRecorder, attention_modules, check_capture, check_text_model
@@ -321,11 +325,12 @@ def extract_text(
     }
     with atomic_output(out_path) as tmp, h5py.File(tmp, "w", track_order=False) as f:
         writer, max_error = None, 0.0
-        with torch.no_grad(), HFAttentionRecorder(attns) as rec:
-            for run, keep, start in progress_bar(batches, desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5):
-                batch = {k: v[run].to(device) for k, v in enc.items()}
-                model(**batch)
-                n_tokens = int(rec.captured[0]["k"].shape[2])
+        rec = HFAttentionRecorder(attns)
+        inputs = ({k: v[run].to(device) for k, v in enc.items()} for run, _, _ in batches)
+        with closing(capture_batches(model, rec, inputs, model_id=model_id)) as runs:
+            bar = progress_bar(batches, desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5)
+            for (_run, keep, start), (_batch, captured) in zip(bar, runs):
+                n_tokens = int(captured[0]["k"].shape[2])
                 if writer is None:
                     if n_tokens < padded or any(layout != rec.layouts[0] for layout in rec.layouts):
                         raise UnsupportedArchitectureError(f"{model_id}: the attention modules see {n_tokens} tokens for {padded} input tokens, or mixed layouts {rec.layouts}")
@@ -336,7 +341,7 @@ def extract_text(
                     mask = np.zeros((n, n_tokens), dtype=np.int64)
                     mask[:, :padded] = enc["attention_mask"][rows].numpy()
                     writer.write_attention_mask(mask)
-                layers = [{name: a[keep] for name, a in rec.numpy_layer(layer).items()} for layer in range(len(attns))]
+                layers = [{name: a[keep] for name, a in tensors.items()} for tensors in captured]
                 key_mask = mask[start : start + keep.stop - keep.start]
                 max_error = max(max_error, check_capture(model_id, attns, layers, key_mask=key_mask))
                 for layer, tensors in enumerate(layers):

@@ -15,33 +15,42 @@ through :func:`kpca_repro.capture.vision.capture_plan`) and
 module of your own: you give it your attention modules, a function returning the q, k, v your
 module's dot product uses, and the sub-module whose input is the concatenated per-head output.
 
-:func:`record_activations` runs the forward passes under any :class:`HeadCapture`, checks the
-invariant on every input, layer and head, and writes the activation file
-(docs/activations.md); a capture that breaks the invariant is refused with the measured error
-and leaves no file. docs/activations.md has a complete example; tests/test_activations.py
-runs a hand-written ViT, a grouped-query attention and the timm and Hugging Face adapters
-through it.
+:func:`capture_batches` is the one forward-and-capture loop: per batch it clears the capture,
+runs the forward pass, refuses a pass in which a hook did not fire
+(:class:`HooksDidNotFireError`) and yields every layer's q, k, v, h as float32 numpy arrays.
+:func:`record_activations` runs it under any :class:`HeadCapture`, checks the invariant on every
+input, layer and head, and writes the activation file (docs/activations.md); a capture that
+breaks the invariant is refused with the measured error and leaves no file. The pipeline's
+extraction (:func:`kpca_repro.capture.extraction.extract_vision` and
+:func:`~kpca_repro.capture.extraction.extract_text`) runs the timm and Hugging Face recorders
+through the same :func:`capture_batches`, streaming each batch to its shard file.
+docs/activations.md has a complete example; tests/test_activations.py runs a hand-written ViT,
+a grouped-query attention and the timm and Hugging Face adapters through it.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import closing
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 from torch import nn
 
-from kpca_repro.capture.vision import HeadRecorder, split_heads
+from kpca_repro.capture.vision import HeadRecorder, UnsupportedArchitectureError, split_heads
 
-__all__ = ["HeadCapture", "ModuleCapture", "record_activations", "bind_arguments"]
+__all__ = ["HeadCapture", "ModuleCapture", "HooksDidNotFireError", "capture_batches", "record_activations", "bind_arguments"]
+
+#: The tensors a capture fills per layer.
+TENSORS = ("q", "k", "v", "h")
 
 
 @runtime_checkable
 class HeadCapture(Protocol):
-    """What :func:`record_activations` needs from a capture.
+    """What :func:`capture_batches` (so :func:`record_activations` and the pipeline's extraction) needs from a capture.
 
     Attributes:
         captured: one dict per layer, filled by the hooks during a forward pass:
@@ -107,11 +116,74 @@ class ModuleCapture(HeadRecorder):
         return handles
 
 
+class HooksDidNotFireError(UnsupportedArchitectureError, ValueError):
+    """A forward pass left ``(layer, tensor)`` pairs of a capture empty: their hooks did not fire.
+
+    An :class:`~kpca_repro.capture.vision.UnsupportedArchitectureError` (what the pipeline's
+    extraction raises for a model its hooks do not fit) and a :class:`ValueError` (a capture
+    that does not fit the module it was given).
+    """
+
+
 def _forward(model: nn.Module, batch) -> None:
     if isinstance(batch, Mapping):
         model(**batch)
     else:
         model(batch)
+
+
+def capture_batches(
+    model: nn.Module,
+    capture: HeadCapture,
+    batches: Iterable,
+    *,
+    model_id: str,
+    forward: Callable[[nn.Module, Any], Any] | None = None,
+) -> Iterator[tuple[Any, list[dict[str, np.ndarray]]]]:
+    """Forward each batch through ``model`` under ``capture``; yield the batch and its q, k, v, h.
+
+    The one forward-and-capture loop: :func:`record_activations` and the pipeline's
+    :func:`kpca_repro.capture.extraction.extract_vision` / ``extract_text`` run it. The hooks are
+    registered (``capture.__enter__``) at the first batch and removed when the generator
+    finishes or is closed (wrap it in :func:`contextlib.closing` when stopping early). Per batch:
+    every ``captured[layer]`` is emptied, ``forward(model, batch)`` runs under
+    ``torch.no_grad()`` in the mode ``model`` is in, every layer must hold q, k, v and h, and
+    ``capture.numpy_layer`` gives them as float32 numpy arrays. Batches are pulled one at a
+    time, so ``batches`` may be a generator that loads or moves the next one.
+
+    Args:
+        model: any module.
+        capture: a :class:`HeadCapture` on ``model``'s attention modules.
+        batches: inputs; a mapping is passed as keyword arguments (``model(**batch)``),
+            anything else positionally.
+        model_id: named in errors.
+        forward: ``forward(model, batch)`` replacing the default call.
+
+    Returns:
+        A generator of ``(batch, layers)``: the batch as given, and per layer
+        ``{"q" | "k" | "v" | "h": (B, H, N, d) float32}``.
+
+    Raises:
+        TypeError: ``capture`` is not a :class:`HeadCapture` (at the call).
+        HooksDidNotFireError: a forward pass left ``(layer, tensor)`` pairs uncaptured (the
+            first six named).
+    """
+    if not isinstance(capture, HeadCapture):
+        raise TypeError(f"{type(capture).__name__} is not a HeadCapture (captured, __enter__/__exit__, numpy_layer)")
+    return _capture_batches(model, capture, batches, model_id, forward or _forward)
+
+
+def _capture_batches(model, capture, batches, model_id, call) -> Iterator[tuple[Any, list[dict[str, np.ndarray]]]]:
+    with capture:
+        for batch in batches:
+            for got in capture.captured:
+                got.clear()  # a hook that did not fire is noticed below
+            with torch.no_grad():
+                call(model, batch)
+            missing = [(layer, t) for layer, got in enumerate(capture.captured) for t in TENSORS if t not in got]
+            if missing:
+                raise HooksDidNotFireError(f"{model_id}: the capture hooks did not fire in the forward pass for (layer, tensor) {missing[:6]}")
+            yield batch, [capture.numpy_layer(layer) for layer in range(len(capture.captured))]
 
 
 def record_activations(
@@ -126,6 +198,8 @@ def record_activations(
     tolerance: float | None = None,
 ):
     """Forward ``batches`` through ``model`` under ``capture`` and write the activation file.
+
+    The forward passes are :func:`capture_batches`, the loop of the pipeline's extraction.
 
     Args:
         model: any module; run under ``torch.no_grad()`` in the mode it is in (call
@@ -147,33 +221,25 @@ def record_activations(
 
     Raises:
         TypeError: ``capture`` is not a :class:`HeadCapture`.
-        ValueError: a layer's tensors were not all captured in a forward pass.
+        HooksDidNotFireError: (a ``ValueError``) a layer's tensors were not all captured in a
+            forward pass; no file is written.
+        ValueError: ``batches`` is empty.
         kpca_repro.capture.invariant.CaptureMismatchError: the captured q, k, v do not reproduce h
             (the measured error, layer, input and head in the message); no file is written.
     """
     from kpca_repro.activations import write_activations
 
-    if not isinstance(capture, HeadCapture):
-        raise TypeError(f"{type(capture).__name__} is not a HeadCapture (captured, __enter__/__exit__, numpy_layer)")
-    call = forward or _forward
     layers: list[list[dict[str, np.ndarray]]] | None = None
     masks: list[np.ndarray] = []
-    with capture, torch.no_grad():
-        for batch in batches:
-            for got in capture.captured:
-                got.clear()  # a hook that did not fire is noticed below
-            call(model, batch)
-            missing = [(layer, t) for layer, got in enumerate(capture.captured) for t in ("q", "k", "v", "h") if t not in got]
-            if missing:
-                raise ValueError(f"{model_id}: not captured in the forward pass: {missing[:6]} (layer, tensor)")
-            per_layer = [capture.numpy_layer(layer) for layer in range(len(capture.captured))]
+    with closing(capture_batches(model, capture, batches, model_id=model_id, forward=forward)) as runs:
+        for batch, per_layer in runs:
             layers = [[p] for p in per_layer] if layers is None else [acc + [p] for acc, p in zip(layers, per_layer)]
             if isinstance(batch, Mapping) and batch.get("attention_mask") is not None:
                 m = batch["attention_mask"]
                 masks.append(np.asarray(m.detach().cpu() if hasattr(m, "detach") else m))
     if layers is None:
         raise ValueError("batches is empty")
-    stacked = [{t: np.concatenate([p[t] for p in acc]) for t in ("q", "k", "v", "h")} for acc in layers]
+    stacked = [{t: np.concatenate([p[t] for p in acc]) for t in TENSORS} for acc in layers]
     mask = np.concatenate(masks) if masks else None
     extra = {"capture": type(capture).__name__, **(attrs or {})}
     return write_activations(path, stacked, model_id=model_id, attention_mask=mask, attrs=extra, tolerance=tolerance)

@@ -470,14 +470,6 @@ class CaptureRecorder(HeadRecorder):
         self.adapters = [adapter for _, adapter in plan]
         self.model_id = model_id
 
-    def clear(self) -> None:
-        """Forget the previous forward pass (so a hook that did not fire is noticed)."""
-        self.captured = [{} for _ in self.attns]
-
-    def missing(self) -> list[tuple[int, str]]:
-        """``(layer, tensor)`` pairs not captured since the last :meth:`clear`."""
-        return [(layer, t) for layer, got in enumerate(self.captured) for t in ("q", "k", "v", "h") if t not in got]
-
     def _attn_pre_hook(self, layer: int):
         adapter = self.adapters[layer]
         signature = inspect.signature(type(self.attns[layer]).forward)
