@@ -327,6 +327,24 @@ def test_the_validator_recomputes_the_invariant(tmp_path):
     assert validate(bad, check_invariant=False).capture_max_rel_error is None
 
 
+def test_a_causal_mask_is_outside_format_1_and_is_refused(tmp_path):
+    """Format 1 knows only key padding (docs/activations.md 1): the same q, k, v under a causal
+    mask give an h the invariant refuses, naming the measured error; no file is left."""
+    from kpca_repro.activations import write_activations
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 8, 4, generator=g) for _ in range(3))
+    logits = q @ k.transpose(-1, -2) / 2.0 + torch.triu(torch.full((8, 8), -math.inf), 1)
+    h = torch.softmax(logits, -1) @ v
+    layer = {"q": q.numpy(), "k": k.numpy(), "v": v.numpy(), "h": h.numpy()}
+    with pytest.raises(CaptureMismatchError, match=r"max \|h - softmax\(s q k\^T \+ mask\) v\| = [0-9.]+ x max \|v\|"):
+        write_activations(tmp_path / "causal.h5", [layer], model_id="causal")
+    assert list(tmp_path.iterdir()) == []
+    layer["h"] = (torch.softmax(q @ k.transpose(-1, -2) / 2.0, -1) @ v).numpy()
+    write_activations(tmp_path / "full.h5", [layer], model_id="full")  # the same q, k, v without the mask pass
+    assert validate(tmp_path / "full.h5").capture_max_rel_error <= 1e-5
+
+
 def test_the_command_line(tmp_path, capsys):
     write_hand_vit(tmp_path / "good.h5")
     assert main(["validate", str(tmp_path / "good.h5")]) == 0
