@@ -83,7 +83,7 @@ def hub(tmp_path_factory):
     ``url(path)``, ``env(hf_home)`` (an environment with ``HF_ENDPOINT`` set and ``HF_HOME`` at
     ``hf_home``, never the user's cache), ``config_overlay()``. Built once per session into a
     temporary directory, or into ``$KPCA_HUB_FIXTURE_DIR`` (outside the project tree; reused while
-    the sources are unchanged). Skips when the real inputs (``../shared``) are absent.
+    the sources are unchanged; one subdirectory per pytest-xdist worker). Skips when the real inputs (``../shared``) are absent.
     """
     import importlib.util
 
@@ -95,6 +95,8 @@ def hub(tmp_path_factory):
         pytest.skip(f"hub fixture inputs not available: {', '.join(map(str, missing))} (set KPCA_RESOURCES to a resources directory)")
     if importlib.util.find_spec("olah") is None:
         pytest.fail("olah is not installed: python -m pip install -e '.[test]'")
-    root = Path(os.environ["KPCA_HUB_FIXTURE_DIR"]) if os.environ.get("KPCA_HUB_FIXTURE_DIR") else tmp_path_factory.mktemp("hub")
+    # one build per pytest-xdist worker: two workers building one directory would race
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    root = Path(os.environ["KPCA_HUB_FIXTURE_DIR"], worker) if os.environ.get("KPCA_HUB_FIXTURE_DIR") else tmp_path_factory.mktemp("hub")
     with hub_fixture.serve(hub_fixture.build(root, sources)) as server:
         yield server

@@ -19,6 +19,7 @@ from packaging.utils import canonicalize_name
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 TEST_INSTALL = 'python -m pip install -e ".[test]" -c constraints.txt'
+TEST_COMMAND = "python -m pytest -q -n 2 --dist loadfile"
 
 
 def _readme_quickstart() -> list[str]:
@@ -46,16 +47,16 @@ def _pins() -> dict[str, str]:
 def test_readme_installs_the_package_first_and_the_test_extras_with_the_constraints():
     lines = _readme_quickstart()
     assert lines[0] == "python -m pip install -e ."
-    assert TEST_INSTALL in lines and lines.index(TEST_INSTALL) < lines.index("python -m pytest -q")
+    assert TEST_INSTALL in lines and lines.index(TEST_INSTALL) < lines.index(TEST_COMMAND)
 
 
 def test_ci_runs_the_readme_test_install_line_and_test_command():
     commands = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
-    assert TEST_INSTALL in commands and commands[-1] == "python -m pytest -q"
-    assert commands.index(TEST_INSTALL) < commands.index("python -m pytest -q")
+    assert TEST_INSTALL in commands and commands[-1] == TEST_COMMAND
+    assert commands.index(TEST_INSTALL) < commands.index(TEST_COMMAND)
     assert sum("pip install" in c for c in commands) == 1  # nothing installed beside the README's line
     # the one other set-up step: the SLURM test cluster (tests/test_slurm.py uses it, installs nothing)
-    others = [c for c in commands if c not in (TEST_INSTALL, "python -m pytest -q") and not c.startswith(("set ", "cd "))]
+    others = [c for c in commands if c not in (TEST_INSTALL, TEST_COMMAND) and not c.startswith(("set ", "cd "))]
     assert all("tests/slurm/cluster.sh" in c or c.startswith("SLURM_DIR=") for c in others), others
 
 
