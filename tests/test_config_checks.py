@@ -327,7 +327,7 @@ def test_a_cached_check_imports_no_torch(tmp_path):
         "from kpca_repro import check_cache\n"
         "from kpca_repro.inputs import model_info\n"
         "from kpca_repro.training import summary\n"
-        "from kpca_repro.workflow import config_checks, cost, paths, preflight, slurm_preflight\n"
+        "from kpca_repro.workflow import config_checks, paths, preflight\n"
         f"config_checks.check_config(yaml.safe_load(open({str(cfg_file)!r})), cache_dir={str(tmp_path / 'cache')!r})\n"
         "heavy = sorted(m for m in ('torch', 'timm', 'transformers', 'pandas') if m in sys.modules)\n"
         "assert not heavy, heavy\n"

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from kpca_repro import progress
-from kpca_repro.workflow import cost, preflight
+from kpca_repro.workflow import preflight
 
 from conftest import REPO, TINY_KWARGS, run_snakemake
 
@@ -298,12 +298,12 @@ def test_job_logs_have_progress_lines_and_no_bar_frames(tiny_resources, tmp_path
 
 def _cost_report(costs):
     """``(table, warnings)`` as the cost lines print them: the header and a line per model, a warning per model beyond the reference."""
-    lines = [cost._lines(c) for c in costs]
-    return "\n".join([cost.HEADER, cost.COLUMNS, *(line for line, _ in lines)]), [w for _, w in lines if w]
+    lines = [preflight._lines(c) for c in costs]
+    return "\n".join([preflight.HEADER, preflight.COLUMNS, *(line for line, _ in lines)]), [w for _, w in lines if w]
 
 
 def test_cost_of_the_reference_is_one():
-    c = cost.model_cost("vit_large_patch16_224", "vision", 197, 24, 16, 64, 100)
+    c = preflight.ModelCost("vit_large_patch16_224", "vision", 197, 24, 16, 64, 100)
     assert c.heads == 38400 and c.eigh_work == 38400 * 197**3
     assert c.storage_bytes == 16 * 38400 * 197 * 64
     assert c.eigh_ratio == pytest.approx(1) and c.storage_ratio == pytest.approx(1)
@@ -312,11 +312,11 @@ def test_cost_of_the_reference_is_one():
 
 
 def test_cost_warning_names_the_keys():
-    big = cost.model_cost("vit_tiny_patch16_224", "vision", 785, 12, 3, 64, 100)  # img_size 448
+    big = preflight.ModelCost("vit_tiny_patch16_224", "vision", 785, 12, 3, 64, 100)  # img_size 448
     assert big.eigh_ratio == pytest.approx((36 * 785**3) / (384 * 197**3))
     _, warnings = _cost_report([big])
     assert len(warnings) == 1 and "vision.model_kwargs.vit_tiny_patch16_224.img_size" in warnings[0] and "vision.n_images" in warnings[0]
-    long = cost.model_cost("bert-base-uncased", "text", 4096, 12, 12, 64, 100)
+    long = preflight.ModelCost("bert-base-uncased", "text", 4096, 12, 12, 64, 100)
     _, warnings = _cost_report([long])
     assert len(warnings) == 1 and "text.max_length" in warnings[0] and "text.n_rows" in warnings[0]
 

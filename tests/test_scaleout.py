@@ -121,8 +121,8 @@ def test_workstation_profile_holds_one_gpu_and_gpu_jobs_claim_it(tmp_path, tiny_
 
 
 def test_preflight_names_each_request_no_node_can_hold():
-    """src/kpca_repro/workflow/slurm_preflight.py on sinfo lines: a GPU node in `gpu`, a CPU node in the default `cpu`."""
-    from kpca_repro.workflow.slurm_preflight import parse_sinfo, problems
+    """The SLURM fit check (src/kpca_repro/workflow/preflight.py) on sinfo lines: a GPU node in `gpu`, a CPU node in the default `cpu`."""
+    from kpca_repro.workflow.preflight import parse_sinfo, problems
 
     nodes = parse_sinfo("g1|gpu|32|256000|gpu:a100:4(S:0-1)\nc1|cpu*|2|21695|(null)\n")
     assert [(n.name, n.partitions, n.cpus, n.mem_mb, n.gpus) for n in nodes] == [("g1", ("gpu",), 32, 256000, 4), ("c1", ("cpu",), 2, 21695, 0)]

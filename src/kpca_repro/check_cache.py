@@ -1,9 +1,8 @@
 """Passed configuration checks kept on disk between runs (their imports of torch, timm and
-transformers alone cost seconds), and file hashes. Standard library only.
-
-A pass is stored under a key holding everything its answer depends on (model, ``config.json``
-content, installed versions, this package's source), as ``<directory>/<sha256 of key>.json``;
-a missing or corrupt entry is ignored. The workflow keeps them in ``.snakemake/kpca_repro/checks``.
+transformers alone cost seconds), and file hashes; standard library only. A pass is stored under
+a key holding everything its answer depends on (model, ``config.json`` content, installed
+versions, this package's source), as ``<directory>/<sha256 of key>.json``; a missing or corrupt
+entry is ignored. The workflow keeps them in ``.snakemake/kpca_repro/checks``.
 """
 
 from __future__ import annotations
@@ -54,32 +53,27 @@ class CheckCache:
     def __init__(self, directory: str | os.PathLike | None):
         self.directory = None if directory is None else Path(directory)
 
-    @staticmethod
-    def _canonical(key: dict) -> str:
-        return json.dumps({"format": FORMAT, **key}, sort_keys=True, separators=(",", ":"), default=str)
-
-    def _path(self, canonical: str) -> Path:
-        return self.directory / f"{hashlib.sha256(canonical.encode()).hexdigest()}.json"
+    def _entry(self, key: dict) -> tuple[str, Path]:
+        """The canonical JSON of ``key`` (with :data:`FORMAT`) and the file of its entry."""
+        canonical = json.dumps({"format": FORMAT, **key}, sort_keys=True, separators=(",", ":"), default=str)
+        return canonical, self.directory / f"{hashlib.sha256(canonical.encode()).hexdigest()}.json"
 
     def get(self, key: dict) -> dict | None:
         """The value stored for ``key``, or None (no cache, no entry, or an unreadable one)."""
         if self.directory is None:
             return None
-        canonical = self._canonical(key)
+        canonical, path = self._entry(key)
         try:
-            entry = json.loads(self._path(canonical).read_text(encoding="utf-8"))
+            entry = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):  # missing, unreadable, not UTF-8 or not JSON
             return None
-        if not isinstance(entry, dict) or entry.get("key") != canonical or not isinstance(entry.get("value"), dict):
-            return None
-        return entry["value"]
+        return entry["value"] if isinstance(entry, dict) and entry.get("key") == canonical and isinstance(entry.get("value"), dict) else None
 
     def put(self, key: dict, value: dict) -> None:
         """Record that the check ``key`` passed with ``value`` (JSON); atomic, and nothing when unwritable."""
         if self.directory is None:
             return
-        canonical = self._canonical(key)
-        target = self._path(canonical)
+        canonical, target = self._entry(key)
         tmp = target.with_name(f".tmp-{os.getpid()}-{target.name}")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,8 @@
-# Shared helpers: the configuration (validated, then checked), paths, input functions, and the
-# checks before the first job. Paths of this repository are relative to REPO (the directory
-# of the Snakefile, also when another workflow uses this one as a module).
+# The configuration (validated, then checked), paths, input functions and the checks before the first
+# job. Paths of this repository are relative to REPO (the Snakefile's directory, also in a module).
 import os
 import sys
+import warnings
 from functools import partial
 from pathlib import Path
 
@@ -16,22 +16,21 @@ from kpca_repro.inputs.resources import export_hub_timeouts
 from kpca_repro.training.summary import scale_setting, scale_tokens
 from kpca_repro.workflow import config_checks, paths
 from kpca_repro.workflow.config_checks import ConfigError, run_model_scale
-from kpca_repro.workflow.cost import CostTable, model_cost, text_model_shape
 from kpca_repro.workflow.paths import default_target, model_id_from_slug, model_slug
-from kpca_repro.workflow.preflight import Preflight
-from kpca_repro.workflow.slurm_preflight import check_requests, rule_request
+from kpca_repro.workflow.preflight import FASHION_MNIST_FILES, ModelCost, Preflight, text_model_shape
 
 # libgomp's idle threads spin before they sleep, so jobs sharing cores burn each other's time
 # slices (docs/performance.md, GOMP_SPINCOUNT); a short spin changes no number. Jobs inherit it.
 os.environ.setdefault("GOMP_SPINCOUNT", "3000")
+# The cluster rules' params functions ask for the job's resources while Snakemake builds the DAG; an
+# input-size default (disk_mb) then leaves a coroutine unawaited, harmlessly (snakemake issue 4280).
+warnings.filterwarnings("ignore", "coroutine 'InputFiles._predicated_size_files.<locals>.sizes' was never awaited", RuntimeWarning)
 
 
 def _checked_config():
-    """Validate ``config`` against the schema (filling defaults; one short message per error),
-    resolve the training scales, then every check a schema cannot express (config_checks).
-    Cluster jobs re-parsing the workflow skip the costly checks (the jobs check again). A
-    failure ends Snakemake with its message alone, status 1 (a raised error would add the
-    Snakefile lines it came from: docs/running.md)."""
+    """Validate ``config`` against the schema (filling defaults; one short message per error), resolve
+    the training scales, then every check a schema cannot express (config_checks; cluster jobs skip the
+    costly ones). A failure ends Snakemake with its message alone, no Snakefile lines (docs/running.md)."""
     schema = REPO / "workflow" / "schemas" / "config.schema.yaml"
     try:
         try:
@@ -44,8 +43,7 @@ def _checked_config():
         config["training"]["scales"] = config_checks.resolve_scales(config["training"]["scales"])
         config_checks.check_config(config, main_process=workflow.is_main_process, cache_dir=CHECK_CACHE)
     except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        sys.exit(1)
+        sys.exit(str(exc))  # the message alone on stderr, status 1
 
 
 _checked_config()
@@ -59,8 +57,7 @@ TRAINING = config["training"]
 FIGURE1 = config["figure1"]
 FIGURE5 = config["figure5"]
 ENV = "../../envs/pipeline.yaml"
-REPORT_TABLES = paths.REPORT_TABLES
-FASHION_MNIST = [f"{RESOURCES}/datasets/fashion-mnist/{f}" for f in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")]
+FASHION_MNIST = [f"{RESOURCES}/datasets/fashion-mnist/{f}" for f in FASHION_MNIST_FILES]
 
 
 wildcard_constraints:
@@ -111,49 +108,36 @@ def figure5_models(wildcards):
     return [model_slug(m) for m in models]
 
 
-# Before the first job: the input functions register what the scheduled jobs need while Snakemake
-# builds the DAG; the Snakefile's onstart handler checks it (kpca_repro.workflow).
+# Before the first job: while Snakemake builds the DAG, the rules' own functions register what the scheduled
+# jobs need, cost and ask of a node; the Snakefile's onstart handler checks it (kpca_repro.workflow.preflight).
 
-PREFLIGHT = Preflight(config, REPO / "config")
-COSTS = CostTable()
-CLUSTER_RULES = set()
+PREFLIGHT = Preflight(config, REPO / "config", workflow.is_main_process)
 
 
 def missing_input(kind):
     """The input function of the download rules, which exist only for missing inputs; it registers what its
     job fetches, so that the check before the first job names it if it cannot be fetched."""
-
-    def register(wildcards):
-        if workflow.is_main_process:
-            PREFLIGHT.need(kind, wildcards.get("model"))
-        return []
-
-    return register
+    return lambda wildcards: PREFLIGHT.need(kind, wildcards.get("model")) or []
 
 
 def on_cluster(rule):
-    """Input function (no files) of the cluster rules, which registers each one for the SLURM fit check."""
-    return lambda wildcards: CLUSTER_RULES.add(rule) or []
+    """`params.cluster` of the cluster rules: records what each scheduled job asks of a node (Snakemake
+    passes its resources, after --set-resources, else the default resources, and its threads)."""
+    return lambda wildcards, threads, resources: PREFLIGHT.request(rule, threads, resources)
 
 
 def vision_weights(wildcards):
-    """Input function of extract_vision: the model's weights; prints the model's cost line."""
-    model = wildcards.model
-    if workflow.is_main_process:
-        COSTS.add(model, lambda: vision_cost(model))
-    return weights_path(model)
-
-
-def vision_cost(model):
-    c = config_checks.check_vision_model(config, model, model, CHECK_CACHE)  # cached by the config check
-    return model_cost(model, "vision", c.n_tokens, c.depth, c.n_heads, c.head_dim, VISION["n_images"])
+    """Input function of extract_vision: the model's weights; prints its cost line (from the configuration check's cache)."""
+    m = wildcards.model
+    PREFLIGHT.cost(m, lambda: (c := config_checks.check_vision_model(config, m, m, CHECK_CACHE)) and ModelCost(m, "vision", c.n_tokens, c.depth, c.n_heads, c.head_dim, VISION["n_images"]))
+    return weights_path(m)
 
 
 def text_model_source(wildcards):
     """A language model's directory (text.local_models) or hub id; a hub id is registered for the
     check before the first job (offline and not cached, it cannot run)."""
     model_id = model_id_from_slug(wildcards.slug)
-    if model_id not in TEXT["local_models"] and workflow.is_main_process:
+    if model_id not in TEXT["local_models"]:
         PREFLIGHT.need("text_model", model_id)
     try:
         return model_source(model_id, TEXT["local_models"], config["offline"])
@@ -164,20 +148,15 @@ def text_model_source(wildcards):
 def text_model_files(wildcards):
     """Input function of extract_text: a local model's config.json and weights (a change reruns
     extraction), none for the hub; prints the model's cost line."""
-    source = text_model_source(wildcards)
-    model_id = model_id_from_slug(wildcards.slug)
-    if workflow.is_main_process:
-        COSTS.add(model_id, lambda: (shape := text_model_shape(source)) and model_cost(model_id, "text", TEXT["max_length"], *shape, TEXT["n_rows"]))
+    source, model_id = text_model_source(wildcards), model_id_from_slug(wildcards.slug)
+    PREFLIGHT.cost(model_id, lambda: (shape := text_model_shape(source)) and ModelCost(model_id, "text", TEXT["max_length"], *shape, TEXT["n_rows"]))
     if not os.path.isdir(source):
         return []
     return [str(p) for p in sorted(Path(source).iterdir()) if p.name in ("config.json", "model.safetensors", "pytorch_model.bin")]
 
 
 def slurm_fit_check():
-    """With the SLURM executor (profiles/slurm), stop before any submission when a scheduled cluster
-    rule's cpus_per_task, mem_mb or gpu (its resources after --set-resources / --set-threads, else
-    the default resources) fits on no node of its partition: SLURM would leave it PENDING forever
-    (kpca_repro.workflow.slurm_preflight; KPCA_SLURM_PREFLIGHT=0 skips it)."""
-    if workflow.executor_plugin is not None and workflow.executor_plugin.name == "slurm":
-        defaults = workflow.resource_settings.default_resources
-        check_requests({rule: rule_request(workflow.get_rule(rule).resources, defaults) for rule in CLUSTER_RULES})
+    """With the SLURM executor (profiles/slurm), stop before any submission when a scheduled cluster job
+    fits on no node of its partition: SLURM would leave it PENDING forever (KPCA_SLURM_PREFLIGHT=0 skips it)."""
+    if getattr(workflow.executor_plugin, "name", None) == "slurm":
+        PREFLIGHT.check_requests()

@@ -23,7 +23,6 @@ rule sample_images:
 
 rule extract_vision:
     input:
-        cluster=on_cluster("extract_vision"),
         weights=vision_weights,
         samples="results/samples/vision_{n}.tsv",
         code=stage_code("inputs", "capture"),
@@ -40,6 +39,7 @@ rule extract_vision:
         gpu=GPU,
         mem_mb=8000,
     params:
+        cluster=on_cluster("extract_vision"),
         intra_op_threads=config["kpca"]["intra_op_threads"],
         batch_size=VISION["batch_size"],
         device=config["device"],
@@ -75,7 +75,6 @@ rule sample_text:
 
 rule extract_text:
     input:
-        cluster=on_cluster("extract_text"),
         samples="results/samples/text_{sample}.tsv",
         model=text_model_files,
         code=stage_code("inputs", "capture"),
@@ -92,6 +91,7 @@ rule extract_text:
         gpu=GPU,
         mem_mb=8000,
     params:
+        cluster=on_cluster("extract_text"),
         intra_op_threads=config["kpca"]["intra_op_threads"],
         model_id=lambda wc: model_id_from_slug(wc.slug),
         source=text_model_source,

@@ -6,7 +6,6 @@
 
 rule kpca_heads:
     input:
-        cluster=on_cluster("kpca_heads"),
         activations="results/activations/{model}/{stem}.h5",
         code=stage_code("method"),
     output:
@@ -26,6 +25,7 @@ rule kpca_heads:
         gpu=GPU,
         mem_mb=8000,
     params:
+        cluster=on_cluster("kpca_heads"),
         device=config["device"],
         seed=config["seed"],
         heads_per_chunk=config["kpca"]["heads_per_chunk"],

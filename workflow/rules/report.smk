@@ -56,7 +56,7 @@ rule table_html:
     benchmark:
         "benchmarks/table_html/{table}.tsv"
     wildcard_constraints:
-        table="|".join(REPORT_TABLES),
+        table="|".join(paths.REPORT_TABLES),
     localrule: True
     conda:
         ENV

@@ -3,7 +3,6 @@
 
 rule eigenvalues_vision:
     input:
-        cluster=on_cluster("eigenvalues_vision"),
         activations="results/activations/{model}/vision_{n}_{shard}.h5",
         code=stage_code("method"),
     output:
@@ -19,6 +18,7 @@ rule eigenvalues_vision:
         gpu=GPU,
         mem_mb=8000,
     params:
+        cluster=on_cluster("eigenvalues_vision"),
         device=config["device"],
         n_components=config["spectra"]["n_components"],
         heads_per_chunk=config["kpca"]["heads_per_chunk"],
@@ -58,7 +58,6 @@ rule table_spectra:
 
 rule gamma_vision:
     input:
-        cluster=on_cluster("gamma_vision"),
         activations=expand(
             "results/activations/{model}/vision_{n}_0of1.h5",
             model=config["figure3"]["model"],
@@ -77,6 +76,7 @@ rule gamma_vision:
     resources:
         gpu=GPU,
     params:
+        cluster=on_cluster("gamma_vision"),
         intra_op_threads=config["kpca"]["intra_op_threads"],
         device=config["device"],
         block=config["figure3"]["block"],

@@ -67,7 +67,6 @@ if TRAINING_LOGS_MISSING:
 
 rule train:
     input:
-        cluster=on_cluster("train"),
         data=lambda wc: FASHION_MNIST if TRAINING["scales"][wc.scale]["dataset"] == "fashion_mnist" else [],
         code=stage_code("training"),
     output:
@@ -87,6 +86,7 @@ rule train:
         gpu=GPU,
         mem_mb=8000,
     params:
+        cluster=on_cluster("train"),
         model=lambda wc: TRAINING["models"][wc.arch],
         # without its `seeds` list: adding a seed to a scale reruns none of the runs it had
         scale=lambda wc: run_scale(TRAINING["scales"][wc.scale]),

@@ -9,12 +9,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import typing
 
 from kpca_repro.check_cache import CheckCache, library_fingerprint, package_version, sha256_file
 from kpca_repro.inputs.model_info import LOCAL_MODELS_KEY, MissingModelError, VisionModelCheck, model_source, resolve_local_dir
 from kpca_repro.inputs.resources import imagenet_sample_dir, timm_weights_path
 from kpca_repro.training.summary import scale_tokens
-from kpca_repro.workflow.cost import config_json
+from kpca_repro.workflow.preflight import config_json
 
 __all__ = ["ConfigError", "schema_error_message", "check_config", "check_vision_model", "run_model_scale", "resolve_scales", "image_source", "weights_path"]
 
@@ -36,9 +37,7 @@ def schema_error_message(config: dict, schema: dict, schema_name: str) -> str | 
     if err.validator == "additionalProperties":
         allowed = list(err.schema.get("properties", {}))
         unknown = sorted(set(err.instance) - set(allowed))
-        prefix = f"{where}." if where else ""
-        close = {key: difflib.get_close_matches(key, allowed, n=1) for key in unknown}
-        hints = [f"{prefix}{key}" + (f" (did you mean {close[key][0]!r}?)" if close[key] else "") for key in unknown]
+        hints = [f"{where}.{key}".lstrip(".") + "".join(f" (did you mean {m!r}?)" for m in difflib.get_close_matches(key, allowed, n=1)) for key in unknown]
         what = f"unknown config key {', '.join(hints)}; allowed here: {', '.join(allowed)}"
     elif err.validator == "anyOf" and err.context and all(e.validator == "required" for e in err.context):
         # alternatives of required keys (a training scale: `base`, or every key)
@@ -53,21 +52,17 @@ def schema_error_message(config: dict, schema: dict, schema_name: str) -> str | 
 
 def resolve_scales(scales: dict) -> dict:
     """Training scales with every key: each ``base`` replaced by the keys it inherits."""
-    resolved: dict = {}
 
     def resolve(name: str, chain: tuple) -> dict:
-        if name in resolved:
-            return resolved[name]
         own = dict(scales[name])
         base = own.pop("base", None)
-        if base is not None:
-            if base not in scales:
-                raise ConfigError(f"config key training.scales.{name}.base: {base!r} is not a scale of training.scales ({', '.join(scales)})")
-            if base in chain:
-                raise ConfigError(f"config key training.scales.{name}.base: the bases form a cycle ({' -> '.join((*chain, name, base))})")
-            own = {**resolve(base, (*chain, name)), **own}
-        resolved[name] = own
-        return own
+        if base is None:
+            return own
+        if base not in scales:
+            raise ConfigError(f"config key training.scales.{name}.base: {base!r} is not a scale of training.scales ({', '.join(scales)})")
+        if base in chain:
+            raise ConfigError(f"config key training.scales.{name}.base: the bases form a cycle ({' -> '.join((*chain, name, base))})")
+        return {**resolve(base, (*chain, name)), **own}
 
     return {name: resolve(name, ()) for name in scales}
 
@@ -100,18 +95,14 @@ def _is_timm_model(model: str, cache: CheckCache) -> bool:
     return found
 
 
-#: Fields of a cached :class:`VisionModelCheck` and their types (another entry is not used).
-_VISION_CHECK = {"depth": int, "n_heads": int, "head_dim": int, "scale": float, "adapter": str, "n_tokens": (int, type(None))}
-
-
 def check_vision_model(config: dict, key: str, model: str, cache_dir: str | os.PathLike | None = None) -> VisionModelCheck:
     """Build ``model`` on the meta device and check that the capture supports it
     (:func:`kpca_repro.capture.vision.check_vision_model`; cached in ``cache_dir`` when given)."""
     kwargs = config["vision"]["model_kwargs"].get(model, {})
     cache = CheckCache(cache_dir)
     cache_key = {"check": "vision_model", "model": model, "model_kwargs": kwargs, "timm": package_version("timm"), "torch": package_version("torch"), "library": library_fingerprint()}
-    hit = cache.get(cache_key)
-    if hit is not None and set(hit) == set(_VISION_CHECK) and all(isinstance(hit[k], t) and not isinstance(hit[k], bool) for k, t in _VISION_CHECK.items()):
+    fields = typing.get_type_hints(VisionModelCheck)  # a cached entry with other fields or types is not used
+    if (hit := cache.get(cache_key)) is not None and set(hit) == set(fields) and all(isinstance(hit[k], t) and not isinstance(hit[k], bool) for k, t in fields.items()):
         return VisionModelCheck(**hit)
     from kpca_repro.capture.vision import ModelBuildError, UnsupportedArchitectureError
     from kpca_repro.capture.vision import check_vision_model as build
@@ -134,16 +125,10 @@ def _check_text_models(config: dict, cache: CheckCache) -> None:
             source = model_source(model_id, text["local_models"], config["offline"])
         except MissingModelError:
             continue  # reported by the extract_text input function when a target needs the model
-        cache_key = None
-        try:
-            path = config_json(source)
-            digest = None if path is None else sha256_file(path)
-        except OSError:
-            digest = None
-        if digest is not None:
-            cache_key = {"check": "text_model", "model": model_id, "config_json": digest, "transformers": package_version("transformers"), "library": library_fingerprint()}
-            if cache.get(cache_key) is not None:
-                continue
+        path = config_json(source)
+        key = path and {"check": "text_model", "model": model_id, "config_json": sha256_file(path), "transformers": package_version("transformers"), "library": library_fingerprint()}
+        if key and cache.get(key) is not None:
+            continue
         from kpca_repro.capture.hf_capture import check_text_model
         from kpca_repro.capture.vision import UnsupportedArchitectureError
 
@@ -151,8 +136,8 @@ def _check_text_models(config: dict, cache: CheckCache) -> None:
             family = check_text_model(model_id, source)
         except UnsupportedArchitectureError as exc:
             raise ConfigError(f"config key text.models[{i}]: {exc}") from None
-        if cache_key is not None and family is not None:
-            cache.put(cache_key, {"family": family})
+        if key and family is not None:
+            cache.put(key, {"family": family})
 
 
 def _check_training_config(config: dict, cache: CheckCache) -> None:
@@ -166,18 +151,15 @@ def _check_training_config(config: dict, cache: CheckCache) -> None:
                 f"config key figure1.runs[{i}]: {run!r} is not <model>_<scale> with a model of training.models "
                 f"({', '.join(training['models'])}) and a scale of training.scales ({', '.join(training['scales'])})"
             )
-        sc = scales[scale]
-        if sc["dataset"] == "imagenet":
-            root = sc["imagenet_root"]
-            if root is None or not all(os.path.isdir(os.path.join(root, s)) for s in ("train", "val")):
-                raise ConfigError(f"config key training.scales.{scale}.imagenet_root: {root} must hold train/ and val/ class folders (ImageNet-1k) for run {run}")
+        sc, root = scales[scale], scales[scale]["imagenet_root"]
+        if sc["dataset"] == "imagenet" and (root is None or not all(os.path.isdir(os.path.join(root, s)) for s in ("train", "val"))):
+            raise ConfigError(f"config key training.scales.{scale}.imagenet_root: {root} must hold train/ and val/ class folders (ImageNet-1k) for run {run}")
         try:
             scale_tokens(sc)
         except ValueError as exc:
             raise ConfigError(f"config key training.scales.{scale}.patch_size: {exc}") from None
-    ablation = config.get("token_ablation", {})
     for key, known, where in (("models", training["models"], "training.models"), ("scales", scales, "training.scales")):
-        for i, name in enumerate(ablation.get(key, [])):
+        for i, name in enumerate(config.get("token_ablation", {}).get(key, [])):
             if name not in known:
                 raise ConfigError(f"config key token_ablation.{key}[{i}]: {name!r} is not in {where} ({', '.join(known)})")
     for name, m in training["models"].items():
@@ -188,24 +170,17 @@ def _check_training_config(config: dict, cache: CheckCache) -> None:
         raise ConfigError(f"config key figure1.reference_logs: {ref} is not a directory (the authors' W&B CSV exports)")
 
 
-def _check_image_counts(config: dict) -> None:
-    """Every configured image count fits the image set, when it exists."""
+def _check_resources(config: dict, checked: dict[str, str]) -> None:
+    """Every configured image count fits the image set (when it exists); existing weights with an
+    entry in ``checksums`` have that SHA-256 (``checked``: path -> digest, already hashed)."""
     from kpca_repro.inputs.images import list_images
-
-    root, layout = image_source(config)
-    if not os.path.isdir(root):
-        return
-    available = len(list_images(root, layout))
-    counts = (("vision.n_images", config["vision"]["n_images"]), ("spectra.n_images", config["spectra"]["n_images"]), ("figure3.n_images", config["figure3"]["n_images"]))
-    for key, n in counts:
-        if n > available:
-            raise ConfigError(f"config key {key}: {n} images requested, but {root} holds {available}; lower {key} or set vision.imagenet_val_dir to a larger image set")
-
-
-def _check_weights_checksums(config: dict, checked: dict[str, str]) -> None:
-    """Existing weights with an entry in ``checksums`` have that SHA-256 (``checked``: path -> digest, already hashed)."""
     from kpca_repro.inputs.resources import ChecksumMismatchError, check_checksum
 
+    root, layout = image_source(config)
+    available = len(list_images(root, layout)) if os.path.isdir(root) else None
+    for key in ("vision.n_images", "spectra.n_images", "figure3.n_images"):
+        if available is not None and (n := config[key.split(".")[0]]["n_images"]) > available:
+            raise ConfigError(f"config key {key}: {n} images requested, but {root} holds {available}; lower {key} or set vision.imagenet_val_dir to a larger image set")
     for model in dict.fromkeys([*config["vision"]["models"], config["figure3"]["model"]]):
         expected = config["checksums"].get(model)
         path = weights_path(config, model)
@@ -264,8 +239,7 @@ def check_config(config: dict, *, main_process: bool = True, checksums_done: dic
         if not any(e.is_dir() for e in os.scandir(root)):
             raise ConfigError(f"config key vision.imagenet_val_dir: {root} has no class folders; expected <dir>/<wnid>/*.JPEG (the ImageNet validation set sorted into class folders)")
     if main_process:
-        _check_image_counts(config)
-        _check_weights_checksums(config, {} if checksums_done is None else checksums_done)
+        _check_resources(config, {} if checksums_done is None else checksums_done)
     _check_training_config(config, cache)
     for i, model in enumerate(config["figure5"]["models"] or []):
         if model not in text["models"]:
