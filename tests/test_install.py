@@ -19,7 +19,7 @@ from packaging.utils import canonicalize_name
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 TEST_INSTALL = 'python -m pip install -e ".[test]" -c constraints.txt'
-TEST_COMMAND = "python -m pytest -q -n 2 --dist loadfile"
+TEST_COMMAND = "python -m pytest -q -n 2"
 
 
 def _readme_quickstart() -> list[str]:
