@@ -60,7 +60,7 @@ def test_the_lint_sees_every_caption_and_every_table():
     assert used[(REPO / "workflow" / "report" / "figure_training.rst").resolve()] == {"fig"}
     from kpca_repro.workflow.paths import REPORT_TABLES  # the tables the rule table_html renders
 
-    assert re.search(r"^REPORT_TABLES = paths\.REPORT_TABLES$", (REPO / "workflow" / "rules" / "common.smk").read_text(), re.M)
+    assert re.search(r'^\s+table="\|"\.join\(paths\.REPORT_TABLES\),$', (REPO / "workflow" / "rules" / "report.smk").read_text(), re.M)
     assert list(rc.WILDCARD_VALUES["table"]) == REPORT_TABLES
 
 
