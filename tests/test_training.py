@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gzip
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -621,3 +623,18 @@ def test_token_ablation_end_to_end_with_inherited_scales_and_resumption(tmp_path
     run_snakemake(tmp_path, "results/training/vit_tiny_t-n17/seed0/log.csv", "--configfile", str(tmp_path / "c.yaml"))
     assert "resuming" in (tmp_path / "logs" / "train" / "vit_tiny_t-n17_seed0.log").read_text()
     assert (run / "log.csv").read_bytes() == before
+
+
+def test_training_docs_state_what_the_kept_logs_give():
+    """docs/training.md's claims table and three-seed ablation table are the output of
+    docs/training_runs/tables.py on the logs kept beside it (the runs the docs cite): a number
+    edited by hand, or a log replaced, makes a row differ."""
+    out = subprocess.run([sys.executable, str(REPO / "docs" / "training_runs" / "tables.py")], capture_output=True, text=True, check=True).stdout
+    claims, ablation = (block.splitlines() for block in out.strip().split("\n\n"))
+    # the docs' claims table leaves out the scale column (N names it)
+    claims = {"|".join(c for i, c in enumerate(row.split("|")) if i != 2) for row in claims[2:]}
+    docs = (REPO / "docs" / "training.md").read_text().splitlines()
+    stated = [line for line in docs if line.startswith(("| ViT-Tiny |", "| DeiT-Tiny |")) and ("≪" in line or "J_proj" in line)]
+    assert len(stated) == len(claims) == 24 and set(stated) == claims
+    for row in ablation[2:]:
+        assert row in docs, row
