@@ -119,3 +119,65 @@ def test_training_inputs_online_through_the_download_rules(hub, tmp_path):
     fetched = sorted(p.relative_to(res / "training_logs") for p in (res / "training_logs").rglob("*.csv"))
     assert len(fetched) == 20
     assert all((res / "training_logs" / p).read_bytes() == (reference / p).read_bytes() for p in fetched)
+
+
+#: Issue 31 item 4, narrowed for CI: one real model and one stand-in of each kind.
+NARROW_ALL = {
+    "variants": ["paper"],
+    "vision": {"models": ["deit_tiny_patch16_224", "vit_tiny_patch16_224"], "n_images": 4, "batch_size": 4},
+    "spectra": {"n_images": 2},
+    "figure3": {"model": "vit_tiny_patch16_224"},
+    "text": {"models": ["sentence-transformers/all-MiniLM-L6-v2", "google/electra-small-discriminator"], "n_rows": 8, "batch_size": 8},
+    "uncertainty": {"sign_draws": 16, "sign_draws_optimal": 2, "bootstrap": 100},
+    "figure1": {"runs": [], "use_reference": True},
+    "token_ablation": {"models": []},
+}
+
+
+def test_default_target_online_with_stand_ins(hub, tmp_path):
+    """The default target ``all``, training aside, from an empty resources directory through the
+    hub: every target of rule ``all`` is written; the stand-ins' rows (ViT-Tiny, ELECTRA-small:
+    random weights) say "stand-in weights" in every table and are never compared with the paper,
+    while the real models' rows are unlabelled and compared; a second run does nothing."""
+    from kpca_repro.analysis.comparison import NOT_COMPARABLE, NOT_RUN, NOT_PUBLISHED, STAND_IN_REASON
+    from kpca_repro.analysis.tables import STAND_IN_LABEL
+    from kpca_repro.workflow.paths import all_targets, register_rule_targets
+
+    stand_ins = ["vit_tiny_patch16_224", "google/electra-small-discriminator"]
+    hub.add_stand_ins(["google/electra-small-discriminator"])
+    assert set(stand_ins) <= set(hub.config_overlay()["comparison"]["stand_in_models"])
+    online_dir, online_cfg, env, _, _ = _studies(hub, tmp_path, NARROW_ALL)
+    first = _run(online_dir, env, *online_cfg)
+    out = first.stdout + first.stderr
+    for rule in ("download_timm_weights", "download_imagenet_sample", "download_wikitext", "download_training_logs", "extract_text", "paper_comparison"):
+        assert rule in out, rule
+
+    config = yaml.safe_load(Path(online_cfg[1]).read_text())
+    with open(REPO / "config" / "config.yaml") as f:
+        config = _merge(yaml.safe_load(f), config)
+    register_rule_targets(REPO)
+    targets = all_targets(config)
+    assert any("table4" in t for t in targets) and any("table2" in t for t in targets)
+    assert [t for t in targets if not (online_dir / t).is_file()] == []
+
+    import pandas as pd
+
+    for name in ("table1", "table2", "table3", "table4"):
+        table = pd.read_csv(online_dir / "results" / f"{name}.csv")
+        id_column = "timm_id" if "timm_id" in table.columns else "hf_id"
+        labelled = table["model"].str.endswith(STAND_IN_LABEL)
+        assert labelled.any(), name
+        assert set(table.loc[labelled, id_column]) <= set(stand_ins), name
+        assert not (set(table.loc[~labelled, id_column]) & set(stand_ins)), name
+
+    comparison = pd.read_csv(online_dir / "results" / "paper_comparison.csv")
+    ran = comparison[~comparison["status"].isin([NOT_RUN, NOT_PUBLISHED])]
+    of_stand_ins = ran[ran["model_id"].isin(stand_ins)]
+    assert len(of_stand_ins) and (of_stand_ins["status"] == NOT_COMPARABLE).all()
+    assert (of_stand_ins["reason"] == STAND_IN_REASON).all()
+    real = ran[ran["model_id"].isin(["deit_tiny_patch16_224", "sentence-transformers/all-MiniLM-L6-v2"])]
+    assert set(real["model_id"]) == {"deit_tiny_patch16_224", "sentence-transformers/all-MiniLM-L6-v2"}
+    assert not (real["status"] == NOT_COMPARABLE).any()
+
+    second = _run(online_dir, env, *online_cfg)
+    assert "Nothing to be done" in second.stdout + second.stderr

@@ -1,0 +1,71 @@
+"""Time and peak memory per model of one run of the default target, from its Snakemake benchmarks.
+
+    python perf/full_run.py BENCHMARKS_DIR MODEL_ID [MODEL_ID ...]
+
+BENCHMARKS_DIR is the ``benchmarks/`` folder of a finished run (one TSV per job, written by the
+rules' ``benchmark:``). A job belongs to a model when its benchmark path names the model's id
+(timm) or slug (``org--name``, Hugging Face); the other jobs (the image and WikiText downloads,
+the sentence and image draws, the tables, figures and report) are summed on a last row.
+
+Printed: one Markdown row per model with the number of jobs, the sum of their wall seconds
+(``s``), the largest peak resident memory of any of them (``max_rss``, MB) and which job that
+was, then the shared row and the total. Used for docs/hub_fixture.md ("The full paper
+configuration").
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from kpca_repro.inputs.model_info import model_slug
+
+
+def read_benchmarks(directory: Path) -> pd.DataFrame:
+    """One row per job: ``path`` (relative to ``directory``), ``rule``, ``s``, ``max_rss`` (MB)."""
+    rows = []
+    for f in sorted(directory.rglob("*.tsv")):
+        b = pd.read_csv(f, sep="\t")
+        rss = pd.to_numeric(b["max_rss"], errors="coerce").max()
+        rows.append({"path": str(f.relative_to(directory)), "rule": Path(f.relative_to(directory).parts[0]).stem, "s": float(b["s"].sum()), "max_rss": rss})
+    return pd.DataFrame(rows)
+
+
+def owner(path: str, models: list[str]) -> str | None:
+    """The model whose id or slug is a component of ``path`` (longest match first), else None."""
+    parts = Path(path).with_suffix("").parts
+    stems = set(parts) | {p.split(".")[0] for p in parts}
+    for m in sorted(models, key=len, reverse=True):
+        if m in stems or model_slug(m) in stems:
+            return m
+    return None
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    jobs = read_benchmarks(Path(argv[0]))
+    models = argv[1:]
+    jobs["model"] = [owner(p, models) for p in jobs["path"]]
+    print("| model | jobs | wall time, sum over its jobs | peak RSS (largest job) | largest job |")
+    print("|---|---:|---:|---:|---|")
+    for m in models:
+        j = jobs[jobs["model"] == m]
+        if j.empty:
+            print(f"| {m} | 0 | – | – | – |")
+            continue
+        top = j.loc[j["max_rss"].idxmax()]
+        print(f"| {m} | {len(j)} | {j['s'].sum():,.0f} s | {top['max_rss'] / 1024:.2f} GB | {top['rule']} |")
+    rest = jobs[jobs["model"].isna()]
+    if not rest.empty:
+        top = rest.loc[rest["max_rss"].idxmax()]
+        print(f"| shared jobs ({', '.join(sorted(set(rest['rule'])))}) | {len(rest)} | {rest['s'].sum():,.0f} s | {top['max_rss'] / 1024:.2f} GB | {top['rule']} |")
+    print(f"| **all** | {len(jobs)} | {jobs['s'].sum():,.0f} s | {jobs['max_rss'].max() / 1024:.2f} GB | |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
