@@ -8,7 +8,7 @@ rules' ``benchmark:``). A job belongs to a model when its benchmark path names t
 the sentence and image draws, the tables, figures and report) are summed on a last row.
 
 Printed: one Markdown row per model with the number of jobs, the sum of their wall seconds
-(``s``), the largest peak resident memory of any of them (``max_rss``, MB) and which job that
+(``s``) and of their CPU seconds (``cpu_time``), the largest peak resident memory of any of them (``max_rss``, MB) and which job that
 was, then the shared row and the total. Used for docs/hub_fixture.md ("The full paper
 configuration").
 """
@@ -24,12 +24,14 @@ from kpca_repro.inputs.model_info import model_slug
 
 
 def read_benchmarks(directory: Path) -> pd.DataFrame:
-    """One row per job: ``path`` (relative to ``directory``), ``rule``, ``s``, ``max_rss`` (MB)."""
+    """One row per job: ``path`` (relative to ``directory``), ``rule``, ``s`` (wall seconds),
+    ``cpu_s`` (CPU seconds of the job's processes, Snakemake's ``cpu_time``), ``max_rss`` (MB)."""
     rows = []
     for f in sorted(directory.rglob("*.tsv")):
         b = pd.read_csv(f, sep="\t")
         rss = pd.to_numeric(b["max_rss"], errors="coerce").max()
-        rows.append({"path": str(f.relative_to(directory)), "rule": Path(f.relative_to(directory).parts[0]).stem, "s": float(b["s"].sum()), "max_rss": rss})
+        cpu = pd.to_numeric(b["cpu_time"], errors="coerce").sum() if "cpu_time" in b else float("nan")
+        rows.append({"path": str(f.relative_to(directory)), "rule": Path(f.relative_to(directory).parts[0]).stem, "s": float(b["s"].sum()), "cpu_s": float(cpu), "max_rss": rss})
     return pd.DataFrame(rows)
 
 
@@ -50,20 +52,20 @@ def main(argv: list[str]) -> int:
     jobs = read_benchmarks(Path(argv[0]))
     models = argv[1:]
     jobs["model"] = [owner(p, models) for p in jobs["path"]]
-    print("| model | jobs | wall time, sum over its jobs | peak RSS (largest job) | largest job |")
-    print("|---|---:|---:|---:|---|")
+    print("| model | jobs | wall time, sum over its jobs | CPU time, sum | peak RSS (largest job) | largest job |")
+    print("|---|---:|---:|---:|---:|---|")
     for m in models:
         j = jobs[jobs["model"] == m]
         if j.empty:
-            print(f"| {m} | 0 | – | – | – |")
+            print(f"| {m} | 0 | – | – | – | – |")
             continue
         top = j.loc[j["max_rss"].idxmax()]
-        print(f"| {m} | {len(j)} | {j['s'].sum():,.0f} s | {top['max_rss'] / 1024:.2f} GB | {top['rule']} |")
+        print(f"| {m} | {len(j)} | {j['s'].sum():,.0f} s | {j['cpu_s'].sum():,.0f} s | {top['max_rss'] / 1024:.2f} GB | {top['rule']} |")
     rest = jobs[jobs["model"].isna()]
     if not rest.empty:
         top = rest.loc[rest["max_rss"].idxmax()]
-        print(f"| shared jobs ({', '.join(sorted(set(rest['rule'])))}) | {len(rest)} | {rest['s'].sum():,.0f} s | {top['max_rss'] / 1024:.2f} GB | {top['rule']} |")
-    print(f"| **all** | {len(jobs)} | {jobs['s'].sum():,.0f} s | {jobs['max_rss'].max() / 1024:.2f} GB | |")
+        print(f"| shared jobs ({', '.join(sorted(set(rest['rule'])))}) | {len(rest)} | {rest['s'].sum():,.0f} s | {rest['cpu_s'].sum():,.0f} s | {top['max_rss'] / 1024:.2f} GB | {top['rule']} |")
+    print(f"| **all** | {len(jobs)} | {jobs['s'].sum():,.0f} s | {jobs['cpu_s'].sum():,.0f} s | {jobs['max_rss'].max() / 1024:.2f} GB | |")
     return 0
 
 

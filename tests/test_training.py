@@ -576,7 +576,7 @@ def test_training_claims_count_the_seeds_and_epochs_where_each_definition_holds(
 def test_seeds_belong_to_scales_and_stay_out_of_what_a_run_trains():
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["training"]
     cfg["scales"] = resolve_scales(cfg["scales"])
-    assert scale_seeds(cfg, "medium") == [0, 1, 2] and scale_seeds(cfg, "medium-n17-long") == [0]
+    assert scale_seeds(cfg, "medium") == [0, 1, 2] and scale_seeds(cfg, "medium-n17-long") == scale_seeds(cfg, "medium-n50") == [0, 1, 2]
     assert scale_seeds(cfg, "small") == cfg["seeds"] == [0]  # no `seeds` of its own: training.seeds
     assert scale_seeds({**cfg, "seeds": [5, 3]}, "small") == [5, 3] and scale_seeds({"scales": {"s": {}}}, "s") == [0]
     assert "seeds" not in run_scale(cfg["scales"]["medium"]) and run_scale(cfg["scales"]["medium"]) == run_scale(cfg["scales"]["small"]) | {"n_train": 3072, "patch_size": 2}
@@ -630,11 +630,16 @@ def test_training_docs_state_what_the_kept_logs_give():
     docs/training_runs/tables.py on the logs kept beside it (the runs the docs cite): a number
     edited by hand, or a log replaced, makes a row differ."""
     out = subprocess.run([sys.executable, str(REPO / "docs" / "training_runs" / "tables.py")], capture_output=True, text=True, check=True).stdout
-    claims, ablation = (block.splitlines() for block in out.strip().split("\n\n"))
-    # the docs' claims table leaves out the scale column (N names it)
+    claims, ablation, ablation_claims = (block.splitlines() for block in out.strip().split("\n\n"))
+    # the docs' claims table of the drawn runs leaves out the scale column (N names it)
     claims = {"|".join(c for i, c in enumerate(row.split("|")) if i != 2) for row in claims[2:]}
     docs = (REPO / "docs" / "training.md").read_text().splitlines()
     stated = [line for line in docs if line.startswith(("| ViT-Tiny |", "| DeiT-Tiny |")) and ("≪" in line or "J_proj" in line)]
-    assert len(stated) == len(claims) == 24 and set(stated) == claims
+    drawn = [line for line in stated if "| medium" not in line]
+    assert len(drawn) == len(claims) == 24 and set(drawn) == claims
+    # the ablation's other runs (50 tokens, 40 epochs), with their scale column
+    assert sorted(line for line in stated if "| medium" in line) == sorted(ablation_claims[2:]) and len(ablation_claims[2:]) == 24
+    # every scale of the ablation, three seeds each
+    assert len(ablation[2:]) == 8 and all("| 0 1 2 |" in row for row in ablation[2:])
     for row in ablation[2:]:
         assert row in docs, row
