@@ -8,7 +8,7 @@ rules' ``benchmark:``). A job belongs to a model when its benchmark path names t
 the sentence and image draws, the tables, figures and report) are summed on a last row.
 
 Printed: one Markdown row per model with the number of jobs, the sum of their wall seconds
-(``s``) and of their CPU seconds (``cpu_time``), the largest peak resident memory of any of them (``max_rss``, MB) and which job that
+(``s``) and of their CPU seconds (``cpu_time``), the largest peak resident memory of any of them (``max_rss``, MiB, printed in GiB) and which job that
 was, then the shared row and the total. Used for docs/hub_fixture.md ("The full paper
 configuration").
 """
@@ -45,13 +45,18 @@ def owner(path: str, models: list[str]) -> str | None:
     return None
 
 
+def per_model(jobs: pd.DataFrame, models: list[str]) -> pd.DataFrame:
+    """``jobs`` (:func:`read_benchmarks`) with a ``model`` column: the owning model id (:func:`owner`), or None for
+    the jobs no model owns (downloads of images and WikiText, draws, tables, figures, report)."""
+    return jobs.assign(model=[owner(p, models) for p in jobs["path"]])
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
-    jobs = read_benchmarks(Path(argv[0]))
     models = argv[1:]
-    jobs["model"] = [owner(p, models) for p in jobs["path"]]
+    jobs = per_model(read_benchmarks(Path(argv[0])), models)
     print("| model | jobs | wall time, sum over its jobs | CPU time, sum | peak RSS (largest job) | largest job |")
     print("|---|---:|---:|---:|---:|---|")
     for m in models:
@@ -60,12 +65,12 @@ def main(argv: list[str]) -> int:
             print(f"| {m} | 0 | – | – | – | – |")
             continue
         top = j.loc[j["max_rss"].idxmax()]
-        print(f"| {m} | {len(j)} | {j['s'].sum():,.0f} s | {j['cpu_s'].sum():,.0f} s | {top['max_rss'] / 1024:.2f} GB | {top['rule']} |")
+        print(f"| {m} | {len(j)} | {j['s'].sum():,.0f} s | {j['cpu_s'].sum():,.0f} s | {top['max_rss'] / 1024:.2f} GiB | {top['rule']} |")
     rest = jobs[jobs["model"].isna()]
     if not rest.empty:
         top = rest.loc[rest["max_rss"].idxmax()]
-        print(f"| shared jobs ({', '.join(sorted(set(rest['rule'])))}) | {len(rest)} | {rest['s'].sum():,.0f} s | {rest['cpu_s'].sum():,.0f} s | {top['max_rss'] / 1024:.2f} GB | {top['rule']} |")
-    print(f"| **all** | {len(jobs)} | {jobs['s'].sum():,.0f} s | {jobs['cpu_s'].sum():,.0f} s | {jobs['max_rss'].max() / 1024:.2f} GB | |")
+        print(f"| shared jobs ({', '.join(sorted(set(rest['rule'])))}) | {len(rest)} | {rest['s'].sum():,.0f} s | {rest['cpu_s'].sum():,.0f} s | {top['max_rss'] / 1024:.2f} GiB | {top['rule']} |")
+    print(f"| **all** | {len(jobs)} | {jobs['s'].sum():,.0f} s | {jobs['cpu_s'].sum():,.0f} s | {jobs['max_rss'].max() / 1024:.2f} GiB | |")
     return 0
 
 
