@@ -101,3 +101,24 @@ def test_ab_benchmark_times_both_trees_on_the_same_heads(tmp_path):
             assert 0 < ms["eigh"] + ms["assignment"] <= ms["total"]
     report = subprocess.run([sys.executable, str(REPO / "perf" / "report.py"), str(tmp_path)], capture_output=True, text=True, check=True).stdout
     assert "| this |" in report and "| other |" in report
+
+
+def test_extract_memory_reports_one_line_per_batch_and_the_peak():
+    """perf/extract_memory.py (docs/hub_fixture.md's extraction memory): one RSS line per forward
+    batch, at the batch's first image, and a peak no lower than any of them."""
+    import re
+
+    from conftest import real_deit_tiny
+
+    _, weights, image_dir = real_deit_tiny()
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "perf" / "extract_memory.py"), str(weights), str(image_dir), "deit_tiny_patch16_224", "5", "--batch-size", "2", "--threads", "1"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    batches = re.findall(r"batch at image (\d+): RSS ([\d.]+) GiB", proc.stdout)
+    assert [int(start) for start, _ in batches] == [0, 2, 4]
+    peak = float(re.search(r"peak RSS ([\d.]+) GiB", proc.stdout).group(1))
+    assert peak >= max(float(rss) for _, rss in batches) > 0
