@@ -3,7 +3,7 @@
     python perf/extract_memory.py WEIGHTS IMAGE_DIR MODEL_ID N_IMAGES [--batch-size 25] [--threads 2]
 
 Runs :func:`kpca_repro.capture.extraction.extract_vision` (the rule ``extract_vision``'s code) on CPU
-over the first ``N_IMAGES`` images of ``IMAGE_DIR`` (sorted by name) into a temporary HDF5 file.
+over the first ``N_IMAGES`` images of the flat folder ``IMAGE_DIR`` (:func:`kpca_repro.inputs.images.list_images`, sorted by name) into a temporary HDF5 file.
 Prints one line per batch: the process's resident memory (RSS, GiB) when the captured batch is handed
 to the HDF5 writer thread, after a garbage collection; then the process's peak RSS (``ru_maxrss``,
 GiB). The writer holds one batch while the next is computed, so from the second batch on two
@@ -23,6 +23,7 @@ import psutil
 import torch
 
 import kpca_repro.capture.extraction as extraction
+from kpca_repro.inputs.images import list_images
 from kpca_repro.inputs.resources import check_checksum
 
 
@@ -35,10 +36,10 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=25, help="vision.batch_size (default 25, the configuration's)")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     args = ap.parse_args()
-    paths = sorted(p for p in args.image_dir.iterdir() if p.suffix.lower() in {".jpeg", ".jpg", ".png"})[: args.n_images]
-    if len(paths) < args.n_images:
-        raise SystemExit(f"{args.image_dir} has {len(paths)} images, fewer than {args.n_images}")
-    samples = pd.DataFrame({"sample_rank": range(len(paths)), "dataset_index": range(len(paths)), "path": [str(p) for p in paths]})
+    records = list_images(args.image_dir, "flat")[: args.n_images]
+    if len(records) < args.n_images:
+        raise SystemExit(f"{args.image_dir} has {len(records)} images, fewer than {args.n_images}")
+    samples = pd.DataFrame({"sample_rank": range(len(records)), "dataset_index": [r.dataset_index for r in records], "path": [r.path for r in records]})
     torch.set_num_threads(args.threads)
 
     submit = extraction._BackgroundWriter.submit

@@ -37,7 +37,7 @@ rule extract_vision:
     threads: config["kpca"]["threads"]
     resources:
         gpu=GPU,
-        # ViT-Large x 100 images peaked at 8,046 MiB (docs/hub_fixture.md, the full run)
+        # ViT-Large, batches of 25: two batches held at once, 8,046 MiB peak (docs/hub_fixture.md)
         mem_mb=10000,
     params:
         cluster=on_cluster("extract_vision"),
