@@ -32,6 +32,7 @@ largest difference over the per-head columns both produce).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -112,18 +113,28 @@ def _per_head(k, v, base, variant):
 
 
 def _batched(k, v, base, variant, device, chunk, workers, eigh_device=None, streams=False, eigh_threads=None):
+    import dataclasses
+
     import numpy as np
+    import torch
 
     from kpca_repro.method import kpca
+    from kpca_repro.method.placement import plan
     from kpca_repro.threads import device_stream, ordered_map
+
+    # the job's placement, with the solver's device as asked (eigh_device "cpu": LAPACK per matrix beside a GPU)
+    place = plan(variant, device=str(device), cores=workers, eigh_threads=eigh_threads)
+    if eigh_device is not None:
+        solver = torch.device(eigh_device)
+        place = dataclasses.replace(place, eigh_device=solver, eigh_batched=solver.type != "cpu")
 
     def work(lo):
         hi = min(lo + chunk, k.shape[0])
         with device_stream(device, streams):
             b = base[lo:hi].to(device) if variant == "corrected" else None
-            return kpca.head_metrics(k[lo:hi].to(device), v[lo:hi].to(device), variant, baseline=b, eigh_device=eigh_device, eigh_threads=eigh_threads)
+            return kpca.head_metrics(k[lo:hi].to(device), v[lo:hi].to(device), variant, baseline=b, placement=place)
 
-    parts = list(ordered_map(work, range(0, k.shape[0], chunk), workers=workers))
+    parts = list(ordered_map(work, range(0, k.shape[0], chunk), workers=workers, budget=place.budget))
     return {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
 
 
@@ -767,9 +778,16 @@ def cmd_ab(args) -> dict:
         t0 = time.perf_counter()
         for lo in range(0, n, args.chunk):
             b = None if base is None else base[lo : lo + args.chunk]
-            parts.append(mod.head_metrics(k[lo : lo + args.chunk], v[lo : lo + args.chunk], args.variant, baseline=b, eigh_threads=eigh_threads))
+            parts.append(mod.head_metrics(k[lo : lo + args.chunk], v[lo : lo + args.chunk], args.variant, baseline=b, **solver_kw(mod)))
         seconds[name]["total"] += time.perf_counter() - t0
         return {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
+
+    def solver_kw(mod):
+        """The eigh threads in the tree's own terms: a placement (since issue 45) or eigh_threads (before)."""
+        if "placement" in inspect.signature(mod.head_metrics).parameters:
+            place = importlib.import_module(mod.__name__.rsplit(".", 1)[0] + ".placement").Placement
+            return {"placement": place.local("cpu", eigh_threads=eigh_threads, per_head_products=args.variant == "paper")}
+        return {"eigh_threads": eigh_threads}
 
     run("other", other)  # warm-up, not counted
     run("this", this)

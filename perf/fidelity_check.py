@@ -28,10 +28,9 @@ import numpy as np
 import torch
 
 from kpca_repro.h5io import ActivationFile
-from kpca_repro.method.kpca import intra_op_threads
 from kpca_repro.method.records import kpca_records
 from kpca_repro.method.reference import head_metrics_reference, head_metrics_reference_nlp, sampler_order
-from kpca_repro.threads import torch_default_threads
+from kpca_repro.threads import intra_op_threads, torch_default_threads
 
 METRICS = ("direct_cos_mean", "direct_cos_max", "optimal_cos_mean", "optimal_cos_max", "linear_cka", "rbf_cka")
 #: The authors' head_level_stats.csv columns -> the pipeline's record columns (Table 4's script, then Table 1's).
@@ -53,7 +52,7 @@ def tolerance(metric: str) -> float:
     return 1e-4 if metric == "rbf_cka" else 1e-5
 
 
-def compare_with_authors(authors_csv: str, records_csvs: list[str], seed: int, n_images: int) -> dict:
+def compare_with_authors(authors_csv: str, records_csvs: list[str], seed: int, n_images: int, population: int | None = None) -> dict:
     """Join the authors' per-head output with pipeline records on ``(layer, sample_rank, head)``.
 
     Args:
@@ -62,6 +61,9 @@ def compare_with_authors(authors_csv: str, records_csvs: list[str], seed: int, n
         records_csvs: the pipeline's per-head record CSVs of the same model and sample (all shards).
         seed: the run's seed (vision: the loader's batch order, :func:`kpca_repro.method.reference.sampler_order`).
         n_images: the number of sampled images (vision), 100 in the paper.
+        population: the images in the authors' ImageFolder. When it equals ``n_images`` their
+            script draws nothing (``random.sample`` only runs for a larger folder) and its
+            indices are the folder's order, so its rows are joined on ``dataset_index``.
 
     Returns:
         ``{"heads": joined heads, "authors_only": heads missing from the records,
@@ -74,10 +76,13 @@ def compare_with_authors(authors_csv: str, records_csvs: list[str], seed: int, n
     kind = "nlp" if "max_optimal_similarity" in authors.columns else "vision"
     columns = AUTHORS_COLUMNS[kind]
     authors = authors[["layer", "sample", "head", *columns]].rename(columns={a: "authors_" + m for a, m in columns.items()})
+    records = pd.concat([pd.read_csv(p) for p in records_csvs])
     if kind == "vision":  # batch row b of the authors' loader is the draw's perm[b]-th image
         perm = sampler_order(seed, n_images)
         authors["sample"] = [perm[b] for b in authors["sample"]]
-    records = pd.concat([pd.read_csv(p) for p in records_csvs]).rename(columns={"sample_rank": "sample"})
+        if population is not None and population == n_images:  # no draw: perm[b] is a folder index
+            records = records.drop(columns="sample_rank").rename(columns={"dataset_index": "sample_rank"})
+    records = records.rename(columns={"sample_rank": "sample"})
     joined = authors.merge(records[["layer", "sample", "head", *columns.values()]], on=["layer", "sample", "head"], how="left", indicator=True)
     beyond = np.zeros(len(joined), dtype=bool)
     per_metric = {}

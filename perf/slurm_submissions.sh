@@ -33,7 +33,8 @@ cfg = yaml.safe_load(open(sys.argv[1]))
 work, shards, models, workload, shared = pathlib.Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
 for m in cfg["vision"]["models"]:
     (work / "resources/weights/timm" / f"{m}.safetensors").touch()
-over = {"resources_dir": str(work / "resources"), "offline": True, "vision": {"shards": shards}}
+# a GPU cluster: device cuda (device auto declares a GPU only where the submitting node has one)
+over = {"resources_dir": str(work / "resources"), "offline": True, "device": "cuda", "vision": {"shards": shards}}
 if workload == "vision":  # language models and training runs left out
     over |= {"text": {"models": []}, "figure1": {"runs": [], "use_reference": False}, "token_ablation": {"models": []}}
 else:

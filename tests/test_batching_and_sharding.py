@@ -5,6 +5,8 @@ Speed itself is measured by the benchmarks in perf/ (docs/performance.md), never
 
 from __future__ import annotations
 
+import dataclasses
+
 import h5py
 import numpy as np
 import pandas as pd
@@ -14,12 +16,16 @@ import torch
 from kpca_repro.h5io import ActivationFile, ActivationWriter
 from kpca_repro.method import equations as method
 from kpca_repro.method import kpca, numerics
+from kpca_repro.method.placement import Placement
 from kpca_repro.method.records import kpca_records, layer_chunks
 from kpca_repro.method.reference import head_metrics_reference
 from kpca_repro.method.variant import PAPER
 from kpca_repro.threads import ordered_map
 
 from conftest import TINY_KWARGS, run_snakemake
+
+#: The GPU's solver call (one batched ``eigh``), run on the CPU.
+BATCHED_CPU = Placement(torch.device("cpu"), torch.device("cpu"), eigh_batched=True)
 
 
 @pytest.fixture
@@ -77,8 +83,8 @@ def test_cpu_blocks_change_no_number_and_keep_the_sign_draw_rows(variant, one_th
     one = kpca.head_metrics(k, v, variant, rows=rows_one, **kwargs)
     _assert_same(blocks, one)
     # kc, a, inv_g: for the rotations of kpca_repro.method.solver_variation (issue 34)
-    assert rows_blocks.keys() == rows_one.keys() == {"v", "v_kpca", "kc", "a", "inv_g"}
-    shapes = {"v": (19, 30, 8), "v_kpca": (19, 30, 8), "kc": (19, 30, 30), "a": (19, 30, 8), "inv_g": (19, 30)}
+    assert rows_blocks.keys() == rows_one.keys() == {"v", "v_kpca", "kc", "a", "inv_g", "spectrum"}
+    shapes = {"v": (19, 30, 8), "v_kpca": (19, 30, 8), "kc": (19, 30, 30), "a": (19, 30, 8), "inv_g": (19, 30), "spectrum": (19, 30)}
     for name in rows_one:
         assert rows_blocks[name].shape == shapes[name]
         torch.testing.assert_close(rows_blocks[name], rows_one[name], rtol=0, atol=0, equal_nan=True)  # overflowing heads: NaN
@@ -100,8 +106,8 @@ def test_batched_eigenpairs_equal_one_matrix_at_a_time(one_thread):
     # the batched solver (the CUDA default) gives the same eigenpairs up to round-off and sign
     kc64 = kc.double()
     kc64 = (kc64 + kc64.transpose(-1, -2)) / 2
-    e1, a1, _ = kpca.eigenpairs(kc64, 8, "abs_desc", per_matrix=True)
-    e2, a2, _ = kpca.eigenpairs(kc64, 8, "abs_desc", per_matrix=False)
+    e1, a1, _ = kpca.eigenpairs(kc64, 8, "abs_desc", placement=Placement.local("cpu"))
+    e2, a2, _ = kpca.eigenpairs(kc64, 8, "abs_desc", placement=BATCHED_CPU)
     torch.testing.assert_close(e2, e1, rtol=1e-10, atol=0)
     torch.testing.assert_close((a1 * a2).sum(-2).abs(), torch.ones(6, 8, dtype=torch.float64), rtol=0, atol=1e-8)
 
@@ -113,7 +119,7 @@ def test_gpu_code_path_on_the_cpu(variant):
     k, v, base = _heads(n_heads=6, n=45, d=8)
     kw = {"baseline": base} if variant == "corrected" else {}
     ref = kpca.head_metrics(k, v, variant, **kw)
-    batched = kpca.head_metrics(k, v, variant, eigh_per_matrix=False, **kw)
+    batched = kpca.head_metrics(k, v, variant, placement=dataclasses.replace(BATCHED_CPU, per_head_products=variant == "paper"), **kw)
     for name in ("finite", "dropped", "allclose", "exp_overflow", "outer_overflow"):
         if name in ref:
             np.testing.assert_array_equal(batched[name], ref[name], err_msg=name)

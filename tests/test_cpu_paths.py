@@ -36,7 +36,9 @@ def test_paper_centered_gram_is_the_per_head_product_for_every_chunk_and_thread_
         """
         import torch
         from kpca_repro.method import kpca
-        from kpca_repro.method.kpca import intra_op_threads, _paper_centered_gram
+        from kpca_repro.method.kpca import _paper_centered_gram
+        from kpca_repro.method.placement import Placement
+        from kpca_repro.threads import intra_op_threads
         from kpca_repro.method.equations import gram_paper, center_dense
         torch.set_num_threads(1)
         g = torch.Generator().manual_seed(0)
@@ -49,7 +51,8 @@ def test_paper_centered_gram_is_the_per_head_product_for_every_chunk_and_thread_
             got = torch.cat([center_dense(gram_paper(k[i:i + chunk])[0]) for i in range(0, 20, chunk)])
             assert torch.equal(got, per_head[1]), chunk
             for t in (1, 2):
-                kc = torch.cat([_paper_centered_gram(k[i:i + chunk], t)[1] for i in range(0, 20, chunk)])
+                place = Placement.local("cpu", eigh_threads=t, per_head_products=True)
+                kc = torch.cat([_paper_centered_gram(k[i:i + chunk], place)[1] for i in range(0, 20, chunk)])
                 assert torch.equal(kc, per_head[t]), (chunk, t)
         print("ok", int((per_head[1] != per_head[2]).sum()))
         """

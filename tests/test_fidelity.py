@@ -21,11 +21,10 @@ from kpca_repro.capture.extraction import extract_text, extract_vision
 from kpca_repro.h5io import ActivationFile
 from kpca_repro.inputs import images, model_info, text
 from kpca_repro.method import equations as method
-from kpca_repro.method.kpca import intra_op_threads
 from kpca_repro.method.records import kpca_records
 from kpca_repro.method.reference import head_metrics_reference, head_metrics_reference_nlp
 from kpca_repro.method.variant import PAPER
-from kpca_repro.threads import torch_default_threads
+from kpca_repro.threads import intra_op_threads, torch_default_threads
 
 from conftest import real_deit_tiny, resources_dir_for_real_weights
 

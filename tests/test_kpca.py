@@ -12,6 +12,7 @@ import torch
 from kpca_repro import projection
 from kpca_repro.method import equations as method
 from kpca_repro.method import kpca, numerics
+from kpca_repro.method.placement import Placement
 from kpca_repro.method.reference import head_metrics_reference
 
 
@@ -73,7 +74,8 @@ def test_eigenpairs_satisfy_eigen_equation(order, per_matrix):
     k = _keys(n=31, d=6)
     log_kphi, _ = method.log_gram(k)
     kc = method.center(torch.exp(log_kphi))
-    evals, a, finite = kpca.eigenpairs(kc, 6, order, fix_signs=True, per_matrix=per_matrix)
+    placement = Placement(torch.device("cpu"), torch.device("cpu"), eigh_batched=not per_matrix)
+    evals, a, finite = kpca.eigenpairs(kc, 6, order, fix_signs=True, placement=placement)
     assert finite.all()
     torch.testing.assert_close(kc @ a, a * evals[..., None, :], rtol=0, atol=1e-12)  # K~ A = A Lambda
     torch.testing.assert_close(a.transpose(-1, -2) @ a, torch.eye(6, dtype=torch.float64).expand(4, 6, 6), rtol=0, atol=1e-10)

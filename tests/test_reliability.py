@@ -199,7 +199,8 @@ MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 BAD_INPUT = [
     pytest.param({"sed": 0}, "unknown config key sed (did you mean 'seed'?)", id="misspelt-top-level-key"),
     pytest.param({"vision": {"batch_sise": 3}}, "unknown config key vision.batch_sise (did you mean 'batch_size'?)", id="misspelt-nested-key"),
-    pytest.param({"vision": {"batch_size": "3"}}, "config key vision.batch_size: '3' is not of type 'integer'", id="wrong-type"),
+    pytest.param({"vision": {"n_images": "3"}}, "config key vision.n_images: '3' is not of type 'integer'", id="wrong-type"),
+    pytest.param({"vision": {"batch_size": "3"}}, "config key vision.batch_size: '3' is not an integer >= 1 or 'auto'", id="wrong-alternative"),
     pytest.param({"offline": "yes"}, "config key offline: 'yes' is not of type 'boolean'", id="wrong-type-bool"),
     pytest.param({"vision": {"n_images": 6}}, "config key vision.n_images: 6 images requested, but", id="more-images-than-the-set"),
     pytest.param({"spectra": {"n_images": 1}}, "config key spectra.n_images: 1 is less than the minimum of 2", id="too-few-spectra-images"),

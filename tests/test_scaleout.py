@@ -81,7 +81,7 @@ def test_each_submission_carries_its_rules_resources_from_the_profile(submission
         assert " -A " not in call and " -p standin " in call, call
         assert f"-t {res['runtime']} " in call and f"--mem {res['mem_mb']} " in call, call
         assert f"--cpus-per-task={res['cpus_per_task']}" in call, call
-        # the GPU comes from the rules (config `device: auto` is not `cpu`), not from the profile
+        # the GPU comes from the rules (config `device: cuda`, a GPU cluster), not from the profile
         assert "gpu" not in res and "--gpus=1" in call, call
 
 

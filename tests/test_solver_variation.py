@@ -247,3 +247,106 @@ def test_per_head_range_is_the_exact_extreme_over_every_sign_pattern():
             values.append(_token_mean(v2, b, inv_g))
     assert lo - 1e-6 <= min(values) and max(values) <= hi + 1e-6
     assert max(values) == pytest.approx(hi, abs=1e-3) and min(values) == pytest.approx(lo, abs=1e-3)  # attained (grid of 2 degrees)
+
+
+def test_assignment_upper_bound_bounds_the_optimum_and_is_tight_on_a_permutation():
+    """LP duality: the row-and-column reduction bound is never below the assignment's optimum
+    (scipy), and equals it where each row's best column is its own (a permuted diagonal)."""
+    from scipy.optimize import linear_sum_assignment
+
+    rng = np.random.default_rng(0)
+    sim = torch.from_numpy(rng.uniform(-1, 1, size=(50, 23, 23)))
+    bound = sv.assignment_upper_bound(sim).numpy()
+    for s, b in zip(sim.numpy(), bound):
+        r, c = linear_sum_assignment(-s)
+        assert b >= s[r, c].mean() - 1e-12
+    perm = rng.permutation(23)
+    s = np.full((23, 23), -0.5)
+    s[np.arange(23), perm] = rng.uniform(0.5, 1.0, 23)
+    assert sv.assignment_upper_bound(torch.from_numpy(s)[None]).item() == pytest.approx(s[np.arange(23), perm].mean(), abs=1e-12)
+
+
+def test_running_floor_only_rises():
+    f = sv.RunningFloor()
+    assert f.value == -np.inf
+    for x in (0.2, float("nan"), 0.1, 0.3):
+        f.offer(x)
+    assert f.value == 0.3
+
+
+def _toy_file(path, n_images=8, n_heads=3, n_layers=2, n=24, d=8, seed=0):
+    """An activation file whose heads differ in scale, so that some heads' matched cosines lie far below others."""
+    import h5py
+
+    from kpca_repro.h5io import ActivationWriter
+
+    gen = np.random.default_rng(seed)
+    with h5py.File(path, "w") as f:
+        w = ActivationWriter(f, n_images, n_layers, n_heads, n, d, {"model_id": "toy", "weights_sha256": "0" * 64, "n_layers": n_layers, "n_heads": n_heads, "shard": 0, "n_shards": 1})
+        w.write_index("sample_rank", np.arange(n_images))
+        w.write_index("dataset_index", np.arange(n_images) * 3)
+        for layer in range(n_layers):
+            t = {x: gen.standard_normal((n_images, n_heads, n, d)).astype(np.float32) for x in "qkvh"}
+            t["v"][:, 0] = t["k"][:, 0]  # head 0: values that follow the keys (high matched cosines)
+            w.write_batch(layer, 0, t)
+    return path
+
+
+def test_pruned_matched_draws_give_the_intervals_of_every_draw(tmp_path):
+    """Table 1's MOC is a maximum over heads: the draws the kpca_heads job leaves NaN (their
+    bound lies below a value every replicate maximum reaches) change no interval, bit for bit,
+    and every draw it keeps is the draw computed without pruning."""
+    from kpca_repro.method.records import kpca_records
+
+    path = _toy_file(tmp_path / "a.h5")
+    kw = dict(workers=2, eigh_threads=1, heads_per_chunk=5, sign_draws=(16, 6), progress=False)
+    full, meta_full = kpca_records(path, "paper", prune_matched_draws=False, **kw)
+    pruned, meta = kpca_records(path, "paper", **kw)
+    pd.testing.assert_frame_equal(pruned, full)
+    d_full, d = meta_full["sign_draws"], meta["sign_draws"]
+    kept = np.isfinite(d["optimal_cos_mean"])
+    assert 0 < kept.sum() < kept.size, "the toy heads should leave some draws below the floor"
+    np.testing.assert_array_equal(d["optimal_cos_mean"][kept], d_full["optimal_cos_mean"][kept])
+    np.testing.assert_array_equal(~kept, d[sv.BOUND_NAME] < meta["matched_draws_floor"])
+    own = full["optimal_cos_mean"].to_numpy()
+    floor = np.max(np.minimum(own, np.nanmin(d_full["optimal_cos_mean"], axis=1)))
+    assert meta["matched_draws_floor"] == pytest.approx(floor, abs=1e-7)  # max over heads of min(own, draws)
+    assert (d_full["optimal_cos_mean"][~kept] < floor + 1e-7).all()
+    meta_full = {**meta_full, "model_id": "toy"}
+    t_full = tables.table1_paper(full.assign(model="toy"), {"toy": {"weights_sha256": "0", "n_images": 8}}, d_full, {"seed": 0, "bootstrap": 200})
+    t_pruned = tables.table1_paper(pruned.assign(model="toy"), {"toy": {"weights_sha256": "0", "n_images": 8}}, d, {"seed": 0, "bootstrap": 200})
+    pd.testing.assert_frame_equal(t_pruned, t_full, check_exact=True)
+
+
+def test_the_float32_screen_finds_every_group_the_float64_spectrum_finds():
+    """The float64 spectrum is computed only where the solver's own gaps come within
+    SCREEN_FACTOR tolerances: heads with and without near-degenerate pairs get the groups of
+    the full float64 computation."""
+    rng = np.random.default_rng(3)
+    n = 40
+    for close in (1e-7, 3e-6, 1e-3):  # below, just above and far above the float32 tolerance of 2.4e-6 here
+        ev = np.sort(np.concatenate([rng.uniform(-0.1, 0.1, n - 6), [1.0, 0.9, 0.8, 0.7, 0.6, 0.6 + close]]))
+        kc = torch.from_numpy(_matrix(ev, seed=4))
+        w = torch.linalg.eigvalsh(kc)
+        screened = sv._head_groups(kc, w, 5, "abs_desc", torch.float32, sv.RESOLUTION_FACTOR)
+        full = sv._head_groups(kc, None, 5, "abs_desc", torch.float32, sv.RESOLUTION_FACTOR)
+        assert [list(g) for g in screened[0]] == [list(g) for g in full[0]]
+        assert bool(full[0]) == (close == 1e-7)
+        assert (screened[1] is None) == (close == 1e-3)  # the float64 spectrum only where a gap is close
+
+
+def test_combined_interval_of_a_maximum_holds_the_solver_and_the_bootstrap_interval():
+    """docs/uncertainty.md section 3: sampling and solver deviations added; the old percentile
+    bootstrap with draws ran low for a maximum (issue 45: 0.038-0.106 against a solver
+    interval of 0.043-0.133 with 4 images)."""
+    lo, hi = tables.combine_for_maximum(0.1, (0.043, 0.133), (0.06, 0.1))
+    assert (lo, hi) == pytest.approx((0.003, 0.133))
+    lo, hi = tables.combine_for_maximum(0.1, (0.09, 0.12), (0.08, 0.11))
+    assert (lo, hi) == pytest.approx((0.07, 0.13))
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        v = rng.uniform(0, 1)
+        s = sorted([v - rng.uniform(0, 0.2), v + rng.uniform(0, 0.2)])
+        b = sorted([v - rng.uniform(0, 0.2), v + rng.uniform(-0.1, 0.2)])
+        lo, hi = tables.combine_for_maximum(v, tuple(s), tuple(b))
+        assert lo <= min(s[0], b[0]) and hi >= max(s[1], b[1])

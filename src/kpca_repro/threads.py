@@ -13,17 +13,97 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch loads where a job uses it: the workflow imports this module while it builds the DAG
+    import torch
 
-__all__ = ["resolve_device", "torch_default_threads", "resolve_threads", "resolve_eigh_threads", "pin_intra_op_threads", "ordered_map", "device_stream"]
+__all__ = [
+    "resolve_device",
+    "cuda_available",
+    "gpu_resource",
+    "CPU_FORWARD_BATCH",
+    "forward_batch_size",
+    "torch_default_threads",
+    "record_torch_default_threads",
+    "resolve_threads",
+    "resolve_eigh_threads",
+    "pin_intra_op_threads",
+    "intra_op_threads",
+    "CoreBudget",
+    "checkpoint",
+    "ordered_map",
+    "device_stream",
+]
 
 
 def resolve_device(device: str) -> torch.device:
     """``"auto"`` -> CUDA when available, else CPU; otherwise ``torch.device(device)``."""
+    import torch
+
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+def cuda_available(cache_dir: str | os.PathLike | None = None) -> bool:
+    """``torch.cuda.is_available()`` of this machine, kept in the check cache of ``cache_dir``.
+
+    The workflow asks it while it builds the DAG (``device: auto`` declares a GPU resource only
+    where there is a GPU), so that a dry run with a filled cache need not import torch: the
+    answer is cached under the host name, ``CUDA_VISIBLE_DEVICES`` and torch's version.
+    """
+    from kpca_repro.check_cache import CheckCache, package_version
+
+    key = {"check": "cuda available", "host": socket.gethostname(), "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "torch": package_version("torch")}
+    cache = CheckCache(cache_dir)
+    hit = cache.get(key) if cache_dir is not None else None
+    if hit is not None and isinstance(hit.get("available"), bool):
+        return hit["available"]
+    import torch
+
+    available = bool(torch.cuda.is_available())
+    if cache_dir is not None:
+        cache.put(key, {"available": available})
+    return available
+
+
+def gpu_resource(device: str, cache_dir: str | os.PathLike | None = None) -> int:
+    """The ``gpu`` resource (0 or 1) a job on ``config["device"]`` declares.
+
+    ``"cpu"``: 0. ``"cuda"``, ``"cuda:N"``: 1. ``"auto"``: 1 where :func:`cuda_available` says
+    this machine has a GPU, else 0 (a CPU-only machine then runs the extraction and KPCA jobs of
+    several models side by side, up to ``--cores``; the default profile allows one ``gpu``).
+    """
+    if device == "cpu":
+        return 0
+    if device == "auto":
+        return int(cuda_available(cache_dir))
+    return 1
+
+
+#: Images (rows) per forward pass of an extraction job on the CPU under ``batch_size: auto``.
+CPU_FORWARD_BATCH = 25
+
+
+def forward_batch_size(setting: int | str, device, n_inputs: int) -> int:
+    """Inputs per forward pass of an extraction job (``vision.batch_size``, ``text.batch_size``).
+
+    ``"auto"``: :data:`CPU_FORWARD_BATCH` on the CPU (bounded memory; on the CPU these passes
+    give the authors' one-pass q, k, v bit for bit, docs/fidelity.md "Batching"); on a GPU every
+    input of the shard in one pass, as the authors' scripts run them, because a cuBLAS GEMM of
+    another batch shape may round differently. An int: that many (at most ``n_inputs``).
+
+    Raises:
+        ValueError: any other setting.
+    """
+    import torch
+
+    if setting == "auto":
+        return max(1, n_inputs) if torch.device(device).type != "cpu" else min(CPU_FORWARD_BATCH, max(1, n_inputs))
+    if isinstance(setting, int) and not isinstance(setting, bool) and setting >= 1:
+        return min(setting, max(1, n_inputs))
+    raise ValueError(f"a forward batch size is 'auto' or a positive integer, got {setting!r}")
 
 
 #: Environment variables that set torch's default intra-op thread count (Snakemake sets them
@@ -91,6 +171,30 @@ def torch_default_threads(cache_dir: str | os.PathLike | None = None) -> int:
     return int(out[-1])
 
 
+def record_torch_default_threads(cache_dir: str | os.PathLike) -> int | None:
+    """Store this process's ``torch.get_num_threads()`` as :func:`torch_default_threads`'s answer, when it is one.
+
+    The workflow's main process imports torch for its model checks and never sets a thread
+    count; where neither ``OMP_NUM_THREADS`` nor ``MKL_NUM_THREADS`` is set, its count is the
+    default a fresh process gets, so the first job needs no child process to learn it (a few
+    seconds of a short chain). Does nothing (returns None) where torch is not imported, a
+    thread variable is set, or the cache already holds an answer.
+    """
+    if "torch" not in sys.modules or any(k in os.environ for k in _THREAD_ENV):
+        return None
+    from kpca_repro.check_cache import CheckCache
+
+    cache, key = CheckCache(cache_dir), _default_threads_key()
+    if cache.get(key) is not None:
+        return None
+    threads = int(sys.modules["torch"].get_num_threads())
+    if threads >= 1:
+        cache.put(key, {"threads": threads})
+        torch_default_threads.cache_clear()
+        return threads
+    return None
+
+
 def resolve_threads(setting: int | str | None, key: str = "kpca.eigh_threads", cache_dir: str | os.PathLike | None = None) -> int | None:
     """A thread setting of the configuration (``kpca.eigh_threads``, ``kpca.intra_op_threads``) as a count.
 
@@ -120,6 +224,42 @@ def resolve_eigh_threads(setting: int | str | None, cache_dir: str | os.PathLike
     return resolve_threads(setting, "kpca.eigh_threads", cache_dir)
 
 
+@contextlib.contextmanager
+def intra_op_threads(n: int | None):
+    """Run the block with ``n`` torch intra-op threads on the calling thread, then restore them.
+
+    ``torch.set_num_threads`` sets the calling thread's OpenMP and MKL thread counts (MKL's
+    ``mkl_set_num_threads_local``); other threads keep theirs, so worker threads may each
+    hold a different count at the same time. It also sets torch's process-wide default,
+    which a thread that has not yet run a parallel torch kernel adopts: the caller's count is
+    read (which initialises the calling thread) and restored on exit. Inside a job, use it
+    through :meth:`kpca_repro.method.placement.Placement.solver_threads`, which first widens
+    the job's :class:`CoreBudget` to ``n`` cores.
+
+    Args:
+        n: threads for the block (a positive int), or None to change nothing.
+
+    Raises:
+        ValueError: ``n`` is not None and below 1.
+    """
+    if n is None:
+        yield
+        return
+    if n < 1:
+        raise ValueError(f"intra-op threads must be >= 1, got {n}")
+    import torch
+
+    before = torch.get_num_threads()
+    if before == n:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 _THREAD_STREAMS = threading.local()
 
 
@@ -129,6 +269,8 @@ def device_stream(device: torch.device, enabled: bool = True):
     Worker threads of :func:`ordered_map` then overlap their kernels and their host syncs
     instead of queueing on the default stream.
     """
+    import torch
+
     if not enabled or torch.device(device).type != "cuda":
         return contextlib.nullcontext()
     stream = getattr(_THREAD_STREAMS, "stream", None)
@@ -142,15 +284,124 @@ def pin_intra_op_threads(n: int) -> None:
 
     A new thread takes torch's process-wide default when it first runs a parallel kernel
     (set by the last ``torch.set_num_threads`` of any thread, for example a worker's
-    :func:`kpca_repro.method.kpca.intra_op_threads` around ``eigh``), and its OpenMP/MKL counts from
+    :func:`intra_op_threads` around ``eigh``), and its OpenMP/MKL counts from
     ``OMP_NUM_THREADS`` before that. Reading the count first makes torch initialise the
     thread, so the explicit setting that follows is the one that holds.
     """
+    import torch
+
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
 
 
-def ordered_map(fn: Callable, items: Iterable, *, workers: int = 1, max_pending: int | None = None) -> Iterator:
+class CoreBudget:
+    """The cores a job was given, shared by its worker threads and their parallel regions.
+
+    Every worker thread of :func:`ordered_map` holds one core while it works on an item. A
+    region that runs ``n`` threads (the paper variant's ``eigh`` on the authors' thread count,
+    docs/fidelity.md) first :meth:`widens <widen>` its hold to ``n`` cores and waits until they
+    are free, so the threads at work never outnumber the cores: on 2 cores, while one worker
+    solves on 2 threads the other waits, instead of 3 threads sharing 2 cores
+    (docs/performance.md, "Thread budgets"). The others give their cores up at their next
+    :func:`checkpoint` (between heads, between assignments), so a widening worker waits for
+    milliseconds, not for a whole item; it is served before any other worker goes on, so it
+    cannot starve. ``n`` above the budget is served with the whole budget held (the region's
+    own thread count is not changed here: :func:`intra_op_threads` sets it).
+
+    Args:
+        cores: the job's cores (Snakemake's ``threads``), at least 1.
+
+    Raises:
+        ValueError: ``cores`` below 1.
+    """
+
+    def __init__(self, cores: int):
+        if int(cores) < 1:
+            raise ValueError(f"a core budget needs at least 1 core, got {cores}")
+        self.cores = int(cores)
+        self._free = self.cores
+        self._widening = 0
+        self._cond = threading.Condition()
+        self._held = threading.local()
+        #: the most cores held at once (for tests and logs)
+        self.peak = 0
+
+    def _take(self, n: int, widening: bool) -> None:
+        with self._cond:
+            if widening:
+                self._widening += 1
+            try:
+                while self._free < n or (not widening and self._widening):
+                    self._cond.wait()
+            finally:
+                if widening:
+                    self._widening -= 1
+                    self._cond.notify_all()  # threads that paused for a widening may go on
+            self._free -= n
+            self.peak = max(self.peak, self.cores - self._free)
+
+    def _give(self, n: int) -> None:
+        with self._cond:
+            self._free += n
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def hold(self):
+        """One core for the calling thread's item (what :func:`ordered_map` takes per worker)."""
+        self._take(1, False)
+        self._held.n = 1
+        previous, _CURRENT.budget = getattr(_CURRENT, "budget", None), self
+        try:
+            yield
+        finally:
+            _CURRENT.budget = previous
+            self._held.n = 0
+            self._give(1)
+
+    def checkpoint(self) -> None:
+        """Give the calling thread's cores to a worker waiting to widen, and take them back after it."""
+        held = getattr(self._held, "n", 0)
+        if not held or not self._widening:
+            return
+        with self._cond:
+            self._free += held
+            self._cond.notify_all()
+            while self._free < held or self._widening:
+                self._cond.wait()
+            self._free -= held
+
+    @contextlib.contextmanager
+    def widen(self, n: int | None):
+        """Hold ``min(n, cores)`` cores for the block (None or 1: no change), then return to the hold before it."""
+        held = getattr(self._held, "n", 0)
+        want = min(int(n), self.cores) if n is not None else held
+        if want <= max(held, 1):
+            yield
+            return
+        if held:
+            self._give(held)
+        self._take(want, True)
+        self._held.n = want
+        try:
+            yield
+        finally:
+            self._held.n = held
+            self._give(want - held)  # keep the thread's own cores
+
+
+_CURRENT = threading.local()
+
+
+def checkpoint() -> None:
+    """A point where the calling worker may pause for another worker's widened region
+    (:meth:`CoreBudget.checkpoint` of the budget its :func:`ordered_map` item holds); a no-op
+    outside such an item. The KPCA engine calls it between heads and between assignments."""
+    budget = getattr(_CURRENT, "budget", None)
+    if budget is not None:
+        budget.checkpoint()
+
+
+def ordered_map(fn: Callable, items: Iterable, *, workers: int = 1, max_pending: int | None = None, budget: CoreBudget | None = None) -> Iterator:
     """``fn(item)`` for each item, in order, computed on ``workers`` threads.
 
     The KPCA stage's work releases the GIL (torch kernels, LAPACK ``eigh``, scipy's
@@ -162,28 +413,37 @@ def ordered_map(fn: Callable, items: Iterable, *, workers: int = 1, max_pending:
 
     Every worker thread runs each item with the calling thread's torch intra-op thread count
     (:func:`pin_intra_op_threads`), so an item's result does not depend on which thread
-    computes it or on what ran there before.
+    computes it or on what ran there before. With ``budget`` each item runs holding one of
+    its cores (:class:`CoreBudget`), so that parallel regions inside ``fn`` can widen to
+    more without the threads outnumbering the cores.
 
     Args:
         fn: called as ``fn(item)`` on a worker thread.
         items: any iterable (a generator reading the activation file, for example).
         workers: threads; ``1`` runs everything on the calling thread.
         max_pending: in-flight bound.
+        budget: the job's cores, or None (no accounting).
 
     Yields:
         ``fn(item)`` in the order of ``items``. An exception in ``fn`` is raised here.
     """
+    held = budget.hold if budget is not None else contextlib.nullcontext
     if workers <= 1:
         for item in items:
-            yield fn(item)
+            with held():
+                result = fn(item)
+            yield result
         return
+    import torch
+
     bound = max_pending or 2 * workers
     pending: deque = deque()
     threads = torch.get_num_threads()
 
     def pinned(item):
         pin_intra_op_threads(threads)
-        return fn(item)
+        with held():
+            return fn(item)
 
     with ThreadPoolExecutor(workers, thread_name_prefix="kpca") as pool:
         for item in items:

@@ -50,5 +50,6 @@ rule eigenvalues_user:
         device=config["device"],
         n_components=config["spectra"]["n_components"],
         heads_per_chunk=config["kpca"]["heads_per_chunk"],
+        gpu_eigensolver=config["kpca"]["gpu_eigensolver"],
     script:
         "../scripts/eigenvalues_vision.py"

@@ -13,6 +13,7 @@ from snakemake.utils import validate
 from kpca_repro.check_cache import WORKFLOW_CACHE_DIR as CHECK_CACHE
 from kpca_repro.inputs.model_info import MissingModelError, model_source
 from kpca_repro.inputs.resources import export_hub_timeouts
+from kpca_repro.threads import gpu_resource, record_torch_default_threads
 from kpca_repro.training.summary import scale_setting, scale_tokens
 from kpca_repro.workflow import config_checks, paths
 from kpca_repro.workflow.config_checks import ConfigError, run_model_scale
@@ -47,6 +48,10 @@ def _checked_config():
 
 
 _checked_config()
+if workflow.is_main_process:
+    # the model checks imported torch here (a cache miss): its thread count is the default the jobs'
+    # kpca.*_threads: auto asks for, so no job starts a child process to learn it
+    record_torch_default_threads(CHECK_CACHE)
 # Jobs inherit it: huggingface_hub's own 10 s read timeout would otherwise override
 # downloads.timeout_s for hub files (weights, language models, WikiText).
 export_hub_timeouts(config["downloads"]["timeout_s"])

@@ -6,8 +6,11 @@ from kpca_repro.method.variant import from_suffix as variant_from_suffix
 from kpca_repro.method.variant import get as get_variant
 from kpca_repro.method.variant import suffix_pattern
 
-# `resources: gpu=GPU` of the rules that run on config["device"]: one GPU unless it is "cpu".
-GPU = 1 if config["device"] != "cpu" else 0
+# `resources: gpu=GPU` of the rules that run on config["device"]: one GPU for "cuda..." and for "auto"
+# where this machine has one (kpca_repro.threads.cuda_available, cached), none for "cpu" or "auto"
+# without a GPU, so that jobs of several models then run side by side up to --cores. On a cluster
+# whose submitting node has no GPU, set device: cuda (docs/scaleout.md).
+GPU = gpu_resource(config["device"], CHECK_CACHE)
 # The `{suffix}` wildcard of the user-facing outputs (results/table1{suffix}.csv): every
 # variant's suffix, from kpca_repro.method.variant ("" paper, "_corrected" corrected).
 SUFFIXES = suffix_pattern()

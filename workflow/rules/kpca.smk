@@ -29,7 +29,8 @@ rule kpca_heads:
         device=config["device"],
         seed=config["seed"],
         heads_per_chunk=config["kpca"]["heads_per_chunk"],
-        eigh_threads=config["kpca"].get("eigh_threads", "auto"),
+        eigh_threads=config["kpca"]["eigh_threads"],
+        gpu_eigensolver=config["kpca"]["gpu_eigensolver"],
         # eigenvector sign-and-rotation draws per head (a variant with sign_draws: paper; docs/uncertainty.md)
         sign_draws=lambda wc: (config["uncertainty"]["sign_draws"], config["uncertainty"]["sign_draws_optimal"]) if get_variant(wc.variant).sign_draws else (0, 0),
     script:

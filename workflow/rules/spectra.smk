@@ -22,6 +22,7 @@ rule eigenvalues_vision:
         device=config["device"],
         n_components=config["spectra"]["n_components"],
         heads_per_chunk=config["kpca"]["heads_per_chunk"],
+        gpu_eigensolver=config["kpca"]["gpu_eigensolver"],
     script:
         "../scripts/eigenvalues_vision.py"
 
@@ -84,6 +85,7 @@ rule gamma_vision:
         noise=config["figure3"]["noise"],
         n_components=config["figure3"]["n_components"],
         seed=config["seed"],
+        gpu_eigensolver=config["kpca"]["gpu_eigensolver"],
     script:
         "../scripts/gamma_vision.py"
 

@@ -6,7 +6,7 @@ from kpca_repro.capture.extraction import extract_text
 from kpca_repro.check_cache import WORKFLOW_CACHE_DIR
 from kpca_repro.inputs.text import read_samples
 from kpca_repro.smk import setup_logging
-from kpca_repro.threads import resolve_device, resolve_threads
+from kpca_repro.threads import forward_batch_size, resolve_device, resolve_threads
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "extract_text")
@@ -22,7 +22,7 @@ extract_text(
     samples,
     smk.output[0],
     shard=(shard, n_shards),
-    batch_size=smk.params.batch_size,
+    batch_size=forward_batch_size(smk.params.batch_size, device, len(samples)),
     max_length=smk.params.max_length,
     device=device,
     offline=smk.params.offline,

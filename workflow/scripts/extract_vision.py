@@ -7,7 +7,7 @@ from kpca_repro.capture.extraction import extract_vision
 from kpca_repro.check_cache import WORKFLOW_CACHE_DIR
 from kpca_repro.inputs.resources import check_checksum
 from kpca_repro.smk import setup_logging
-from kpca_repro.threads import resolve_device, resolve_threads
+from kpca_repro.threads import forward_batch_size, resolve_device, resolve_threads
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "extract_vision")
@@ -24,7 +24,7 @@ extract_vision(
     sha,
     samples,
     smk.output[0],
-    batch_size=smk.params.batch_size,
+    batch_size=forward_batch_size(smk.params.batch_size, device, len(samples)),
     device=device,
     model_kwargs=dict(smk.params.model_kwargs),
     shard=(shard, n_shards),

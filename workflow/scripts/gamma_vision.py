@@ -4,9 +4,10 @@ import torch
 
 from kpca_repro.check_cache import WORKFLOW_CACHE_DIR
 from kpca_repro.h5io import atomic_output
+from kpca_repro.method.placement import plan
 from kpca_repro.method.records import gamma_records
 from kpca_repro.smk import setup_logging
-from kpca_repro.threads import resolve_device, resolve_threads
+from kpca_repro.threads import resolve_threads
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "gamma_vision")
@@ -20,7 +21,7 @@ records = gamma_records(
     noise=smk.params.noise,
     seed=smk.params.seed,
     n_components=smk.params.n_components,
-    device=resolve_device(smk.params.device),
+    placement=plan(smk.wildcards.variant, device=smk.params.device, eigh_threads=None, gpu_eigensolver=smk.params.gpu_eigensolver, sign_invariant=True),
 )
 log.info("%d rows", len(records))
 with atomic_output(smk.output[0]) as tmp:

@@ -29,6 +29,7 @@ __all__ = [
     "table_spectra",
     "UNCERTAINTY_DEFAULTS",
     "similarity_intervals",
+    "combine_for_maximum",
     "spectrum_intervals",
 ]
 
@@ -218,6 +219,25 @@ def _replicate_pair(lo: np.ndarray, hi: np.ndarray, rng: np.random.Generator, n:
     return np.asarray(lo)[rows, pick].astype(np.float64), np.asarray(hi)[rows, pick].astype(np.float64)
 
 
+def combine_for_maximum(value: float, solver: tuple[float, float], bootstrap: tuple[float, float]) -> tuple[float, float]:
+    """The combined interval of a maximum over heads: the solver interval widened by the bootstrap's deviations.
+
+    ``[s_lo - max(v - b_lo, 0), s_hi + max(b_hi - v, 0)]`` for the reproduced value ``v``, the
+    solver interval ``[s_lo, s_hi]`` (it holds ``v``) and the percentile-bootstrap interval
+    ``[b_lo, b_hi]`` of the solver's own configuration. Sampling and the solver each move the
+    maximum by up to their own deviation; the interval adds the two (their worst alignment),
+    so it holds both intervals, the solver interval in particular. A percentile bootstrap of
+    a maximum runs low on its own (a resample of ``n`` images holds about ``0.63 n`` distinct
+    ones, and its maximum is never above the full sample's: ``b_hi <= v``), which is why the
+    solver interval's upper end is kept whole (docs/uncertainty.md, section 3).
+
+    Returns:
+        ``(lower, upper)``; NaN where an input is NaN.
+    """
+    (s_lo, s_hi), (b_lo, b_hi) = solver, bootstrap
+    return float(s_lo - max(value - b_lo, 0.0)), float(s_hi + max(b_hi - value, 0.0))
+
+
 def similarity_intervals(df: pd.DataFrame, statistics: tuple, draws: dict[str, np.ndarray] | None, settings: dict, tag: str, model: str) -> dict[str, float]:
     """Solver and bootstrap intervals of one row of Table 1 or Table 4 (docs/uncertainty.md).
 
@@ -235,14 +255,16 @@ def similarity_intervals(df: pd.DataFrame, statistics: tuple, draws: dict[str, n
       (Table 4's MDC, every MOC): the central ``sign_coverage`` range when every head takes
       one of its stored sign-and-rotation draws, independently (another solver changes the
       configuration of nearly every head at once), joined with the reproduced value (the
-      solver's own configuration).
-    * ``S_lower``, ``S_upper``: central ``coverage`` percentile-bootstrap interval over the
-      images; for MDC and MOC every replicate also takes one solver draw per head (for
-      Table 1's MDC: its lower and upper envelope), joined with the bootstrap of the solver's
-      own configuration (Table 1's MDC: its own-sign range), so the interval
-      combines sampling and solver variation. Without stored draws (``draws`` None or
-      zero-width) MDC and MOC get the bootstrap of the observed values and NaN solver
-      bounds.
+      solver's own configuration). A NaN draw is one the ``kpca_heads`` job proved to be
+      below every replicate maximum (Table 1's MOC): skipped by the maximum, it changes
+      nothing (:class:`kpca_repro.method.solver_variation.RunningFloor`).
+    * ``S_lower``, ``S_upper``: the combined interval. A maximum over heads (Table 1):
+      :func:`combine_for_maximum` of the solver interval and the central ``coverage``
+      percentile bootstrap of the solver's own configuration. A mean over heads (Table 4):
+      the percentile bootstrap in which every replicate also takes one solver draw per
+      head, joined with the bootstrap of the solver's own configuration. Without stored
+      draws (``draws`` None or zero-width) MDC and MOC get the bootstrap of the observed
+      values and NaN solver bounds.
 
     Args:
         df: the heads the table aggregates (rows in :func:`_head_order`), whose index labels
@@ -267,49 +289,50 @@ def similarity_intervals(df: pd.DataFrame, statistics: tuple, draws: dict[str, n
         stored = draws.get(col) if draws is not None and name in SIGN_DEPENDENT else None
         bounds = draws is not None and col == "direct_cos_mean" and all(k in draws and draws[k].shape[1] > 0 for k in unc.OPTIONAL_DRAW_NAMES)
         mean_vector = draws.get(unc.MEAN_VECTOR) if draws is not None and col == "direct_cos_mean" else None
+        point = df[col].to_numpy(np.float64)[None, :]
+        own = float(unc.replicate_statistics(point, codes, n_groups, how, None)[0])
+        own_boot = unc.percentile_interval(unc.replicate_statistics(point, codes, n_groups, how, idx), cov)
+        solver = None
         if bounds:
-            point = df[col].to_numpy(np.float64)
-            own_lo = np.fmin(draws["direct_cos_mean_own_lower"][rows, 0].astype(np.float64), point)[None, :]
-            own_hi = np.fmax(draws["direct_cos_mean_own_upper"][rows, 0].astype(np.float64), point)[None, :]
+            own_lo = np.fmin(draws["direct_cos_mean_own_lower"][rows, 0].astype(np.float64), point[0])[None, :]
+            own_hi = np.fmax(draws["direct_cos_mean_own_upper"][rows, 0].astype(np.float64), point[0])[None, :]
             lo_d, hi_d = draws["direct_cos_mean_lower"][rows], draws["direct_cos_mean_upper"][rows]
             lo, hi = _replicate_pair(lo_d, hi_d, rng, idx.shape[0])
             q_lo = unc.percentile_interval(unc.replicate_statistics(lo, codes, n_groups, how, None), sc)[0]
             q_hi = unc.percentile_interval(unc.replicate_statistics(hi, codes, n_groups, how, None), sc)[1]
-            own = (unc.replicate_statistics(own_lo, codes, n_groups, how, None)[0], unc.replicate_statistics(own_hi, codes, n_groups, how, None)[0])
-            out[f"{name}_solver_lower"], out[f"{name}_solver_upper"] = float(min(q_lo, own[0])), float(max(q_hi, own[1]))
-            lo, hi = _replicate_pair(lo_d, hi_d, rng, idx.shape[0])
-            b_lo = unc.percentile_interval(unc.replicate_statistics(lo, codes, n_groups, how, idx), cov)[0]
-            b_hi = unc.percentile_interval(unc.replicate_statistics(hi, codes, n_groups, how, idx), cov)[1]
-            o_lo = unc.percentile_interval(unc.replicate_statistics(own_lo, codes, n_groups, how, idx), cov)[0]
-            o_hi = unc.percentile_interval(unc.replicate_statistics(own_hi, codes, n_groups, how, idx), cov)[1]
-            out[f"{name}_lower"], out[f"{name}_upper"] = float(min(b_lo, o_lo)), float(max(b_hi, o_hi))
-            continue
-        if mean_vector is not None and len(mean_vector) and mean_vector.shape[1] > 0:
+            own_range = (unc.replicate_statistics(own_lo, codes, n_groups, how, None)[0], unc.replicate_statistics(own_hi, codes, n_groups, how, None)[0])
+            solver = (float(min(q_lo, own_range[0])), float(max(q_hi, own_range[1])))
+            joint = None
+            if how != "max":
+                lo, hi = _replicate_pair(lo_d, hi_d, rng, idx.shape[0])
+                b_lo = unc.percentile_interval(unc.replicate_statistics(lo, codes, n_groups, how, idx), cov)[0]
+                b_hi = unc.percentile_interval(unc.replicate_statistics(hi, codes, n_groups, how, idx), cov)[1]
+                o_lo = unc.percentile_interval(unc.replicate_statistics(own_lo, codes, n_groups, how, idx), cov)[0]
+                o_hi = unc.percentile_interval(unc.replicate_statistics(own_hi, codes, n_groups, how, idx), cov)[1]
+                joint = (float(min(b_lo, o_lo)), float(max(b_hi, o_hi)))
+        elif mean_vector is not None and len(mean_vector) and mean_vector.shape[1] > 0:
             # token mean of the direct cosine: m . sigma with fresh patterns (exact; sign-only files)
             m = mean_vector[rows]
-            alone = unc.replicate_statistics(unc.fresh_direct_means(m, rng, idx.shape[0]), codes, n_groups, how, None)
-            out[f"{name}_solver_lower"], out[f"{name}_solver_upper"] = unc.percentile_interval(alone, sc)
-            boot = unc.replicate_statistics(unc.fresh_direct_means(m, rng, idx.shape[0]), codes, n_groups, how, idx)
+            solver = unc.percentile_interval(unc.replicate_statistics(unc.fresh_direct_means(m, rng, idx.shape[0]), codes, n_groups, how, None), sc)
+            joint = None if how == "max" else unc.percentile_interval(unc.replicate_statistics(unc.fresh_direct_means(m, rng, idx.shape[0]), codes, n_groups, how, idx), cov)
         elif stored is not None and stored.shape[1] > 0:
             # another solver changes the configuration of (nearly) every head at once: every head
             # takes a random stored draw, and the solver's own configuration (the reproduced
             # value) is one more admissible outcome, joined to the central range of the draws
-            point = df[col].to_numpy(np.float64)[None, :]
             per_head = stored[rows]
-            alone = unc.replicate_statistics(unc.pick_draws(per_head, rng, idx.shape[0]), codes, n_groups, how, None)
-            own = float(unc.replicate_statistics(point, codes, n_groups, how, None)[0])
-            lo, hi = unc.percentile_interval(alone, sc)
-            out[f"{name}_solver_lower"], out[f"{name}_solver_upper"] = float(np.fmin(lo, own)), float(np.fmax(hi, own))
-            boot = unc.replicate_statistics(unc.pick_draws(per_head, rng, idx.shape[0]), codes, n_groups, how, idx)
-            own_boot = unc.percentile_interval(unc.replicate_statistics(point, codes, n_groups, how, idx), cov)
-            b_lo, b_hi = unc.percentile_interval(boot, cov)
-            out[f"{name}_lower"], out[f"{name}_upper"] = float(np.fmin(b_lo, own_boot[0])), float(np.fmax(b_hi, own_boot[1]))
-            continue
-        else:
+            lo, hi = unc.percentile_interval(unc.replicate_statistics(unc.pick_draws(per_head, rng, idx.shape[0]), codes, n_groups, how, None), sc)
+            solver = (float(np.fmin(lo, own)), float(np.fmax(hi, own)))
+            joint = None
+            if how != "max":
+                b_lo, b_hi = unc.percentile_interval(unc.replicate_statistics(unc.pick_draws(per_head, rng, idx.shape[0]), codes, n_groups, how, idx), cov)
+                joint = (float(np.fmin(b_lo, own_boot[0])), float(np.fmax(b_hi, own_boot[1])))
+        if solver is None:
             if name in SIGN_DEPENDENT:
                 out[f"{name}_solver_lower"] = out[f"{name}_solver_upper"] = float("nan")
-            boot = unc.replicate_statistics(df[col].to_numpy(np.float64)[None, :], codes, n_groups, how, idx)
-        out[f"{name}_lower"], out[f"{name}_upper"] = unc.percentile_interval(boot, cov)
+            out[f"{name}_lower"], out[f"{name}_upper"] = own_boot
+            continue
+        out[f"{name}_solver_lower"], out[f"{name}_solver_upper"] = solver
+        out[f"{name}_lower"], out[f"{name}_upper"] = combine_for_maximum(own, solver, own_boot) if how == "max" else joint
     return out
 
 

@@ -112,9 +112,9 @@ def analyze_heads(
         kpca_repro.capture.invariant.CaptureMismatchError: ``h`` is given and q, k, v do not reproduce it
             (the message gives the measured error, input and head).
     """
-    import torch
 
     from kpca_repro.capture.invariant import INVARIANT_RTOL, attention_mask_matrix, check_attention_invariant
+    from kpca_repro.method.placement import plan
     from kpca_repro.method.records import _head_groups, chunk_records
     from kpca_repro.method.solver_variation import BOUND_NAMES, RANGE_NAMES
     from kpca_repro.method.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES
@@ -145,18 +145,16 @@ def analyze_heads(
         raise ValueError(f"sample_rank and dataset_index must be ({n_in},)")
     text = mask is not None
     options = var.text_options if text else {}
-    solver_threads = eigh_threads if var.authors_threads else None
+    placement = plan(var, device=device, cores=1, eigh_threads=eigh_threads)
     # the records stage's own grouping of heads (padding kept or dropped, baselines per input)
     source = SimpleNamespace(attention_mask=mask, sample_rank=ranks, dataset_index=index)
     frames, draw_parts = [], []
-    dev = torch.device(device)
     for kk, vv, rk, ix, hd, base in _head_groups(source, {"k": k4, "v": v4}, var, layer, seed, transposed=False):
         for lo in range(0, kk.shape[0], heads_per_chunk):
             hi = min(lo + heads_per_chunk, kk.shape[0])
             draws, frame = chunk_records(
                 layer, kk[lo:hi], vv[lo:hi], rk[lo:hi], ix[lo:hi], hd[lo:hi], base[lo:hi] if base is not None else None,
-                variant=var, device=dev, eigh_device="cpu" if dev.type == "cuda" else None, eigh_threads=solver_threads,
-                options=options, sign_draws=sign_draws, seed=seed, text=text,
+                variant=var, placement=placement, options=options, sign_draws=sign_draws, seed=seed, text=text,
             )  # fmt: skip
             draw_parts.append(draws)
             frame.insert(0, "variant", var.name)
@@ -178,9 +176,8 @@ def analyze_file(path: str | os.PathLike, variant: str = "paper", *, device: str
     Raises:
         kpca_repro.h5io.CorruptActivationFileError: the file is unreadable.
     """
-    import torch
 
     from kpca_repro.method.records import kpca_records
 
-    records, _ = kpca_records(path, variant, device=torch.device(device), seed=seed, progress=False, **kwargs)
+    records, _ = kpca_records(path, variant, device=device, seed=seed, progress=False, **kwargs)
     return records

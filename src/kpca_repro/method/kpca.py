@@ -7,12 +7,14 @@ stated in :mod:`kpca_repro.method.equations`; what differs between the two varia
 engineering that keeps each head's numbers those of a per-head loop:
 
 * :func:`head_metrics` in cache-sized blocks of :data:`CPU_BLOCK_HEADS` heads on the CPU;
-* :func:`eigenpairs`: ``eigh`` one matrix at a time on the CPU (LAPACK's path depends on the
-  batch), the solver on the CPU for CUDA inputs, non-finite matrices kept from the solver,
-  a fallback when one matrix does not converge;
-* :func:`intra_op_threads`: the authors' thread count for the paper variant's per-head
-  products and ``eigh`` (``eigh_threads``, docs/fidelity.md);
-* the paper variant's Gram matrix, centering and V_KPCA per head on the CPU
+* :func:`eigenpairs`: ``eigh`` where the job's :class:`~kpca_repro.method.placement.Placement`
+  says (one matrix at a time on the CPU, as LAPACK's path depends on the batch; one batched
+  call on a GPU, torch's or JAX's solver), non-finite matrices kept from the solver, a
+  fallback when one matrix does not converge;
+* the authors' thread count for the paper variant's per-head products and ``eigh``
+  (:meth:`Placement.solver_threads <kpca_repro.method.placement.Placement.solver_threads>`:
+  widened in the job's core budget, docs/fidelity.md);
+* the paper variant's Gram matrix, centering and V_KPCA per head
   (:func:`_paper_centered_gram`, :func:`_paper_v_kpca`), the corrected variant's in place
   (:func:`_corrected_centered_gram`);
 * ``V``'s CKA sides computed once for ``V_KPCA`` and the baseline (:func:`_token_row_metrics`).
@@ -25,7 +27,6 @@ centered Gram matrix (paper Eq. 5).
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import numpy as np
@@ -48,20 +49,22 @@ from kpca_repro.method.equations import (
     v_kpca,
 )
 from kpca_repro.method.numerics import assignment_similarities
+from kpca_repro.method.placement import Placement
 from kpca_repro.method.variant import VARIANTS, Variant
 from kpca_repro.method.variant import get as get_variant
 from kpca_repro.projection import (
     ROW_NORM_EPS,
     standardize_tokens,
 )
+from kpca_repro.threads import checkpoint
 
 __all__ = [
     "VARIANTS",
     "CPU_BLOCK_HEADS",
     "centered_gram",
     "eigenpairs",
-    "intra_op_threads",
     "head_metrics",
+    "solve_heads",
     "top_eigenvalues",
     "gamma_test",
 ]
@@ -79,23 +82,45 @@ CPU_BLOCK_HEADS = 8
 # --------------------------------------------------------------------------------------
 
 
-def _solve(safe: torch.Tensor, finite: torch.Tensor, n: int, per_matrix: bool, n_components: int, order: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``torch.linalg.eigh`` of every matrix of ``safe`` (one at a time or batched), then :func:`select_eigenpairs`; see :func:`eigenpairs`.
+def _eigh_batched(m: torch.Tensor, solver: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``eigh`` of every matrix of ``m`` ``(..., N, N)`` in one call: ``torch.linalg.eigh`` or
+    ``jax.numpy.linalg.eigh`` (through DLPack, no copy; float64 switches on JAX's ``jax_enable_x64``).
+    Eigenvalues ascending, eigenvectors in columns, on ``m``'s device."""
+    if solver == "torch":
+        return torch.linalg.eigh(m)
+    import jax
+    import jax.numpy as jnp
+
+    if m.dtype == torch.float64:
+        jax.config.update("jax_enable_x64", True)
+    w, v = jnp.linalg.eigh(jax.dlpack.from_dlpack(m.contiguous()))
+    return torch.from_dlpack(w).to(m.device), torch.from_dlpack(v).to(m.device)
+
+
+def _solve(safe: torch.Tensor, finite: torch.Tensor, n: int, per_matrix: bool, n_components: int, order: str, solver: str = "torch") -> tuple[torch.Tensor, ...]:
+    """``eigh`` of every matrix of ``safe`` (one at a time, or in one ``solver`` call), then :func:`select_eigenpairs`; see :func:`eigenpairs`.
 
     One matrix at a time, each matrix's kept columns are selected before anything is stacked,
-    so no ``(heads, N, N)`` copy of all eigenvectors is made.
+    so no ``(heads, N, N)`` copy of all eigenvectors is made. Returns ``(selected eigenvalues,
+    selected eigenvectors, finite, every eigenvalue in ascending order)``.
     """
     kc = safe
     try:
         if per_matrix:
             flat = safe.reshape(-1, n, n)
-            pairs = [select_eigenpairs(*torch.linalg.eigh(flat[i]), n_components, order) for i in range(flat.shape[0])]
+            spectra, pairs = [], []
+            for i in range(flat.shape[0]):
+                w, vecs = torch.linalg.eigh(flat[i])
+                spectra.append(w)
+                pairs.append(select_eigenpairs(w, vecs, n_components, order))
             if not pairs:
-                return safe.new_empty((*safe.shape[:-2], n_components)), safe.new_empty((*safe.shape[:-1], n_components)), finite
+                return safe.new_empty((*safe.shape[:-2], n_components)), safe.new_empty((*safe.shape[:-1], n_components)), finite, safe.new_empty(safe.shape[:-1])
             evals = torch.stack([p[0] for p in pairs]).reshape(*safe.shape[:-2], n_components)
             evecs = torch.stack([p[1] for p in pairs]).reshape(*safe.shape[:-1], n_components)
-            return evals, evecs, finite
-        evals, evecs = torch.linalg.eigh(safe)
+            return evals, evecs, finite, torch.stack(spectra).reshape(safe.shape[:-1])
+        evals, evecs = _eigh_batched(safe, solver)
+        if solver != "torch" and not bool(torch.isfinite(evals).all()):  # JAX returns NaN where LAPACK raises
+            raise torch.linalg.LinAlgError("the batched solver returned non-finite eigenvalues")
     except torch.linalg.LinAlgError:  # one matrix did not converge: solve one by one
         flat = safe.reshape(-1, n, n)
         ok = finite.reshape(-1).clone()
@@ -108,7 +133,7 @@ def _solve(safe: torch.Tensor, finite: torch.Tensor, n: int, per_matrix: bool, n
                 ok[i] = False
         evals, evecs = evals.reshape(safe.shape[:-1]), evecs.reshape(safe.shape)
         finite = ok.reshape(finite.shape)
-    return *select_eigenpairs(evals, evecs, n_components, order), finite
+    return *select_eigenpairs(evals, evecs, n_components, order), finite, evals
 
 
 def _finite_matrices(m: torch.Tensor) -> torch.Tensor:
@@ -124,51 +149,18 @@ def _finite_matrices(m: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(m).all(dim=-1).all(dim=-1)
 
 
-@contextlib.contextmanager
-def intra_op_threads(n: int | None):
-    """Run the block with ``n`` torch intra-op threads on the calling thread, then restore them.
-
-    ``torch.set_num_threads`` sets the calling thread's OpenMP and MKL thread counts (MKL's
-    ``mkl_set_num_threads_local``); other threads keep theirs, so worker threads may each
-    hold a different count at the same time. It also sets torch's process-wide default,
-    which a thread that has not yet run a parallel torch kernel adopts: the caller's count is
-    read (which initialises the calling thread) and restored on exit.
-
-    Args:
-        n: threads for the block (a positive int), or None to change nothing.
-
-    Raises:
-        ValueError: ``n`` is not None and below 1.
-    """
-    if n is None:
-        yield
-        return
-    if n < 1:
-        raise ValueError(f"intra-op threads must be >= 1, got {n}")
-    before = torch.get_num_threads()
-    if before == n:
-        yield
-        return
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def eigenpairs(
     kc: torch.Tensor,
     n_components: int,
     order: str = "abs_desc",
     fix_signs: bool = False,
-    per_matrix: bool | None = None,
-    solver_device: str | torch.device | None = None,
-    threads: int | None = None,
+    placement: Placement | None = None,
+    spectrum: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top eigenpairs of symmetric matrices, batched, non-finite matrices handled.
 
-    ``torch.linalg.eigh`` on every matrix, then the selection rule of the script being
-    reproduced (docs/method.md 0.2 step 6):
+    ``eigh`` on every matrix, then the selection rule of the script being reproduced
+    (docs/method.md 0.2 step 6):
 
     * ``"abs_desc"``: by ``|lambda|`` descending (Table 1, ``value_vectors.py``);
     * ``"desc"``: by signed eigenvalue descending (Tables 2-3, Fig. 3; the corrected variant);
@@ -179,35 +171,35 @@ def eigenpairs(
     NaN or raise for it); its eigenpairs are returned as NaN and ``finite`` is False, which
     is how the reference ends up dropping such a head.
 
+    Where the solver runs is ``placement``'s decision (:mod:`kpca_repro.method.placement`):
+
+    * on the CPU one freshly allocated matrix per call. LAPACK (MKL) picks its code path by
+      the memory alignment of each matrix in a batch, so batched CPU ``eigh`` gives a head
+      different round-off, and at near-degenerate eigenvalues a different eigenvector sign,
+      depending on its position in the batch. One matrix at a time, every head gets the
+      result a per-head loop gives, whatever the batch size or sharding
+      (docs/performance.md). Each call runs on ``placement.eigh_threads`` intra-op threads,
+      widened in the job's core budget (MKL's ``syevd`` takes another code path for another
+      thread count: the paper variant passes the authors', docs/fidelity.md);
+    * on a GPU one batched call (``placement.eigensolver``: torch's, which for the paper
+      variant is the authors' call, or JAX's).
+
     Args:
         kc: symmetric matrices, shape ``(..., N, N)``.
         n_components: number of eigenpairs kept (``d``), ``1 <= n_components <= N``.
         order: one of ``"abs_desc"``, ``"desc"``, ``"asc_top"``.
         fix_signs: make each eigenvector's entry of largest magnitude positive
             (docs/method.md 15.2), so the result does not depend on the LAPACK/cuSOLVER sign.
-        per_matrix: call the solver on one freshly allocated matrix at a time (default: on
-            the CPU). LAPACK (MKL) picks its code path by the memory alignment of each matrix
-            in a batch, so batched CPU ``eigh`` gives a head different round-off, and at
-            near-degenerate eigenvalues a different eigenvector sign, depending on the head's
-            position in the batch. One matrix at a time, every head gets the result a per-head
-            loop gives, whatever the batch size or sharding (docs/performance.md). ``False``
-            keeps one batched call (the default on CUDA).
-        solver_device: where ``eigh`` runs (default: ``kc``'s device). ``"cpu"`` for CUDA
-            inputs moves the matrices to the CPU for the solver (one matrix at a time there)
-            and the eigenpairs back: cuSOLVER solves a batch of 197 x 197 matrices one after
-            another, slower than a CPU core per worker thread (docs/performance.md).
-        threads: torch intra-op threads (and with them MKL's threads) of each CPU solver call,
-            set on the calling thread only for the solver calls (:func:`intra_op_threads`);
-            None keeps the caller's. MKL's ``syevd`` takes another code path for another
-            thread count, so at near-degenerate eigenvalues the eigenvectors' signs and
-            rotations depend on it: the paper variant passes the thread count the authors'
-            scripts ran with (torch's default, docs/fidelity.md). The count is per calling
-            thread, so concurrent calls from several worker threads each get it, and a
-            matrix's eigenpairs depend on it and on nothing else of the pipeline's threading.
+        placement: where and how ``eigh`` runs; default :meth:`Placement.local` of ``kc``'s
+            device (one matrix per call on the CPU with the caller's threads, batched torch
+            on a GPU).
+        spectrum: if a dict, ``spectrum["eigenvalues"]`` receives every eigenvalue the solver
+            returned, ascending, ``(..., N)`` (NaN for a non-finite matrix), on ``kc``'s device.
 
     Returns:
         ``(eigenvalues, eigenvectors, finite)`` with shapes ``(..., n)``, ``(..., N, n)``
-        and ``(...)`` (bool). No division by ``N``: these are eigenvalues of ``K~_phi``.
+        and ``(...)`` (bool), on ``kc``'s device. No division by ``N``: these are
+        eigenvalues of ``K~_phi``.
 
     Raises:
         ValueError: unknown ``order`` or ``n_components`` out of range.
@@ -217,21 +209,24 @@ def eigenpairs(
         raise ValueError(f"n_components must be in [1, {n}], got {n_components}")
     if order not in ("abs_desc", "desc", "asc_top"):
         raise ValueError(f"unknown eigenpair order {order!r}")
+    placement = placement or Placement.local(kc.device)
     home = kc.device
-    if solver_device is not None and torch.device(solver_device) != home:
-        kc = kc.to(solver_device)
+    if placement.eigh_device != home:
+        kc = kc.to(placement.eigh_device)
     finite = _finite_matrices(kc)
     safe = kc if bool(finite.all()) else torch.where(finite[..., None, None], kc, torch.zeros((), dtype=kc.dtype, device=kc.device))
-    if per_matrix is None:
-        per_matrix = kc.device.type == "cpu"
-    with intra_op_threads(threads if kc.device.type == "cpu" else None):
-        evals, evecs, finite = _solve(safe, finite, n, per_matrix, n_components, order)
+    per_matrix = not placement.eigh_batched
+    with placement.solver_threads():
+        evals, evecs, finite, every = _solve(safe, finite, n, per_matrix, n_components, order, placement.eigensolver)
     if fix_signs:
         evecs = fix_eigenvector_signs(evecs)
     if not bool(finite.all()):
         nan = torch.tensor(float("nan"), dtype=kc.dtype, device=kc.device)
         evals = torch.where(finite[..., None], evals, nan)
         evecs = torch.where(finite[..., None, None], evecs, nan)
+        every = torch.where(finite[..., None], every, nan)
+    if spectrum is not None:
+        spectrum["eigenvalues"] = every.to(home)
     return evals.to(home), evecs.to(home), finite.to(home)
 
 
@@ -344,31 +339,31 @@ def centered_gram(k: torch.Tensor, variant: str | Variant) -> torch.Tensor:
     return _corrected_centered_gram(k)[0]
 
 
-def _paper_centered_gram(k: torch.Tensor, threads: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _paper_centered_gram(k: torch.Tensor, placement: Placement) -> tuple[torch.Tensor, torch.Tensor]:
     """``(g, centered Kphi)`` of the paper variant (:func:`gram_paper`, :func:`center_dense`).
 
-    On the CPU one head at a time, with ``threads`` torch intra-op threads (None: the
-    caller's): the authors' per-head products to the bit, whatever the CPU. A batched
-    product over several heads rounds differently from the per-head ones on some CPUs (MKL's
-    AVX2 path with more than one thread), and these matrices decide the eigenvectors. On
-    CUDA, batched.
+    With ``placement.per_head_products`` one head at a time, as the authors' loop computes
+    them (on the CPU with the authors' thread count, :meth:`Placement.solver_threads`): a
+    batched product over several heads rounds differently from the per-head ones on some
+    CPUs (MKL's AVX2 path with more than one thread), and these matrices decide the
+    eigenvectors. Otherwise batched.
     """
-    if k.device.type != "cpu" or k.shape[0] == 0:
+    if not placement.per_head_products or k.shape[0] == 0:
         kphi, g = gram_paper(k)
         return g, center_dense(kphi)
-    with intra_op_threads(threads):
+    with placement.solver_threads():
         parts = [gram_paper(k[i]) for i in range(k.shape[0])]
         kc = torch.stack([center_dense(p[0]) for p in parts])
     return torch.stack([p[1] for p in parts]), kc
 
 
-def _paper_v_kpca(a: torch.Tensor, inv_g: torch.Tensor, threads: int | None) -> torch.Tensor:
-    """:func:`v_kpca` of the paper variant; on the CPU one head at a time with ``threads`` intra-op
-    threads (None: the caller's), as :func:`_paper_centered_gram`: the ``(G O) @ A`` product is
-    then the authors' 2-D product of each head, whatever the chunk. On CUDA, batched."""
-    if a.device.type != "cpu" or a.shape[0] == 0:
+def _paper_v_kpca(a: torch.Tensor, inv_g: torch.Tensor, placement: Placement) -> torch.Tensor:
+    """:func:`v_kpca` of the paper variant; one head at a time as :func:`_paper_centered_gram`
+    (the ``(G O) @ A`` product is then the authors' 2-D product of each head, whatever the
+    chunk), otherwise batched."""
+    if not placement.per_head_products or a.shape[0] == 0:
         return v_kpca(a, inv_g)
-    with intra_op_threads(threads):
+    with placement.solver_threads():
         return torch.stack([v_kpca(a[i], inv_g[i]) for i in range(a.shape[0])])
 
 
@@ -377,15 +372,14 @@ def head_metrics(
     v: torch.Tensor,
     variant: str | Variant,
     *,
+    placement: Placement | None = None,
     order: str | None = None,
     g_eps: float = 0.0,
     baseline: torch.Tensor | None = None,
     nan_cost_to_zero: bool = False,
     cka_sqrt_of_product: bool = False,
-    eigh_per_matrix: bool | None = None,
-    eigh_device: str | torch.device | None = None,
-    eigh_threads: int | None = None,
     rows: dict | None = None,
+    solved: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, np.ndarray]:
     """Every per-head quantity of Table 1 (docs/method.md 2) or its corrected form (docs/method.md 15).
 
@@ -402,6 +396,12 @@ def head_metrics(
         v: values, shape ``(heads, N, d_v)``, same dtype handling.
         variant: a :class:`~kpca_repro.method.variant.Variant` or its name (``"paper"``, ``"corrected"``):
             its dtype, Gram matrix, eigenpair order and sign rule, formulas and metrics.
+        placement: where ``eigh`` and the paper variant's per-head products run, on how many
+            threads (:mod:`kpca_repro.method.placement`; a job passes
+            :func:`~kpca_repro.method.placement.plan`'s). Default :meth:`Placement.local` of
+            ``k``'s device with per-head products for the paper variant and the caller's
+            threads. The paper variant's per-head numbers depend on the device and on the
+            thread count of the CPU ``eigh`` and products, on nothing else.
         order: eigenpair order; default the variant's (``"abs_desc"``: paper, Table 1; ``"desc"``).
         g_eps: added to ``g`` in ``G = diag(1/(g + g_eps))`` (paper variant; 0 for vision,
             1e-6 for the language-model script).
@@ -414,22 +414,15 @@ def head_metrics(
             similarities NaN).
         cka_sqrt_of_product: CKA denominators ``sqrt(HSIC_xx HSIC_yy) + 1e-10`` of the
             language-model script (paper variant only; see :func:`linear_cka`).
-        eigh_per_matrix: :func:`eigenpairs`'s ``per_matrix`` (default: one matrix at a time on
-            the CPU, so each head's numbers do not depend on the batch; one batched solver
-            call on CUDA).
-        eigh_device: :func:`eigenpairs`'s ``solver_device`` (default: the inputs' device).
-        eigh_threads: :func:`eigenpairs`'s ``threads``: torch intra-op threads of each CPU
-            ``eigh`` call (default: the caller's). In the paper variant on the CPU, the Gram
-            matrix and its centering, which decide the eigenvectors, are then also computed
-            one head at a time with that many threads, as the authors' per-head loop does:
-            float32 products round differently with the thread count on some CPUs (MKL's
-            AVX2 path; docs/fidelity.md). Every later operation runs with the caller's
-            threads (its round-off stays far inside the per-head tolerances).
         rows: if a dict, filled with ``"v"`` and ``"v_kpca"``: the row-normalised ``V`` and
             ``V_KPCA`` behind the token-row cosines (``(heads, N, d)``, the variant's dtype),
             for the sign draws of :mod:`kpca_repro.method.uncertainty`; and ``"kc"``, ``"a"``,
-            ``"inv_g"`` (centered Gram matrices, selected eigenvectors, diagonal of ``G``) for
-            the rotations of :mod:`kpca_repro.method.solver_variation`.
+            ``"inv_g"``, ``"spectrum"`` (centered Gram matrices, selected eigenvectors,
+            diagonal of ``G``, every eigenvalue the solver returned) for the rotations of
+            :mod:`kpca_repro.method.solver_variation`.
+        solved: :func:`solve_heads` of these heads, when the caller solved them already (the
+            ``kpca_heads`` job solves the paper variant on its main thread, then compares on
+            its workers).
 
     Returns:
         Column name -> float64 numpy array of shape ``(heads,)`` (bool for flags). Flags:
@@ -446,64 +439,88 @@ def head_metrics(
         raise ValueError(f"k and v must be (heads, N, d) with equal heads and N; got {tuple(k.shape)} and {tuple(v.shape)}")
     if baseline is not None and baseline.shape != v.shape:
         raise ValueError(f"baseline must have V_KPCA's shape {tuple(v.shape)}, got {tuple(baseline.shape)}")
-    options = dict(order=order, g_eps=g_eps, nan_cost_to_zero=nan_cost_to_zero, cka_sqrt_of_product=cka_sqrt_of_product)
-    options.update(eigh_per_matrix=eigh_per_matrix, eigh_device=eigh_device, eigh_threads=eigh_threads)
+    placement = placement or Placement.local(k.device, per_head_products=variant.authors_threads)
+    order = order or variant.order
+    options = dict(nan_cost_to_zero=nan_cost_to_zero, cka_sqrt_of_product=cka_sqrt_of_product)
     block = CPU_BLOCK_HEADS if k.device.type == "cpu" else max(1, k.shape[0])
-    if k.shape[0] <= block:
-        return _head_metrics_block(k, v, variant, baseline, rows, **options)
+    # The paper variant's per-head products and eigh run in one widened section for the whole
+    # chunk (the authors' thread count, in the job's core budget); the rest in cache-sized blocks.
+    if solved is None and variant.gram == "exp":
+        solved = solve_heads(k, v.shape[-1], variant, placement, order, g_eps)
     blocks = []
-    for lo in range(0, k.shape[0], block):
+    for lo in range(0, max(k.shape[0], 1), block):
         part = slice(lo, lo + block)
+        heads = solved_part(solved, part) if solved is not None else solve_heads(k[part], v.shape[-1], variant, placement, order, g_eps)
         block_rows = {} if rows is not None else None
-        blocks.append((_head_metrics_block(k[part], v[part], variant, None if baseline is None else baseline[part], block_rows, **options), block_rows))
+        blocks.append((_compare_heads(v[part], heads, variant, None if baseline is None else baseline[part], block_rows, **options), block_rows))
+        checkpoint()
     if rows is not None:
-        rows.update({name: torch.cat([r[name] for _, r in blocks]) for name in ("v", "v_kpca", "kc", "a", "inv_g")})
+        rows.update({name: torch.cat([r[name] for _, r in blocks]) for name in ("v", "v_kpca", "kc", "a", "inv_g", "spectrum")})
     return {name: np.concatenate([c[name] for c, _ in blocks]) for name in blocks[0][0]}
 
 
-def _head_metrics_block(
-    k: torch.Tensor,
+def solved_part(solved: dict[str, torch.Tensor], part: slice) -> dict[str, torch.Tensor]:
+    """The heads ``part`` of :func:`_solve_heads`' result."""
+    return {name: t[part] for name, t in solved.items()}
+
+
+def solve_heads(k: torch.Tensor, dv: int, variant: Variant, placement: Placement, order: str, g_eps: float) -> dict[str, torch.Tensor]:
+    """The part of :func:`head_metrics` that decides the eigenvectors: Gram matrix, centering,
+    eigenpairs and V_KPCA of the heads ``k`` ``(heads, N, d)``, as ``variant`` and ``placement`` say.
+
+    Returns:
+        ``kc`` (centered Gram matrices), ``spectrum`` (every eigenvalue), ``a`` (selected
+        eigenvectors), ``finite``, ``vk`` (V_KPCA, zero-padded to ``dv`` columns), ``vk_true``
+        (V_KPCA itself: the corrected variant's ``vk`` is scaled by a positive factor),
+        ``inv_g`` (the diagonal of ``G``), ``dropped`` and, for the paper variant,
+        ``exp_overflow`` and ``outer_overflow``; per head, in the variant's dtype.
+    """
+    k = k.to(variant.torch_dtype)
+    d = min(dv, k.shape[-2])  # fewer tokens than dimensions: at most N eigenvectors
+    spectrum: dict = {}
+    out: dict[str, torch.Tensor] = {}
+    if variant.gram == "exp":
+        with placement.solver_threads():
+            g, kc = _paper_centered_gram(k, placement)
+            _, a, finite = eigenpairs(kc, d, order, fix_signs=variant.fix_signs, placement=placement, spectrum=spectrum)
+            inv_g = 1.0 / (g + g_eps)
+            vk = _paper_v_kpca(a, inv_g, placement)
+        g_finite = torch.isfinite(g).all(-1)
+        out["exp_overflow"] = ~g_finite
+        # some g_i g_j overflows iff the largest does (rounding is monotonic): no N x N product
+        g_max = g.amax(-1)
+        out["outer_overflow"] = g_finite & torch.isinf(g_max * g_max)
+        scale = None
+    else:
+        kc, log_g = _corrected_centered_gram(k)
+        _, a, finite = eigenpairs(kc, d, order, fix_signs=variant.fix_signs, placement=placement, spectrum=spectrum)
+        inv_g = torch.exp(log_g.amin(-1, keepdim=True) - log_g)
+        vk = v_kpca(a, inv_g, paper=variant.authors_formulas)
+        scale = torch.exp(-log_g.amin(-1))
+    dropped = ~(finite & torch.isfinite(vk).all(-1).all(-1))
+    if vk.shape[-1] < dv:  # zero columns change no row cosine, X X^T or distance
+        vk = torch.nn.functional.pad(vk, (0, dv - vk.shape[-1]))
+    out.update(kc=kc, spectrum=spectrum["eigenvalues"], a=a, finite=finite, vk=vk, vk_true=vk if scale is None else vk * scale[..., None, None], inv_g=inv_g, dropped=dropped)
+    return out
+
+
+def _compare_heads(
     v: torch.Tensor,
+    solved: dict[str, torch.Tensor],
     variant: Variant,
     baseline: torch.Tensor | None,
     rows: dict | None,
     *,
-    order: str | None,
-    g_eps: float,
     nan_cost_to_zero: bool,
     cka_sqrt_of_product: bool,
-    eigh_per_matrix: bool | None,
-    eigh_device: str | torch.device | None,
-    eigh_threads: int | None,
 ) -> dict[str, np.ndarray]:
-    """:func:`head_metrics` of one block of heads (arguments checked by the caller)."""
+    """The comparisons of :func:`head_metrics` (V against V_KPCA, and the baselines) of one block of heads."""
     paper = variant.authors_formulas
-    exp_gram = variant.gram == "exp"
     dtype = variant.torch_dtype
-    k, v = k.to(dtype), v.to(dtype)
-    d = min(v.shape[-1], v.shape[-2])  # fewer tokens than dimensions: at most N eigenvectors
-    cols: dict[str, torch.Tensor] = {}
-    if exp_gram:
-        cpu_threads = eigh_threads if eigh_device is None or torch.device(eigh_device).type == "cpu" else None
-        g, kc = _paper_centered_gram(k, cpu_threads)
-        _, a, finite = eigenpairs(kc, d, order or variant.order, fix_signs=variant.fix_signs, per_matrix=eigh_per_matrix, solver_device=eigh_device, threads=eigh_threads)
-        vk = _paper_v_kpca(a, 1.0 / (g + g_eps), cpu_threads)
-        dropped = ~(finite & torch.isfinite(vk).all(-1).all(-1))
-        g_finite = torch.isfinite(g).all(-1)
-        cols["exp_overflow"] = ~g_finite
-        # some g_i g_j overflows iff the largest does (rounding is monotonic): no N x N product
-        g_max = g.amax(-1)
-        cols["outer_overflow"] = g_finite & torch.isinf(g_max * g_max)
-    else:
-        kc, log_g = _corrected_centered_gram(k)
-        _, a, finite = eigenpairs(kc, d, order or variant.order, fix_signs=variant.fix_signs, per_matrix=eigh_per_matrix, solver_device=eigh_device, threads=eigh_threads)
-        inv_g = torch.exp(log_g.amin(-1, keepdim=True) - log_g)
-        vk = v_kpca(a, inv_g, paper=paper)
-        dropped = ~(finite & torch.isfinite(vk).all(-1).all(-1))
-    if vk.shape[-1] < v.shape[-1]:  # zero columns change no row cosine, X X^T or distance
-        vk = torch.nn.functional.pad(vk, (0, v.shape[-1] - vk.shape[-1]))
-    vk_true = vk if exp_gram else vk * torch.exp(-log_g.amin(-1))[..., None, None]
-    cols["finite"] = finite
+    v = v.to(dtype)
+    vk, vk_true, dropped = solved["vk"], solved["vk_true"], solved["dropped"]
+    cols: dict[str, torch.Tensor] = {name: solved[name] for name in ("exp_overflow", "outer_overflow") if name in solved}
+    cols["finite"] = solved["finite"]
     cols["dropped"] = dropped
     cols["allclose"] = ((v - vk_true).abs_() <= vk_true.abs().mul_(1e-3).add_(1e-5)).all(-1).all(-1)
     cache: dict = {}
@@ -521,8 +538,7 @@ def _head_metrics_block(
     if rows is not None:
         rows["v"], rows["v_kpca"] = cache["rows"]
         # for rotations inside near-degenerate eigenspaces (kpca_repro.method.solver_variation)
-        rows["kc"], rows["a"] = kc, a
-        rows["inv_g"] = 1.0 / (g + g_eps) if exp_gram else torch.exp(log_g.amin(-1, keepdim=True) - log_g)
+        rows.update(kc=solved["kc"], a=solved["a"], spectrum=solved["spectrum"], inv_g=solved["inv_g"])
     if variant.column_metrics:
         cols.update(_column_metrics(v, vk, ~dropped, cache=cache))
     if variant.baselines:
@@ -548,7 +564,7 @@ def _head_metrics_block(
 # --------------------------------------------------------------------------------------
 
 
-def top_eigenvalues(k: torch.Tensor, n_components: int, variant: str | Variant, standardize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def top_eigenvalues(k: torch.Tensor, n_components: int, variant: str | Variant, standardize: bool, placement: Placement | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``n_components`` largest eigenvalues of the centered Gram matrix of the keys.
 
     docs/method.md Sections 4-5: optional per-token key standardization, Gram matrix, centering,
@@ -561,6 +577,8 @@ def top_eigenvalues(k: torch.Tensor, n_components: int, variant: str | Variant, 
         n_components: number of ranks kept (64 in the paper), at most ``N``.
         variant: ``"paper"`` or ``"corrected"``.
         standardize: standardize each key vector first (Table 2) or not (Table 3's starred rows).
+        placement: where ``eigh`` runs (:func:`eigenpairs`); eigenvalues do not depend on the
+            eigenvector signs, so a GPU job may use any batched solver.
 
     Returns:
         ``(eigenvalues, finite)``: shape ``(heads, n_components)`` float64 with NaN rows for
@@ -574,7 +592,7 @@ def top_eigenvalues(k: torch.Tensor, n_components: int, variant: str | Variant, 
     if standardize:
         k = standardize_tokens(k)
     kc = centered_gram(k, variant)
-    evals, _, finite = eigenpairs(kc, n_components, "desc")
+    evals, _, finite = eigenpairs(kc, n_components, "desc", placement=placement)
     return evals.abs().double(), finite
 
 
@@ -583,7 +601,9 @@ def top_eigenvalues(k: torch.Tensor, n_components: int, variant: str | Variant, 
 # --------------------------------------------------------------------------------------
 
 
-def gamma_test(k: torch.Tensor, n_components: int, variant: str | Variant, standardize: bool, noise: float, generator: torch.Generator) -> dict[str, dict[str, torch.Tensor]]:
+def gamma_test(
+    k: torch.Tensor, n_components: int, variant: str | Variant, standardize: bool, noise: float, generator: torch.Generator, placement: Placement | None = None
+) -> dict[str, dict[str, torch.Tensor]]:
     """The gamma-constancy test of one set of heads for true and perturbed eigenvectors.
 
     Keys (optionally standardized per token) -> centered Gram matrix (paper: float32, plain
@@ -599,6 +619,7 @@ def gamma_test(k: torch.Tensor, n_components: int, variant: str | Variant, stand
         standardize: standardize each key vector first (:func:`standardize_tokens`).
         noise: standard deviation of the perturbation (:func:`perturb_eigenvectors`).
         generator: CPU ``torch.Generator`` of the perturbation; advanced by the draw.
+        placement: where ``eigh`` runs (:func:`eigenpairs`).
 
     Returns:
         ``{"true": spread, "perturbed": spread}`` with :func:`pairwise_spread`'s dicts of
@@ -612,7 +633,7 @@ def gamma_test(k: torch.Tensor, n_components: int, variant: str | Variant, stand
     if standardize:
         k = standardize_tokens(k)
     kc = centered_gram(k, variant)
-    _, a, _ = eigenpairs(kc, n_components, "desc", fix_signs=variant.fix_signs)
+    _, a, _ = eigenpairs(kc, n_components, "desc", fix_signs=variant.fix_signs, placement=placement)
     return {
         "true": pairwise_spread(gamma_matrix(kc, a)),
         "perturbed": pairwise_spread(gamma_matrix(kc, perturb_eigenvectors(a, noise, generator))),

@@ -15,12 +15,13 @@ import pandas as pd
 import torch
 
 from kpca_repro.h5io import ActivationFile
-from kpca_repro.method.kpca import gamma_test, head_metrics, top_eigenvalues
-from kpca_repro.method.solver_variation import BOUND_NAMES, RANGE_NAMES, head_solver_draws
+from kpca_repro.method.kpca import gamma_test, head_metrics, solve_heads, top_eigenvalues
+from kpca_repro.method.placement import Placement, plan
+from kpca_repro.method.solver_variation import BOUND_NAME, BOUND_NAMES, RANGE_NAMES, RunningFloor, head_solver_draws, prune_below_floor
 from kpca_repro.method.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES
 from kpca_repro.method.variant import Variant
 from kpca_repro.method.variant import get as get_variant
-from kpca_repro.threads import ordered_map
+from kpca_repro.threads import device_stream, ordered_map
 
 __all__ = ["kpca_records", "baseline_noise", "eigenvalue_records", "gamma_records", "layer_chunks"]
 
@@ -130,34 +131,39 @@ def chunk_records(
     base: torch.Tensor | None,
     *,
     variant: Variant,
-    device: torch.device,
-    eigh_device,
-    eigh_threads: int | None,
+    placement: Placement,
     options: dict,
     sign_draws: tuple[int, int] | None,
     seed: int,
     text: bool,
+    floor: RunningFloor | None = None,
+    solved: dict[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, np.ndarray] | None, pd.DataFrame]:
     """Per-head records of one chunk of heads (``k``, ``v``: ``(heads, N, d)``; ``ranks``,
     ``index``, ``head``: ``(heads,)``; ``base``: the corrected variant's random baselines):
-    :func:`kpca_repro.method.kpca.head_metrics`, and with ``sign_draws`` the solver draws
-    (:func:`kpca_repro.method.solver_variation.head_solver_draws`) and their per-head columns.
-    The one per-chunk step of :func:`kpca_records` and :func:`kpca_repro.method.api.analyze_heads`.
+    :func:`kpca_repro.method.kpca.head_metrics` where ``placement`` says, and with
+    ``sign_draws`` the solver draws (:func:`kpca_repro.method.solver_variation.head_solver_draws`;
+    with ``floor``, matched-cosine draws that cannot be a replicate maximum are skipped) and
+    their per-head columns. ``solved``: the chunk's :func:`kpca_repro.method.kpca.solve_heads`,
+    when the caller solved it already. The one per-chunk step of :func:`kpca_records` and
+    :func:`kpca_repro.method.api.analyze_heads`.
 
     Returns:
         ``(draws or None, records)``, one record row per head.
     """
     rows = {} if sign_draws else None
-    cols = head_metrics(
-        k.to(device),
-        v.to(device),
-        variant,
-        baseline=base.to(device) if base is not None else None,
-        eigh_device=eigh_device,
-        eigh_threads=eigh_threads,
-        rows=rows,
-        **options,
-    )
+    device = placement.device
+    with device_stream(device, placement.streams):
+        cols = head_metrics(
+            k.to(device),
+            v.to(device),
+            variant,
+            placement=placement,
+            baseline=base.to(device) if base is not None else None,
+            rows=rows,
+            solved=solved,
+            **options,
+        )
     draws = None
     if sign_draws:
         nan_zero = bool(options.get("nan_cost_to_zero", False))
@@ -167,6 +173,7 @@ def chunk_records(
             seed=seed, n_direct=sign_draws[0], n_optimal=sign_draws[1], token_max=text,
             order=options.get("order") or variant.order,
             valid=None if nan_zero else torch.from_numpy(~cols["dropped"]), nan_to_zero=nan_zero,
+            own_optimal=cols["optimal_cos_mean"], floor=floor,
         )  # fmt: skip
         cols = {**cols, **gap_cols}
     frame = pd.DataFrame({"sample_rank": ranks, "dataset_index": index, "layer": layer, "head": head, "n_tokens": k.shape[1], "head_dim": v.shape[2], **cols})
@@ -177,15 +184,16 @@ def kpca_records(
     activations: str | os.PathLike,
     variant: str | Variant,
     *,
-    device: torch.device,
+    placement: Placement | None = None,
+    device: str | torch.device = "cpu",
+    workers: int = 1,
+    eigh_threads: int | str | None = None,
     heads_per_chunk: int = 64,
     seed: int = 0,
     layers: Sequence[int] | None = None,
     progress: bool = True,
-    workers: int = 1,
-    eigh_device: str | torch.device | None = None,
-    eigh_threads: int | None = None,
     sign_draws: tuple[int, int] | None = None,
+    prune_matched_draws: bool = True,
 ) -> tuple[pd.DataFrame, dict]:
     """Per-head records of one activation file: every (input, layer, head) through KPCA.
 
@@ -195,26 +203,25 @@ def kpca_records(
     read a layer at a time and grouped by :func:`_head_groups`: the paper variant uses
     its ``text_options`` (:data:`kpca_repro.method.variant.PAPER`) and all padded positions (Longformer read transposed, as the
     reference reads it); the corrected variant drops padding per sequence (docs/method.md 15).
-    Chunks of ``heads_per_chunk`` heads go through :func:`kpca_repro.method.kpca.head_metrics` on
-    ``device``, ``workers`` chunks at a time (:func:`ordered_map`). Each head's numbers do
-    not depend on the chunking, the number of workers or the sharding (per-matrix ``eigh``
-    on the CPU, :func:`kpca_repro.method.kpca.eigenpairs`); for bit-identical CPU runs keep torch's
-    intra-op threads fixed (the rule uses 1): every worker thread runs its chunks with the
-    calling thread's intra-op thread count, whatever it inherited.
-    ``eigh_device`` is passed to :func:`kpca_repro.method.kpca.head_metrics` (the rule uses
-    ``"cpu"`` on CUDA, the faster placement measured on an H100, docs/performance.md).
-    ``eigh_threads`` (paper variant only; the corrected variant's signs are fixed and it
-    keeps the caller's threads) is the intra-op thread count of every CPU ``eigh`` call,
-    set per call on the worker thread that makes it (:func:`kpca_repro.method.kpca.intra_op_threads`):
-    the rule passes torch's default count (:func:`resolve_eigh_threads`), so that each
-    head's eigenvectors are those of the authors' per-head loop on the same machine
-    (docs/fidelity.md). Each head's numbers then depend on ``eigh_threads`` and on nothing
-    of ``workers``, chunking or sharding.
+    Chunks of ``heads_per_chunk`` heads go through :func:`kpca_repro.method.kpca.head_metrics`,
+    ``placement.workers`` chunks at a time (:func:`ordered_map`), each worker holding one of
+    the job's cores (``placement.budget``) and widening to ``placement.eigh_threads`` for the
+    paper variant's ``eigh`` and per-head products (the authors' thread count: each head's
+    eigenvectors are then those of the authors' per-head loop on the same machine,
+    docs/fidelity.md). ``placement`` is :func:`kpca_repro.method.placement.plan`'s decision
+    for the job (the rule passes it); without one, ``plan(variant, device=device,
+    cores=workers, eigh_threads=eigh_threads)``. Each head's numbers depend on the device and
+    on ``eigh_threads``, on nothing of the workers, the chunking or the sharding; for
+    bit-identical CPU runs keep torch's intra-op threads fixed (the rule uses 1).
     ``sign_draws = (n_direct, n_optimal)`` also draws that many random eigenvector sign
     patterns per head, with rotations inside near-degenerate eigenspaces (seeded by ``seed``
     and the head, :func:`kpca_repro.method.solver_variation.head_solver_draws`; ``direct_cos_max``
     draws only for text files, where Table 4 uses them), and adds the per-head columns
-    :data:`kpca_repro.method.solver_variation.HEAD_COLUMNS` (``eigengap_min``, ...).
+    :data:`kpca_repro.method.solver_variation.HEAD_COLUMNS` (``eigengap_min``, ...). For vision
+    files, whose Table 1 takes the maximum over heads, a matched-cosine draw that no replicate
+    maximum can use is left NaN (:class:`kpca_repro.method.solver_variation.RunningFloor`); the
+    intervals are those of every draw computed (docs/uncertainty.md).
+    ``prune_matched_draws=False`` computes every one (to check that claim, and for benchmarks).
 
     Returns:
         ``(records, meta)``: a DataFrame with one row per head (``sample_rank``,
@@ -232,6 +239,8 @@ def kpca_records(
     from kpca_repro.progress import progress as progress_bar
 
     variant = get_variant(variant)
+    if placement is None:
+        placement = plan(variant, device=device, cores=workers, eigh_threads=eigh_threads)
     frames = []
     with ActivationFile(activations) as af:
         model_id = str(af.attrs["model_id"])
@@ -260,16 +269,25 @@ def kpca_records(
                         yield layer, k[lo:hi], v[lo:hi], ranks[lo:hi], index[lo:hi], head[lo:hi], base[lo:hi] if base is not None else None
 
         caller_threads = torch.get_num_threads()
-        solver_threads = eigh_threads if variant.authors_threads else None
+        # Table 1 takes the maximum over heads: draws below the floor cannot matter (Table 4 takes means)
+        floor = RunningFloor() if sign_draws and sign_draws[1] and not text and prune_matched_draws else None
 
         def work(chunk):
-            return chunk_records(*chunk, variant=variant, device=device, eigh_device=eigh_device, eigh_threads=solver_threads,
-                                 options=options, sign_draws=sign_draws, seed=seed, text=text)  # fmt: skip
+            *chunk, solved = chunk
+            return chunk_records(*chunk, variant=variant, placement=placement, options=options, sign_draws=sign_draws, seed=seed, text=text, floor=floor, solved=solved)
+
+        def solved_chunks():
+            """The chunks, each solved here on the main thread where the placement says (then compared on the workers)."""
+            for chunk in chunks():
+                solved = None
+                if placement.solve_on_main and variant.gram == "exp":
+                    solved = solve_heads(chunk[1].to(placement.device), chunk[2].shape[-1], variant, placement, options.get("order") or variant.order, options.get("g_eps", 0.0))
+                yield (*chunk, solved)
 
         total = (af.attention_mask.shape[1] if transposed else n_in) * n_heads * len(layer_list)
         with progress_bar(total=total, desc=f"kpca {variant.name} {model_id}", unit="head", disable=not progress, mininterval=5) as bar:
             draw_parts = []
-            for draws, frame in ordered_map(work, chunks(), workers=workers):
+            for draws, frame in ordered_map(work, solved_chunks(), workers=placement.workers, budget=placement.budget):
                 frames.append(frame)
                 draw_parts.append(draws)
                 bar.update(len(frame))
@@ -280,13 +298,19 @@ def kpca_records(
             "variant": variant.name,
             "shard": int(af.attrs["shard"]),
             "n_shards": int(af.attrs["n_shards"]),
-            "eigh_threads": solver_threads if solver_threads is not None else caller_threads,
+            "eigh_threads": placement.eigh_threads if placement.eigh_threads is not None and placement.eigh_device.type == "cpu" else caller_threads,
+            "eigh_device": placement.eigh_device.type,
+            "placement": placement.describe(),
         }
         if text:
             meta["padding"] = variant.text_padding
             meta["longformer_transposed"] = bool(transposed)
         if sign_draws:
-            meta["sign_draws"] = {name: np.concatenate([p[name] for p in draw_parts]) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *BOUND_NAMES, *RANGE_NAMES)}
+            names = (*SIGN_DRAW_NAMES, MEAN_VECTOR, *BOUND_NAMES, *RANGE_NAMES, *((BOUND_NAME,) if floor is not None else ()))
+            meta["sign_draws"] = prune_below_floor({name: np.concatenate([p[name] for p in draw_parts]) for name in names}, floor.value if floor is not None else np.nan)
+            if floor is not None:
+                meta["matched_draws_floor"] = float(floor.value)
+                meta["matched_draws_computed"] = int(np.isfinite(meta["sign_draws"]["optimal_cos_mean"]).sum())
     records = pd.concat(frames, ignore_index=True)
     records.insert(0, "model", model_id)
     records.insert(1, "variant", variant.name)
@@ -299,13 +323,16 @@ def eigenvalue_records(
     standardize: bool,
     *,
     n_components: int = 64,
-    device: torch.device,
+    placement: Placement | None = None,
+    device: str | torch.device = "cpu",
     heads_per_chunk: int = 64,
     workers: int = 1,
 ) -> pd.DataFrame:
     """Per-head top eigenvalues of one activation file (Tables 2 and 3, docs/method.md 4-5).
 
-    Streamed and parallel as :func:`kpca_records` (``workers`` chunks at a time).
+    Streamed and parallel as :func:`kpca_records` (``placement.workers`` chunks at a time;
+    without ``placement``, ``plan(variant, device=device, cores=workers, sign_invariant=True)``:
+    eigenvalues do not depend on eigenvector signs, so a GPU job takes the batched solver).
 
     Returns:
         One row per (image, layer, head): ``sample_rank, dataset_index, layer, head,
@@ -315,12 +342,15 @@ def eigenvalue_records(
     Raises:
         kpca_repro.h5io.CorruptActivationFileError: the file is unreadable (named).
     """
+    if placement is None:
+        placement = plan(variant, device=device, cores=workers, eigh_threads=None, sign_invariant=True)
     with ActivationFile(activations) as af:
         n_heads = int(af.attrs["n_heads"])
 
         def work(chunk):
             layer, flat, t = chunk
-            evals, finite = top_eigenvalues(t["k"].to(device), n_components, variant, standardize)
+            with device_stream(placement.device, placement.streams):
+                evals, finite = top_eigenvalues(t["k"].to(placement.device), n_components, variant, standardize, placement=placement)
             frame = pd.DataFrame(evals.cpu().numpy(), columns=[f"lambda_{r + 1:02d}" for r in range(n_components)])
             frame.insert(0, "finite", finite.cpu().numpy())
             frame.insert(0, "head", flat % n_heads)
@@ -329,7 +359,7 @@ def eigenvalue_records(
             frame.insert(0, "sample_rank", af.sample_rank[flat // n_heads])
             return frame
 
-        frames = list(ordered_map(work, layer_chunks(af, range(af.n_layers), heads_per_chunk, ("k",)), workers=workers))
+        frames = list(ordered_map(work, layer_chunks(af, range(af.n_layers), heads_per_chunk, ("k",)), workers=placement.workers, budget=placement.budget))
         model_id = str(af.attrs["model_id"])
     out = pd.concat(frames, ignore_index=True)
     out.insert(0, "keys", "standardized" if standardize else "raw")
@@ -347,7 +377,8 @@ def gamma_records(
     noise: float,
     seed: int,
     n_components: int,
-    device: torch.device,
+    placement: Placement | None = None,
+    device: str | torch.device = "cpu",
 ) -> pd.DataFrame:
     """Figure 3's gamma-constancy statistics for every head of one layer (docs/method.md Section 10).
 
@@ -363,7 +394,9 @@ def gamma_records(
         noise: standard deviation of the eigenvector perturbation (``figure3.noise``).
         seed: seed of the CPU ``torch.Generator`` of the perturbation.
         n_components: number of eigenvectors tested per head (``figure3.n_components``), at most ``N``.
-        device: where the Gram matrices and eigenpairs are computed.
+        placement: where the Gram matrices and eigenpairs are computed (default:
+            ``plan(variant, device=device, sign_invariant=True)``, the batched solver on a GPU).
+        device: used when ``placement`` is None.
 
     Returns:
         Long table: ``sample_rank, head, eigenvectors ("true" | "perturbed"), component,
@@ -380,7 +413,9 @@ def gamma_records(
         k = torch.from_numpy(af.read(layer, ("k",))["k"])
         ranks = af.sample_rank
     n_img, n_heads = k.shape[:2]
-    result = gamma_test(k.reshape(-1, *k.shape[2:]).to(device), n_components, variant, standardize, noise, torch.Generator().manual_seed(seed))
+    if placement is None:
+        placement = plan(variant, device=device, eigh_threads=None, sign_invariant=True)
+    result = gamma_test(k.reshape(-1, *k.shape[2:]).to(placement.device), n_components, variant, standardize, noise, torch.Generator().manual_seed(seed), placement=placement)
     frames = []
     for kind, spread in result.items():
         arrays = {name: t.detach().cpu().double().numpy() for name, t in spread.items()}

@@ -57,13 +57,16 @@ A head without a near-degenerate group gets exactly the sign-only treatment of
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
 from kpca_repro.method.equations import row_normalize, v_kpca
 from kpca_repro.method.numerics import assignment_similarities
-from kpca_repro.method.uncertainty import MEAN_VECTOR, direct_sign_statistics, head_generator, optimal_sign_statistics, sign_patterns
+from kpca_repro.method.uncertainty import MEAN_VECTOR, direct_sign_statistics, head_generator, sign_patterns
 from kpca_repro.projection import ROW_NORM_EPS
+from kpca_repro.threads import checkpoint
 
 __all__ = [
     "RESOLUTION_FACTOR",
@@ -79,7 +82,13 @@ __all__ = [
     "haar_orthogonal",
     "pair_direct_mean",
     "group_trace_bound",
+    "SCREEN_FACTOR",
+    "BOUND_MARGIN",
+    "BOUND_NAME",
+    "RunningFloor",
+    "assignment_upper_bound",
     "head_solver_draws",
+    "prune_below_floor",
 ]
 
 #: ``c`` of the tolerance ``c n u ||K||_2``: eigenvalue gaps at most this far apart are
@@ -100,6 +109,9 @@ RANGE_NAMES = ("direct_cos_mean_range_lower", "direct_cos_mean_range_upper")
 #: selection boundary, number of near-degenerate groups, largest group, and whether a group
 #: straddles the selection boundary.
 HEAD_COLUMNS = ("eigengap_min", "solver_groups", "solver_group_max", "solver_boundary_group")
+#: Per-head upper bounds of the matched-cosine draws (:func:`assignment_upper_bound`), written
+#: where a table maximum pruned them (Table 1): a NaN draw has a bound below the job's floor.
+BOUND_NAME = "optimal_cos_mean_bound"
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:
@@ -254,6 +266,90 @@ def _bounded_direct_means(vn: np.ndarray, vkn: np.ndarray, groups: list[dict]) -
     return value, free - width, free + width, full_free - full_width, full_free + full_width
 
 
+#: Screen of :func:`head_solver_draws`: a head's float64 spectrum (``eigvalsh`` of its float32
+#: Gram matrix) is computed only where a float32 gap touching the selection is within this
+#: many tolerances; elsewhere no gap can be (float32 eigenvalues are within ``p(n) u ||K||``
+#: of them, far below the margin), so the head has no group either way.
+SCREEN_FACTOR = 2.0
+#: Added to an assignment's upper bound before it is compared with the floor (float32
+#: similarities, docs/uncertainty.md): far above their round-off, which is below 1e-5.
+BOUND_MARGIN = 1e-4
+
+
+class RunningFloor:
+    """A value every replicate maximum of a table statistic reaches: the floor below which a draw cannot matter.
+
+    Table 1's MOC is a maximum over heads; in every replicate each head takes its own value or
+    one of its stored draws (docs/uncertainty.md), so every replicate's maximum is at least
+    ``F = max_h min(own_h, draws_h)``. A draw whose value lies below ``F`` is never the maximum
+    of any replicate. :func:`head_solver_draws` computes a matched-cosine draw only when an upper
+    bound of it (:func:`assignment_upper_bound`) reaches the floor known so far, and offers the
+    floor every head whose draws it computed in full. Worker threads share one instance.
+    """
+
+    def __init__(self) -> None:
+        self._value = -np.inf
+        self._lock = threading.Lock()
+
+    @property
+    def value(self) -> float:
+        return self._value
+
+    def offer(self, value: float) -> None:
+        """Raise the floor to ``value`` if it is higher (NaN is ignored)."""
+        if np.isfinite(value):
+            with self._lock:
+                self._value = max(self._value, float(value))
+
+
+def assignment_upper_bound(sim: torch.Tensor) -> torch.Tensor:
+    """Upper bound of ``max_pi mean_i S[i, pi(i)]`` for each matrix of ``sim`` ``(..., N, N)``: LP duality.
+
+    For the maximum-weight assignment, any ``u_i + v_j >= S_ij`` gives
+    ``sum_i S[i, pi(i)] <= sum u + sum v``. Row reduction (``u_i = max_j S_ij``) then column
+    reduction (``v_j = max_i (S_ij - u_i) <= 0``) is such a pair, as is the same with rows and
+    columns swapped; the smaller of the two totals, divided by ``N``. The first step of the
+    Hungarian method; ``O(N^2)`` against the assignment's ``O(N^3)``.
+
+    Returns:
+        Shape ``(...)``, in ``sim``'s dtype; NaN where ``sim`` has NaN.
+    """
+    n = sim.shape[-1]
+    rmax = sim.amax(-1)
+    by_rows = (rmax.sum(-1) - (rmax[..., :, None] - sim).amin(-2).sum(-1)) / n
+    cmax = sim.amax(-2)
+    by_cols = (cmax.sum(-1) - (cmax[..., None, :] - sim).amin(-1).sum(-1)) / n
+    return torch.minimum(by_rows, by_cols)
+
+
+def _head_groups(
+    kc: torch.Tensor, spectrum32: torch.Tensor | None, d: int, order: str, solver_dtype: torch.dtype, factor: float
+) -> tuple[list[np.ndarray], np.ndarray | None, float, np.ndarray | None]:
+    """``(groups, ascending float64 spectrum or None, eigengap_min, selected indices)`` of one head.
+
+    The float64 spectrum of the float32 matrix is computed where the solver's own spectrum
+    has a gap touching the selection within :data:`SCREEN_FACTOR` tolerances (groups and
+    ``eigengap_min`` from it); elsewhere ``eigengap_min`` is read off the solver's spectrum
+    and there is no group.
+    """
+    if spectrum32 is not None:
+        ev32 = spectrum32.detach().to("cpu", torch.float64).numpy()
+        if not np.isfinite(ev32).all():
+            return [], None, float("nan"), None
+        sel = selected_indices(ev32, d, order)
+        tol = resolution_tolerance(ev32, len(ev32), solver_dtype, factor)
+        gap = relative_eigengap(ev32, sel)
+        if not np.isfinite(gap) or gap * np.max(np.abs(ev32)) > SCREEN_FACTOR * tol:
+            return [], None, gap, sel
+    kc64 = kc.detach().to("cpu", torch.float64)
+    if not bool(torch.isfinite(kc64).all()):
+        return [], None, float("nan"), None
+    ev = torch.linalg.eigvalsh(kc64).numpy()
+    sel = selected_indices(ev, d, order)
+    tol = resolution_tolerance(ev, kc64.shape[-1], solver_dtype, factor)
+    return eigen_groups(ev, sel, tol), ev, relative_eigengap(ev, sel), sel
+
+
 def head_solver_draws(
     rows: dict,
     ids: dict[str, np.ndarray],
@@ -266,28 +362,40 @@ def head_solver_draws(
     valid: torch.Tensor | None = None,
     nan_to_zero: bool = False,
     factor: float = RESOLUTION_FACTOR,
+    own_optimal: np.ndarray | None = None,
+    floor: RunningFloor | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Solver-variation draws and bounds of a chunk of heads (signs and rotations inside near-degenerate groups).
 
     Args:
         rows: :func:`kpca_repro.method.kpca.head_metrics`' ``rows``: ``v``, ``v_kpca`` (row-normalised),
             ``kc`` (centered Gram matrices, the solver's dtype), ``a`` (selected
-            eigenvectors in column order), ``inv_g`` (the diagonal of ``G``).
+            eigenvectors in column order), ``inv_g`` (the diagonal of ``G``) and, when
+            present, ``spectrum`` (every eigenvalue the solver returned: the screen of
+            :data:`SCREEN_FACTOR`).
         ids, seed, n_direct, n_optimal, token_max, valid, nan_to_zero: as
             :func:`kpca_repro.method.uncertainty.head_sign_draws` (the same sign patterns: stream 0
             direct, 1 matched; Haar rotations: streams 2 and 3).
         order: the eigenpair order of the selection (``abs_desc``, ``desc``, ``asc_top``).
         factor: ``c`` of :func:`resolution_tolerance`.
+        own_optimal, floor: for a table statistic that is a maximum over heads of the token-mean
+            matched cosine (Table 1's MOC): the heads' own values ``(heads,)`` and the
+            :class:`RunningFloor` shared by the job. A matched-cosine draw is then computed only
+            where :func:`assignment_upper_bound` (+ :data:`BOUND_MARGIN`) reaches the floor,
+            heads with the largest own values first; the others stay NaN (they can be no
+            replicate's maximum). Without ``floor`` every draw is computed (Table 4: means).
 
     Returns:
         ``(draws, columns)``: ``draws`` as :func:`kpca_repro.method.uncertainty.head_sign_draws` plus
-        :data:`BOUND_NAMES` (``(heads, n_direct)`` and ``(heads, 1)``, float32); ``columns``:
-        :data:`HEAD_COLUMNS` -> ``(heads,)`` arrays for the per-head records.
+        :data:`BOUND_NAMES` (``(heads, n_direct)`` and ``(heads, 1)``, float32) and, with
+        ``floor``, ``optimal_cos_mean_bound`` (``(heads, n_optimal)``: each draw's upper
+        bound); ``columns``: :data:`HEAD_COLUMNS` -> ``(heads,)`` arrays for the per-head records.
     """
     vn_all = rows["v"].detach().to("cpu", torch.float64)
     vkn_all = rows["v_kpca"].detach().to("cpu", torch.float64)
     kc_all, a_all = rows["kc"].detach().cpu(), rows["a"].detach().cpu()
     inv_g_all = rows["inv_g"].detach().to("cpu", torch.float64)
+    spectra = rows.get("spectrum")
     h, n_tok, dv = vn_all.shape
     d = a_all.shape[-1]
     solver_dtype = kc_all.dtype
@@ -301,25 +409,25 @@ def head_solver_draws(
     out["direct_cos_mean_own_upper"] = np.full((h, 1), np.nan)
     for name in RANGE_NAMES:
         out[name] = np.full((h, 1), np.nan)
+    if floor is not None:
+        out[BOUND_NAME] = np.full((h, n_optimal), np.nan)
     cols = {name: np.full(h, np.nan) for name in HEAD_COLUMNS}
     cols["solver_groups"] = np.zeros(h)
     cols["solver_group_max"] = np.ones(h)
     cols["solver_boundary_group"] = np.zeros(h, bool)
     eps = ROW_NORM_EPS
+    matched_confs: list[tuple[int, torch.Tensor]] = []  # (head, normalised configurations (R, N, d)) for the matched draws
+    conf32: dict[int, torch.Tensor] = {}  # the same in the rows' dtype, for the bounds
     for i in range(h):
-        gens = [head_generator(seed, ident["layer"][i], ident["sample_rank"][i], ident["dataset_index"][i], ident["head"][i], s) for s in range(4)]
-        s_direct, s_opt = sign_patterns(gens[0], n_direct, dv), sign_patterns(gens[1], n_optimal, dv)
+        checkpoint()
+        key = (seed, ident["layer"][i], ident["sample_rank"][i], ident["dataset_index"][i], ident["head"][i])
+        s_direct = sign_patterns(head_generator(*key, 0), n_direct, dv)
+        s_opt = sign_patterns(head_generator(*key, 1), n_optimal, dv) if n_optimal else np.empty((0, dv))
         vn, vkn = vn_all[i], vkn_all[i]
         own = float((vn * vkn).mean(-2).sum())
-        kc = kc_all[i].double().numpy()
-        groups: list[np.ndarray] = []
-        if np.isfinite(kc).all():
-            ev = torch.linalg.eigvalsh(torch.from_numpy(kc)).numpy()
-            sel = selected_indices(ev, d, order)
-            tol = resolution_tolerance(ev, kc.shape[-1], solver_dtype, factor)
-            groups = eigen_groups(ev, sel, tol)
-            cols["eigengap_min"][i] = relative_eigengap(ev, sel)
-        if not groups:  # today's sign treatment, the same numbers
+        groups, _, gap, sel = _head_groups(kc_all[i], None if spectra is None else spectra[i], d, order, solver_dtype, factor)
+        cols["eigengap_min"][i] = gap
+        if not groups:  # the sign treatment of kpca_repro.method.uncertainty, the same numbers
             t = direct_sign_statistics(vn[None], vkn[None], torch.from_numpy(s_direct)[None], token_max=token_max)
             out["direct_cos_mean"][i] = t["direct_cos_mean"][0].numpy()
             out["direct_cos_mean_lower"][i] = out["direct_cos_mean_upper"][i] = out["direct_cos_mean"][i]
@@ -329,9 +437,12 @@ def head_solver_draws(
             if token_max:
                 out["direct_cos_max"][i] = t["direct_cos_max"][0].numpy()
             if n_optimal:
-                o = optimal_sign_statistics(vn[None], vkn[None], torch.from_numpy(s_opt)[None], None if valid is None else valid[i : i + 1], nan_to_zero)
-                out["optimal_cos_mean"][i], out["optimal_cos_max"][i] = o["optimal_cos_mean"][0].numpy(), o["optimal_cos_max"][0].numpy()
+                matched_confs.append((i, vkn[None] * torch.from_numpy(s_opt)[:, None, :]))
+                if floor is not None:  # bounds from the float32 rows: no float64 product for a pruned draw
+                    conf32[i] = rows["v_kpca"][i].detach().cpu()[None] * torch.from_numpy(s_opt).to(rows["v_kpca"].dtype)[:, None, :]
             continue
+        gens = {stream: head_generator(*key, stream) for stream in (2, 3)}
+        kc = kc_all[i].double().numpy()
         a64 = a_all[i].double().numpy()
         bases = _group_bases(kc, a64, sel, groups)
         cols["solver_groups"][i] = len(groups)
@@ -360,10 +471,41 @@ def head_solver_draws(
         out["direct_cos_mean_range_lower"][i] = min(float(full_lo.min()), float(ofull_lo[0]) + min(delta, 0.0))
         out["direct_cos_mean_range_upper"][i] = max(float(full_hi.max()), float(ofull_hi[0]) + max(delta, 0.0))
         if n_optimal:
-            vkn_o = torch.from_numpy(normalised(_configurations(a64, s_opt[:, :d], bases, gens[3])))
-            sim = vn[None] @ vkn_o.transpose(-1, -2)
-            ok = None if valid is None else valid[i : i + 1].expand(n_optimal)
-            matched = assignment_similarities(sim, ok, nan_to_zero=nan_to_zero)
-            out["optimal_cos_mean"][i], out["optimal_cos_max"][i] = matched.mean(-1).numpy(), matched.amax(-1).numpy()
+            matched_confs.append((i, torch.from_numpy(normalised(_configurations(a64, s_opt[:, :d], bases, gens[3])))))
+    if floor is not None and own_optimal is not None:  # the heads most likely to set the floor first
+        key_of = {i: -own_optimal[i] if np.isfinite(own_optimal[i]) else np.inf for i, _ in matched_confs}
+        matched_confs.sort(key=lambda item: key_of[item[0]])
+    for i, conf in matched_confs:
+        vn = vn_all[i]
+        ok = None if valid is None else valid[i : i + 1].expand(n_optimal)
+        todo = np.ones(n_optimal, bool)
+        if floor is not None:
+            vn32 = rows["v"][i].detach().cpu().float()
+            c32 = conf32.get(i)
+            c32 = conf.float() if c32 is None else c32.float()
+            bound = assignment_upper_bound(vn32[None] @ c32.transpose(-1, -2)).double().numpy() + BOUND_MARGIN
+            out[BOUND_NAME][i] = bound
+            todo = ~(bound < floor.value)  # NaN bounds (a dropped head) are computed: their draws are NaN anyway
+        if todo.any():
+            sim = vn[None] @ conf[torch.from_numpy(todo)].transpose(-1, -2)
+            matched = assignment_similarities(sim, None if ok is None else ok[: int(todo.sum())], nan_to_zero=nan_to_zero)
+            out["optimal_cos_mean"][i, todo], out["optimal_cos_max"][i, todo] = matched.mean(-1).numpy(), matched.amax(-1).numpy()
+        if floor is not None and own_optimal is not None and todo.all():
+            floor.offer(float(np.min([own_optimal[i], *out["optimal_cos_mean"][i]])))
     draws = {k: np.asarray(x, dtype=np.float32) for k, x in out.items()}
     return draws, cols
+
+
+def prune_below_floor(draws: dict[str, np.ndarray], floor: float) -> dict[str, np.ndarray]:
+    """The matched-cosine draws whose upper bound lies below ``floor`` set to NaN (in place; returned).
+
+    After every chunk of a job: the final floor of :class:`RunningFloor` decides which draws a
+    table maximum can use, so the stored draws are the same whatever order the worker
+    threads computed them in (every draw with a bound at or above the final floor was
+    computed, because the floor only rises).
+    """
+    if BOUND_NAME in draws and np.isfinite(floor):
+        below = draws[BOUND_NAME] < floor
+        for name in ("optimal_cos_mean", "optimal_cos_max"):
+            draws[name][below] = np.nan
+    return draws

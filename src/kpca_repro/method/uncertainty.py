@@ -64,6 +64,9 @@ SIGN_DRAW_NAMES = ("direct_cos_mean", "direct_cos_max", "optimal_cos_mean", "opt
 OPTIONAL_DRAW_NAMES = ("direct_cos_mean_lower", "direct_cos_mean_upper", "direct_cos_mean_own_lower", "direct_cos_mean_own_upper")
 #: Optional per-head ranges (:data:`kpca_repro.method.solver_variation.RANGE_NAMES`), written and read when present.
 OPTIONAL_RANGE_NAMES = ("direct_cos_mean_range_lower", "direct_cos_mean_range_upper")
+#: Optional per-head upper bounds of the matched-cosine draws (Table 1, where a draw below the
+#: job's floor is NaN: :data:`kpca_repro.method.solver_variation.BOUND_NAME`).
+MATCHED_BOUND = "optimal_cos_mean_bound"
 #: Per-head ``m = mean_i P_i`` ``(heads, d)``: the direct token mean under signs ``sigma`` is
 #: ``m . sigma``, so the tables draw fresh patterns from it (exact, no stored-draw tails).
 MEAN_VECTOR = "direct_cos_mean_vector"
@@ -207,7 +210,7 @@ def write_sign_draws(path: str | os.PathLike, draws: dict[str, np.ndarray], attr
     import h5py
 
     with h5py.File(path, "w", track_order=False) as f:
-        for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *(n for n in (*OPTIONAL_DRAW_NAMES, *OPTIONAL_RANGE_NAMES) if n in draws)):
+        for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *(n for n in (*OPTIONAL_DRAW_NAMES, *OPTIONAL_RANGE_NAMES, MATCHED_BOUND) if n in draws)):
             f.create_dataset(name, data=np.asarray(draws[name], dtype=np.float32), track_times=False)
         for key, value in attrs.items():
             f.attrs[key] = value

@@ -45,9 +45,24 @@ def schema_error_message(config: dict, schema: dict, schema_name: str) -> str | 
         for e in err.context:
             branches.setdefault(e.schema_path[0], []).append(repr(e.message.split("'")[1]))
         what = f"config key {where}: set " + ", or ".join(f"{' and '.join(keys)}" if len(keys) < 4 else f"every key (missing: {', '.join(keys)})" for keys in branches.values())
+    elif err.validator == "oneOf" and err.context:
+        # alternatives of one value ('auto' or a positive integer): name them, not the schema
+        what = f"config key {where}: {err.instance!r} is not {' or '.join(_describe(b) for b in err.validator_value)}"
     else:
         what = f"config key {where or '(top level)'}: {err.message}"
     return f"{what}. Fix it in your --configfile / --config; every key, type and range is in {schema_name}."
+
+
+def _describe(branch: dict) -> str:
+    """A schema alternative in words: ``'auto'``, ``an integer >= 1``, ``one of 'a', 'b'``."""
+    if "const" in branch:
+        return repr(branch["const"])
+    if "enum" in branch:
+        return " or ".join(repr(x) for x in branch["enum"])
+    kind = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false"}.get(branch.get("type"), str(branch.get("type", "a value")))
+    if "minimum" in branch:
+        kind += f" >= {branch['minimum']}"
+    return kind
 
 
 def resolve_scales(scales: dict) -> dict:

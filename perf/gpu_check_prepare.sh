@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Gather what perf/gpu_check.sh needs on a GPU machine without network, into .gpucheck/ (git-ignored
+# through .git/info/exclude; nothing in it is committed): the real DeiT-Tiny weights and 100 images
+# (every 10th file of the 1000-image sample, one class folder each) laid out as a resources
+# directory, a copy of the authors' value_vectors.py, and the wheels of snakemake 9 and of its
+# dependencies that the GPU machines' image lacks (Python 3.12, manylinux; pulp left out: run with
+# --scheduler greedy). About 47 MB with the project's tree; the device tool carries at most 64 MB.
+#
+#   bash perf/gpu_check_prepare.sh PATH/TO/value_vectors.py [ASSETS]   # ASSETS: default ../shared/assets
+#
+# value_vectors.py: the authors' script (KarahanS/Reproduction-Study-KPCA, scripts/, commit 5379e4b).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+authors=${1:?usage: bash perf/gpu_check_prepare.sh PATH/TO/value_vectors.py [ASSETS]}
+assets=${2:-../shared/assets}
+G=.gpucheck
+grep -qx '/.gpucheck/' .git/info/exclude 2>/dev/null || echo '/.gpucheck/' >> .git/info/exclude
+rm -rf "$G" && mkdir -p "$G/assets/weights/timm" "$G/assets/images/val100" "$G/wheels"
+cp "$assets/weights/timm/deit_tiny_patch16_224.safetensors" "$G/assets/weights/timm/"
+ls "$assets/images/imagenet-sample" | sort | awk 'NR % 10 == 1' | while read -r f; do
+  mkdir -p "$G/assets/images/val100/${f%%_*}" && cp "$assets/images/imagenet-sample/$f" "$G/assets/images/val100/${f%%_*}/"
+done
+cp "$authors" "$G/value_vectors.py"
+# snakemake 9.27.1 and what the GPU image lacks (pip install --dry-run --report of snakemake, minus
+# the image's packages listed in the device tool's KINDS.md, minus pulp)
+pkgs="annotated-types==0.8.0 argparse-dataclass==2.0.0 conda-inject==1.3.2 configargparse==1.9.0 docutils==0.22.4
+dpath==2.2.0 fastjsonschema==2.22.3 gitdb==4.0.12 gitpython==3.2.1 greenlet==3.5.6 humanfriendly==10.0 immutables==0.21
+jsonschema==4.26.0 jsonschema-specifications==2025.9.1 jupyter-core==5.9.1 nbformat==5.11.1 platformdirs==4.14.8
+pydantic==2.14.4 pydantic-core==2.50.5 referencing==0.37.0 rpds-py==2026.9.1 smart-open==7.7.1 smmap==5.0.3
+snakemake==9.27.1 snakemake-interface-common==1.23.0 snakemake-interface-executor-plugins==9.4.0
+snakemake-interface-logger-plugins==2.1.0 snakemake-interface-report-plugins==1.3.0
+snakemake-interface-scheduler-plugins==2.0.2 snakemake-interface-storage-plugins==4.4.1 sqlalchemy==2.0.58
+sqlmodel==0.0.37 tenacity==9.2.1 throttler==1.2.3 traitlets==5.16.1 typing-inspection==0.4.5 yte==1.9.4"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$G/wheels" $pkgs
+python3 -m pip wheel -q --no-deps -w "$G/wheels" connection-pool==0.0.3   # an sdist only: built here, pure Python
+du -sh "$G" && git ls-files -z | xargs -0 du -cb | tail -1

@@ -1,0 +1,229 @@
+"""Where the KPCA engine runs each kind of work (kpca_repro.method.placement), and the job's core budget.
+
+These run on the CPU. The CUDA placement is tested as a decision (no CUDA call is made to
+decide it), and the GPU's batched solver call as what it is on the CPU: one ``eigh`` call
+for a whole block of heads (torch's, and JAX's where JAX is installed), against float64
+and against the per-matrix path, every column.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from kpca_repro.method import equations as method
+from kpca_repro.method import kpca
+from kpca_repro.method.placement import EIGENSOLVERS, Placement, batched_eigensolver, plan
+from kpca_repro.method.variant import get as get_variant
+from kpca_repro.threads import CoreBudget, checkpoint, gpu_resource, intra_op_threads, ordered_map
+
+CPU = torch.device("cpu")
+
+
+def test_plan_decides_where_each_kind_of_work_runs():
+    """The table of kpca_repro.method.placement, row by row, for a 2-core CPU job and a 16-core GPU job."""
+    cpu = plan("paper", device="cpu", cores=2, eigh_threads=2)
+    assert (cpu.device.type, cpu.eigh_device.type, cpu.eigh_batched, cpu.eigh_threads) == ("cpu", "cpu", False, 2)
+    assert cpu.per_head_products and cpu.solve_on_main and not cpu.streams
+    assert (cpu.workers, cpu.budget.cores) == (2, 2)
+    corrected = plan("corrected", device="cpu", cores=2, eigh_threads=2)
+    assert corrected.eigh_threads is None and not corrected.per_head_products and not corrected.solve_on_main and not corrected.eigh_batched
+    spectra = plan("paper", device="cpu", cores=2, eigh_threads=2, sign_invariant=True)
+    assert spectra.eigh_threads is None and not spectra.solve_on_main
+    # a GPU job: the paper variant's eigh where the authors' script calls it (torch on the CUDA
+    # tensor, batched), per-head products on the GPU, workers with their own streams
+    gpu = plan("paper", device="cuda", cores=16, eigh_threads="auto")
+    assert (gpu.device.type, gpu.eigh_device.type, gpu.eigh_batched, gpu.eigensolver) == ("cuda", "cuda", True, "torch")
+    assert gpu.eigh_threads is None and gpu.per_head_products and gpu.streams and not gpu.solve_on_main
+    assert (gpu.workers, gpu.budget.cores) == (16, 16)
+    # sign-invariant work takes the batched solver of kpca.gpu_eigensolver
+    for variant, invariant in (("corrected", False), ("paper", True)):
+        place = plan(variant, device="cuda", cores=16, gpu_eigensolver="torch", sign_invariant=invariant)
+        assert place.eigh_batched and place.eigensolver == "torch"
+    assert plan("corrected", device="cuda", gpu_eigensolver="jax").eigensolver == "jax"
+    assert "solved on the main thread" in cpu.describe() and "a CUDA stream per worker" in gpu.describe()
+    with pytest.raises(ValueError, match="kpca.gpu_eigensolver"):
+        batched_eigensolver("cusolver")
+    with pytest.raises(ValueError, match="at least 1 core"):
+        plan("paper", device="cpu", cores=0)
+
+
+def test_auto_solver_is_torch_from_2_12_and_jax_before():
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    expected = "torch" if (major, minor) >= (2, 12) else "jax"
+    assert batched_eigensolver("auto") == expected
+    assert set(EIGENSOLVERS) == {"torch", "jax"}
+
+
+def test_gpu_resource_follows_the_device(tmp_path):
+    """device: auto declares a GPU only where there is one (cached), cpu never, cuda always."""
+    assert gpu_resource("cpu", tmp_path) == 0
+    assert gpu_resource("cuda", tmp_path) == gpu_resource("cuda:1", tmp_path) == 1
+    assert gpu_resource("auto", tmp_path) == int(torch.cuda.is_available())
+    assert gpu_resource("auto", tmp_path) == int(torch.cuda.is_available())  # from the cache
+
+
+def test_core_budget_never_exceeds_two_cores():
+    """Two workers on a 2-core budget; one widens to 2 threads now and then: the cores in use,
+    counted at every segment between checkpoints, never exceed 2, and a widening worker waits
+    for milliseconds (the other's next checkpoint), not for the other's whole item."""
+    budget = CoreBudget(2)
+    lock, state = threading.Lock(), {"in_use": 0, "peak": 0, "waits": []}
+
+    def use(n, seconds):
+        with lock:
+            state["in_use"] += n
+            state["peak"] = max(state["peak"], state["in_use"])
+        time.sleep(seconds)
+        with lock:
+            state["in_use"] -= n
+
+    def item(i):
+        for step in range(10):
+            use(1, 0.002)
+            checkpoint()
+            if i % 2 == 0 and step == 5:
+                t = time.perf_counter()
+                with budget.widen(2):
+                    state["waits"].append(time.perf_counter() - t)
+                    use(2, 0.01)
+        return i
+
+    assert list(ordered_map(item, range(8), workers=2, budget=budget)) == list(range(8))
+    assert state["peak"] <= 2 and budget.peak == 2
+    assert max(state["waits"]) < 0.05  # well below an item (10 segments of 2 ms plus the widened 10 ms)
+
+
+def test_widening_beyond_the_budget_holds_the_whole_budget():
+    budget = CoreBudget(2)
+    with budget.hold():
+        with budget.widen(16):
+            assert budget.peak == 2
+        with budget.widen(None), budget.widen(1):
+            pass
+    assert budget._free == 2
+
+
+def test_a_two_core_job_solves_on_two_threads_and_compares_on_one(monkeypatch, tmp_path):
+    """The thread arithmetic of the paper variant's kpca_heads job on 2 cores: eigh (and the
+    per-head products) on the main thread with the authors' 2 threads while no worker runs,
+    the comparisons on 2 workers with 1 thread each; the records do not depend on it."""
+    from test_batching_and_sharding import _activation_file
+
+    from kpca_repro.method.records import kpca_records
+
+    path = _activation_file(tmp_path / "a.h5", n_images=4, n_heads=3, n_layers=2)
+    place = plan("paper", device="cpu", cores=2, eigh_threads=2)
+    seen, real_eigh = [], torch.linalg.eigh
+
+    def eigh(m, *a, **k):
+        seen.append((threading.current_thread() is threading.main_thread(), torch.get_num_threads(), place.budget.cores - place.budget._free))
+        return real_eigh(m, *a, **k)
+
+    monkeypatch.setattr(torch.linalg, "eigh", eigh)
+    with intra_op_threads(1):
+        records, meta = kpca_records(path, "paper", placement=place, heads_per_chunk=4, progress=False)
+    monkeypatch.setattr(torch.linalg, "eigh", real_eigh)
+    assert seen and all(main and threads == 2 and held == 2 for main, threads, held in seen)
+    assert place.budget.peak == 2 and meta["eigh_threads"] == 2
+    with intra_op_threads(1):
+        alone, _ = kpca_records(path, "paper", placement=plan("paper", device="cpu", cores=1, eigh_threads=2), heads_per_chunk=24, progress=False)
+    np.testing.assert_array_equal(records.select_dtypes("number").to_numpy(), alone.select_dtypes("number").to_numpy())
+
+
+def _separated_heads(n_heads=6, n=40, d=8, seed=0):
+    """Keys and values whose centered Gram spectra are well separated (no eigenvalue within 1e-3 of another among the top d + 1)."""
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(n_heads, n, d, generator=g, dtype=torch.float64) * 0.5
+    v = torch.randn(n_heads, n, d, generator=g, dtype=torch.float64)
+    ev = torch.linalg.eigvalsh(kpca.centered_gram(k, "corrected"))
+    top = ev.abs().sort(-1, descending=True).values[:, : d + 1]
+    gaps = (top[:, :-1] - top[:, 1:]) / top[:, :1]
+    assert float(gaps.min()) > 1e-3, "test data without separated eigenvalues"
+    return k, v
+
+
+@pytest.mark.parametrize("solver", ["torch", "jax"])
+def test_batched_solver_against_float64(solver):
+    """The GPU's call (one batched eigh of a block) on the CPU: eigenvalues within 1e-5 of
+    float64 (relative to ||K||), eigenvectors spanning the same lines; non-finite matrices kept
+    from the solver."""
+    if solver == "jax":
+        pytest.importorskip("jax", reason="the gpu and test extras install JAX")
+    k, _ = _separated_heads()
+    kc64 = kpca.centered_gram(k, "corrected")
+    kc = torch.cat([kc64.float(), torch.full((1, *kc64.shape[1:]), float("nan"))])
+    batched = Placement(CPU, CPU, eigh_batched=True, eigensolver=solver)
+    evals, a, finite = kpca.eigenpairs(kc, 8, "abs_desc", placement=batched)
+    want, want_a, _ = kpca.eigenpairs(kc64, 8, "abs_desc")
+    assert finite.tolist() == [True] * 6 + [False] and torch.isnan(evals[-1]).all() and torch.isnan(a[-1]).all()
+    scale = want.abs().amax(-1, keepdim=True)
+    assert float(((evals[:-1].double() - want) / scale).abs().max()) < 1e-5
+    cos = (a[:-1].double() * want_a).sum(-2).abs()
+    assert float((1 - cos).abs().max()) < 1e-4
+
+
+@pytest.mark.parametrize("solver", ["torch", "jax"])
+@pytest.mark.parametrize("variant", ["paper", "corrected"])
+def test_batched_path_gives_every_column_of_the_per_matrix_path(variant, solver):
+    """head_metrics through the batched solver against the per-matrix path, every column:
+    the corrected variant (signs fixed) within 1e-9; the paper variant with the batched
+    eigenvectors' signs aligned to the per-matrix ones (a solver may return either sign,
+    docs/uncertainty.md) within 1e-6 for torch's batched LAPACK call, RBF CKA within 5e-6, and
+    within 1e-5 for JAX's float32 solver (another algorithm: eigenvectors that round
+    differently, 1.0e-6 apart in a token's cosine here); the flags equal."""
+    if solver == "jax":
+        pytest.importorskip("jax", reason="the gpu and test extras install JAX")
+    var = get_variant(variant)
+    k, v = _separated_heads()
+    if variant == "paper":
+        k, v = k.float(), v.float()
+    base = torch.randn(v.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64) if var.baselines else None
+    per_matrix = Placement.local("cpu", per_head_products=var.authors_threads)
+    batched = Placement(CPU, CPU, eigh_batched=True, eigensolver=solver, per_head_products=var.authors_threads)
+    ref = kpca.head_metrics(k, v, variant, placement=per_matrix, baseline=base)
+    solved = kpca.solve_heads(k, v.shape[-1], var, batched, var.order, 0.0)
+    if variant == "paper":
+        ref_solved = kpca.solve_heads(k, v.shape[-1], var, per_matrix, var.order, 0.0)
+        flip = torch.sign((solved["a"] * ref_solved["a"]).sum(-2, keepdim=True))
+        a = solved["a"] * flip
+        vk = method.v_kpca(a, solved["inv_g"])
+        solved = {**solved, "a": a, "vk": vk, "vk_true": vk}
+    got = kpca.head_metrics(k, v, variant, placement=batched, baseline=base, solved=solved)
+    assert got.keys() == ref.keys()
+    for name in ref:
+        if ref[name].dtype == bool:
+            np.testing.assert_array_equal(got[name], ref[name], err_msg=name)
+            continue
+        tol = 1e-9 if variant == "corrected" else 1e-5 if solver == "jax" else 5e-6 if name == "rbf_cka" else 1e-6
+        np.testing.assert_allclose(got[name], ref[name], rtol=0, atol=tol, err_msg=name)
+
+
+def test_a_sign_flip_is_caught_by_every_column_comparison():
+    """The comparison above has teeth: negating the eigenvectors moves the direct cosines
+    (the columns a CKA-only comparison let pass)."""
+    var = get_variant("paper")
+    k, v = (x.float() for x in _separated_heads())
+    place = Placement.local("cpu", per_head_products=True)
+    ref = kpca.head_metrics(k, v, "paper", placement=place)
+    solved = kpca.solve_heads(k, v.shape[-1], var, place, var.order, 0.0)
+    vk = method.v_kpca(-solved["a"], solved["inv_g"])
+    flipped = kpca.head_metrics(k, v, "paper", placement=place, solved={**solved, "a": -solved["a"], "vk": vk, "vk_true": vk})
+    np.testing.assert_allclose(flipped["linear_cka"], ref["linear_cka"], rtol=0, atol=1e-6)
+    assert np.abs(flipped["direct_cos_mean"] - ref["direct_cos_mean"]).max() > 1e-3
+
+
+def test_solved_heads_equal_the_ones_head_metrics_solves():
+    """head_metrics(solved=solve_heads(...)) is head_metrics itself (what the job does: solve on the main thread, compare on the workers)."""
+    var = get_variant("paper")
+    k, v = (x.float() for x in _separated_heads(n_heads=11))
+    place = dataclasses.replace(Placement.local("cpu", per_head_products=True))
+    ref = kpca.head_metrics(k, v, "paper", placement=place)
+    got = kpca.head_metrics(k, v, "paper", placement=place, solved=kpca.solve_heads(k, v.shape[-1], var, place, var.order, 0.0))
+    for name in ref:
+        np.testing.assert_array_equal(got[name], ref[name], err_msg=name)
