@@ -96,12 +96,12 @@ def prepare_authors(script: Path, work: Path, weights: Path, images: Path, model
     return work
 
 
-def run_authors(work: Path) -> dict:
-    """The authors' script in ``work``, with torch's default threads (no thread variables), timed."""
+def run_authors(work: Path, python: str = sys.executable) -> dict:
+    """The authors' script in ``work`` with ``python``, with torch's default threads (no thread variables), timed."""
     shutil.rmtree(work / "value_vectors_outputs", ignore_errors=True)
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "value_vectors.py"], cwd=work, capture_output=True, text=True, env=env)
+    proc = subprocess.run([python, "value_vectors.py"], cwd=work, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     if proc.returncode != 0 or "Analysis completed" not in proc.stdout:
         raise RuntimeError(f"the authors' script failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -174,6 +174,7 @@ def main(argv=None) -> None:
     ap.add_argument("--device", default=None, help="the chain's config key device (default: the configuration's)")
     ap.add_argument("--targets", nargs="+", default=["results/table1.csv"])
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--authors-python", default=sys.executable, help="the interpreter of the authors' script (it imports seaborn and torchvision)")
     ap.add_argument("--skip-authors", action="store_true", help="time the chain only (and join with --authors-stats if given)")
     ap.add_argument("--authors-stats", type=Path, help="with --skip-authors: an earlier run's head_level_stats.csv for the per-head join")
     ap.add_argument("--snakemake-args", nargs="*", default=[], help="e.g. --scheduler greedy")
@@ -208,7 +209,7 @@ def main(argv=None) -> None:
     a = {"seconds": float("nan"), "stats": str(args.authors_stats) if args.authors_stats else None}
     for r in range(args.repeats):
         if not args.skip_authors:
-            a = run_authors(authors_dir)
+            a = run_authors(authors_dir, args.authors_python)
         c = run_chain(configs, extra, args.cores, args.targets, work / "chain", args.snakemake_args)
         runs.append({"authors_seconds": a["seconds"], "chain_seconds": c["seconds"], "chain_jobs": c["jobs"], "snakemake_itself": c["snakemake_itself"]})
         print(json.dumps({"repeat": r + 1, "authors_s": round(a["seconds"], 1), "chain_s": round(c["seconds"], 1), "ratio": round(a["seconds"] / c["seconds"], 2)}), flush=True)

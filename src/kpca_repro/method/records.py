@@ -98,11 +98,16 @@ def _head_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str | Va
         )
 
 
-def layer_chunks(af: ActivationFile, layers: Sequence[int], heads_per_chunk: int, names: tuple[str, ...] = ("k", "v")) -> Iterator[tuple[int, np.ndarray, dict[str, torch.Tensor]]]:
+def layer_chunks(
+    af: ActivationFile, layers: Sequence[int], heads_per_chunk: int, names: tuple[str, ...] = ("k", "v"), interleave: bool = False
+) -> Iterator[tuple[int, np.ndarray, dict[str, torch.Tensor]]]:
     """Stream an activation file as chunks of at most ``max(heads_per_chunk, H)`` heads.
 
     Reads each layer in blocks of ``max(1, heads_per_chunk // H)`` images, so host memory
-    depends on the chunk size, not on the number of images in the file.
+    depends on the chunk size, not on the number of images in the file. Layer by layer, or
+    with ``interleave`` each block of images through every layer in turn (every layer early:
+    Table 1's floor of the matched-cosine draws, :class:`~kpca_repro.method.solver_variation.RunningFloor`,
+    rises with the layers that hold the largest values, wherever they are).
 
     Yields:
         ``(layer, flat, tensors)``: the chunk's flat head indices ``image * H + head`` within
@@ -110,15 +115,17 @@ def layer_chunks(af: ActivationFile, layers: Sequence[int], heads_per_chunk: int
     """
     n_img, n_heads = len(af.sample_rank), int(af.attrs["n_heads"])
     per_read = max(1, heads_per_chunk // n_heads)
-    for layer in layers:
-        for i0 in range(0, n_img, per_read):
-            i1 = min(i0 + per_read, n_img)
-            t = af.read(layer, names, images=slice(i0, i1))
-            flat_t = {name: torch.from_numpy(a).reshape(-1, *a.shape[2:]) for name, a in t.items()}
-            heads = (i1 - i0) * n_heads
-            for lo in range(0, heads, heads_per_chunk):
-                hi = min(lo + heads_per_chunk, heads)
-                yield layer, np.arange(i0 * n_heads + lo, i0 * n_heads + hi), {name: x[lo:hi] for name, x in flat_t.items()}
+    blocks = [(layer, i0) for layer in layers for i0 in range(0, n_img, per_read)]
+    if interleave:
+        blocks.sort(key=lambda b: (b[1], list(layers).index(b[0])))
+    for layer, i0 in blocks:
+        i1 = min(i0 + per_read, n_img)
+        t = af.read(layer, names, images=slice(i0, i1))
+        flat_t = {name: torch.from_numpy(a).reshape(-1, *a.shape[2:]) for name, a in t.items()}
+        heads = (i1 - i0) * n_heads
+        for lo in range(0, heads, heads_per_chunk):
+            hi = min(lo + heads_per_chunk, heads)
+            yield layer, np.arange(i0 * n_heads + lo, i0 * n_heads + hi), {name: x[lo:hi] for name, x in flat_t.items()}
 
 
 def chunk_records(
@@ -241,7 +248,6 @@ def kpca_records(
     variant = get_variant(variant)
     if placement is None:
         placement = plan(variant, device=device, cores=workers, eigh_threads=eigh_threads)
-    frames = []
     with ActivationFile(activations) as af:
         model_id = str(af.attrs["model_id"])
         n_in, n_heads = len(af.sample_rank), int(af.attrs["n_heads"])
@@ -250,47 +256,53 @@ def kpca_records(
         options = variant.text_options if text else {}
         layer_list = list(layers if layers is not None else range(af.n_layers))
 
+        # Table 1 takes the maximum over heads: draws below the floor cannot matter (Table 4 takes means)
+        floor = RunningFloor() if sign_draws and sign_draws[1] and not text and prune_matched_draws else None
+
         def chunks():
-            """``(layer, k, v, sample_rank, dataset_index, head, baseline or None)`` per chunk."""
+            """``(position, (layer, k, v, sample_rank, dataset_index, head, baseline or None))`` per chunk;
+            ``position`` orders the records (layer by layer) whatever order the chunks come in."""
             if not text:
-                for layer, flat, t in layer_chunks(af, layer_list, heads_per_chunk):
+                for layer, flat, t in layer_chunks(af, layer_list, heads_per_chunk, interleave=floor is not None):
                     images = flat // n_heads
                     base = None
                     if variant.baselines:
                         noise = {int(i): baseline_noise(seed, af.dataset_index[i], layer, (n_heads, *t["v"].shape[1:])) for i in np.unique(images)}
                         base = torch.stack([noise[int(f // n_heads)][f % n_heads] for f in flat])
-                    yield layer, t["k"], t["v"], af.sample_rank[images], af.dataset_index[images], flat % n_heads, base
+                    yield (layer_list.index(layer), int(flat[0])), (layer, t["k"], t["v"], af.sample_rank[images], af.dataset_index[images], flat % n_heads, base)
                 return
+            position = 0
             for layer in layer_list:
                 t = af.read(layer, ("k", "v"))
                 for k, v, ranks, index, head, base in _head_groups(af, t, variant, layer, seed, transposed):
                     for lo in range(0, k.shape[0], heads_per_chunk):
                         hi = min(lo + heads_per_chunk, k.shape[0])
-                        yield layer, k[lo:hi], v[lo:hi], ranks[lo:hi], index[lo:hi], head[lo:hi], base[lo:hi] if base is not None else None
+                        position += 1
+                        yield (position,), (layer, k[lo:hi], v[lo:hi], ranks[lo:hi], index[lo:hi], head[lo:hi], base[lo:hi] if base is not None else None)
 
         caller_threads = torch.get_num_threads()
-        # Table 1 takes the maximum over heads: draws below the floor cannot matter (Table 4 takes means)
-        floor = RunningFloor() if sign_draws and sign_draws[1] and not text and prune_matched_draws else None
 
-        def work(chunk):
-            *chunk, solved = chunk
-            return chunk_records(*chunk, variant=variant, placement=placement, options=options, sign_draws=sign_draws, seed=seed, text=text, floor=floor, solved=solved)
+        def work(item):
+            position, chunk, solved = item
+            return position, *chunk_records(*chunk, variant=variant, placement=placement, options=options, sign_draws=sign_draws, seed=seed, text=text, floor=floor, solved=solved)
 
         def solved_chunks():
-            """The chunks, each solved here on the main thread where the placement says (then compared on the workers)."""
-            for chunk in chunks():
+            """``(position, chunk, solved)``: each chunk solved here on the main thread where the placement says (then compared on the workers)."""
+            for position, chunk in chunks():
                 solved = None
                 if placement.solve_on_main and variant.gram == "exp":
                     solved = solve_heads(chunk[1].to(placement.device), chunk[2].shape[-1], variant, placement, options.get("order") or variant.order, options.get("g_eps", 0.0))
-                yield (*chunk, solved)
+                yield position, chunk, solved
 
         total = (af.attention_mask.shape[1] if transposed else n_in) * n_heads * len(layer_list)
         with progress_bar(total=total, desc=f"kpca {variant.name} {model_id}", unit="head", disable=not progress, mininterval=5) as bar:
-            draw_parts = []
-            for draws, frame in ordered_map(work, solved_chunks(), workers=placement.workers, budget=placement.budget):
-                frames.append(frame)
-                draw_parts.append(draws)
+            parts = []
+            for position, draws, frame in ordered_map(work, solved_chunks(), workers=placement.workers, budget=placement.budget):
+                parts.append((position, draws, frame))
                 bar.update(len(frame))
+        parts.sort(key=lambda part: part[0])
+        frames = [frame for _, _, frame in parts]
+        draw_parts = [draws for _, draws, _ in parts]
         meta = {
             "model_id": model_id,
             "weights_sha256": str(af.attrs["weights_sha256"]),

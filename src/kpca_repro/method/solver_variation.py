@@ -238,6 +238,23 @@ def _configurations(a64: np.ndarray, signs: np.ndarray, groups: list[dict], gen:
     return out
 
 
+def _rotated_rows(own: np.ndarray, signs: np.ndarray, groups: list[dict], gen: np.random.Generator) -> np.ndarray:
+    """The row-normalised V_KPCA ``(R, N, d_v)`` of :func:`_configurations`' draws when no group straddles the selection boundary.
+
+    A rotation ``Q`` of a group's columns of ``A`` inside the selection rotates the same columns
+    of V_KPCA (Eq. 5 is linear in ``A``) and keeps every row's norm, so the solver's own
+    normalised rows ``own`` ``(N, d_v)`` are transformed directly: columns outside groups
+    times ``signs``, a group's columns times the same Haar draw :func:`_configurations` takes
+    (the generator is consumed in the same order). No V_KPCA is rebuilt.
+    """
+    out = own[None] * signs[:, None, : own.shape[-1]]
+    for grp in groups:
+        cols = grp["cols"]
+        q = haar_orthogonal(gen, grp["basis"].shape[1], signs.shape[0], k=len(cols))
+        out[:, :, cols] = np.einsum("nm,rmk->rnk", own[:, cols], q)
+    return out
+
+
 def _bounded_direct_means(vn: np.ndarray, vkn: np.ndarray, groups: list[dict]) -> tuple[np.ndarray, ...]:
     """Token means of the direct cosine ``(R,)``, their exact bounds over rotations of the groups inside the
     selection (signs kept), and their exact bounds over those rotations *and* every sign outside groups.
@@ -458,12 +475,16 @@ def head_solver_draws(
 
         n_rot = min(n_direct, ROTATION_DRAWS)
         reps = np.arange(n_direct) % max(n_rot, 1)
-        vkn_r = normalised(_configurations(a64, s_direct[:n_rot, :d], bases, gens[2]))
+        own_conf = normalised(a64[None].copy())
+        interior = not cols["solver_boundary_group"][i]
+        if interior:  # rotations inside the selection keep the row norms: no V_KPCA to rebuild
+            vkn_r = _rotated_rows(own_conf[0], s_direct[:n_rot], bases, gens[2])
+        else:
+            vkn_r = normalised(_configurations(a64, s_direct[:n_rot, :d], bases, gens[2]))
         value, lo, hi, full_lo, full_hi = _bounded_direct_means(vn.numpy(), vkn_r, bases)
         out["direct_cos_mean"][i], out["direct_cos_mean_lower"][i], out["direct_cos_mean_upper"][i] = value[reps], lo[reps], hi[reps]
         if token_max:
             out["direct_cos_max"][i] = (vn.numpy()[None] * vkn_r).sum(-1).max(-1)[reps]
-        own_conf = normalised(a64[None].copy())
         # the solver's own configuration: its value is the point estimate; bounds over interior groups
         _, olo, ohi, ofull_lo, ofull_hi = _bounded_direct_means(vn.numpy(), own_conf, bases)
         delta = own - float((vn.numpy() * own_conf[0]).sum(-1).mean())  # float32 point estimate vs float64 rebuild
@@ -471,7 +492,8 @@ def head_solver_draws(
         out["direct_cos_mean_range_lower"][i] = min(float(full_lo.min()), float(ofull_lo[0]) + min(delta, 0.0))
         out["direct_cos_mean_range_upper"][i] = max(float(full_hi.max()), float(ofull_hi[0]) + max(delta, 0.0))
         if n_optimal:
-            matched_confs.append((i, torch.from_numpy(normalised(_configurations(a64, s_opt[:, :d], bases, gens[3])))))
+            conf = _rotated_rows(own_conf[0], s_opt, bases, gens[3]) if interior else normalised(_configurations(a64, s_opt[:, :d], bases, gens[3]))
+            matched_confs.append((i, torch.from_numpy(conf)))
     if floor is not None and own_optimal is not None:  # the heads most likely to set the floor first
         key_of = {i: -own_optimal[i] if np.isfinite(own_optimal[i]) else np.inf for i, _ in matched_confs}
         matched_confs.sort(key=lambda item: key_of[item[0]])
