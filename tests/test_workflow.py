@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 
@@ -83,6 +84,21 @@ def test_table1_from_tiny_models(tiny_run, tiny_resources):
     assert table.loc[0, "MOC"] == pytest.approx(first["optimal_cos_mean"].max())
     assert table.loc[0, "LCKA"] == pytest.approx(first["linear_cka"].mean())
     assert sorted(first["sample_rank"].unique()) == [0, 1, 2, 3]
+
+
+def test_device_auto_without_a_gpu_runs_models_side_by_side(tiny_run):
+    """``device: auto`` (the default) declares the ``gpu`` resource only where there is a GPU: on
+    this CPU machine the extraction jobs of the two tiny models (one core each) run at once on
+    the two cores, which the default profile's ``gpu=1`` would have serialised."""
+    import torch
+
+    out = tiny_run[2].stdout + tiny_run[2].stderr
+    running = peak = 0
+    for start, end in re.findall(r"^\s*(?:local)?rule (\w+):|Finished jobid: \d+ \(Rule: (\w+)\)", out, re.M):
+        running += (start == "extract_vision") - (end == "extract_vision")
+        peak = max(peak, running)
+    assert "gpu=1" not in out or torch.cuda.is_available()
+    assert peak >= 2 or torch.cuda.is_available(), out[-3000:]
 
 
 def test_corrected_table_from_tiny_models(tiny_run):
