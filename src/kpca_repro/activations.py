@@ -368,13 +368,10 @@ def check_user_config(config: dict) -> None:
     """The checks of ``activations:`` a schema cannot express, at parse time (no file is opened).
 
     Raises:
-        ValueError: no vision model at all (``vision.models`` empty and no entry of kind
-            vision), a name that is not a model id (letters, digits, ``_ . -``, at most one
+        ValueError: a name that is not a model id (letters, digits, ``_ . -``, at most one
             ``/``), a name also in ``vision.models`` / ``text.models``, or a missing file; the
             message names the config key and the fix.
     """
-    if not config["vision"]["models"] and not any(e["kind"] == "vision" for e in config.get("activations", {}).values()):
-        raise ValueError("config key vision.models: [] should be non-empty, or activations: should have an entry of kind vision (Tables 1-3 need a model; docs/activations.md)")
     for name, entry in config.get("activations", {}).items():
         key = f"config key activations.{name}"
         if not _NAME.match(name) or "--" in name:

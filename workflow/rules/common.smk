@@ -17,7 +17,7 @@ from kpca_repro.threads import gpu_resource, record_torch_default_threads
 from kpca_repro.training.summary import scale_setting, scale_tokens
 from kpca_repro.workflow import config_checks, paths
 from kpca_repro.workflow.config_checks import ConfigError, run_model_scale
-from kpca_repro.workflow.paths import default_target, model_id_from_slug, model_slug
+from kpca_repro.workflow.paths import default_target, has_vision, model_id_from_slug, model_slug
 from kpca_repro.workflow.preflight import FASHION_MNIST_FILES, ModelCost, Preflight, text_model_shape
 
 # libgomp's idle threads spin before they sleep, so jobs sharing cores burn each other's time

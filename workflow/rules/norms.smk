@@ -70,7 +70,7 @@ rule norms_text:
         "../scripts/norm_stats.py"
 
 
-default_target("results/figure2{suffix}.pdf")
+default_target("results/figure2{suffix}.pdf", when=has_vision)
 
 
 rule figure2:

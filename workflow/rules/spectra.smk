@@ -27,7 +27,7 @@ rule eigenvalues_vision:
         "../scripts/eigenvalues_vision.py"
 
 
-default_target("results/table2{suffix}.csv", "results/table3{suffix}.csv", report=True)
+default_target("results/table2{suffix}.csv", "results/table3{suffix}.csv", report=True, when=has_vision)
 
 
 rule table_spectra:
@@ -90,7 +90,7 @@ rule gamma_vision:
         "../scripts/gamma_vision.py"
 
 
-default_target("results/figure3{suffix}.pdf")
+default_target("results/figure3{suffix}.pdf", when=has_vision)
 
 
 rule figure3:

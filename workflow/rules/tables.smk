@@ -3,7 +3,7 @@
 # Only the paper variant reads the sign draws and computes intervals (docs/uncertainty.md).
 
 
-default_target("results/table1{suffix}.csv", "results/table1{suffix}.md", report=True)
+default_target("results/table1{suffix}.csv", "results/table1{suffix}.md", report=True, when=has_vision)
 
 
 rule table1:

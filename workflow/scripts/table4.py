@@ -1,6 +1,6 @@
 """Rule table4 (paper and corrected variant): aggregate per-head records of the language models into Table 4 (CSV + Markdown)."""
 
-from kpca_repro.analysis.tables import TEXT_CORRECTED_METRICS, corrected_markdown, label_stand_ins, label_user_rows, markdown_table, read_head_records, table4_paper, table_corrected
+from kpca_repro.analysis.tables import TEXT_CORRECTED_METRICS, corrected_markdown, label_stand_ins, label_user_rows, paper_markdown, read_head_records, table4_paper, table_corrected
 from kpca_repro.h5io import atomic_output
 from kpca_repro.method.uncertainty import read_sign_draws
 from kpca_repro.method.variant import get as get_variant
@@ -14,7 +14,7 @@ if get_variant(smk.params.variant).tables == "paper":
     table = table4_paper(heads, meta, read_sign_draws(smk.input.signs), dict(smk.params.uncertainty))
     table = label_stand_ins(table, smk.params.stand_ins)  # docs/hub_fixture.md
     table = label_user_rows(table, smk.params.user_models)  # docs/activations.md
-    markdown = markdown_table(table.drop(columns=["weights_sha256"]), floatfmt=".3f")
+    markdown = paper_markdown(table, "hf_id")
 else:
     table = table_corrected(heads, meta, TEXT_CORRECTED_METRICS, id_column="hf_id", count_key="n_sentences")
     table = label_stand_ins(table, smk.params.stand_ins)

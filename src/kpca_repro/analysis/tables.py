@@ -22,6 +22,8 @@ __all__ = [
     "TEXT_CORRECTED_METRICS",
     "table_corrected",
     "corrected_markdown",
+    "PAPER_COLUMNS",
+    "paper_markdown",
     "markdown_table",
     "CORRECTED_METRICS",
     "spectrum_statistics",
@@ -580,6 +582,33 @@ def markdown_table(frame: pd.DataFrame, **kwargs) -> str:
         if not pd.api.types.is_numeric_dtype(escaped[col]):
             escaped[col] = escaped[col].map(_escape_pipes)
     return escaped.to_markdown(index=False, **kwargs) + "\n"
+
+
+#: The paper's four columns of Tables 1 and 4, in its order.
+PAPER_COLUMNS = ("MDC", "MOC", "LCKA", "KCKA")
+
+
+def paper_markdown(table: pd.DataFrame, id_column: str) -> str:
+    """Markdown of Table 1 or 4, paper variant: the paper's four columns, each ``value [lower, upper]``.
+
+    The interval is the combined one for MDC and MOC (sampling and solver variation) and the
+    bootstrap for LCKA and KCKA (docs/uncertainty.md, section 3); a cell without an interval
+    shows the value alone. Every other column (solver intervals, deciding head, counts,
+    settings) stays in the CSV. Ends with a note on what the intervals are.
+    """
+    rows = []
+    for _, r in table.iterrows():
+        cells = {"model": r["model"], id_column: r[id_column]}
+        for name in PAPER_COLUMNS:
+            lo, hi = r.get(f"{name}_lower"), r.get(f"{name}_upper")
+            interval = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None and np.isfinite(lo) and np.isfinite(hi) else ""
+            cells[name] = f"{r[name]:.3f}{interval}" if np.isfinite(r[name]) else "NaN"
+        rows.append(cells)
+    note = (
+        "\nIn brackets: for MDC and MOC the interval of sampling and solver variation together, for LCKA and KCKA "
+        "the bootstrap over the inputs (docs/uncertainty.md); the CSV beside this file has every other column.\n"
+    )
+    return markdown_table(pd.DataFrame(rows, columns=["model", id_column, *PAPER_COLUMNS])) + note
 
 
 def corrected_markdown(table: pd.DataFrame, metrics: tuple = CORRECTED_METRICS) -> str:

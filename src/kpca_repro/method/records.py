@@ -7,6 +7,7 @@ Rule scripts call these; tests call them too. The mathematics itself lives in
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Sequence
 
@@ -23,7 +24,21 @@ from kpca_repro.method.variant import Variant
 from kpca_repro.method.variant import get as get_variant
 from kpca_repro.threads import device_stream, ordered_map
 
-__all__ = ["kpca_records", "baseline_noise", "eigenvalue_records", "gamma_records", "layer_chunks"]
+__all__ = ["kpca_records", "baseline_noise", "eigenvalue_records", "gamma_records", "layer_chunks", "clamp_components"]
+
+_LOG = logging.getLogger("kpca_repro.records")
+
+
+def clamp_components(n_components: int, n_tokens: int, key: str) -> int:
+    """``n_components`` eigenpairs, or all ``n_tokens`` of them when fewer exist (logged: the config key, both numbers).
+
+    A head of ``N`` tokens has ``N`` eigenvalues: Tables 2-3 and Figure 3 of a model with
+    fewer tokens than ``spectra.n_components`` / ``figure3.n_components`` keep all ``N``.
+    """
+    if n_components <= n_tokens:
+        return n_components
+    _LOG.warning("config key %s is %d but the heads have %d tokens, so %d eigenpairs: keeping all %d", key, n_components, n_tokens, n_tokens, n_tokens)
+    return n_tokens
 
 
 def baseline_noise(seed: int, dataset_index: int, layer: int, shape: tuple[int, ...]) -> torch.Tensor:
@@ -358,6 +373,7 @@ def eigenvalue_records(
         placement = plan(variant, device=device, cores=workers, eigh_threads=None, sign_invariant=True)
     with ActivationFile(activations) as af:
         n_heads = int(af.attrs["n_heads"])
+        n_components = clamp_components(n_components, int(af.read(0, ("k",), images=slice(0, 1))["k"].shape[-2]), "spectra.n_components")
 
         def work(chunk):
             layer, flat, t = chunk
@@ -405,7 +421,8 @@ def gamma_records(
         standardize: standardize each key vector before the Gram matrix (``figure3.standardize``).
         noise: standard deviation of the eigenvector perturbation (``figure3.noise``).
         seed: seed of the CPU ``torch.Generator`` of the perturbation.
-        n_components: number of eigenvectors tested per head (``figure3.n_components``), at most ``N``.
+        n_components: number of eigenvectors tested per head (``figure3.n_components``); all ``N``
+            when a head has fewer tokens (:func:`clamp_components`).
         placement: where the Gram matrices and eigenpairs are computed (default:
             ``plan(variant, device=device, sign_invariant=True)``, the batched solver on a GPU).
         device: used when ``placement`` is None.
@@ -425,6 +442,7 @@ def gamma_records(
         k = torch.from_numpy(af.read(layer, ("k",))["k"])
         ranks = af.sample_rank
     n_img, n_heads = k.shape[:2]
+    n_components = clamp_components(n_components, int(k.shape[-2]), "figure3.n_components")
     if placement is None:
         placement = plan(variant, device=device, eigh_threads=None, sign_invariant=True)
     result = gamma_test(k.reshape(-1, *k.shape[2:]).to(placement.device), n_components, variant, standardize, noise, torch.Generator().manual_seed(seed), placement=placement)

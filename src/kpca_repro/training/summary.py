@@ -57,6 +57,25 @@ AUTHORS_SETTING = "ImageNet-1k, 224x224 in 16x16 patches: 197 tokens, 12 blocks,
 _DATASETS = {"fashion_mnist": "Fashion-MNIST", "imagenet": "ImageNet-1k"}
 
 
+#: Minutes of one run of the ``medium`` scale (Fashion-MNIST, 3,072 images, 10 epochs, 197 tokens)
+#: on 2 cores: 36-41 min measured (docs/training.md); the base of :func:`estimated_minutes`.
+MEDIUM_RUN_MINUTES = 38.5
+
+
+def estimated_minutes(scale: dict, threads: int) -> float | None:
+    """A rough wall-time estimate of one training run of ``scale`` on ``threads`` CPU threads.
+
+    Proportional to images x epochs x tokens from the ``medium`` scale's measured runs
+    (:data:`MEDIUM_RUN_MINUTES` on 2 cores; the 17-token runs took 2-5 min, about as the
+    proportion says) and to ``2 / threads``. None for ImageNet (the authors' recipe, days on a
+    GPU, not estimated here).
+    """
+    if scale.get("dataset") != "fashion_mnist" or not scale.get("n_train"):
+        return None
+    work = scale["n_train"] * scale["epochs"] * scale_tokens(scale) / (3072 * 10 * 197)
+    return MEDIUM_RUN_MINUTES * work * 2 / max(1, threads)
+
+
 def scale_tokens(scale: dict) -> int:
     """Tokens per image of a training scale: ``(img_size / patch_size)^2`` patches + the class token.
 

@@ -29,6 +29,7 @@ from kpca_repro.method.variant import CORRECTED, PAPER, REGISTRY
 from kpca_repro.method.variant import get as get_variant
 
 __all__ = [
+    "has_vision",
     "REPORT_TABLES",
     "default_target",
     "register_rule_targets",
@@ -78,7 +79,7 @@ def register_rule_targets(repo: str | Path) -> None:
         lines = (repo / "workflow" / "rules" / f"{name}.smk").read_text().splitlines()
         for i in (i for i, line in enumerate(lines) if line.startswith("default_target(")):
             end = next(j for j in range(i + 1, len(lines) + 1) if _parses("\n".join(lines[i:j])))
-            eval(compile("\n".join(lines[i:end]), f"{name}.smk", "eval"), {"default_target": default_target, "user_models": user_models})
+            eval(compile("\n".join(lines[i:end]), f"{name}.smk", "eval"), {"default_target": default_target, "user_models": user_models, "has_vision": has_vision})
 
 
 def _parses(source: str) -> bool:
@@ -89,9 +90,11 @@ def _parses(source: str) -> bool:
     return True
 
 
-def vision_shards(config: dict) -> list[str]:
-    """Shard labels ``"<i>of<S>"`` of the vision sample (``vision.shards``)."""
-    return [f"{i}of{config['vision']['shards']}" for i in range(config["vision"]["shards"])]
+def vision_shards(config: dict, n_images: int | None = None) -> list[str]:
+    """Shard labels ``"<i>of<S>"`` of a vision sample: ``vision.shards``, at most one per image of a sample of ``n_images``
+    (Tables 2-3 draw ``spectra.n_images``, which may be fewer than the shards of Table 1's sample)."""
+    shards = config["vision"]["shards"] if n_images is None else min(config["vision"]["shards"], n_images)
+    return [f"{i}of{shards}" for i in range(shards)]
 
 
 def text_shards(config: dict) -> list[str]:
@@ -110,7 +113,7 @@ def spectra_files(config: dict, variant: str, model: str, keys: str | list[str])
     ``keys``: ``"standardized"``, ``"raw"`` or a list of them."""
     n = config["spectra"]["n_images"]
     keys = [keys] if isinstance(keys, str) else list(keys)
-    return [f"results/spectra/{variant}/{model}/vision_{n}_{shard}_{keyset}.csv" for shard in vision_shards(config) for keyset in keys]
+    return [f"results/spectra/{variant}/{model}/vision_{n}_{shard}_{keyset}.csv" for shard in vision_shards(config, n) for keyset in keys]
 
 
 def text_stage_files(config: dict, model_id: str, ext: str = "h5", variant: str | None = None) -> list[str]:
@@ -118,6 +121,11 @@ def text_stage_files(config: dict, model_id: str, ext: str = "h5", variant: str 
     language model on the Table 4 sample, all shards."""
     prefix = "results/activations" if ext == "h5" else f"results/heads/{variant}"
     return [f"{prefix}/{model_slug(model_id)}/text_{config['text']['n_rows']}_{shard}.{ext}" for shard in text_shards(config)]
+
+
+def has_vision(config: dict) -> bool:
+    """A vision model to analyse: ``vision.models`` or an ``activations:`` entry of kind vision (Tables 1-3, Figures 2-3 in ``all``)."""
+    return bool(config["vision"]["models"] or user_models(config, "vision"))
 
 
 def user_models(config: dict, kind: str | None = None) -> list[str]:
@@ -161,7 +169,7 @@ def norm_activations(config: dict, domain: str, variant: str, model: str) -> lis
 
 def comparison_tables(config: dict) -> dict[str, tuple[str, str | None]]:
     """Table number -> (paper-variant CSV, corrected CSV or None) for the tables this run builds."""
-    out = {"1": "results/table1.csv", "2": "results/table2.csv", "3": "results/table3.csv"}
+    out = {"1": "results/table1.csv", "2": "results/table2.csv", "3": "results/table3.csv"} if has_vision(config) else {}
     if config["text"]["models"] or user_models(config, "text"):
         out["4"] = "results/table4.csv"
     corrected = CORRECTED.name in config["variants"]

@@ -322,6 +322,7 @@ class Preflight:
         self.costed: set[str] = set()
         self.header = [HEADER, COLUMNS]
         self.requests: dict[str, dict] = {}
+        self.training_total: list[float | None] = []
 
     def need(self, kind: str, name: str | None = None) -> None:
         """Register the inputs of one download (:func:`requirements`)."""
@@ -336,6 +337,18 @@ class Preflight:
             if (c := cost()) is not None:
                 print("\n".join([*self.header, *filter(None, _lines(c))]), file=sys.stderr)
                 self.header = []
+
+    def training(self, run: str, minutes: float | None, what: str) -> None:
+        """One line per training run Snakemake schedules (stderr, dry runs too): what it trains and
+        about how long it takes, so that a command starting hours of work says so before it starts."""
+        if self.main_process and run not in self.costed:
+            self.costed.add(run)
+            if not self.training_total:
+                print("Training runs scheduled (estimates from the runs measured on 2 cores, docs/training.md):", file=sys.stderr)
+            self.training_total.append(minutes)
+            estimate = f"about {minutes:.0f} min" if minutes is not None else "not estimated (ImageNet: days on a GPU)"
+            total = sum(m for m in self.training_total if m is not None)
+            print(f"  {run}: {what}, {estimate}; {len(self.training_total)} runs so far, about {total / 60:.1f} h in all", file=sys.stderr)
 
     def request(self, rule: str, threads: int, resources) -> None:
         """Record what a job of ``rule`` asks of a node from what its ``params`` function receives: its ``resources``
