@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 #: Uncertainty settings (config key ``uncertainty`` plus ``seed``; docs/uncertainty.md).
-UNCERTAINTY_DEFAULTS = {"seed": 0, "bootstrap": 1000, "coverage": 0.95, "sign_coverage": 0.99}
+UNCERTAINTY_DEFAULTS = {"seed": 0, "bootstrap": 1000, "coverage": 0.95, "sign_coverage": 0.999}
 
 #: Short names of the pretrained models (timm and Hugging Face ids) in the paper's tables.
 #: (:data:`kpca_repro.training.figures.TRAINING_MODEL_NAMES` names the architectures trained for Figures 1 and 4.)
