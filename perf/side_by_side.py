@@ -32,6 +32,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -177,7 +178,7 @@ def main(argv=None) -> None:
     ap.add_argument("--authors-python", default=sys.executable, help="the interpreter of the authors' script (it imports seaborn and torchvision)")
     ap.add_argument("--skip-authors", action="store_true", help="time the chain only (and join with --authors-stats if given)")
     ap.add_argument("--authors-stats", type=Path, help="with --skip-authors: an earlier run's head_level_stats.csv for the per-head join")
-    ap.add_argument("--snakemake-args", nargs="*", default=[], help="e.g. --scheduler greedy")
+    ap.add_argument("--snakemake-args", default="", help='extra snakemake arguments as one string, e.g. --snakemake-args="--scheduler greedy"')
     ap.add_argument("--workdir", type=Path, default=None, help="keep the runs here (default: a temporary directory)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -210,7 +211,7 @@ def main(argv=None) -> None:
     for r in range(args.repeats):
         if not args.skip_authors:
             a = run_authors(authors_dir, args.authors_python)
-        c = run_chain(configs, extra, args.cores, args.targets, work / "chain", args.snakemake_args)
+        c = run_chain(configs, extra, args.cores, args.targets, work / "chain", shlex.split(args.snakemake_args))
         runs.append({"authors_seconds": a["seconds"], "chain_seconds": c["seconds"], "chain_jobs": c["jobs"], "snakemake_itself": c["snakemake_itself"]})
         print(json.dumps({"repeat": r + 1, "authors_s": round(a["seconds"], 1), "chain_s": round(c["seconds"], 1), "ratio": round(a["seconds"] / c["seconds"], 2)}), flush=True)
     slug = args.model.replace("/", "--")

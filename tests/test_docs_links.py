@@ -110,3 +110,23 @@ def test_links_into_performance_md_name_its_headings():
             if anchor and path and (page.parent / path).resolve() == target and anchor not in anchors:
                 broken.append(f"{page.relative_to(ROOT)}:{number}: {link}")
     assert not broken, "links to missing sections of docs/performance.md:\n" + "\n".join(broken)
+
+
+def test_readme_headline_is_the_recorded_run():
+    """README's headline numbers are generated from a recorded run (docs/runs/*/paper_comparison.csv
+    and run.json, kpca_repro.analysis.headline), never typed by hand: README holds exactly the block."""
+    import re
+
+    from kpca_repro.analysis.headline import END, START, headline_block
+
+    runs = sorted((ROOT / "docs" / "runs").glob("*/run.json"))
+    assert runs, "no recorded run in docs/runs"
+    block = re.search(re.escape(START) + r"\n(.*?)\n" + re.escape(END), (ROOT / "README.md").read_text(), re.S).group(1)
+    assert block == headline_block(runs[-1].parent)
+    assert "not run" in block and "DeiT-Tiny, reproduced" in block
+
+
+def test_readme_is_at_most_100_lines_and_says_what_it_is_first():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 100, len(lines)
+    assert "Snakemake" in lines[0] and any("arXiv:2505.07908" in line for line in lines[:5])

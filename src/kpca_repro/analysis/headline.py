@@ -55,8 +55,9 @@ def headline_block(run_dir: str | Path) -> str:
         "| table | model | " + " | ".join(METRICS) + " |",
         "|---|---|" + "---|" * len(METRICS),
     ]
-    similarity = table[table["table"].astype(str).isin(["1", "4"]) & table["column"].isin(METRICS) & ~table["status"].isin([NOT_RUN, NOT_PUBLISHED])]
-    for (number, model), rows in similarity.groupby(["table", "model"], sort=True):
+    similarity = table[table["table"].astype(str).str.removeprefix("Table ").isin(["1", "4"]) & table["column"].isin(METRICS) & ~table["status"].isin([NOT_RUN, NOT_PUBLISHED])]
+    for (name, model), rows in similarity.groupby(["table", "model"], sort=True):
+        number = str(name).removeprefix("Table ")
         by = rows.set_index("column")
         published = " | ".join(f"{by.loc[m, 'published']:.2f}" if m in by.index else "–" for m in METRICS)
         reproduced = " | ".join(_cell(by.loc[m]) if m in by.index else "–" for m in METRICS)

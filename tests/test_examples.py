@@ -1,0 +1,130 @@
+"""The examples of README.md and docs/ run as written.
+
+Every ``snakemake`` command of a ``bash`` block of README.md and docs/*.md is run as a dry run
+(``-n``: the DAG, the configuration checks and the cost block, no job) from a copy of the
+repository beside a ``shared`` folder, as a user runs it from the repository root; the README's
+"everything" command and its report command run for real, on the README's configuration
+files with a small overlay (4 images, 4 rows) so that the suite stays short, and the report
+must hold every table and figure. A command that names a placeholder (``<...>``, ``PATH/TO``,
+``my.yaml``) is a template, not an example: the test lists how many it left out.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, resources_dir_for_real_weights
+
+PLACEHOLDERS = ("<", "PATH/TO", "my.yaml", "mine.h5", "...", "DIR", "studies/mine")
+
+
+#: Lines of an example block a dry run keeps besides ``snakemake``: files the block writes first.
+KEEP = ("printf ", "cat ", "echo ", "mkdir ", "cp ")
+
+
+def _bash_blocks(path: Path) -> list[list[str]]:
+    """The ``bash`` blocks of a Markdown file as lists of logical lines (continuations joined, comments dropped)."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", path.read_text(), re.S):
+        joined = re.sub(r"\\\n\s*", " ", block)
+        lines = [line.split(" #")[0].strip() for line in joined.splitlines()]
+        out.append([line for line in lines if line and not line.startswith("#")])
+    return out
+
+
+def _examples() -> list[tuple[str, list[str]]]:
+    """``(file, block)`` of every block with a ``snakemake`` command."""
+    files = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    return [(str(f.relative_to(REPO)), b) for f in files for b in _bash_blocks(f) if any(line.startswith("snakemake ") for line in b)]
+
+
+EXAMPLES = _examples()
+COMMANDS = [(s, line) for s, block in EXAMPLES for line in block if line.startswith("snakemake ")]
+
+
+@pytest.fixture(scope="module")
+def repo_copy(tmp_path_factory):
+    """The repository's tracked files in a fresh folder, with ``../shared`` beside it (as a clone has)."""
+    root = tmp_path_factory.mktemp("clone")
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.splitlines()
+    for name in files:
+        src = REPO / name
+        if src.is_file():
+            dst = root / "repo" / name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+    (root / "shared").symlink_to(REPO.parent / "shared")
+    return root / "repo"
+
+
+def _run(repo: Path, cmd: str, *extra: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    args = shlex.split(cmd)
+    env = {"PYTHONPATH": str(repo / "src")}
+    import os
+
+    return subprocess.run([sys.executable, "-m", *args[:1], *extra, *args[1:]], cwd=repo, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env})
+
+
+def test_the_examples_are_found():
+    runnable = [c for _, c in COMMANDS if not any(p in c for p in PLACEHOLDERS)]
+    assert len(COMMANDS) >= 10 and len(runnable) >= 8, COMMANDS
+    assert any("config/offline_deit_tiny.yaml config/offline_minilm.yaml" in c for _, c in COMMANDS)
+
+
+def _dry_script(block: list[str]) -> str | None:
+    """The block as a shell script whose ``snakemake`` lines plan only (``-n -q``); None for a template."""
+    lines = []
+    for line in block:
+        if line.startswith("snakemake "):
+            if any(p in line for p in PLACEHOLDERS) or "--report" in line:
+                continue
+            lines.append(f"{shlex.quote(sys.executable)} -m snakemake -n -q {line.removeprefix('snakemake ')}")
+        elif line.startswith(KEEP):
+            lines.append(line)
+    return "set -e\n" + "\n".join(lines) if any("-m snakemake" in line for line in lines) else None
+
+
+PLANNED = [(s, b) for s, b in EXAMPLES if _dry_script(b)]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("source,block", PLANNED, ids=[f"{s}:{i}" for i, (s, _) in enumerate(PLANNED)])
+def test_every_snakemake_example_plans_as_written(repo_copy, source, block):
+    """A dry run of each block as written (files it writes first included), from the repository root of a clone."""
+    if not (REPO.parent / "shared" / "assets").is_dir():
+        pytest.skip("needs ../shared/assets (the offline resources)")
+    import os
+
+    proc = subprocess.run(["bash", "-c", _dry_script(block)], cwd=repo_copy, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(repo_copy / "src")})
+    assert proc.returncode == 0, f"{source}: {block}\n{proc.stderr[-3000:]}"
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.integration
+@pytest.mark.realweights
+def test_readme_everything_and_its_report(repo_copy, tmp_path):
+    """README's "everything" command and its report command, with a 4-image, 4-row overlay:
+    every target of rule `all` is built and the report holds every table and figure."""
+    resources = resources_dir_for_real_weights()
+    readme = [c for s, c in COMMANDS if s == "README.md"]
+    run_all = next(c for c in readme if c.startswith("snakemake --cores 2 --configfile config/offline_deit_tiny.yaml config/offline_minilm.yaml"))
+    report = next(c for c in readme if c.startswith("snakemake --report report.html --configfile config/offline_deit_tiny.yaml config/offline_minilm.yaml"))
+    overlay = tmp_path / "small.yaml"
+    overlay.write_text(yaml.safe_dump({"vision": {"n_images": 4}, "text": {"n_rows": 4}, "spectra": {"n_images": 3}, "uncertainty": {"bootstrap": 50}, "resources_dir": str(resources)}))
+    proc = _run(repo_copy, f"{run_all} {overlay}", timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = _run(repo_copy, f"{report} {overlay}", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    page = (repo_copy / "report.html").read_text(errors="replace")
+    for name in ("table1", "table1_corrected", "table2", "table3", "table4", "table4_corrected", "paper_comparison"):
+        assert f"{name}.html" in page, name
+    for name in ("figure1.png", "figure2.png", "figure2_corrected.png", "figure3.png", "figure4.png", "figure5.png", "figure5_corrected.png"):
+        assert name in page, name
