@@ -14,6 +14,8 @@ through :func:`kpca_repro.capture.vision.capture_plan`) and
 :class:`kpca_repro.capture.vision.HeadRecorder`, as is :class:`ModuleCapture`, the generic capture for a
 module of your own: you give it your attention modules, a function returning the q, k, v your
 module's dot product uses, and the sub-module whose input is the concatenated per-head output.
+PyTorch's ``nn.MultiheadAttention`` (so ``nn.TransformerEncoder``) needs neither:
+:meth:`ModuleCapture.for_torch_attention` (:mod:`kpca_repro.capture.torch_attention`).
 
 :func:`capture_batches` is the one forward-and-capture loop: per batch it clears the capture,
 runs the forward pass, refuses a pass in which a hook did not fire
@@ -25,7 +27,8 @@ extraction (:func:`kpca_repro.capture.extraction.extract_vision` and
 :func:`~kpca_repro.capture.extraction.extract_text`) runs the timm and Hugging Face recorders
 through the same :func:`capture_batches`, streaming each batch to its shard file.
 docs/activations.md has a complete example; tests/test_activations.py runs a hand-written ViT,
-a grouped-query attention and the timm and Hugging Face adapters through it.
+a grouped-query attention and the timm and Hugging Face adapters through it,
+tests/test_torch_attention.py PyTorch's own attention.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from kpca_repro.capture import torch_attention as ta
 from kpca_repro.capture.vision import HeadRecorder, UnsupportedArchitectureError, split_heads
 
 __all__ = ["HeadCapture", "ModuleCapture", "HooksDidNotFireError", "capture_batches", "record_activations", "bind_arguments"]
@@ -61,7 +65,11 @@ class HeadCapture(Protocol):
             concatenated, normalised or projected.
 
     ``__enter__`` registers the hooks and ``__exit__`` removes them; ``numpy_layer(layer)``
-    returns ``captured[layer]`` as float32 numpy arrays.
+    returns ``captured[layer]`` as float32 numpy arrays. Optional: ``attention_mask``, the
+    ``(B, N)`` padding mask (1 = real token) of the last forward pass, which
+    :func:`record_activations` writes when the batch has none, and
+    ``explain_missing(layer, tensor, paths) -> (subject, reason)``, which
+    :class:`HooksDidNotFireError`'s message gives.
     """
 
     captured: list
@@ -77,7 +85,7 @@ QKV = Callable[[nn.Module, tuple, dict], tuple[torch.Tensor, torch.Tensor, torch
 
 
 class ModuleCapture(HeadRecorder):
-    """A :class:`HeadCapture` for attention modules of your own.
+    """A :class:`HeadCapture` for attention modules of your own, and for PyTorch's ``nn.MultiheadAttention``.
 
     Per layer, a forward pre-hook on ``modules[layer]`` calls ``qkv(module, args, kwargs)``
     (the arguments of the module's call, keyword arguments included) for the ``(B, H, N, d)``
@@ -86,34 +94,167 @@ class ModuleCapture(HeadRecorder):
     Grouped- or multi-query attention: return k and v repeated per query head (each query
     head's keys are analysed as a head of their own).
 
+    ``nn.MultiheadAttention`` modules (so the ``self_attn`` of ``nn.TransformerEncoderLayer``)
+    are detected: without ``qkv``, q, k, v are its ``in_proj`` applied to its input; without
+    ``h_input_of``, h is the input of its out-projection call, observed at
+    ``torch.nn.functional.linear`` because the module never calls ``out_proj`` as a module
+    (:mod:`kpca_repro.capture.torch_attention` explains the choice and what it changes while
+    the capture is open). Its ``key_padding_mask`` becomes :attr:`attention_mask`, which
+    :func:`record_activations` writes as the file's padding mask.
+    :meth:`for_torch_attention` finds every such module of a model.
+
     Args:
         modules: one attention module per layer, in layer order.
         qkv: recomputes q, k, v from the module's input with the module's own sub-modules, as
-            its ``forward`` does (hooks see only inputs and outputs).
+            its ``forward`` does (hooks see only inputs and outputs). Optional for
+            ``nn.MultiheadAttention`` modules only.
         h_input_of: ``module -> sub-module`` whose first positional input is h (default:
-            ``module.proj``, else ``module.out_proj``).
+            ``module.proj``, else ``module.out_proj``; for ``nn.MultiheadAttention``, the
+            functional out-projection call). A sub-module the forward pass never calls
+            leaves h empty and :func:`capture_batches` raises :class:`HooksDidNotFireError`.
+        names: one name per module for errors (default ``modules[i]``).
+
+    Raises:
+        TypeError: ``qkv`` is None and a module is not an ``nn.MultiheadAttention``.
+        UnsupportedArchitectureError: an ``nn.MultiheadAttention`` with ``add_bias_kv`` or
+            ``add_zero_attn``; during the forward pass, one called as cross-attention, with an
+            ``attn_mask``/``is_causal``, or with dropout in training mode
+            (:func:`kpca_repro.capture.torch_attention.torch_attention_qkv`).
     """
 
-    def __init__(self, modules: Iterable[nn.Module], qkv: QKV, h_input_of: Callable[[nn.Module], nn.Module] | None = None):
+    def __init__(self, modules: Iterable[nn.Module], qkv: QKV | None = None, h_input_of: Callable[[nn.Module], nn.Module] | None = None, *, names: Sequence[str] | None = None):
         super().__init__(modules)
+        self.names = list(names) if names is not None else [f"modules[{i}]" for i in range(len(self.attns))]
+        self.torch_attention = [ta.is_torch_attention(m) for m in self.attns]
+        for name, module, torch_mha in zip(self.names, self.attns, self.torch_attention):
+            if torch_mha:
+                ta.check_torch_attention(module, name)
+        if qkv is None and not all(self.torch_attention):
+            first = next(n for n, t in zip(self.names, self.torch_attention) if not t)
+            raise TypeError(f"ModuleCapture needs a qkv function for {first}, which is not an nn.MultiheadAttention")
         self.qkv = qkv
+        self.h_given = h_input_of is not None
         self.h_input_of = h_input_of or (lambda m: m.proj if hasattr(m, "proj") else m.out_proj)
+        self._real_keys: list[torch.Tensor | None] = [None for _ in self.attns]
+
+    @classmethod
+    def for_torch_attention(cls, model: nn.Module) -> ModuleCapture:
+        """A capture on every ``nn.MultiheadAttention`` of ``model``, in ``named_modules()`` order.
+
+        For ``nn.TransformerEncoder`` that is its layers' ``self_attn`` in depth order; errors
+        name each module by its path in ``model``.
+
+        Raises:
+            UnsupportedArchitectureError: ``model`` holds no ``nn.MultiheadAttention``, or one
+                the format cannot store (``add_bias_kv``, ``add_zero_attn``).
+        """
+        found = ta.find_torch_attention(model)
+        if not found:
+            raise UnsupportedArchitectureError(f"{type(model).__name__} holds no nn.MultiheadAttention; give ModuleCapture your attention modules and a qkv function")
+        return cls([m for _, m in found], names=[n for n, _ in found])
+
+    @property
+    def attention_mask(self) -> torch.Tensor | None:
+        """``(B, N)`` int64, 1 = real token: the ``key_padding_mask`` of the last forward pass's
+        ``nn.MultiheadAttention`` calls (None when none had one).
+
+        Raises:
+            ValueError: the layers were called with different key padding masks (the format holds one).
+        """
+        got = [(i, m) for i, m in enumerate(self._real_keys) if m is not None]
+        if not got:
+            return None
+        first = got[0][1]
+        for layer, m in got[1:]:
+            if m.shape != first.shape or not torch.equal(m, first):
+                raise ValueError(f"{self.names[layer]} was called with another key_padding_mask than {self.names[got[0][0]]}; the activation file holds one padding mask")
+        if len(got) != len(self._real_keys):
+            raise ValueError(f"{self.names[got[0][0]]} was called with a key_padding_mask and other layers without; the activation file holds one padding mask")
+        return first.to(torch.int64)
 
     def _register(self) -> list:
         handles = []
-        for layer, module in enumerate(self.attns):
-
-            def pre(mod, args, kwargs, layer=layer):
-                q, k, v = self.qkv(mod, args, kwargs)
-                self.captured[layer] = {"q": q, "k": k, "v": v}
-
-            def h_pre(_mod, args, layer=layer):
-                q = self.captured[layer]["q"]
-                self.captured[layer]["h"] = split_heads(args[0], q.shape[1], q.shape[3])
-
-            handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-            handles.append(self.h_input_of(module).register_forward_pre_hook(h_pre))
+        try:
+            for layer, module in enumerate(self.attns):
+                handles.extend(self._register_torch_attention(layer, module) if self.torch_attention[layer] else self._register_module(layer, module))
+        except BaseException:
+            for handle in handles:  # an observation left open would keep F.linear wrapped
+                handle.remove()
+            raise
         return handles
+
+    def _register_module(self, layer: int, module: nn.Module) -> list:
+        def pre(mod, args, kwargs):
+            q, k, v = self.qkv(mod, args, kwargs)
+            self.captured[layer] = {"q": q, "k": k, "v": v}
+
+        def h_pre(_mod, args):
+            q = self.captured[layer]["q"]
+            self.captured[layer]["h"] = split_heads(args[0], q.shape[1], q.shape[3])
+
+        return [module.register_forward_pre_hook(pre, with_kwargs=True), self.h_input_of(module).register_forward_pre_hook(h_pre)]
+
+    def _register_torch_attention(self, layer: int, module: nn.Module) -> list:
+        name = self.names[layer]
+        inside = {"call": None}  # (N, B) of the call in progress: out-projection calls outside it are not this layer's h
+
+        def pre(mod, args, kwargs):
+            q, k, v, real = ta.torch_attention_qkv(mod, args, kwargs, name)  # also the refusals, with a qkv function of the user's
+            inside["call"] = (q.shape[2], q.shape[0])  # (N, B): the out-projection's input is (N * B, H * d)
+            if self.qkv is not None:
+                q, k, v = self.qkv(mod, args, kwargs)
+            self._real_keys[layer] = real
+            self.captured[layer] = {"q": q, "k": k, "v": v}
+
+        def post(_mod, _args, _out):
+            inside["call"] = None
+
+        def h_seen(attn_output):
+            if inside["call"] is None:
+                return
+            n, b = inside["call"]
+            self.captured[layer]["h"] = ta.split_seq_first(attn_output.reshape(n, b, module.embed_dim), module.num_heads)
+
+        if self.h_given:
+
+            def h_pre(_mod, args):
+                self.captured[layer]["h"] = split_heads(args[0], module.num_heads, ta.head_dim(module))
+
+            h_handle = self.h_input_of(module).register_forward_pre_hook(h_pre)
+        else:
+            h_handle = ta.observe_out_projection(module, h_seen)  # first: it may refuse, and nothing is registered yet
+        return [h_handle, module.register_forward_pre_hook(pre, with_kwargs=True), module.register_forward_hook(post, always_call=True)]
+
+    def explain_missing(self, layer: int, tensor: str, paths: Mapping[int, str]) -> tuple[str, str]:
+        """Why ``(layer, tensor)`` was not captured: ``(subject, reason)``, the subject the hooked
+        module's path in the model, the reason saying why its hook did not fire and what to use instead.
+
+        Args:
+            paths: ``id(module) -> path`` of the model's ``named_modules()``.
+        """
+        module = self.attns[layer]
+        where = paths.get(id(module))
+        name = repr(where) if where is not None else f"{self.names[layer]} (not a sub-module of the model)"
+        if tensor != "h" or not {"q", "k", "v"} <= set(self.captured[layer]):
+            return name, f"{type(module).__name__} not called as a module in the forward pass, so its forward pre-hook (q, k, v) did not fire"
+        if self.torch_attention[layer] and not self.h_given:
+            return name, (
+                "its out-projection call was not seen at torch.nn.functional.linear (a scripted or compiled module, or a torch version whose "
+                "F.multi_head_attention_forward no longer calls it); record this attention another way (docs/activations.md 4)"
+            )
+        target = self.h_input_of(module)
+        tpath = paths.get(id(target))
+        tname = repr(tpath) if tpath is not None else f"{type(target).__name__} (not a sub-module of the model)"
+        if self.torch_attention[layer]:
+            why = ta.OUT_PROJ_REASON if target is getattr(module, "out_proj", None) else "nn.MultiheadAttention calls no sub-module with the concatenated heads"
+            return tname, (
+                f"the h hook cannot fire: {why}. Leave h_input_of unset for nn.MultiheadAttention (ModuleCapture then records h at that "
+                "out-projection call), or use ModuleCapture.for_torch_attention(model) (docs/activations.md, 'PyTorch's own attention')"
+            )
+        return tname, (
+            "the h hook did not fire: the attention's forward did not call it as a module (a functional call such as F.linear(x, m.weight) "
+            "bypasses module hooks); give h_input_of the sub-module your forward calls with the concatenated heads"
+        )
 
 
 class HooksDidNotFireError(UnsupportedArchitectureError, ValueError):
@@ -121,8 +262,25 @@ class HooksDidNotFireError(UnsupportedArchitectureError, ValueError):
 
     An :class:`~kpca_repro.capture.vision.UnsupportedArchitectureError` (what the pipeline's
     extraction raises for a model its hooks do not fit) and a :class:`ValueError` (a capture
-    that does not fit the module it was given).
+    that does not fit the module it was given). For a :class:`ModuleCapture` the message says,
+    per module, which module (its path in the model), why its hook did not fire and what to
+    use instead (e.g. ``nn.MultiheadAttention.out_proj``, which the module never calls).
     """
+
+
+def _did_not_fire(model_id: str, model: nn.Module, capture, missing: list[tuple[int, str]]) -> str:
+    message = f"{model_id}: the capture hooks did not fire in the forward pass for (layer, tensor) {missing[:6]}"
+    explain = getattr(capture, "explain_missing", None)
+    if explain is None:
+        return message
+    paths = {id(m): name or "<model>" for name, m in model.named_modules()}
+    by_reason: dict[str, list[str]] = {}  # one sentence per reason, naming every module it concerns
+    for layer, t in missing[:6]:
+        subject, reason = explain(layer, t, paths)
+        subjects = by_reason.setdefault(reason, [])
+        if subject not in subjects:
+            subjects.append(subject)
+    return message + ": " + "; ".join(f"{', '.join(subjects)}: {reason}" for reason, subjects in by_reason.items())
 
 
 def _forward(model: nn.Module, batch) -> None:
@@ -182,7 +340,7 @@ def _capture_batches(model, capture, batches, model_id, call) -> Iterator[tuple[
                 call(model, batch)
             missing = [(layer, t) for layer, got in enumerate(capture.captured) for t in TENSORS if t not in got]
             if missing:
-                raise HooksDidNotFireError(f"{model_id}: the capture hooks did not fire in the forward pass for (layer, tensor) {missing[:6]}")
+                raise HooksDidNotFireError(_did_not_fire(model_id, model, capture, missing))
             yield batch, [capture.numpy_layer(layer) for layer in range(len(capture.captured))]
 
 
@@ -208,7 +366,11 @@ def record_activations(
             recorders) on ``model``'s attention modules.
         batches: inputs; a mapping is passed as keyword arguments (``model(**batch)``) and its
             ``attention_mask`` (``(B, N)``, 1 = real token) becomes the file's padding mask
-            (Table 4 form); anything else is passed positionally (Table 1 form).
+            (Table 4 form); anything else is passed positionally (Table 1 form). Without an
+            ``attention_mask`` key, a capture's ``attention_mask`` attribute is used when it
+            has one (:class:`ModuleCapture` on ``nn.MultiheadAttention``: the
+            ``key_padding_mask`` of the call); a batch without a mask, in a file with one,
+            counts every token as real.
         path: the HDF5 file to write (docs/activations.md).
         model_id: the name the tables show.
         forward: ``forward(model, batch)`` replacing the default call.
@@ -223,24 +385,31 @@ def record_activations(
         TypeError: ``capture`` is not a :class:`HeadCapture`.
         HooksDidNotFireError: (a ``ValueError``) a layer's tensors were not all captured in a
             forward pass; no file is written.
-        ValueError: ``batches`` is empty.
+        ValueError: ``batches`` is empty, or the capture's layers saw different padding masks
+            (:attr:`ModuleCapture.attention_mask`).
+        UnsupportedArchitectureError: an ``nn.MultiheadAttention`` call the format cannot store
+            (:class:`ModuleCapture`).
         kpca_repro.capture.invariant.CaptureMismatchError: the captured q, k, v do not reproduce h
             (the measured error, layer, input and head in the message); no file is written.
     """
     from kpca_repro.activations import write_activations
 
     layers: list[list[dict[str, np.ndarray]]] | None = None
-    masks: list[np.ndarray] = []
+    masks: list[np.ndarray | None] = []
     with closing(capture_batches(model, capture, batches, model_id=model_id, forward=forward)) as runs:
         for batch, per_layer in runs:
             layers = [[p] for p in per_layer] if layers is None else [acc + [p] for acc, p in zip(layers, per_layer)]
-            if isinstance(batch, Mapping) and batch.get("attention_mask") is not None:
-                m = batch["attention_mask"]
-                masks.append(np.asarray(m.detach().cpu() if hasattr(m, "detach") else m))
+            m = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+            if m is None:
+                m = getattr(capture, "attention_mask", None)  # e.g. the key_padding_mask nn.MultiheadAttention was called with
+            masks.append(None if m is None else np.asarray(m.detach().cpu() if hasattr(m, "detach") else m))
     if layers is None:
         raise ValueError("batches is empty")
     stacked = [{t: np.concatenate([p[t] for p in acc]) for t in TENSORS} for acc in layers]
-    mask = np.concatenate(masks) if masks else None
+    mask = None
+    if any(m is not None for m in masks):  # a batch without padding: every token real
+        shapes = [p["q"].shape for p in layers[0]]
+        mask = np.concatenate([np.ones((b, n), np.int64) if m is None else m for m, (b, _, n, _) in zip(masks, shapes)])
     extra = {"capture": type(capture).__name__, **(attrs or {})}
     return write_activations(path, stacked, model_id=model_id, attention_mask=mask, attrs=extra, tolerance=tolerance)
 
