@@ -51,10 +51,16 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable
 
 
+def checkout_env(root: Path = REPO) -> dict:
+    """The environment of a run of the workflow checked out at ``root``: its own ``src`` first on
+    PYTHONPATH, which the workflow requires (workflow/rules/common.smk)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root / "src"), os.environ.get("PYTHONPATH")]))}
+
+
 def run_snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """Run the repository's Snakefile with ``workdir`` as working directory."""
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", "2", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir, env=checkout_env())
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
     return proc

@@ -22,7 +22,7 @@ import yaml
 from kpca_repro.h5io import CorruptActivationFileError
 from kpca_repro.method.records import eigenvalue_records, gamma_records, kpca_records
 
-from conftest import REPO
+from conftest import REPO, TINY_KWARGS
 from test_workflow import _write_config
 
 pytestmark = pytest.mark.integration
@@ -238,26 +238,211 @@ def test_bad_input_fails_before_any_job(overrides, needle, tmp_path, tiny_resour
     assert not (tmp_path / "results").exists() and not (tmp_path / "logs").exists()
 
 
-def test_unreadable_image_is_named_and_nothing_is_written(tmp_path, tiny_resources, photos_dir):
-    """A truncated JPEG among the sampled images stops the sample rule, the first job,
-    naming the file; no sample table, activation file or later job follows."""
-    resources = tmp_path / "resources"
-    images = resources / "images" / "imagenet-sample"
-    images.mkdir(parents=True)
-    (resources / "weights").mkdir()
-    (resources / "weights" / "timm").symlink_to(tiny_resources / "weights" / "timm")
-    for f in photos_dir.iterdir():
-        (images / f.name).symlink_to(f)
-    broken = images / "n00000009_broken.JPEG"
-    broken.write_bytes(next(photos_dir.iterdir()).read_bytes()[:3000])
-    cfg = _write_config(tmp_path / "cfg.yaml", resources_dir=str(resources), vision={"n_images": 6, "shards": 1})
-    proc = _run(REPO, tmp_path, "results/table1.csv", "--configfile", str(cfg), check=False)
+def test_a_run_refuses_the_package_of_another_checkout(tmp_path):
+    """Snakemake tracks this checkout's src/ for reruns, so its jobs must import that code: with
+    another kpca_repro first on the path (here a stand-in package; in practice an editable install
+    of another checkout), even a dry run stops before building the DAG, in one line with the fix."""
+    other = tmp_path / "other" / "src" / "kpca_repro"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("")
+    proc = subprocess.run(_cmd(REPO, tmp_path, "-n", "results/table1.csv"), capture_output=True, text=True, cwd=tmp_path, env=_env(tmp_path / "other"))
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert f"cannot read image {broken}" in out and "Replace the file" in out, out[-3000:]
-    assert not (tmp_path / "results" / "samples" / "vision_6.tsv").exists()
-    assert not list((tmp_path / "results").rglob("*.partial.*"))
-    assert not (tmp_path / "results" / "activations").exists()
+    assert f"kpca_repro is imported from {other}, not from this workflow's checkout {REPO}" in out, out[-3000:]
+    assert f"python -m pip install -e {REPO}`, or set PYTHONPATH={REPO / 'src'}" in out
+    assert "Traceback" not in out and "Building DAG" not in out
+
+
+# --------------------------------------------------------------------------------------
+# 1b. a bad input file ends its job in one line: the file, what is wrong, the fix; no
+#     traceback, no output (kpca_repro.errors.InputFileError, kpca_repro.smk)
+# --------------------------------------------------------------------------------------
+
+RULE_SCRIPT = """
+import sys, types
+from kpca_repro.errors import InputFileError
+from kpca_repro.h5io import atomic_output
+from kpca_repro.smk import setup_logging
+
+class BadFile(InputFileError, OSError):
+    pass
+
+log = setup_logging(types.SimpleNamespace(log=[sys.argv[1]]), "some_rule")
+with atomic_output(sys.argv[2]) as tmp:
+    tmp.write_text("half an output")
+    raise {error}
+"""
+
+
+@pytest.mark.parametrize("error", ["BadFile('x.h5 is truncated.\\nFix: delete it')", "RuntimeError('a bug')"], ids=["input-file-error", "bug"])
+def test_a_rule_script_ends_on_a_bad_input_file_in_one_line(error, tmp_path):
+    """The hook setup_logging installs: a bad input file gives one ERROR line (newlines folded) on
+    stderr and in the log, exit status 1; any other exception keeps its traceback. Either way the
+    unfinished output is gone."""
+    script, log, out = tmp_path / "rule.py", tmp_path / "rule.log", tmp_path / "out.csv"
+    script.write_text(RULE_SCRIPT.format(error=error))
+    proc = subprocess.run([sys.executable, str(script), str(log), str(out)], capture_output=True, text=True, env=_env(REPO))
+    assert proc.returncode == 1
+    assert not out.exists() and not (tmp_path / "out.partial.csv").exists()
+    if error.startswith("BadFile"):
+        assert proc.stderr.endswith(" some_rule ERROR x.h5 is truncated. Fix: delete it\n") and proc.stderr.count("\n") == 1, proc.stderr
+        assert log.read_text() == proc.stderr
+    else:
+        assert "Traceback" in proc.stderr and "RuntimeError: a bug" in log.read_text()
+
+
+def _cut(path: Path, size: int | None = None) -> None:
+    """Truncate ``path`` to ``size`` bytes (default: half)."""
+    path.write_bytes(path.read_bytes()[: size or path.stat().st_size // 2])
+
+
+def _text_as_image(path: Path) -> None:
+    path.write_text("a text file renamed .JPEG\n")
+
+
+def _binary(path: Path) -> None:
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+
+
+def _h_of_another_layer(path: Path) -> None:
+    import h5py
+
+    with h5py.File(path, "r+") as f:
+        f["layers/00/h"][...] = f["layers/01/h"][...]
+
+
+def _good_file(kind: str, tmp_path: Path, tiny_resources: Path) -> Path:
+    """A good input file of ``kind`` in ``tmp_path``: weights, an image, WikiText, a user's activation file."""
+    if kind == "weights":
+        return Path(shutil.copy(tiny_resources / "weights" / "timm" / f"{MODEL}.safetensors", tmp_path))
+    if kind == "image":
+        return Path(shutil.copy(sorted((tiny_resources / "images" / "imagenet-sample").iterdir())[0], tmp_path / "n00000009_bad.JPEG"))
+    if kind == "text":
+        path = tmp_path / "wiki.test.raw"
+        path.write_text(" = Robert Boulter = \n\n Robert Boulter is an English film , television and theatre actor .\n" * 6)
+        return path
+    from test_activations import write_hand_vit
+
+    write_hand_vit(tmp_path / "mine.h5")
+    return tmp_path / "mine.h5"
+
+
+def _load_weights(path: Path, **kwargs) -> None:
+    from kpca_repro.capture.vision import load_timm_model
+
+    load_timm_model(MODEL, path, {**TINY_KWARGS[MODEL], **kwargs})
+
+
+def _checksum(path: Path) -> None:
+    from kpca_repro.inputs.resources import check_checksum
+
+    check_checksum(path, "0" * 64)
+
+
+def _sample_images(path: Path) -> None:
+    from kpca_repro.inputs.images import check_images
+
+    check_images([path])
+
+
+def _sample_text(path: Path) -> None:
+    from kpca_repro.inputs.text import read_text_rows, sample_rows
+
+    sample_rows(read_text_rows(path), 5, 30, 0, source=path)
+
+
+def _install_user_file(path: Path) -> None:
+    from kpca_repro.activations import install_user_file
+
+    install_user_file(path, path.with_name("installed.h5"), name="hand_vit", kind="vision", shard=0, n_shards=1)
+
+
+def _read_activations(path: Path) -> None:
+    from kpca_repro.h5io import ActivationFile
+
+    ActivationFile(path)
+
+
+# (input kind, how its good file is broken, the reader a rule script calls, what the message says after the path)
+BAD_FILES = [
+    pytest.param("weights", lambda p: _cut(p, 100), _load_weights, "is not a complete safetensors file", id="weights-truncated-header"),
+    pytest.param("weights", _cut, _load_weights, "is not a complete safetensors file", id="weights-truncated"),
+    pytest.param("weights", lambda p: None, lambda p: _load_weights(p, depth=3), "does not fit vit_tiny_patch16_224", id="weights-of-another-architecture"),
+    pytest.param("weights", _cut, _checksum, "SHA-256 is", id="weights-with-a-checksum"),
+    pytest.param("image", _text_as_image, _sample_images, "not an image file", id="image-text-renamed-jpeg"),
+    pytest.param("image", lambda p: _cut(p, 3000), _sample_images, "image file is truncated", id="image-truncated"),
+    pytest.param("text", lambda p: p.write_text(""), _sample_text, "is empty", id="text-empty"),
+    pytest.param("text", _binary, _sample_text, "is binary, not UTF-8 text", id="text-binary"),
+    pytest.param("text", lambda p: p.write_bytes(b"row\x00" * 100), _sample_text, "is binary (it holds NUL bytes)", id="text-nul-bytes"),
+    pytest.param("text", lambda p: p.write_text("short\n" * 10), _sample_text, "has 0 rows longer than 30 characters, 5 requested. Lower text.n_rows", id="text-too-short"),
+    pytest.param("activations", _cut, _install_user_file, "not a readable HDF5 file", id="user-activations-truncated"),
+    pytest.param("activations", _h_of_another_layer, _install_user_file, "do not reproduce the attention output h", id="user-activations-invariant"),
+    pytest.param("activations", _cut, _read_activations, "is unreadable, truncated or incomplete", id="pipeline-activations-truncated"),
+]
+
+
+@pytest.mark.parametrize("kind, damage, read, words", BAD_FILES)
+def test_every_bad_input_file_is_an_input_file_error_naming_it(kind, damage, read, words, tmp_path, tiny_resources):
+    """What the rule scripts end on in one line: the reader of each input kind raises an
+    InputFileError whose one-line message names the file, what is wrong and the fix."""
+    from kpca_repro.errors import InputFileError
+
+    path = _good_file(kind, tmp_path, tiny_resources)
+    damage(path)
+    with pytest.raises(InputFileError) as info:
+        read(path)
+    message = str(info.value)
+    assert str(path) in message and words in message and "\n" not in message, message
+    assert any(fix in message for fix in ("Replace", "Fix:", "delete it")), message
+    assert not path.with_name("installed.h5").exists() and not list(tmp_path.rglob("*.partial*"))
+
+
+def _bad_weights(resources: Path, tmp_path: Path) -> tuple[str, dict, str]:
+    weights = resources / "weights" / "timm" / f"{MODEL}.safetensors"
+    _cut(weights)
+    return "results/table1.csv", {}, f"weights file {weights} is not a complete safetensors file"
+
+
+def _bad_image(resources: Path, tmp_path: Path) -> tuple[str, dict, str]:
+    image = resources / "images" / "imagenet-sample" / "n00000009_text.JPEG"
+    _text_as_image(image)
+    return "results/samples/vision_6.tsv", {"vision": {"n_images": 6}}, f"cannot read image {image}: not an image file"  # 6 of 6: drawn
+
+
+def _bad_text(resources: Path, tmp_path: Path) -> tuple[str, dict, str]:
+    text = resources / "text" / "wikitext-103" / "wiki.test.raw"
+    text.parent.mkdir(parents=True)
+    _binary(text)
+    return "results/samples/text_3.tsv", {}, f"text file {text} is binary, not UTF-8 text"
+
+
+def _bad_activations(resources: Path, tmp_path: Path) -> tuple[str, dict, str]:
+    path = _good_file("activations", tmp_path, resources)
+    _cut(path)
+    overrides = {"vision": {"models": [], "n_images": 2}, "spectra": {"n_images": 2}, "activations": {"hand_vit": {"files": [str(path)], "kind": "vision"}}}
+    return "results/table1.csv", overrides, f"{path}: not a readable HDF5 file"
+
+
+@pytest.mark.parametrize("setup", [_bad_weights, _bad_image, _bad_text, _bad_activations], ids=["weights", "image", "text", "activations"])
+def test_a_bad_input_file_stops_the_run_in_one_line(setup, tmp_path, tiny_resources):
+    """One Snakemake run per input kind: the first job reading the bad file fails with its line
+    (on the terminal, and again in the log Snakemake prints), no Python traceback, no output
+    under a final name and no .partial file."""
+    resources = tmp_path / "resources"
+    for sub in ("weights", "images"):
+        shutil.copytree(tiny_resources / sub, resources / sub)
+    target, overrides, line = setup(resources, tmp_path)
+    vision = {"models": [MODEL], "shards": 1, "model_kwargs": {MODEL: TINY_KWARGS[MODEL]}, **overrides.pop("vision", {})}
+    cfg = _write_config(tmp_path / "cfg.yaml", resources_dir=str(resources), vision=vision, **overrides)
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = _run(REPO, work, target, "--configfile", str(cfg), check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert line in out and "Traceback" not in out and 'File "' not in out, out[-4000:]
+    errors = {ln.split(" ERROR ", 1)[1] for ln in out.splitlines() if " ERROR " in ln}
+    assert len(errors) == 1 and line in errors.pop(), errors
+    assert not list(work.rglob("*.partial*")) and not list(work.rglob("*.h5")) and not (work / target).exists()
 
 
 # --------------------------------------------------------------------------------------
@@ -382,5 +567,5 @@ def test_a_corrupt_activation_file_stops_the_run_naming_it(interrupted_run, work
     proc = _run(workflow_copy, work, "results/table1.csv", "--configfile", str(cfg), check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert "CorruptActivationFileError" in out and ACTIVATIONS in out, out[-3000:]
+    assert f"activation file {ACTIVATIONS} is unreadable, truncated or incomplete" in out and "Traceback" not in out, out[-3000:]
     assert not (work / "results" / "heads" / "paper" / MODEL / "vision_4_0of1.csv").exists()

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO, TINY_KWARGS, real_deit_tiny, run_snakemake
+from conftest import REPO, TINY_KWARGS, checkout_env, real_deit_tiny, run_snakemake
 
 pytestmark = pytest.mark.integration
 
@@ -247,7 +247,7 @@ def test_report_fails_on_a_docutils_error(tiny_run, tmp_path):
     caption = copy / "workflow" / "report" / "figure3.rst"
     caption.write_text(caption.read_text() + "\nThe spread |γᵢ − γⱼ| again.\n")
     cmd = [sys.executable, "-m", "snakemake", "-s", str(copy / "Snakefile"), "-d", str(work), "--cores", "1"]
-    proc = subprocess.run([*cmd, "results/figure3.pdf", "--configfile", str(cfg), "--report", str(tmp_path / "r.html")], capture_output=True, text=True, cwd=work)
+    proc = subprocess.run([*cmd, "results/figure3.pdf", "--configfile", str(cfg), "--report", str(tmp_path / "r.html")], capture_output=True, text=True, cwd=work, env=checkout_env(copy))
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and not (tmp_path / "r.html").exists()
     assert 'Undefined substitution referenced: "γᵢ − γⱼ"' in out and "figure3.rst" in out, out[-3000:]

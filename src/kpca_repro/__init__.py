@@ -13,7 +13,8 @@ the stages its script uses (``stage_code`` in workflow/rules/common.smk):
 * :mod:`kpca_repro.hub`: a local Hugging Face hub and stand-in models for the tests.
 
 The modules at the top are shared by every stage: :mod:`kpca_repro.h5io` (HDF5, atomic
-outputs), :mod:`kpca_repro.smk` (rule-script helpers, logging), :mod:`kpca_repro.progress`,
+outputs), :mod:`kpca_repro.smk` (rule-script helpers, logging), :mod:`kpca_repro.errors` (the base
+class of every bad-input-file error), :mod:`kpca_repro.progress`,
 :mod:`kpca_repro.threads` (thread counts, devices, worker pool), :mod:`kpca_repro.check_cache`
 (hashes, checks kept between runs), :mod:`kpca_repro.projection` (J_proj and squared norms,
 used by the method, the norms and training).

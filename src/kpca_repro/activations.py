@@ -37,6 +37,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from kpca_repro.errors import InputFileError
+
 __all__ = [
     "FORMAT_VERSION",
     "REQUIRED_ATTRS",
@@ -61,7 +63,7 @@ _TENSORS = ("q", "k", "v", "h")
 _SCALE_RTOL = 1e-6  # float32 round-off of 1/sqrt(d) as another tool may have stored it
 
 
-class ActivationFormatError(ValueError):
+class ActivationFormatError(InputFileError, ValueError):
     """A file violates the activation format; the message names the first violation and the fix."""
 
     def __init__(self, path, violation: str, fix: str):
@@ -142,8 +144,9 @@ def validate(path: str | os.PathLike, *, kind: str | None = None, check_invarian
 
     Raises:
         ActivationFormatError: the first violation, with its fix.
-        kpca_repro.capture.invariant.CaptureMismatchError: the stored q, k, v do not reproduce h (the
-            message gives the measured error, the layer, input and head).
+        kpca_repro.capture.invariant.ActivationFileMismatchError: a ``CaptureMismatchError``: the
+            stored q, k, v do not reproduce h (the message gives the measured error, the layer,
+            input and head, and the fix).
     """
     path = Path(path)
     if kind is not None and kind not in KINDS:
@@ -237,13 +240,25 @@ def validate(path: str | os.PathLike, *, kind: str | None = None, check_invarian
 
 
 def _check_layer(path, model_id, layer, t, scale, mask, tolerance) -> float:
-    """The capture invariant on every input and head of one layer; returns the relative error."""
-    from kpca_repro.capture.invariant import INVARIANT_RTOL, attention_mask_matrix, check_attention_invariant
+    """The capture invariant on every input and head of one layer; returns the relative error.
 
+    Raises:
+        kpca_repro.capture.invariant.ActivationFileMismatchError: the invariant fails (a
+            ``CaptureMismatchError`` that is also a bad input file: one line, the file, the fix).
+    """
+    from kpca_repro.capture.invariant import INVARIANT_RTOL, ActivationFileMismatchError, attention_invariant, attention_mask_matrix
+
+    tolerance = INVARIANT_RTOL if tolerance is None else tolerance
     allowed = attention_mask_matrix(t["q"].shape[2], key_mask=mask) if mask is not None else None
-    res = check_attention_invariant(
-        f"{model_id} ({path})", layer, t["q"], t["k"], t["v"], t["h"], scale=scale, allowed=allowed, query_mask=mask, tolerance=INVARIANT_RTOL if tolerance is None else tolerance
-    )
+    res = attention_invariant(t["q"], t["k"], t["v"], t["h"], scale=scale, allowed=allowed, query_mask=mask)
+    if not res.max_rel_error <= tolerance:
+        b, head = res.worst
+        raise ActivationFileMismatchError(
+            f"{path} ({model_id!r}): the stored q, k, v of layer {layer} do not reproduce the attention output h "
+            f"(input {b}, head {head}: max |h - softmax(s q k^T + mask) v| = {res.max_rel_error:.3g} x max |v|, tolerance {tolerance:g}). "
+            "Fix: store q and k as the attention's dot product uses them (after any q/k normalisation or rotary embedding) and h before "
+            "the output projection; causal masks and logit biases are outside format 1 (docs/activations.md)"
+        )
     return res.max_rel_error
 
 

@@ -37,6 +37,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from kpca_repro.errors import InputFileError
+
 __all__ = ["BATCH_FIRST", "SEQUENCE_FIRST", "PDF_METADATA", "atomic_output", "atomic_directory", "ActivationWriter", "ActivationFile", "CorruptActivationFileError", "TENSORS"]
 
 #: Seq-first or batch-first projections of a language model, as recorded in the attribute
@@ -50,7 +52,7 @@ PDF_METADATA = {"CreationDate": None}
 TENSORS = ("q", "k", "v", "h")
 
 
-class CorruptActivationFileError(OSError):
+class CorruptActivationFileError(InputFileError, OSError):
     """An activation file is truncated, corrupt or lacks the expected layout."""
 
 
@@ -180,7 +182,7 @@ class ActivationFile:
             grp = self.f[_layer_key(layer)]
             return {t: grp[t][sel] for t in names}
         except (OSError, KeyError, ValueError) as exc:
-            raise CorruptActivationFileError(f"activation file {self.path}: cannot read layer {layer} ({exc})") from exc
+            raise CorruptActivationFileError(f"activation file {self.path}: cannot read layer {layer} ({exc}); delete it and rerun the extraction rule") from exc
 
     def close(self) -> None:
         self.f.close()

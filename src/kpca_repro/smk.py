@@ -1,4 +1,4 @@
-"""Helpers for the thin rule scripts: logging into the rule's log file, library versions."""
+"""Helpers for the thin rule scripts: logging into the rule's log file, one line for a bad input file, library versions."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import platform
 import sys
 from importlib import metadata
 
-__all__ = ["fail_cleanly", "library_versions", "quiet_hub_logging", "setup_logging"]
+from kpca_repro.errors import InputFileError
+
+__all__ = ["end_on_input_file_errors", "fail_cleanly", "library_versions", "quiet_hub_logging", "setup_logging"]
 
 
 class _Tee:
@@ -95,7 +97,8 @@ def setup_logging(snakemake, name: str) -> logging.Logger:
     The log file is ``snakemake.log[0]``; stderr is also kept on the terminal. Progress: a
     bar on the terminal only when it is one, plain periodic lines in the log file
     (:mod:`kpca_repro.progress`); Hugging Face retries take one line each
-    (:func:`quiet_hub_logging`).
+    (:func:`quiet_hub_logging`). A bad input file ends the script with one line, no
+    traceback (:func:`end_on_input_file_errors`).
 
     Args:
         snakemake: the ``snakemake`` object of a rule script (``log[0]`` is used).
@@ -112,7 +115,33 @@ def setup_logging(snakemake, name: str) -> logging.Logger:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
     logging.captureWarnings(True)
     quiet_hub_logging(progress_bars=_isatty(sys.__stderr__))
-    return logging.getLogger(name)
+    log = logging.getLogger(name)
+    end_on_input_file_errors(log)
+    return log
+
+
+def end_on_input_file_errors(log: logging.Logger) -> None:
+    """Make a rule script that stops on a bad input file end with one ERROR line, no traceback.
+
+    Installs a ``sys.excepthook``: an uncaught :class:`kpca_repro.errors.InputFileError` (the
+    message names the file, what is wrong and the fix) is logged as one line, and the script
+    exits with status 1 as for any uncaught exception; every other exception is a bug and
+    keeps its traceback. The hook runs once the exception has left every ``with`` block, so
+    :func:`kpca_repro.h5io.atomic_output` has already removed the unfinished output. Snakemake
+    then prints the job's log: the line, not a traceback of the library's internals.
+
+    Args:
+        log: the script's logger (:func:`setup_logging`).
+    """
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        if isinstance(exc, InputFileError):
+            log.error("%s", " ".join(str(exc).split("\n")))
+        else:
+            previous(exc_type, exc, tb)
+
+    sys.excepthook = hook
 
 
 def fail_cleanly(log: logging.Logger, func, /, *args, **kwargs):

@@ -10,6 +10,26 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+
+def _check_package_checkout():
+    """Stop, before anything imports it, when the `kpca_repro` Python would import is not this checkout's
+    src/kpca_repro (an editable install of another checkout, a PYTHONPATH elsewhere): the jobs would run
+    that code while Snakemake tracks this checkout's src/ for reruns (stage_code). One line, status 1."""
+    from importlib.util import find_spec
+
+    spec = find_spec("kpca_repro")
+    here = (REPO / "src" / "kpca_repro" / "__init__.py").resolve()
+    found = Path(spec.origin).resolve() if spec and spec.origin else None
+    if found != here:
+        where = f"is imported from {found.parent}" if found else "is not importable"
+        sys.exit(
+            f"kpca_repro {where}, not from this workflow's checkout {REPO}: its jobs would run other code than the src/ "
+            f"it tracks. Run `python -m pip install -e {REPO}`, or set PYTHONPATH={REPO / 'src'}"
+        )
+
+
+_check_package_checkout()
+
 from kpca_repro.check_cache import WORKFLOW_CACHE_DIR as CHECK_CACHE
 from kpca_repro.inputs.model_info import MissingModelError, model_source
 from kpca_repro.inputs.resources import export_hub_timeouts

@@ -6,6 +6,6 @@ from kpca_repro.smk import setup_logging
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "sample_text")
 rows = text.read_text_rows(smk.input.rows)
-table = text.sample_rows(rows, int(smk.wildcards.n), smk.params.min_chars, smk.params.seed)
+table = text.sample_rows(rows, int(smk.wildcards.n), smk.params.min_chars, smk.params.seed, source=smk.input.rows)
 log.info("sampled %d of %d rows from %s (stripped length > %d, seed %d)", len(table), len(rows), smk.input.rows, smk.params.min_chars, smk.params.seed)
 text.write_samples(table, smk.output[0])

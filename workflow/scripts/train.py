@@ -9,9 +9,9 @@ from kpca_repro.smk import setup_logging
 from kpca_repro.threads import resolve_device
 from kpca_repro.training.train import build_datasets, build_model, config_fingerprint, train_run
 
-#: Library modules that change no number of a training run (logging, HDF5/atomic files,
+#: Library modules that change no number of a training run (logging, error classes, HDF5/atomic files,
 #: resource paths, the package marker): left out of the checkpoint's fingerprint.
-INFRASTRUCTURE = {"__init__.py", "smk.py", "h5io.py", "resources.py"}
+INFRASTRUCTURE = {"__init__.py", "smk.py", "errors.py", "h5io.py", "resources.py"}
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "train")

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["INVARIANT_RTOL", "CaptureMismatchError", "InvariantResult", "attention_mask_matrix", "attention_invariant", "check_attention_invariant"]
+from kpca_repro.errors import InputFileError
+
+__all__ = ["INVARIANT_RTOL", "ActivationFileMismatchError", "CaptureMismatchError", "InvariantResult", "attention_mask_matrix", "attention_invariant", "check_attention_invariant"]
 
 #: Largest accepted ``max |h - h_hat| / max |v|`` of a checked head (see the module docstring).
 INVARIANT_RTOL = 1e-4
@@ -37,6 +39,11 @@ INVARIANT_RTOL = 1e-4
 
 class CaptureMismatchError(RuntimeError):
     """The stored q, k, v do not reproduce the attention output h of the model."""
+
+
+class ActivationFileMismatchError(InputFileError, CaptureMismatchError):
+    """An activation file's q, k, v do not reproduce its h: a bad input file, not a capture bug
+    (:func:`kpca_repro.activations.validate`)."""
 
 
 @dataclass

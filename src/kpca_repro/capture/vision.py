@@ -131,13 +131,33 @@ def load_timm_model(model_id: str, weights_path: str | os.PathLike, model_kwargs
         The model in eval mode, float32, on the CPU.
 
     Raises:
-        RuntimeError: the state_dict does not fit the architecture (missing/unexpected keys).
+        kpca_repro.inputs.resources.WeightsFileError: the file is not a complete safetensors file
+            (truncated, corrupt), or its tensors do not fit the architecture (missing, unexpected
+            or differently shaped keys); one line naming the file and the fix.
     """
     import timm
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    from kpca_repro.inputs.resources import WeightsFileError
+
     model = timm.create_model(model_id, pretrained=False, **(model_kwargs or {}))
-    state = load_file(str(weights_path))
+    try:
+        state = load_file(str(weights_path))
+    except SafetensorError as exc:
+        raise WeightsFileError(
+            f"weights file {weights_path} is not a complete safetensors file ({exc}): it is truncated or corrupt. "
+            f"Replace it with a complete copy of the {model_id} weights, or delete it and run with offline: false to download it again"
+        ) from None
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    reshaped = sorted(k for k in set(state) & set(expected) if tuple(state[k].shape) != tuple(expected[k].shape))
+    if missing or unexpected or reshaped:
+        found = "; ".join(f"{len(keys)} {what} (e.g. {keys[0]})" for what, keys in (("missing keys", missing), ("unexpected keys", unexpected), ("keys of another shape", reshaped)) if keys)
+        raise WeightsFileError(
+            f"weights file {weights_path} does not fit {model_id} with model_kwargs {model_kwargs or {}}: {found}. Replace it with the weights of {model_id}, or correct vision.model_kwargs.{model_id}"
+        )
     model.load_state_dict(state, strict=True)
     return model.eval().float()
 

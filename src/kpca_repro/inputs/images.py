@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kpca_repro.errors import InputFileError
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -30,7 +32,7 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-class UnreadableImageError(OSError):
+class UnreadableImageError(InputFileError, OSError):
     """An image file could not be decoded; the message names it."""
 
 
@@ -174,12 +176,14 @@ def load_image(path: str | os.PathLike):
     Raises:
         UnreadableImageError: the file cannot be read or decoded; the message names it.
     """
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     try:
         with open(path, "rb") as f:
             img = Image.open(f)
             return img.convert("RGB")
+    except UnidentifiedImageError as exc:  # PIL's message would name the file object, not the path
+        raise UnreadableImageError(f"cannot read image {path}: not an image file (no format PIL can decode)") from exc
     except Exception as exc:
         raise UnreadableImageError(f"cannot read image {path}: {exc}") from exc
 

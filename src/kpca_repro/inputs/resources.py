@@ -27,12 +27,14 @@ from pathlib import Path
 from typing import TypeVar
 
 from kpca_repro.check_cache import sha256_file
+from kpca_repro.errors import InputFileError
 
 T = TypeVar("T")
 
 __all__ = [
     "MissingResourceError",
     "ChecksumMismatchError",
+    "WeightsFileError",
     "timm_weights_path",
     "imagenet_sample_dir",
     "check_checksum",
@@ -54,8 +56,12 @@ class MissingResourceError(FileNotFoundError):
     """A required input file is absent and cannot be fetched; the message names the path."""
 
 
-class ChecksumMismatchError(ValueError):
+class ChecksumMismatchError(InputFileError, ValueError):
     """A weights file does not have the SHA-256 recorded for it in the configuration."""
+
+
+class WeightsFileError(InputFileError, ValueError):
+    """A weights file that cannot be loaded: truncated, corrupt, or the weights of another architecture."""
 
 
 def timm_weights_path(resources_dir: str | os.PathLike, model_id: str) -> Path:

@@ -31,6 +31,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from kpca_repro.errors import InputFileError
 from kpca_repro.h5io import atomic_output
 from kpca_repro.inputs.images import sample_indices
 from kpca_repro.inputs.model_info import MissingModelError
@@ -38,6 +39,7 @@ from kpca_repro.inputs.model_info import missing_model_message as _missing_messa
 
 __all__ = [
     "WIKITEXT",
+    "UnreadableTextError",
     "load_text_model",
     "weights_file",
     "read_text_rows",
@@ -94,27 +96,54 @@ def weights_file(model_id: str, source: str) -> Path | None:
 # --------------------------------------------------------------------------------------
 
 
+class UnreadableTextError(InputFileError, ValueError):
+    """The WikiText file is empty, binary or too short for the sample; the message names it and the fix."""
+
+
+#: What replaces a bad WikiText file (the rule ``download_wikitext`` fetches a missing one).
+_TEXT_SOURCE = "wiki.test.raw of wikitext-103-raw-v1 (one dataset row per line), or delete it and run with offline: false to download it again"
+
+
 def read_text_rows(path: str | os.PathLike) -> list[str]:
-    """Dataset rows of a raw WikiText file: one row per line, trailing ``"\\n"`` kept."""
-    with open(path, encoding="utf-8") as f:
-        return list(f)
+    """Dataset rows of a raw WikiText file: one row per line, trailing ``"\\n"`` kept.
+
+    Raises:
+        UnreadableTextError: the file is not UTF-8 text, holds NUL bytes (binary) or has no
+            non-blank row; the message names it and the fix.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            rows = list(f)
+    except UnicodeDecodeError as exc:
+        raise UnreadableTextError(f"text file {path} is binary, not UTF-8 text ({exc.reason}). Replace it with {_TEXT_SOURCE}") from None
+    if any("\x00" in row for row in rows):
+        raise UnreadableTextError(f"text file {path} is binary (it holds NUL bytes). Replace it with {_TEXT_SOURCE}")
+    if not any(row.strip() for row in rows):
+        raise UnreadableTextError(f"text file {path} is empty (no non-blank row). Replace it with {_TEXT_SOURCE}")
+    return rows
 
 
-def sample_rows(rows: list[str], n: int, min_chars: int, seed: int) -> pd.DataFrame:
+def sample_rows(rows: list[str], n: int, min_chars: int, seed: int, source: str | os.PathLike | None = None) -> pd.DataFrame:
     """The paper's text sample (docs/method.md 3).
 
     ``corpus = [r for r in rows if len(r.strip()) > min_chars]`` (rows kept unstripped),
     then ``random.seed(seed); random.sample(corpus, n)``. Blank rows never enter the corpus,
     so a file with or without the split's empty rows gives the same sample.
 
+    Args:
+        source: the file the rows come from, named in the error.
+
     Returns:
         ``sample_rank, dataset_index, text`` in draw order; ``dataset_index`` is the position
         in the filtered corpus (the population ``random.sample`` draws from).
 
     Raises:
-        ValueError: fewer than ``n`` rows pass the filter.
+        ValueError: fewer than ``n`` rows pass the filter (:class:`UnreadableTextError`, naming
+            ``source``, when it is given).
     """
     corpus = [r for r in rows if len(r.strip()) > min_chars]
+    if source is not None and len(corpus) < n:
+        raise UnreadableTextError(f"text file {source} has {len(corpus)} rows longer than {min_chars} characters, {n} requested. Lower text.n_rows, or replace it with {_TEXT_SOURCE}")
     idx = sample_indices(len(corpus), n, seed)
     return pd.DataFrame({"sample_rank": range(n), "dataset_index": idx, "text": [corpus[i] for i in idx]})
 
