@@ -460,10 +460,13 @@ def test_user_configuration_checks(tmp_path, monkeypatch):
         with pytest.raises(ValueError) as info:
             check_user_config(_cfg(**entries))
         assert needle in str(info.value)
-    empty = _cfg(mine={"files": ["m.h5"], "kind": "text"})
-    empty["vision"]["models"] = []
-    with pytest.raises(ValueError, match="entry of kind vision"):
-        check_user_config(empty)
+    # A text-only study (no vision model, one text entry) is valid and has no vision targets.
+    from kpca_repro.workflow import paths
+
+    text_only = _cfg(mine={"files": ["m.h5"], "kind": "text"})
+    text_only["vision"]["models"] = []
+    check_user_config(text_only)
+    assert not paths.has_vision(text_only)
 
 
 def test_user_rows_are_labelled_and_not_comparable():
