@@ -1,5 +1,13 @@
 """The examples of README.md and docs/ run as written.
 
+Every ``python`` block of README.md and docs/*.md carries a marker on the line before it:
+``<!-- example: NAME -->`` blocks run offline, in order, in one folder per page (a later block
+may read what an earlier one wrote); ``<!-- example-online: NAME -->`` blocks run through the
+local hub (olah, ``HF_ENDPOINT``); a block whose first line is ``# <path>`` is a file of a
+walkthrough, written to that path and run by the walkthrough's ``bash`` block
+(docs/own_models.md: your own PyTorch encoder and a BERT from a config, Table 1, Table 4 and
+their report, run for real from a clone).
+
 Every ``snakemake`` command of a ``bash`` block of README.md and docs/*.md is run as a dry run
 (``-n``: the DAG, the configuration checks and the cost block, no job) from a copy of the
 repository beside a ``shared`` folder, as a user runs it from the repository root; the README's
@@ -92,7 +100,9 @@ def _dry_script(block: list[str]) -> str | None:
     return "set -e\n" + "\n".join(lines) if any("-m snakemake" in line for line in lines) else None
 
 
-PLANNED = [(s, b) for s, b in EXAMPLES if _dry_script(b)]
+#: Folder of docs/own_models.md's walkthrough, whose blocks run for real (test below), not planned.
+WALKTHROUGH = "my-study/"
+PLANNED = [(s, b) for s, b in EXAMPLES if _dry_script(b) and not any(WALKTHROUGH in line for line in b)]
 
 
 @pytest.mark.integration
@@ -128,3 +138,109 @@ def test_readme_everything_and_its_report(repo_copy, tmp_path):
         assert f"{name}.html" in page, name
     for name in ("figure1.png", "figure2.png", "figure2_corrected.png", "figure3.png", "figure4.png", "figure5.png", "figure5_corrected.png"):
         assert name in page, name
+
+
+# ---------------------------------------------------------------------------------------------
+# Python examples
+
+MARKER = re.compile(r"<!-- (example|example-online): ([\w-]+) -->\n```python\n(.*?)```", re.S)
+
+
+def _python_examples() -> list[tuple[str, str, str, str]]:
+    """``(file, kind, name, code)`` of every marked ``python`` block of README.md and docs/*.md."""
+    files = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    return [(str(f.relative_to(REPO)), *m.groups()) for f in files for m in MARKER.finditer(f.read_text())]
+
+
+PY_EXAMPLES = _python_examples()
+
+
+def _is_file_block(code: str) -> bool:
+    return bool(re.match(r"# [\w./-]+\.py\n", code))
+
+
+def test_every_python_example_is_marked():
+    """No python block escapes the tests: each has a marker, and the runnable ones are many."""
+    files = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    blocks = sum(f.read_text().count("```python\n") for f in files)
+    assert blocks == len(PY_EXAMPLES), f"{blocks - len(PY_EXAMPLES)} python block(s) without an '<!-- example: NAME -->' marker"
+    names = {name for *_, name, _ in PY_EXAMPLES}
+    assert {"numpy-writer", "own-module", "torch-attention", "notebook", "hub-repositories", "timm-weights", "own-encoder-and-bert"} <= names
+
+
+def _run_python(code: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    base = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=600, env={**base, **(env or {})})
+
+
+OFFLINE_PAGES = sorted({f for f, kind, _, code in PY_EXAMPLES if kind == "example" and not _is_file_block(code)})
+
+
+@pytest.mark.parametrize("page", OFFLINE_PAGES)
+def test_python_examples_run_as_written(page, tmp_path):
+    """Each offline example of a page, in the page's order, in one empty folder."""
+    for _, _, name, code in [e for e in PY_EXAMPLES if e[0] == page and e[1] == "example" and not _is_file_block(e[3])]:
+        proc = _run_python(code, tmp_path)
+        assert proc.returncode == 0, f"{page} example {name}:\n{proc.stderr[-3000:]}"
+
+
+@pytest.mark.integration
+def test_online_python_examples_run_through_the_hub(hub, tmp_path):
+    """The examples that download (``pretrained=True``), through the local hub; the timm
+    repositories they name are served as random-weight stand-ins."""
+    from kpca_repro.hub import fixture as hf
+
+    online = [e for e in PY_EXAMPLES if e[1] == "example-online"]
+    assert online
+    for page, _, name, code in online:
+        for model in re.findall(r'create_model\("([\w.]+)", pretrained=True', code):
+            if not any(r.startswith(f"timm/{model}.") for r in hub.repos):
+                hf.add_timm_repo(hub.manifest.root / "mirrors", model)
+        proc = _run_python(code, tmp_path, hub.env(tmp_path / "hf_home"))
+        assert proc.returncode == 0, f"{page} example {name}:\n{proc.stderr[-3000:]}"
+    assert (tmp_path / "resources/weights/timm/eva02_tiny_patch14_224.safetensors").stat().st_size > 1e6
+
+
+@pytest.mark.integration
+def test_own_encoder_and_bert_walkthrough(tmp_path):
+    """docs/own_models.md's walkthrough as written, from a clone: its script, configuration and
+    commands give Table 1 with the encoder's row, Table 4 with the BERT's, and their report."""
+    import os
+    import time
+
+    if not (REPO.parent / "shared" / "assets").is_dir():
+        pytest.skip("needs ../shared/assets (the offline resources)")
+    page = (REPO / "docs" / "own_models.md").read_text()
+    section = page.split("<!-- example: own-encoder-and-bert -->", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(python|yaml|bash)\n(.*?)```", section, re.S)
+    assert [lang for lang, _ in blocks] == ["python", "yaml", "bash"]
+    repo = tmp_path / "repo"
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.splitlines()
+    for name in files:
+        if (REPO / name).is_file():
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, repo / name)
+    (tmp_path / "shared").symlink_to(REPO.parent / "shared")
+    for _, code in blocks[:2]:
+        target = repo / code.split("\n", 1)[0].removeprefix("# ")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(code)
+    env = {**os.environ, "PYTHONPATH": str(repo / "src")}
+    start = time.perf_counter()
+    for line in _bash_blocks_of(blocks[2][1]):
+        args = shlex.split(line)
+        cmd = [sys.executable, *args[1:]] if args[0] == "python" else [sys.executable, "-m", *args]
+        proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=1200, env=env)
+        assert proc.returncode == 0, f"{line}\n{proc.stderr[-4000:]}"
+    print(f"walkthrough: {time.perf_counter() - start:.0f} s")
+    assert "my_encoder (user activations)" in (repo / "results/table1.md").read_text()
+    assert "my-org/my-bert" in (repo / "results/table4.md").read_text()
+    report = (repo / "my-study/report.html").read_text(errors="replace")
+    assert "table1.html" in report and "table4.html" in report
+
+
+def _bash_blocks_of(block: str) -> list[str]:
+    joined = re.sub(r"\\\n\s*", " ", block)
+    return [line.split(" #")[0].strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
