@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from kpca_repro.workflow.config_checks import ConfigError, check_config, image_source, resolve_scales, run_model_scale, schema_error_message, weights_path
+from kpca_repro.workflow.config_checks import ConfigError, check_config, image_count_error, image_source, resolve_scales, run_model_scale, schema_error_message, weights_path
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
@@ -153,8 +154,12 @@ def test_image_counts_and_weights_checksums(tmp_path, photos_dir):
     images.mkdir(parents=True)
     for p in sorted(Path(photos_dir).iterdir())[:2]:
         (images / p.name).write_bytes(p.read_bytes())
-    with pytest.raises(ConfigError, match=r"config key vision.n_images: 4 images requested, but .* holds 2"):
-        check_config(cfg)
+    # counted per requested sample (rule sample_images' input function), not by check_config
+    check_config(cfg)
+    assert re.fullmatch(r"config key vision.n_images: 4 images requested, but .* holds 2; lower vision.n_images .*", image_count_error(cfg, 4))
+    assert image_count_error(cfg, 2) is None
+    cfg["spectra"]["n_images"] = 4  # two keys asking for the same sample are both named
+    assert image_count_error(cfg, 4).startswith("config key vision.n_images / spectra.n_images: 4 images requested")
     for p in sorted(Path(photos_dir).iterdir())[2:]:
         (images / p.name).write_bytes(p.read_bytes())
     weights = Path(weights_path(cfg, "vit_tiny_patch16_224"))

@@ -218,6 +218,15 @@ BAD_INPUT = [
 ]
 
 
+def test_image_counts_are_checked_for_the_requested_targets_only(tmp_path, tiny_resources):
+    """spectra.n_images beyond the image set: Table 1 plans, Table 2 stops before any job naming the key."""
+    cfg = _write_config(tmp_path / "spectra.yaml", resources_dir=str(tiny_resources), spectra={"n_images": 50})
+    assert _run(REPO, tmp_path, "-n", "results/table1.csv", "--configfile", str(cfg), check=False).returncode == 0
+    proc = _run(REPO, tmp_path, "-n", "results/table2.csv", "--configfile", str(cfg), check=False)
+    assert proc.returncode == 1 and "config key spectra.n_images: 50 images requested, but" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("overrides, needle", BAD_INPUT)
 def test_bad_input_fails_before_any_job(overrides, needle, tmp_path, tiny_resources):
     """Complements test_workflow.py::test_bad_configuration_fails_before_any_job."""

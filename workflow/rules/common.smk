@@ -120,6 +120,14 @@ def reference_logs_input():
 # Input paths (image_source: the sampled images' directory and layout) and output paths
 # (kpca_repro.workflow.paths), bound to this run's configuration.
 image_source, weights_path = partial(config_checks.image_source, config), partial(config_checks.weights_path, config)
+
+
+def sampled_images(wildcards):
+    """Input function of sample_images: the image set. A sample larger than the set stops the run in one
+    line while the DAG is built (dry runs too), so only the requested targets' image counts are checked."""
+    if workflow.is_main_process and (error := config_checks.image_count_error(config, int(wildcards.n))):
+        sys.exit(error)  # the message alone on stderr, status 1
+    return image_source()[0]
 heads_files, spectra_files, text_stage_files, norm_activations, comparison_tables, all_targets = (
     partial(f, config) for f in (paths.heads_files, paths.spectra_files, paths.text_stage_files, paths.norm_activations, paths.comparison_tables, paths.all_targets)
 )

@@ -3,7 +3,7 @@
 
 rule sample_images:
     input:
-        images=image_source()[0],
+        images=sampled_images,
         code=stage_code("inputs"),
     output:
         "results/samples/vision_{n}.tsv",

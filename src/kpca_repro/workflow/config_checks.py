@@ -185,17 +185,35 @@ def _check_training_config(config: dict, cache: CheckCache) -> None:
         raise ConfigError(f"config key figure1.reference_logs: {ref} is not a directory (the authors' W&B CSV exports)")
 
 
-def _check_resources(config: dict, checked: dict[str, str]) -> None:
-    """Every configured image count fits the image set (when it exists); existing weights with an
-    entry in ``checksums`` have that SHA-256 (``checked``: path -> digest, already hashed)."""
+#: The keys that ask ``rule sample_images`` for ``results/samples/vision_<n>.tsv``.
+IMAGE_COUNT_KEYS = ("vision.n_images", "spectra.n_images", "figure3.n_images")
+
+
+def image_count_error(config: dict, n: int) -> str | None:
+    """The one-line error when a scheduled sample of ``n`` images exceeds the image set, else None.
+
+    Called by the input function of ``rule sample_images``, so only the image counts of the
+    requested targets are checked (Table 1 does not check ``spectra.n_images``); an image set that
+    does not exist yet (downloaded by a rule) is not counted.
+
+    Args:
+        config: the merged configuration.
+        n: the sample size, the ``{n}`` of ``results/samples/vision_{n}.tsv``.
+    """
     from kpca_repro.inputs.images import list_images
-    from kpca_repro.inputs.resources import ChecksumMismatchError, check_checksum
 
     root, layout = image_source(config)
-    available = len(list_images(root, layout)) if os.path.isdir(root) else None
-    for key in ("vision.n_images", "spectra.n_images", "figure3.n_images"):
-        if available is not None and (n := config[key.split(".")[0]]["n_images"]) > available:
-            raise ConfigError(f"config key {key}: {n} images requested, but {root} holds {available}; lower {key} or set vision.imagenet_val_dir to a larger image set")
+    if not os.path.isdir(root) or n <= (available := len(list_images(root, layout))):
+        return None
+    keys = " / ".join(k for k in IMAGE_COUNT_KEYS if config[k.split(".")[0]]["n_images"] == n) or "vision.n_images"
+    return f"config key {keys}: {n} images requested, but {root} holds {available}; lower {keys} or set vision.imagenet_val_dir to a larger image set"
+
+
+def _check_resources(config: dict, checked: dict[str, str]) -> None:
+    """Existing weights with an entry in ``checksums`` have that SHA-256 (``checked``: path -> digest,
+    already hashed). The image counts are checked per requested sample (:func:`image_count_error`)."""
+    from kpca_repro.inputs.resources import ChecksumMismatchError, check_checksum
+
     for model in dict.fromkeys([*config["vision"]["models"], config["figure3"]["model"]]):
         expected = config["checksums"].get(model)
         path = weights_path(config, model)
