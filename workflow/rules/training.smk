@@ -65,14 +65,6 @@ if TRAINING_LOGS_MISSING:
             "../scripts/download_training_logs.py"
 
 
-def train_data(wc):
-    """The training data of a run (input function), after its line in the cost block (kpca_repro.workflow.preflight)."""
-    scale = TRAINING["scales"][wc.scale]
-    what = f"{scale.get('n_train') or 'every'} images x {scale['epochs']} epochs at {scale_tokens(scale)} tokens on {TRAINING['threads']} threads"
-    PREFLIGHT.training(f"{wc.arch}_{wc.scale} seed {wc.seed}", estimated_minutes(scale, TRAINING["threads"]), what)
-    return FASHION_MNIST if scale["dataset"] == "fashion_mnist" else []
-
-
 rule train:
     input:
         data=train_data,
