@@ -44,6 +44,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from kpca_repro.method.variant import PAPER, VARIANTS
+from kpca_repro.method.variant import get as get_variant
+
 REPO = Path(__file__).resolve().parents[1]
 
 #: (tokens N, head dimension d, heads): Table 1's vision shapes (197 tokens, 198 with the
@@ -107,7 +110,7 @@ def _per_head(k, v, base, variant):
 
     from kpca_repro.method.kpca import head_metrics
 
-    kw = lambda h: {"baseline": base[h : h + 1]} if variant == "corrected" else {}  # noqa: E731
+    kw = lambda h: {"baseline": base[h : h + 1]} if get_variant(variant).baselines else {}  # noqa: E731
     rows = [head_metrics(k[h : h + 1], v[h : h + 1], variant, **kw(h)) for h in range(k.shape[0])]
     return {c: np.concatenate([r[c] for r in rows]) for c in rows[0]}
 
@@ -131,7 +134,7 @@ def _batched(k, v, base, variant, device, chunk, workers, eigh_device=None, stre
     def work(lo):
         hi = min(lo + chunk, k.shape[0])
         with device_stream(device, streams):
-            b = base[lo:hi].to(device) if variant == "corrected" else None
+            b = base[lo:hi].to(device) if get_variant(variant).baselines else None
             return kpca.head_metrics(k[lo:hi].to(device), v[lo:hi].to(device), variant, baseline=b, placement=place)
 
     parts = list(ordered_map(work, range(0, k.shape[0], chunk), workers=workers, budget=place.budget))
@@ -192,7 +195,7 @@ def _one(spec: dict) -> dict:
     if spec.get("activations"):
         k, v, base = _read_file(spec["activations"], spec["variant"], spec.get("seed", 0))
     else:  # one draw of `draw` heads; the baseline takes its first `heads`
-        k, v, base = _random_heads(spec.get("draw", spec["heads"]), spec["n"], spec["d"], baseline=spec["variant"] == "corrected")
+        k, v, base = _random_heads(spec.get("draw", spec["heads"]), spec["n"], spec["d"], baseline=get_variant(spec["variant"]).baselines)
     k, v, base = k[: spec.get("heads")], v[: spec.get("heads")], base[: spec.get("heads")]
     timers = _Timers() if spec.get("breakdown") else None
     if timers:
@@ -231,7 +234,7 @@ def _one(spec: dict) -> dict:
 
 def _run_method(spec, device, k, v, base):
     if spec["method"] == "per_head":
-        if spec["variant"] == "paper" and device.type == "cpu":
+        if get_variant(spec["variant"]).authors_formulas and device.type == "cpu":  # the authors' per-head code
             return _per_head_paper(k, v)
         # the oracle builds its constant matrices on the CPU: on CUDA the per-head baseline is
         # head_metrics on one head at a time (same per-head structure: one eigh, CKA, assignment)
@@ -240,7 +243,7 @@ def _run_method(spec, device, k, v, base):
     if eigh_threads == "auto":  # the kpca_heads rule: torch's default count for the paper variant, the caller's for the corrected one
         from kpca_repro.threads import torch_default_threads
 
-        eigh_threads = torch_default_threads() if spec["variant"] == "paper" else None
+        eigh_threads = torch_default_threads() if get_variant(spec["variant"]).authors_threads else None
     elif eigh_threads is not None:
         eigh_threads = int(eigh_threads)
     return _batched(k, v, base, spec["variant"], device, spec["chunk"], spec["workers"], spec.get("eigh_device"), spec.get("streams", False), eigh_threads)
@@ -260,7 +263,7 @@ def _read_file(path, variant, seed):
         for layer, _, t in layer_chunks(af, range(af.n_layers), per_layer):
             ks.append(t["k"])
             vs.append(t["v"])
-            if variant == "corrected":
+            if get_variant(variant).baselines:
                 shape = (int(af.attrs["n_heads"]), *t["v"].shape[1:])
                 bs.append(torch.cat([baseline_noise(seed, di, layer, shape) for di in af.dataset_index]))
     k, v = torch.cat(ks), torch.cat(vs)
@@ -302,10 +305,10 @@ def _max_abs_diff(a: dict, b: dict, columns=None) -> float:
     return float(max(diffs)) if diffs else float("nan")
 
 
-def _compare(variant: str, base_out: dict, fast_out: dict) -> dict:
+def _compare(base_out: dict, fast_out: dict) -> dict:
     import numpy as np
 
-    if variant == "paper" and "dropped" not in base_out:  # the oracle: NaN where the reference drops a head
+    if "dropped" not in base_out:  # the authors' per-head oracle: NaN where the reference drops a head
         ok = np.isfinite(base_out["linear_cka"])
         same_dropped = bool(np.array_equal(~ok, fast_out["dropped"].astype(bool)))
         sub = lambda o: {c: o[c][ok] for c in PAPER_COLUMNS}  # noqa: E731
@@ -332,7 +335,7 @@ def cmd_shapes(args) -> dict:
                 row = {"N": n, "d": d, "variant": variant, "device": args.device, "batched": fast_res}
                 for threads in sorted({1, args.threads} if args.baseline_threads is None else {args.baseline_threads}):
                     base_res, base_out = _measure(dict(common, method="per_head", heads=args.baseline_heads, torch_threads=threads), Path(tmp))
-                    row[f"per_head_{threads}thr"] = {**base_res, "speedup_of_batched": fast_res["heads_per_second"] / base_res["heads_per_second"], **_compare(variant, base_out, fast_head)}
+                    row[f"per_head_{threads}thr"] = {**base_res, "speedup_of_batched": fast_res["heads_per_second"] / base_res["heads_per_second"], **_compare(base_out, fast_head)}
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     return {"command": "shapes", "rows": rows}
@@ -350,9 +353,9 @@ def cmd_stage(args) -> dict:
             baselines = sorted({1, args.threads} if args.baseline_threads is None else {args.baseline_threads})
             for threads in [] if args.skip_baseline else baselines:
                 base_res, base_out = _measure(dict(common, method="per_head", torch_threads=threads), Path(tmp))
-                row[f"per_head_{threads}thr"] = {**base_res, "speedup_of_batched": base_res["seconds"] / fast_res["seconds"], **_compare(variant, base_out, fast_out)}
+                row[f"per_head_{threads}thr"] = {**base_res, "speedup_of_batched": base_res["seconds"] / fast_res["seconds"], **_compare(base_out, fast_out)}
                 outs[f"per_head_{threads}thr"] = base_out
-            if variant == "paper":  # the Table 1 numbers each gives, over the heads the batched code keeps
+            if get_variant(variant).tables == "paper":  # the Table 1 numbers each gives, over the heads the batched code keeps
                 for name, out in outs.items():
                     row[f"table1_{name}"] = _table1_row(out, fast_out["dropped"].astype(bool))
             print(json.dumps(row), flush=True)
@@ -367,7 +370,7 @@ def cmd_table1(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for model, (n, d, layers, heads) in TABLE1_MODELS.items():
             spec = {
-                "variant": "paper",
+                "variant": PAPER.name,
                 "n": n,
                 "d": d,
                 "heads": layers * heads * args.images,
@@ -668,7 +671,7 @@ def _kpca(spec: dict) -> dict:
         eigh_threads = torch_default_threads()
     t0 = time.perf_counter()
     out, _ = records.kpca_records(
-        spec["activations"], "paper", device=torch.device("cpu"), heads_per_chunk=spec["chunk"], layers=spec["layers"], workers=spec["workers"], eigh_threads=eigh_threads, progress=False
+        spec["activations"], PAPER, device=torch.device("cpu"), heads_per_chunk=spec["chunk"], layers=spec["layers"], workers=spec["workers"], eigh_threads=eigh_threads, progress=False
     )
     res = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "seconds": time.perf_counter() - t0, "heads": len(out)}
     return {**res, "eigh_threads": eigh_threads, "moc": float(out["optimal_cos_mean"].max())}
@@ -741,14 +744,14 @@ def cmd_ab(args) -> dict:
         for layer, _, t in layer_chunks(af, args.layers, per_layer):
             ks.append(t["k"][: args.heads_per_layer])
             vs.append(t["v"][: args.heads_per_layer])
-            if args.variant == "corrected":
+            if get_variant(args.variant).baselines:
                 shape = (int(af.attrs["n_heads"]), *t["v"].shape[1:])
                 bs.append(torch.cat([baseline_noise(0, di, layer, shape) for di in af.dataset_index])[: args.heads_per_layer])
     k, v = torch.cat(ks), torch.cat(vs)
     base = torch.cat(bs) if bs else None
     n = k.shape[0]
     eigh_threads = None
-    if args.variant == "paper":
+    if get_variant(args.variant).authors_threads:
         from kpca_repro.threads import torch_default_threads
 
         eigh_threads = torch_default_threads()
@@ -786,7 +789,7 @@ def cmd_ab(args) -> dict:
         """The eigh threads in the tree's own terms: a placement (since issue 45) or eigh_threads (before)."""
         if "placement" in inspect.signature(mod.head_metrics).parameters:
             place = importlib.import_module(mod.__name__.rsplit(".", 1)[0] + ".placement").Placement
-            return {"placement": place.local("cpu", eigh_threads=eigh_threads, per_head_products=args.variant == "paper")}
+            return {"placement": place.local("cpu", eigh_threads=eigh_threads, per_head_products=get_variant(args.variant).authors_threads)}
         return {"eigh_threads": eigh_threads}
 
     run("other", other)  # warm-up, not counted
@@ -832,7 +835,7 @@ def main(argv=None) -> None:
         s.add_argument("--device", default="cpu")
         s.add_argument("--threads", type=int, default=2, help="worker threads (batched) / torch threads (per-head baseline)")
         s.add_argument("--chunk", type=int, default=16, help="heads per batched call")
-        s.add_argument("--variants", nargs="+", default=["paper", "corrected"])
+        s.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
         if name == "shapes":
             s.add_argument("--baseline-heads", type=int, default=48, help="heads the per-head baseline runs (it is slow)")
             s.add_argument("--max-heads", type=int, default=384, help="cap on the batched heads per shape (smoke runs)")
@@ -887,7 +890,7 @@ def main(argv=None) -> None:
     s = sub.add_parser("ab", help="head_metrics of this tree against another (--tree) on the same heads, interleaved in one process")
     s.add_argument("activations", type=Path)
     s.add_argument("--tree", required=True, help="the other checkout (its src/kpca_repro is imported as kpca_other)")
-    s.add_argument("--variant", default="paper", choices=["paper", "corrected"])
+    s.add_argument("--variant", default=PAPER.name, choices=VARIANTS)
     s.add_argument("--layers", type=int, nargs="+", default=[0, 3, 6, 9, 11])
     s.add_argument("--heads-per-layer", type=int, default=120, help="the first heads of each layer")
     s.add_argument("--chunk", type=int, default=64, help="heads per head_metrics call (the rule's default kpca.heads_per_chunk)")

@@ -30,6 +30,7 @@ import torch
 from kpca_repro.h5io import ActivationFile
 from kpca_repro.method.records import kpca_records
 from kpca_repro.method.reference import head_metrics_reference, head_metrics_reference_nlp, sampler_order
+from kpca_repro.method.variant import PAPER
 from kpca_repro.threads import intra_op_threads, torch_default_threads
 
 METRICS = ("direct_cos_mean", "direct_cos_max", "optimal_cos_mean", "optimal_cos_max", "linear_cka", "rbf_cka")
@@ -121,7 +122,7 @@ def main() -> None:
     with intra_op_threads(1):
         for label, eigh_threads in ((f"eigh on {threads} threads (default)", threads), ("eigh on 1 thread", None)):
             t0 = time.perf_counter()
-            records[label], _ = kpca_records(args.activations, "paper", device=torch.device("cpu"), layers=layers, workers=2, heads_per_chunk=64, eigh_threads=eigh_threads, progress=False)
+            records[label], _ = kpca_records(args.activations, PAPER, device=torch.device("cpu"), layers=layers, workers=2, heads_per_chunk=64, eigh_threads=eigh_threads, progress=False)
             print(f"{label}: records of {len(records[label])} heads in {time.perf_counter() - t0:.1f} s", flush=True)
     worst = {label: dict.fromkeys(METRICS, 0.0) for label in records}
     beyond = dict.fromkeys(records, 0)

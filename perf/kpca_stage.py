@@ -22,11 +22,13 @@ import resource
 import threading
 import time
 
+from kpca_repro.method.variant import PAPER, VARIANTS
+
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("activations")
-    ap.add_argument("--variant", default="paper")
+    ap.add_argument("--variant", default=PAPER.name, choices=VARIANTS)
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument("--eigh-threads", default="auto")
     ap.add_argument("--sign-draws", type=int, nargs=2, default=(256, 8), metavar=("DIRECT", "MATCHED"))

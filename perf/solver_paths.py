@@ -86,9 +86,10 @@ def worker(path: str, activations: str, out: str, layers: list[int] | None = Non
     kpca._cka_kernel_sides = lambda x, paper: {"linear": x.shape[0], "rbf": x.shape[0]}
     kpca.cka_from_sides = lambda sx, sy, paper, sqrt=False: torch.full((sx,), float("nan"), dtype=torch.float64)
     from kpca_repro.method.records import kpca_records
+    from kpca_repro.method.variant import PAPER
 
     t0 = time.time()
-    records, _ = kpca_records(activations, "paper", device=torch.device("cpu"), heads_per_chunk=64, workers=2, seed=0, eigh_threads=threads, progress=False, layers=layers)
+    records, _ = kpca_records(activations, PAPER, device=torch.device("cpu"), heads_per_chunk=64, workers=2, seed=0, eigh_threads=threads, progress=False, layers=layers)
     keep = ["sample_rank", "dataset_index", "layer", "head", "dropped", *COLUMNS]
     records[keep].to_csv(out, index=False)
     print(json.dumps({"path": path, "seconds": time.time() - t0}))

@@ -74,8 +74,8 @@ def test_cpu_blocks_change_no_number_and_keep_the_sign_draw_rows(variant, one_th
     paper": the language-model script's options (nothing dropped, NaN costs set to 0)."""
     assert kpca.CPU_BLOCK_HEADS < 19
     k, v, base = _heads(n_heads=19, n=30, d=8, seed=3)
-    kwargs = {"baseline": base} if variant == "corrected" else dict(PAPER.text_options) if variant == "text paper" else {}
-    variant = variant.split()[-1]
+    kwargs = {"baseline": base} if variant == "corrected" else {}
+    variant = PAPER.reading(text=True) if variant == "text paper" else variant
     rows_blocks: dict = {}
     blocks = kpca.head_metrics(k, v, variant, rows=rows_blocks, **kwargs)
     monkeypatch.setattr(kpca, "CPU_BLOCK_HEADS", 64)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kpca_repro.method.variant import VARIANTS
 from kpca_repro.workflow.config_checks import ConfigError, check_config, image_count_error, image_source, resolve_scales, run_model_scale, schema_error_message, weights_path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,6 +41,20 @@ def _config(tmp_path, **overrides) -> dict:
 
 def test_the_shipped_configuration_satisfies_the_schema():
     assert schema_error_message(BASE, SCHEMA, "schema") is None
+
+
+def test_the_variant_names_are_the_registrys_in_the_schema_and_the_wildcard_constraint():
+    """config["variants"]' enum and default, and the rules' {variant} constraint, are the names of
+    kpca_repro.method.variant.REGISTRY: the constraint is built from it (evaluated here with
+    another registry), the schema's enum is checked against it."""
+    variants = SCHEMA["properties"]["variants"]
+    assert variants["items"]["enum"] == variants["default"] == list(VARIANTS)
+    common = (REPO / "workflow" / "rules" / "common.smk").read_text()
+    constraints = re.search(r"^wildcard_constraints:\n(.*?)^\S", common, re.M | re.S).group(1)
+    expression = re.search(r"^\s+variant=(.*?),\s*(#.*)?$", constraints, re.M).group(1)
+    for names in (VARIANTS, ("paper", "exact32")):
+        pattern = eval(expression, {"VARIANTS": names})
+        assert [n for n in (*names, "paper_", "corrected_") if re.fullmatch(pattern, n)] == list(names)
 
 
 def test_schema_errors_name_the_key_and_the_closest_allowed_one():

@@ -187,9 +187,9 @@ def test_batched_path_gives_every_column_of_the_per_matrix_path(variant, solver)
     per_matrix = Placement.local("cpu", per_head_products=var.authors_threads)
     batched = Placement(CPU, CPU, eigh_batched=True, eigensolver=solver, per_head_products=var.authors_threads)
     ref = kpca.head_metrics(k, v, variant, placement=per_matrix, baseline=base)
-    solved = kpca.solve_heads(k, v.shape[-1], var, batched, var.order, 0.0)
+    solved = kpca.solve_heads(k, v.shape[-1], var, batched)
     if variant == "paper":
-        ref_solved = kpca.solve_heads(k, v.shape[-1], var, per_matrix, var.order, 0.0)
+        ref_solved = kpca.solve_heads(k, v.shape[-1], var, per_matrix)
         flip = torch.sign((solved["a"] * ref_solved["a"]).sum(-2, keepdim=True))
         a = solved["a"] * flip
         vk = method.v_kpca(a, solved["inv_g"])
@@ -211,7 +211,7 @@ def test_a_sign_flip_is_caught_by_every_column_comparison():
     k, v = (x.float() for x in _separated_heads())
     place = Placement.local("cpu", per_head_products=True)
     ref = kpca.head_metrics(k, v, "paper", placement=place)
-    solved = kpca.solve_heads(k, v.shape[-1], var, place, var.order, 0.0)
+    solved = kpca.solve_heads(k, v.shape[-1], var, place)
     vk = method.v_kpca(-solved["a"], solved["inv_g"])
     flipped = kpca.head_metrics(k, v, "paper", placement=place, solved={**solved, "a": -solved["a"], "vk": vk, "vk_true": vk})
     np.testing.assert_allclose(flipped["linear_cka"], ref["linear_cka"], rtol=0, atol=1e-6)
@@ -224,6 +224,6 @@ def test_solved_heads_equal_the_ones_head_metrics_solves():
     k, v = (x.float() for x in _separated_heads(n_heads=11))
     place = dataclasses.replace(Placement.local("cpu", per_head_products=True))
     ref = kpca.head_metrics(k, v, "paper", placement=place)
-    got = kpca.head_metrics(k, v, "paper", placement=place, solved=kpca.solve_heads(k, v.shape[-1], var, place, var.order, 0.0))
+    got = kpca.head_metrics(k, v, "paper", placement=place, solved=kpca.solve_heads(k, v.shape[-1], var, place))
     for name in ref:
         np.testing.assert_array_equal(got[name], ref[name], err_msg=name)

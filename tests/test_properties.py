@@ -1,8 +1,8 @@
 """Property tests (hypothesis) of the KPCA module under random shapes and key magnitudes.
 
 Keys are drawn as ``scale * N(0, 1)`` with ``scale`` from 1e-3 to 1e3, so ``s k_i . k_j``
-ranges from ~1e-6 to far beyond float32's ``exp`` overflow (~88.7). The language-model
-chain can reuse these by adding its ``order`` / ``g_eps`` settings to ``HEAD_SETTINGS``.
+ranges from ~1e-6 to far beyond float32's ``exp`` overflow (~88.7). ``HEAD_SETTINGS``
+holds the variants' readings of vision and language-model files.
 """
 
 from __future__ import annotations
@@ -16,17 +16,13 @@ from hypothesis import strategies as st
 
 from kpca_repro.analysis.tables import TABLE1_COLUMNS, table1_paper, table_corrected
 from kpca_repro.method.kpca import eigenpairs, gamma_test, head_metrics, top_eigenvalues
+from kpca_repro.method.variant import CORRECTED, PAPER
 
 PROPS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-# (variant, keyword arguments of head_metrics): Table 1's vision settings; Table 4 adds
-# ("paper", {"order": "asc_top", "g_eps": 1e-6}).
-HEAD_SETTINGS = [
-    ("paper", {}),
-    ("corrected", {}),
-    # Table 4's reference (nlp_value_vectors.py): ascending top-d, G = 1/(g + 1e-6), NaN costs -> 0
-    ("paper", {"order": "asc_top", "g_eps": 1e-6, "nan_cost_to_zero": True, "cka_sqrt_of_product": True}),
-]
+# Table 1's vision settings, and Table 4's reference (nlp_value_vectors.py): ascending top-d,
+# G = 1/(g + 1e-6), NaN costs -> 0
+HEAD_SETTINGS = [PAPER, CORRECTED, PAPER.reading(text=True)]
 
 
 @st.composite
@@ -47,17 +43,17 @@ def _similarities(cols: dict[str, np.ndarray]) -> np.ndarray:
     return np.stack([a for name, a in cols.items() if a.dtype != bool and not name.startswith("baseline_")], axis=1)
 
 
-@pytest.mark.parametrize("variant, kwargs", HEAD_SETTINGS)
+@pytest.mark.parametrize("variant", HEAD_SETTINGS, ids=lambda v: v.name + "-text" * v.text)
 @PROPS
 @given(data=heads())
-def test_head_metrics_never_raise_and_flag_every_nonfinite_head(variant, kwargs, data):
+def test_head_metrics_never_raise_and_flag_every_nonfinite_head(variant, data):
     k, v, gen = data
-    baseline = torch.randn(v.shape, generator=gen, dtype=torch.float64) if variant == "corrected" else None
-    cols = head_metrics(k, v, variant, baseline=baseline, **kwargs)  # no exception escapes
+    baseline = torch.randn(v.shape, generator=gen, dtype=torch.float64) if variant.baselines else None
+    cols = head_metrics(k, v, variant, baseline=baseline)  # no exception escapes
     sims = _similarities(cols)
     n_heads = k.shape[0]
     assert all(a.shape == (n_heads,) for a in cols.values())
-    if variant == "corrected":  # docs/method.md 15.1: nothing overflows, no head is dropped
+    if variant is CORRECTED:  # docs/method.md 15.1: nothing overflows, no head is dropped
         assert cols["finite"].all() and not cols["dropped"].any()
         assert np.isfinite(sims).all()
         assert np.isfinite(np.stack([a for n, a in cols.items() if n.startswith("baseline_")])).all()
@@ -66,7 +62,7 @@ def test_head_metrics_never_raise_and_flag_every_nonfinite_head(variant, kwargs,
         # Table 4's reference keeps the head: a NaN cost becomes 0, so its matched cosines
         # are 0, and the share of negative cosines compares NaN < 0, which is False (0).
         blank = sims[cols["dropped"]]
-        if kwargs.get("nan_cost_to_zero"):
+        if variant.nan_cost_to_zero:
             names = [n for n, a in cols.items() if a.dtype != bool and not n.startswith("baseline_")]
             matched = np.array([n.startswith("optimal_cos") or n.endswith("frac_negative") for n in names])
             assert (blank[:, matched] == 0).all() and np.isnan(blank[:, ~matched]).all()
@@ -76,7 +72,7 @@ def test_head_metrics_never_raise_and_flag_every_nonfinite_head(variant, kwargs,
     # the tables count every head with a non-finite statistic
     records = pd.DataFrame({"model": "m", "layer": 0, "sample_rank": np.arange(n_heads), "head": 0, **cols})
     meta = {"m": {"n_images": 1, "weights_sha256": "x"}}
-    if variant == "paper":
+    if variant.tables == "paper":
         row = table1_paper(records, meta).iloc[0]
         stats = records[list(TABLE1_COLUMNS)].to_numpy()
         assert row["n_heads_dropped"] + row["n_heads_nonfinite"] == int((~np.isfinite(stats)).any(axis=1).sum())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -272,7 +273,7 @@ def test_paper_variant_includes_padding(tiny_files):
         v = torch.from_numpy(af.read(0, ("v",))["v"])
     assert (records["n_tokens"] == n).all() and meta["padding"] == "included" and meta["n_sentences"] == len(k)
     assert len(records) == len(k) * 2 * 4
-    direct = kpca.head_metrics(k.reshape(-1, n, 8), v.reshape(-1, n, 8), "paper", **PAPER.text_options)
+    direct = kpca.head_metrics(k.reshape(-1, n, 8), v.reshape(-1, n, 8), PAPER.reading(text=True))
     first = records[records["layer"] == 0]
     np.testing.assert_allclose(first["direct_cos_max"], direct["direct_cos_max"], rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(first["linear_cka"], direct["linear_cka"], rtol=1e-6, atol=1e-7)
@@ -342,11 +343,11 @@ def test_nan_heads_match_as_zero_and_are_skipped_elsewhere():
     k = torch.randn(3, 16, 8)
     k[1] *= 60.0  # s k.k far above 88.7: exp overflows in float32, the Gram matrix is NaN
     v = torch.randn(3, 16, 8)
-    nlp = kpca.head_metrics(k, v, "paper", **PAPER.text_options)
+    nlp = kpca.head_metrics(k, v, PAPER.reading(text=True))
     assert nlp["dropped"][1] and not nlp["dropped"][0]
     assert nlp["optimal_cos_max"][1] == 0 and nlp["optimal_cos_mean"][1] == 0
     assert np.isnan(nlp["direct_cos_max"][1]) and np.isnan(nlp["linear_cka"][1])
-    vision = kpca.head_metrics(k, v, "paper", order="asc_top", g_eps=1e-6)
+    vision = kpca.head_metrics(k, v, dataclasses.replace(PAPER, order="asc_top", g_eps=1e-6))
     assert np.isnan(vision["optimal_cos_max"][1])
     for col in ("direct_cos_max", "optimal_cos_max", "linear_cka"):
         assert nlp[col][0] == pytest.approx(vision[col][0], rel=1e-5)

@@ -33,6 +33,7 @@ _check_package_checkout()
 from kpca_repro.check_cache import WORKFLOW_CACHE_DIR as CHECK_CACHE
 from kpca_repro.inputs.model_info import MissingModelError, model_source
 from kpca_repro.inputs.resources import export_hub_timeouts
+from kpca_repro.method.variant import VARIANTS
 from kpca_repro.threads import gpu_resource, record_torch_default_threads
 from kpca_repro.training.summary import scale_setting, scale_tokens
 from kpca_repro.workflow import config_checks, paths
@@ -87,7 +88,7 @@ FASHION_MNIST = [f"{RESOURCES}/datasets/fashion-mnist/{f}" for f in FASHION_MNIS
 
 wildcard_constraints:
     model=r"[A-Za-z0-9_.\-]+",
-    variant="paper|corrected",
+    variant="|".join(VARIANTS),  # the registry's names (config.schema.yaml's enum: tests/test_config_checks.py)
     n=r"\d+",
     shard=r"\d+of\d+",
     keyset="standardized|raw",

@@ -7,7 +7,8 @@ sequences, heads and tokens, and summarises each layer with
 :func:`layer_norm_statistics`. Nothing is recomputed from the model: q, k,
 v and h are read from the HDF5 files written by the extraction rules.
 
-Four recipes (``variant`` x images or text):
+Four recipes (``variant`` x images or text; the variant's ``authors_formulas`` picks the scripts'
+recipes, its ``dtype`` the precision and its ``text_padding`` whether padding enters):
 
 * vision ``paper`` (``norms.py``, docs/method.md 8): float32, ``||phi||^2`` in the log domain with
   the hard-coded ``s = 1/8``, ``||h||^2`` of the model's own per-head output, 95th-percentile
@@ -33,7 +34,8 @@ import pandas as pd
 import torch
 
 from kpca_repro.h5io import ActivationFile, CorruptActivationFileError
-from kpca_repro.method.variant import CORRECTED, PAPER, VARIANTS
+from kpca_repro.method.variant import Variant
+from kpca_repro.method.variant import get as get_variant
 from kpca_repro.projection import attention_output, feature_norm_sq, output_norm_sq
 
 __all__ = [
@@ -76,7 +78,7 @@ def squared_norms(
     k: torch.Tensor,
     v: torch.Tensor,
     h: torch.Tensor,
-    variant: str,
+    variant: str | Variant,
     *,
     language: bool = False,
     head_dim: int | None = None,
@@ -87,13 +89,13 @@ def squared_norms(
     Args:
         q, k, v, h: per-head tensors ``(..., N, d)`` float32 as stored (``h`` is the model's
             own attention output before the output projection).
-        variant: ``"paper"`` or ``"corrected"``.
+        variant: a :class:`~kpca_repro.method.variant.Variant` or its name (``"paper"``, ``"corrected"``).
         language: the text recipes (``nlp_norms.py`` for the paper variant, padding excluded
             for the corrected one) instead of the vision ones.
         head_dim: the model's head dimension (file attribute ``head_dim``); default ``d``.
         token_mask: bool ``(..., N)``, True for real tokens (the attention mask broadcast over
-            heads). Used by the corrected text recipe only; the paper recipes use every
-            position, as the reference does.
+            heads). Used by the text recipe of a variant that excludes padding (corrected);
+            the paper recipes use every position, as the reference does.
 
     Returns:
         ``(phi_sq, h_sq, valid)``, each of shape ``(..., N)``: float32 (paper) or float64
@@ -103,14 +105,13 @@ def squared_norms(
     Raises:
         ValueError: unknown variant, or ``head_dim`` disagreeing with the tensors.
     """
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+    variant = get_variant(variant)
     d = q.shape[-1] if head_dim is None else int(head_dim)
     if d != q.shape[-1]:
         raise ValueError(f"head_dim {d} disagrees with the stored tensors' last dimension {q.shape[-1]}")
     valid = torch.ones(q.shape[:-1], dtype=torch.bool, device=q.device)
-    if variant == PAPER.name:
-        q, k, v, h = (t.to(torch.float32) for t in (q, k, v, h))
+    if variant.authors_formulas:
+        q, k, v, h = (t.to(variant.torch_dtype) for t in (q, k, v, h))
         if language:  # nlp_norms.py: plain exp, /8, overflow -> 0; h without the mask
             phi = feature_norm_sq(q, k, scale=PAPER_NORMS_SCALE, log_domain=False, log_of_sum=True)
             h = attention_output(q, k, v, scale=1.0 / math.sqrt(d))
@@ -118,9 +119,9 @@ def squared_norms(
             phi = feature_norm_sq(q, k, scale=PAPER_NORMS_SCALE)
             phi = torch.where(torch.isfinite(phi), phi, torch.zeros((), dtype=phi.dtype))
         return phi, output_norm_sq(h), valid
-    q, k, h = (t.to(torch.float64) for t in (q, k, h))
+    q, k, h = (t.to(variant.torch_dtype) for t in (q, k, h))
     key_mask = None
-    if language and token_mask is not None:
+    if language and variant.text_padding == "excluded" and token_mask is not None:
         key_mask = token_mask.bool()
         valid = key_mask.expand(q.shape[:-1])
     phi = feature_norm_sq(q, k, scale=1.0 / math.sqrt(d), key_mask=key_mask)
@@ -145,7 +146,7 @@ def read_attention_mask(af: ActivationFile) -> np.ndarray:
 
 def norm_statistics(
     activations: Sequence[str | os.PathLike],
-    variant: str,
+    variant: str | Variant,
     *,
     language: bool = False,
     progress: bool = True,
@@ -173,8 +174,7 @@ def norm_statistics(
 
     if not activations:
         raise ValueError("no activation file given")
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+    variant = get_variant(variant)
     files = [ActivationFile(p) for p in activations]
     try:
         first = files[0]
@@ -182,10 +182,8 @@ def norm_statistics(
         for af in files[1:]:
             if (str(af.attrs["model_id"]), af.n_layers, int(af.attrs["head_dim"])) != (model_id, n_layers, head_dim):
                 raise ValueError(f"{af.path} is not from the same model as {first.path}")
-        masks = [read_attention_mask(af) if language and variant == CORRECTED.name else None for af in files]
-        trim = PAPER_NORMS_TRIM if variant == PAPER.name else None
-        band = PAPER_NORMS_BAND if variant == PAPER.name else CORRECTED_NORMS_BAND
-        scale = PAPER_NORMS_SCALE if variant == PAPER.name else 1.0 / math.sqrt(head_dim)
+        masks = [read_attention_mask(af) if language and variant.text_padding == "excluded" else None for af in files]
+        trim, band, scale = (PAPER_NORMS_TRIM, PAPER_NORMS_BAND, PAPER_NORMS_SCALE) if variant.authors_formulas else (None, CORRECTED_NORMS_BAND, 1.0 / math.sqrt(head_dim))
         rows = []
         for layer in progress_bar(range(n_layers), desc=f"norms {variant} {model_id}", unit="layer", disable=not progress, mininterval=5):
             pooled = {name: [] for name in QUANTITIES}
@@ -216,7 +214,7 @@ def norm_statistics(
                 rows.append(
                     {
                         "model": model_id,
-                        "variant": variant,
+                        "variant": variant.name,
                         "layer": layer,
                         "quantity": name,
                         "n_sequences": n_seq,

@@ -115,7 +115,7 @@ def analyze_heads(
 
     from kpca_repro.capture.invariant import INVARIANT_RTOL, attention_mask_matrix, check_attention_invariant
     from kpca_repro.method.placement import plan
-    from kpca_repro.method.records import _head_groups, chunk_records
+    from kpca_repro.method.records import _chunked, _head_groups, chunk_records
     from kpca_repro.method.solver_variation import BOUND_NAMES, RANGE_NAMES
     from kpca_repro.method.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES
     from kpca_repro.method.variant import get as get_variant
@@ -143,22 +143,16 @@ def analyze_heads(
     index = np.arange(n_in) if dataset_index is None else np.asarray(dataset_index, dtype=np.int64)
     if ranks.shape != (n_in,) or index.shape != (n_in,):
         raise ValueError(f"sample_rank and dataset_index must be ({n_in},)")
-    text = mask is not None
-    options = var.text_options if text else {}
+    var = var.reading(text=mask is not None)
     placement = plan(var, device=device, cores=1, eigh_threads=eigh_threads)
     # the records stage's own grouping of heads (padding kept or dropped, baselines per input)
     source = SimpleNamespace(attention_mask=mask, sample_rank=ranks, dataset_index=index)
     frames, draw_parts = [], []
-    for kk, vv, rk, ix, hd, base in _head_groups(source, {"k": k4, "v": v4}, var, layer, seed, transposed=False):
-        for lo in range(0, kk.shape[0], heads_per_chunk):
-            hi = min(lo + heads_per_chunk, kk.shape[0])
-            draws, frame = chunk_records(
-                layer, kk[lo:hi], vv[lo:hi], rk[lo:hi], ix[lo:hi], hd[lo:hi], base[lo:hi] if base is not None else None,
-                variant=var, placement=placement, options=options, sign_draws=sign_draws, seed=seed, text=text,
-            )  # fmt: skip
-            draw_parts.append(draws)
-            frame.insert(0, "variant", var.name)
-            frames.append(frame)
+    for chunk in _chunked(_head_groups(source, {"k": k4, "v": v4}, var, layer, seed, transposed=False), layer, heads_per_chunk):
+        draws, frame = chunk_records(*chunk, variant=var, placement=placement, sign_draws=sign_draws, seed=seed)
+        draw_parts.append(draws)
+        frame.insert(0, "variant", var.name)
+        frames.append(frame)
     out = pd.concat(frames, ignore_index=True)
     if sign_draws:
         out.attrs["sign_draws"] = {name: np.concatenate([p[name] for p in draw_parts]) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *BOUND_NAMES, *RANGE_NAMES)}

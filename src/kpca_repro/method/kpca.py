@@ -240,33 +240,24 @@ def _cka_kernel_sides(x: torch.Tensor, paper: bool) -> dict[str, tuple]:
     return {"linear": cka_side("features", x), "rbf": rbf_side(x, paper)}
 
 
-def _token_row_metrics(
-    v: torch.Tensor,
-    vk: torch.Tensor,
-    valid: torch.Tensor | None,
-    paper: bool,
-    prefix: str = "",
-    nan_cost_to_zero: bool = False,
-    cka_sqrt_of_product: bool = False,
-    cache: dict | None = None,
-) -> dict[str, torch.Tensor]:
-    """Token-row cosines (direct and optimally matched) and CKAs of ``V`` against ``V_KPCA``.
+def _token_row_metrics(v: torch.Tensor, vk: torch.Tensor, valid: torch.Tensor | None, variant: Variant, cache: dict, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Token-row cosines (direct and optimally matched) and CKAs of ``V`` against ``V_KPCA``,
+    with ``variant``'s formulas (``authors_formulas``, ``nan_cost_to_zero``, ``cka_sqrt_of_product``).
 
     ``cache`` (a dict, empty at first) keeps ``V``'s centered kernels between calls with the
     same ``V`` (``V_KPCA`` and then the baseline): the same operations, computed once.
     """
+    paper, sqrt_of_product = variant.authors_formulas, variant.cka_sqrt_of_product
     eps = ROW_NORM_EPS if paper else None
     vn, vkn = row_normalize(v, eps), row_normalize(vk, eps)
-    if cache is not None and not prefix:
+    if not prefix:
         cache["rows"] = (vn, vkn)  # for head_metrics(rows=...): sign draws (kpca_repro.method.uncertainty)
     direct = direct_cosine(vn, vkn)
-    matched = assignment_similarities(vn @ vkn.transpose(-1, -2), valid, nan_to_zero=nan_cost_to_zero)
-    if cache is None:
-        cache = {}
+    matched = assignment_similarities(vn @ vkn.transpose(-1, -2), valid, nan_to_zero=variant.nan_cost_to_zero)
     if "v" not in cache:
         cache["v"] = _cka_kernel_sides(v, paper)
     sx, sy = cache["v"], _cka_kernel_sides(vk, paper)
-    out = {
+    return {
         f"{prefix}direct_cos_mean": direct.mean(-1),
         f"{prefix}direct_cos_max": direct.amax(-1),
         f"{prefix}direct_cos_min": direct.amin(-1),
@@ -274,13 +265,12 @@ def _token_row_metrics(
         f"{prefix}optimal_cos_mean": matched.mean(-1),
         f"{prefix}optimal_cos_max": matched.amax(-1),
         f"{prefix}optimal_cos_min": matched.amin(-1),
-        f"{prefix}linear_cka": cka_from_sides(sx["linear"], sy["linear"], paper, cka_sqrt_of_product),
-        f"{prefix}rbf_cka": cka_from_sides(sx["rbf"], sy["rbf"], paper, cka_sqrt_of_product),
+        f"{prefix}linear_cka": cka_from_sides(sx["linear"], sy["linear"], paper, sqrt_of_product),
+        f"{prefix}rbf_cka": cka_from_sides(sx["rbf"], sy["rbf"], paper, sqrt_of_product),
     }
-    return out
 
 
-def _column_metrics(v: torch.Tensor, vk: torch.Tensor, valid: torch.Tensor, prefix: str = "", cache: dict | None = None) -> dict[str, torch.Tensor]:
+def _column_metrics(v: torch.Tensor, vk: torch.Tensor, valid: torch.Tensor, cache: dict, prefix: str = "") -> dict[str, torch.Tensor]:
     """Column-wise comparison the paper's text describes (docs/method.md 15.3), sign-invariant.
 
     Column ``c`` of ``V`` (one value dimension across the ``N`` tokens) against column ``c`` of
@@ -288,8 +278,6 @@ def _column_metrics(v: torch.Tensor, vk: torch.Tensor, valid: torch.Tensor, pref
     ``d x d`` matching on ``|cos|``, mean of the matched ``|cos|``. ``cache`` (a dict) keeps
     ``V``'s normalised columns between calls with the same ``V``.
     """
-    if cache is None:
-        cache = {}
     if "v_columns" not in cache:
         cache["v_columns"] = row_normalize(v, None, dim=-2)
     vc, vkc = cache["v_columns"], row_normalize(vk, None, dim=-2)
@@ -314,27 +302,33 @@ def _corrected_centered_gram(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return center_inplace(kphi), log_g
 
 
-def centered_gram(k: torch.Tensor, variant: str | Variant) -> torch.Tensor:
-    """The centered normalised Gram matrix of the keys, as ``variant`` builds it, batched over heads.
+def centered_gram(k: torch.Tensor, variant: str | Variant, standardize: bool = False) -> torch.Tensor:
+    """The centered normalised Gram matrix of the keys, as ``variant`` builds it, batched over heads
+    (docs/method.md 0.2 steps 1-4; 15.1).
 
-    ``paper``: :func:`gram_paper` then :func:`center_dense` in ``k``'s dtype (plain ``exp``:
-    NaN where it overflows); ``corrected``: :func:`log_gram`, ``exp``, then :func:`center`
-    (finite for finite keys). :func:`head_metrics` builds the paper variant's matrix one
-    head at a time on the CPU instead (``_paper_centered_gram``), to match the authors'
-    per-head products to the bit.
+    The keys are cast to the variant's dtype and, with ``standardize``, standardized per token
+    (:func:`standardize_tokens`, docs/method.md 4). ``gram`` ``"exp"`` (paper):
+    :func:`gram_paper` then :func:`center_dense` (plain ``exp``: NaN where it overflows);
+    ``"log"`` (corrected): :func:`log_gram`, ``exp``, then :func:`center` (finite for finite
+    keys). :func:`head_metrics` builds the paper variant's matrix one head at a time on the
+    CPU instead (``_paper_centered_gram``), to match the authors' per-head products to the bit.
 
     Args:
-        k: keys, shape ``(..., N, d)``, already in the variant's dtype (float32 for
-            ``paper``, float64 for ``corrected``) and standardized if wanted.
-        variant: a :class:`~kpca_repro.method.variant.Variant` or its name; its ``gram`` decides.
+        k: keys, shape ``(..., N, d)``, any floating dtype.
+        variant: a :class:`~kpca_repro.method.variant.Variant` or its name: its ``dtype`` and ``gram``.
+        standardize: standardize each key vector first (Tables 2-3, Figure 3).
 
     Returns:
-        Shape ``(..., N, N)``, ``k``'s dtype and device.
+        Shape ``(..., N, N)``, the variant's dtype, ``k``'s device.
 
     Raises:
         ValueError: unknown variant.
     """
-    if get_variant(variant).gram == "exp":
+    variant = get_variant(variant)
+    k = k.to(variant.torch_dtype)
+    if standardize:
+        k = standardize_tokens(k)
+    if variant.gram == "exp":
         return center_dense(gram_paper(k)[0])
     return _corrected_centered_gram(k)[0]
 
@@ -373,15 +367,11 @@ def head_metrics(
     variant: str | Variant,
     *,
     placement: Placement | None = None,
-    order: str | None = None,
-    g_eps: float = 0.0,
     baseline: torch.Tensor | None = None,
-    nan_cost_to_zero: bool = False,
-    cka_sqrt_of_product: bool = False,
     rows: dict | None = None,
     solved: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Every per-head quantity of Table 1 (docs/method.md 2) or its corrected form (docs/method.md 15).
+    """Every per-head quantity of Tables 1 and 4 (docs/method.md 2, 3) or their corrected form (docs/method.md 15).
 
     For each head: Gram matrix of the keys, centering, eigenpairs, ``A`` (top ``d``),
     ``V_KPCA`` (Eq. 5), then ``V`` against ``V_KPCA``: the allclose test, direct and
@@ -392,28 +382,20 @@ def head_metrics(
     operation is per head, so no number depends on the blocks); on CUDA in one block.
 
     Args:
-        k: keys, shape ``(heads, N, d)``; cast to float32 (paper) or float64 (corrected).
+        k: keys, shape ``(heads, N, d)``; cast to the variant's dtype (float32 paper, float64 corrected).
         v: values, shape ``(heads, N, d_v)``, same dtype handling.
-        variant: a :class:`~kpca_repro.method.variant.Variant` or its name (``"paper"``, ``"corrected"``):
-            its dtype, Gram matrix, eigenpair order and sign rule, formulas and metrics.
+        variant: a :class:`~kpca_repro.method.variant.Variant` or its name (``"paper"``,
+            ``"corrected"``); every choice is its fields': dtype, Gram matrix, eigenpair order
+            and sign rule, ``g_eps``, formulas (``authors_formulas``, ``nan_cost_to_zero``,
+            ``cka_sqrt_of_product``) and metrics. Heads of a language-model file take
+            ``variant.reading(text=True)`` (the paper variant: ``nlp_value_vectors.py``'s options).
         placement: where ``eigh`` and the paper variant's per-head products run, on how many
             threads (:mod:`kpca_repro.method.placement`; a job passes
             :func:`~kpca_repro.method.placement.plan`'s). Default :meth:`Placement.local` of
             ``k``'s device with per-head products for the paper variant and the caller's
             threads. The paper variant's per-head numbers depend on the device and on the
             thread count of the CPU ``eigh`` and products, on nothing else.
-        order: eigenpair order; default the variant's (``"abs_desc"``: paper, Table 1; ``"desc"``).
-        g_eps: added to ``g`` in ``G = diag(1/(g + g_eps))`` (paper variant; 0 for vision,
-            1e-6 for the language-model script).
         baseline: standard normal samples of ``V_KPCA``'s shape ``(heads, N, d)`` (corrected).
-        nan_cost_to_zero: reproduce ``nlp_value_vectors.py`` (docs/method.md 3), which has no
-            try/except: no head is dropped, every head goes through the assignment with
-            NaN similarities replaced by 0 (a non-finite head gets matched cosines 0 while
-            its other similarities stay NaN, to be skipped by a NaN-skipping mean).
-            Default: the vision reference, where a non-finite head is dropped (all its
-            similarities NaN).
-        cka_sqrt_of_product: CKA denominators ``sqrt(HSIC_xx HSIC_yy) + 1e-10`` of the
-            language-model script (paper variant only; see :func:`linear_cka`).
         rows: if a dict, filled with ``"v"`` and ``"v_kpca"``: the row-normalised ``V`` and
             ``V_KPCA`` behind the token-row cosines (``(heads, N, d)``, the variant's dtype),
             for the sign draws of :mod:`kpca_repro.method.uncertainty`; and ``"kc"``, ``"a"``,
@@ -429,7 +411,8 @@ def head_metrics(
         ``finite`` (the centered Gram matrix is finite), ``dropped`` (the reference would drop
         the head: non-finite Gram or V_KPCA), ``exp_overflow`` (some ``exp(s k.k)`` is inf),
         ``outer_overflow`` (finite ``g`` but ``g_i g_j`` overflowed to inf, entries zeroed),
-        ``allclose`` (``|V - V_KPCA| <= 1e-5 + 1e-3 |V_KPCA|`` everywhere).
+        ``allclose`` (``|V - V_KPCA| <= 1e-5 + 1e-3 |V_KPCA|`` everywhere). A dropped head's
+        similarities are NaN, except with ``nan_cost_to_zero`` (nothing dropped).
 
     Raises:
         ValueError: unknown variant, or ``k`` and ``v`` shapes that disagree.
@@ -440,19 +423,17 @@ def head_metrics(
     if baseline is not None and baseline.shape != v.shape:
         raise ValueError(f"baseline must have V_KPCA's shape {tuple(v.shape)}, got {tuple(baseline.shape)}")
     placement = placement or Placement.local(k.device, per_head_products=variant.authors_threads)
-    order = order or variant.order
-    options = dict(nan_cost_to_zero=nan_cost_to_zero, cka_sqrt_of_product=cka_sqrt_of_product)
     block = CPU_BLOCK_HEADS if k.device.type == "cpu" else max(1, k.shape[0])
     # The paper variant's per-head products and eigh run in one widened section for the whole
     # chunk (the authors' thread count, in the job's core budget); the rest in cache-sized blocks.
     if solved is None and variant.gram == "exp":
-        solved = solve_heads(k, v.shape[-1], variant, placement, order, g_eps)
+        solved = solve_heads(k, v.shape[-1], variant, placement)
     blocks = []
     for lo in range(0, max(k.shape[0], 1), block):
         part = slice(lo, lo + block)
-        heads = solved_part(solved, part) if solved is not None else solve_heads(k[part], v.shape[-1], variant, placement, order, g_eps)
+        heads = solved_part(solved, part) if solved is not None else solve_heads(k[part], v.shape[-1], variant, placement)
         block_rows = {} if rows is not None else None
-        blocks.append((_compare_heads(v[part], heads, variant, None if baseline is None else baseline[part], block_rows, **options), block_rows))
+        blocks.append((_compare_heads(v[part], heads, variant, None if baseline is None else baseline[part], block_rows), block_rows))
         checkpoint()
     if rows is not None:
         rows.update({name: torch.cat([r[name] for _, r in blocks]) for name in ("v", "v_kpca", "kc", "a", "inv_g", "spectrum")})
@@ -460,13 +441,14 @@ def head_metrics(
 
 
 def solved_part(solved: dict[str, torch.Tensor], part: slice) -> dict[str, torch.Tensor]:
-    """The heads ``part`` of :func:`_solve_heads`' result."""
+    """The heads ``part`` of :func:`solve_heads`' result."""
     return {name: t[part] for name, t in solved.items()}
 
 
-def solve_heads(k: torch.Tensor, dv: int, variant: Variant, placement: Placement, order: str, g_eps: float) -> dict[str, torch.Tensor]:
+def solve_heads(k: torch.Tensor, dv: int, variant: Variant, placement: Placement) -> dict[str, torch.Tensor]:
     """The part of :func:`head_metrics` that decides the eigenvectors: Gram matrix, centering,
-    eigenpairs and V_KPCA of the heads ``k`` ``(heads, N, d)``, as ``variant`` and ``placement`` say.
+    eigenpairs and V_KPCA of the heads ``k`` ``(heads, N, d)``, as ``variant`` (``gram``,
+    ``order``, ``fix_signs``, ``g_eps``, ``authors_formulas``) and ``placement`` say.
 
     Returns:
         ``kc`` (centered Gram matrices), ``spectrum`` (every eigenvalue), ``a`` (selected
@@ -482,8 +464,8 @@ def solve_heads(k: torch.Tensor, dv: int, variant: Variant, placement: Placement
     if variant.gram == "exp":
         with placement.solver_threads():
             g, kc = _paper_centered_gram(k, placement)
-            _, a, finite = eigenpairs(kc, d, order, fix_signs=variant.fix_signs, placement=placement, spectrum=spectrum)
-            inv_g = 1.0 / (g + g_eps)
+            _, a, finite = eigenpairs(kc, d, variant.order, fix_signs=variant.fix_signs, placement=placement, spectrum=spectrum)
+            inv_g = 1.0 / (g + variant.g_eps)
             vk = _paper_v_kpca(a, inv_g, placement)
         g_finite = torch.isfinite(g).all(-1)
         out["exp_overflow"] = ~g_finite
@@ -493,7 +475,7 @@ def solve_heads(k: torch.Tensor, dv: int, variant: Variant, placement: Placement
         scale = None
     else:
         kc, log_g = _corrected_centered_gram(k)
-        _, a, finite = eigenpairs(kc, d, order, fix_signs=variant.fix_signs, placement=placement, spectrum=spectrum)
+        _, a, finite = eigenpairs(kc, d, variant.order, fix_signs=variant.fix_signs, placement=placement, spectrum=spectrum)
         inv_g = torch.exp(log_g.amin(-1, keepdim=True) - log_g)
         vk = v_kpca(a, inv_g, paper=variant.authors_formulas)
         scale = torch.exp(-log_g.amin(-1))
@@ -504,18 +486,8 @@ def solve_heads(k: torch.Tensor, dv: int, variant: Variant, placement: Placement
     return out
 
 
-def _compare_heads(
-    v: torch.Tensor,
-    solved: dict[str, torch.Tensor],
-    variant: Variant,
-    baseline: torch.Tensor | None,
-    rows: dict | None,
-    *,
-    nan_cost_to_zero: bool,
-    cka_sqrt_of_product: bool,
-) -> dict[str, np.ndarray]:
+def _compare_heads(v: torch.Tensor, solved: dict[str, torch.Tensor], variant: Variant, baseline: torch.Tensor | None, rows: dict | None) -> dict[str, np.ndarray]:
     """The comparisons of :func:`head_metrics` (V against V_KPCA, and the baselines) of one block of heads."""
-    paper = variant.authors_formulas
     dtype = variant.torch_dtype
     v = v.to(dtype)
     vk, vk_true, dropped = solved["vk"], solved["vk_true"], solved["dropped"]
@@ -524,29 +496,18 @@ def _compare_heads(
     cols["dropped"] = dropped
     cols["allclose"] = ((v - vk_true).abs_() <= vk_true.abs().mul_(1e-3).add_(1e-5)).all(-1).all(-1)
     cache: dict = {}
-    cols.update(
-        _token_row_metrics(
-            v,
-            vk,
-            None if nan_cost_to_zero else ~dropped,
-            paper,
-            nan_cost_to_zero=nan_cost_to_zero,
-            cka_sqrt_of_product=cka_sqrt_of_product,
-            cache=cache,
-        )
-    )
+    cols.update(_token_row_metrics(v, vk, None if variant.nan_cost_to_zero else ~dropped, variant, cache))
     if rows is not None:
         rows["v"], rows["v_kpca"] = cache["rows"]
         # for rotations inside near-degenerate eigenspaces (kpca_repro.method.solver_variation)
         rows.update(kc=solved["kc"], a=solved["a"], spectrum=solved["spectrum"], inv_g=solved["inv_g"])
     if variant.column_metrics:
-        cols.update(_column_metrics(v, vk, ~dropped, cache=cache))
-    if variant.baselines:
-        if baseline is not None:
-            z = baseline.to(dtype=dtype, device=vk.device)
-            everything = torch.ones_like(dropped)
-            cols.update(_token_row_metrics(v, z, everything, paper, prefix="baseline_", cache=cache))
-            cols.update(_column_metrics(v, z, everything, prefix="baseline_", cache=cache))
+        cols.update(_column_metrics(v, vk, ~dropped, cache))
+    if variant.baselines and baseline is not None:
+        z = baseline.to(dtype=dtype, device=vk.device)
+        everything = torch.ones_like(dropped)
+        cols.update(_token_row_metrics(v, z, everything, variant, cache, prefix="baseline_"))
+        cols.update(_column_metrics(v, z, everything, cache, prefix="baseline_"))
     out = {}
     for name, t in cols.items():
         arr = t.detach().cpu().numpy()
@@ -554,7 +515,7 @@ def _compare_heads(
     # A dropped head contributes nothing (docs/method.md 2 step 3): blank its similarities.
     # Without try/except (nan_cost_to_zero, docs/method.md 3) nothing is dropped.
     for name, arr in out.items():
-        if arr.dtype != bool and not name.startswith("baseline_") and not nan_cost_to_zero:
+        if arr.dtype != bool and not name.startswith("baseline_") and not variant.nan_cost_to_zero:
             arr[out["dropped"]] = np.nan
     return out
 
@@ -575,7 +536,7 @@ def top_eigenvalues(k: torch.Tensor, n_components: int, variant: str | Variant, 
     Args:
         k: keys, shape ``(heads, N, d)``.
         n_components: number of ranks kept (64 in the paper), at most ``N``.
-        variant: ``"paper"`` or ``"corrected"``.
+        variant: a :class:`~kpca_repro.method.variant.Variant` or its name (``"paper"``, ``"corrected"``).
         standardize: standardize each key vector first (Table 2) or not (Table 3's starred rows).
         placement: where ``eigh`` runs (:func:`eigenpairs`); eigenvalues do not depend on the
             eigenvector signs, so a GPU job may use any batched solver.
@@ -587,12 +548,7 @@ def top_eigenvalues(k: torch.Tensor, n_components: int, variant: str | Variant, 
     Raises:
         ValueError: unknown variant or ``n_components`` out of range.
     """
-    variant = get_variant(variant)
-    k = k.to(variant.torch_dtype)
-    if standardize:
-        k = standardize_tokens(k)
-    kc = centered_gram(k, variant)
-    evals, _, finite = eigenpairs(kc, n_components, "desc", placement=placement)
+    evals, _, finite = eigenpairs(centered_gram(k, variant, standardize), n_components, "desc", placement=placement)
     return evals.abs().double(), finite
 
 
@@ -615,7 +571,7 @@ def gamma_test(
         k: keys, shape ``(heads, N, d)``, any floating dtype; cast to float32 (``paper``) or
             float64 (``corrected``).
         n_components: number of eigenvectors tested (the columns of ``A``), at most ``N``.
-        variant: ``"paper"`` or ``"corrected"`` (also: eigenvector signs fixed, corrected only).
+        variant: a :class:`~kpca_repro.method.variant.Variant` or its name: also its sign rule ``fix_signs``.
         standardize: standardize each key vector first (:func:`standardize_tokens`).
         noise: standard deviation of the perturbation (:func:`perturb_eigenvectors`).
         generator: CPU ``torch.Generator`` of the perturbation; advanced by the draw.
@@ -629,10 +585,7 @@ def gamma_test(
         ValueError: unknown variant.
     """
     variant = get_variant(variant)
-    k = k.to(variant.torch_dtype)
-    if standardize:
-        k = standardize_tokens(k)
-    kc = centered_gram(k, variant)
+    kc = centered_gram(k, variant, standardize)
     _, a, _ = eigenpairs(kc, n_components, "desc", fix_signs=variant.fix_signs, placement=placement)
     return {
         "true": pairwise_spread(gamma_matrix(kc, a)),

@@ -113,6 +113,14 @@ def _head_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str | Va
         )
 
 
+def _chunked(groups: Iterator[tuple], layer: int, heads_per_chunk: int) -> Iterator[tuple]:
+    """:func:`_head_groups`' groups in chunks of at most ``heads_per_chunk`` heads, each
+    ``(layer, k, v, sample_rank, dataset_index, head, baseline or None)``: :func:`chunk_records`' first arguments."""
+    for group in groups:
+        for lo in range(0, group[0].shape[0], heads_per_chunk):
+            yield (layer, *(None if x is None else x[lo : lo + heads_per_chunk] for x in group))
+
+
 def layer_chunks(
     af: ActivationFile, layers: Sequence[int], heads_per_chunk: int, names: tuple[str, ...] = ("k", "v"), interleave: bool = False
 ) -> Iterator[tuple[int, np.ndarray, dict[str, torch.Tensor]]]:
@@ -154,16 +162,15 @@ def chunk_records(
     *,
     variant: Variant,
     placement: Placement,
-    options: dict,
     sign_draws: tuple[int, int] | None,
     seed: int,
-    text: bool,
     floor: RunningFloor | None = None,
     solved: dict[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, np.ndarray] | None, pd.DataFrame]:
     """Per-head records of one chunk of heads (``k``, ``v``: ``(heads, N, d)``; ``ranks``,
     ``index``, ``head``: ``(heads,)``; ``base``: the corrected variant's random baselines):
-    :func:`kpca_repro.method.kpca.head_metrics` where ``placement`` says, and with
+    :func:`kpca_repro.method.kpca.head_metrics` as ``variant`` (the file's reading,
+    :meth:`~kpca_repro.method.variant.Variant.reading`) and ``placement`` say, and with
     ``sign_draws`` the solver draws (:func:`kpca_repro.method.solver_variation.head_solver_draws`;
     with ``floor``, matched-cosine draws that cannot be a replicate maximum are skipped) and
     their per-head columns. ``solved``: the chunk's :func:`kpca_repro.method.kpca.solve_heads`,
@@ -184,16 +191,14 @@ def chunk_records(
             baseline=base.to(device) if base is not None else None,
             rows=rows,
             solved=solved,
-            **options,
         )
     draws = None
     if sign_draws:
-        nan_zero = bool(options.get("nan_cost_to_zero", False))
-        # signs and rotations inside near-degenerate eigenspaces (docs/uncertainty.md)
+        nan_zero = variant.nan_cost_to_zero
+        # signs and rotations inside near-degenerate eigenspaces (docs/uncertainty.md); Table 4 takes the token maximum
         draws, gap_cols = head_solver_draws(
             rows, {"layer": layer, "sample_rank": ranks, "dataset_index": index, "head": head},
-            seed=seed, n_direct=sign_draws[0], n_optimal=sign_draws[1], token_max=text,
-            order=options.get("order") or variant.order,
+            seed=seed, n_direct=sign_draws[0], n_optimal=sign_draws[1], token_max=variant.text, order=variant.order,
             valid=None if nan_zero else torch.from_numpy(~cols["dropped"]), nan_to_zero=nan_zero,
             own_optimal=cols["optimal_cos_mean"], floor=floor,
         )  # fmt: skip
@@ -222,9 +227,10 @@ def kpca_records(
     Vision files (Table 1, docs/method.md 2) are streamed by layer and image block
     (:func:`layer_chunks`; memory grows with neither depth nor the number of images).
     Language-model files (Table 4, docs/method.md 3; recognised by their ``attention_mask``) are
-    read a layer at a time and grouped by :func:`_head_groups`: the paper variant uses
-    its ``text_options`` (:data:`kpca_repro.method.variant.PAPER`) and all padded positions (Longformer read transposed, as the
-    reference reads it); the corrected variant drops padding per sequence (docs/method.md 15).
+    read a layer at a time and grouped by :func:`_head_groups`, in the variant's
+    :meth:`~kpca_repro.method.variant.Variant.reading` of text: the paper variant's has
+    ``nlp_value_vectors.py``'s options and all padded positions (Longformer read transposed, as
+    the reference reads it); the corrected variant drops padding per sequence (docs/method.md 15).
     Chunks of ``heads_per_chunk`` heads go through :func:`kpca_repro.method.kpca.head_metrics`,
     ``placement.workers`` chunks at a time (:func:`ordered_map`), each worker holding one of
     the job's cores (``placement.budget``) and widening to ``placement.eigh_threads`` for the
@@ -267,8 +273,8 @@ def kpca_records(
         model_id = str(af.attrs["model_id"])
         n_in, n_heads = len(af.sample_rank), int(af.attrs["n_heads"])
         text = af.attention_mask is not None
+        variant = variant.reading(text)
         transposed = text and variant.text_padding == "included" and str(af.attrs.get("hooked_layout", "")) == SEQUENCE_FIRST
-        options = variant.text_options if text else {}
         layer_list = list(layers if layers is not None else range(af.n_layers))
 
         # Table 1 takes the maximum over heads: draws below the floor cannot matter (Table 4 takes means)
@@ -288,25 +294,22 @@ def kpca_records(
                 return
             position = 0
             for layer in layer_list:
-                t = af.read(layer, ("k", "v"))
-                for k, v, ranks, index, head, base in _head_groups(af, t, variant, layer, seed, transposed):
-                    for lo in range(0, k.shape[0], heads_per_chunk):
-                        hi = min(lo + heads_per_chunk, k.shape[0])
-                        position += 1
-                        yield (position,), (layer, k[lo:hi], v[lo:hi], ranks[lo:hi], index[lo:hi], head[lo:hi], base[lo:hi] if base is not None else None)
+                for chunk in _chunked(_head_groups(af, af.read(layer, ("k", "v")), variant, layer, seed, transposed), layer, heads_per_chunk):
+                    position += 1
+                    yield (position,), chunk
 
         caller_threads = torch.get_num_threads()
 
         def work(item):
             position, chunk, solved = item
-            return position, *chunk_records(*chunk, variant=variant, placement=placement, options=options, sign_draws=sign_draws, seed=seed, text=text, floor=floor, solved=solved)
+            return position, *chunk_records(*chunk, variant=variant, placement=placement, sign_draws=sign_draws, seed=seed, floor=floor, solved=solved)
 
         def solved_chunks():
             """``(position, chunk, solved)``: each chunk solved here on the main thread where the placement says (then compared on the workers)."""
             for position, chunk in chunks():
                 solved = None
                 if placement.solve_on_main and variant.gram == "exp":
-                    solved = solve_heads(chunk[1].to(placement.device), chunk[2].shape[-1], variant, placement, options.get("order") or variant.order, options.get("g_eps", 0.0))
+                    solved = solve_heads(chunk[1].to(placement.device), chunk[2].shape[-1], variant, placement)
                 yield position, chunk, solved
 
         total = (af.attention_mask.shape[1] if transposed else n_in) * n_heads * len(layer_list)

@@ -6,7 +6,8 @@ script's options, baselines, sign draws) and the output names (the ``results/hea
 folders and the ``results/table1<suffix>.csv`` suffix), so that no stage decides the variant
 by its name. The KPCA functions (:mod:`kpca_repro.method.kpca`, :mod:`kpca_repro.method.equations`), the
 per-head records (:mod:`kpca_repro.method.records`), the file layout (:mod:`kpca_repro.workflow.paths`)
-and the rules (``workflow/rules/helpers.smk``) read it from here.
+and the rules (``workflow/rules/common.smk``, ``helpers.smk``: wildcard constraints) read it from here;
+the configuration schema's enum of ``variants`` is checked against :data:`REGISTRY` by a test.
 
 No torch here: the workflow imports this module at parse time. A third variant is one more
 :class:`Variant` in :data:`REGISTRY` plus whatever new mathematics its fields name
@@ -34,15 +35,26 @@ class Variant:
         gram: ``"exp"``: ``exp(K K^T s) / (g g^T + 1e-6)`` with plain ``exp`` and the dense
             centering ``M - O M - M O + O M O`` (docs/method.md 0.2); ``"log"``: the log-domain
             Gram matrix and centering by mean subtraction (docs/method.md 15.1).
-        order: eigenpair order of the vision records (Table 1): ``"abs_desc"`` or ``"desc"``;
-            spectra and the gamma test always use ``"desc"``.
+        order: eigenpair order of the per-head records (:func:`kpca_repro.method.kpca.eigenpairs`):
+            ``"abs_desc"``, ``"desc"`` or ``"asc_top"``; spectra and the gamma test always use ``"desc"``.
         fix_signs: each eigenvector's entry of largest magnitude made positive (docs/method.md 15.2).
         authors_formulas: the authors' expressions (True): ``+1e-8`` row norms, CKA
             denominators with ``+1e-10``, the lower median as RBF bandwidth, ``G 1_N A`` as
-            ``(G O) @ A``, a non-finite head dropped; False: the exact formulas. Passed to the
+            ``(G O) @ A``, a non-finite head dropped, and the norm scripts' recipes of Figures 2
+            and 5 (:mod:`kpca_repro.analysis.norms`); False: the exact formulas. Passed to the
             formula functions of :mod:`kpca_repro.method.equations` as their ``paper`` argument.
-        text_options: :func:`kpca_repro.method.kpca.head_metrics` options for language-model files
-            (the paper variant: ``nlp_value_vectors.py``'s, docs/method.md 3).
+        g_eps: added to ``g`` in ``G = diag(1/(g + g_eps))`` (0 for vision; ``1e-6`` in the
+            language-model script, docs/method.md 3).
+        nan_cost_to_zero: no head dropped; every head goes through the assignment with NaN
+            similarities replaced by 0 (``nlp_value_vectors.py`` has no try/except,
+            docs/method.md 3: a non-finite head gets matched cosines 0, its other similarities
+            NaN). False: the vision reference, a non-finite head dropped (all similarities NaN).
+        cka_sqrt_of_product: CKA denominators ``sqrt(HSIC_xx HSIC_yy) + 1e-10`` of the
+            language-model script (with ``authors_formulas``; :func:`kpca_repro.method.equations.linear_cka`).
+        text: this is the variant's reading of language-model files (:meth:`reading`): the
+            solver draws also give the token maximum of Table 4 (``direct_cos_max``).
+        text_options: the fields that differ in that reading, field name -> value (the paper
+            variant: ``nlp_value_vectors.py``'s, docs/method.md 3).
         text_padding: ``"included"`` (every padded position, Longformer read transposed as
             the reference reads it) or ``"excluded"`` (each sentence's real tokens).
         authors_threads: the Gram matrix, centering, ``eigh`` and V_KPCA per head on the CPU
@@ -64,6 +76,10 @@ class Variant:
     order: str
     fix_signs: bool
     authors_formulas: bool
+    g_eps: float = 0.0
+    nan_cost_to_zero: bool = False
+    cka_sqrt_of_product: bool = False
+    text: bool = False
     text_options: dict = dataclasses.field(default_factory=dict, hash=False, compare=False)
     text_padding: str = "excluded"
     authors_threads: bool = False
@@ -81,6 +97,11 @@ class Variant:
         import torch
 
         return getattr(torch, self.dtype)
+
+    def reading(self, text: bool) -> Variant:
+        """This variant as it reads language-model files (``text``: :attr:`text_options` applied,
+        :attr:`text` set; docs/method.md 3) or vision files (itself)."""
+        return dataclasses.replace(self, text=True, **self.text_options) if text else self
 
     def output(self, stem: str, ext: str) -> str:
         """A user-facing output name: ``output("results/table1", "csv")`` -> ``results/table1<suffix>.csv``."""
