@@ -254,7 +254,7 @@ def _read_file(path, variant, seed):
     (read as the KPCA stage reads it: :func:`kpca_repro.method.records.layer_chunks`, one chunk per layer)."""
     import torch
 
-    from kpca_repro.h5io import ActivationFile
+    from kpca_repro.activations import ActivationFile
     from kpca_repro.method.records import baseline_noise, layer_chunks
 
     ks, vs, bs = [], [], []
@@ -722,7 +722,7 @@ def cmd_ab(args) -> dict:
     import numpy as np
     import torch
 
-    from kpca_repro.h5io import ActivationFile
+    from kpca_repro.activations import ActivationFile
     from kpca_repro.method import kpca as this
     from kpca_repro.method.records import baseline_noise, layer_chunks
 

@@ -33,7 +33,7 @@ from kpca_repro.method import equations as method
 def gram_matrices(heads: int, tokens: int, seed: int, activations: str | None) -> torch.Tensor:
     """``(heads, N, N)`` float32 centered Gram matrices (paper variant)."""
     if activations:
-        from kpca_repro.h5io import ActivationFile
+        from kpca_repro.activations import ActivationFile
 
         with ActivationFile(activations) as af:
             ks = []

@@ -5,7 +5,7 @@
 Runs :func:`kpca_repro.capture.extraction.extract_vision` (the rule ``extract_vision``'s code) on CPU
 over the first ``N_IMAGES`` images of the flat folder ``IMAGE_DIR`` (:func:`kpca_repro.inputs.images.list_images`, sorted by name) into a temporary HDF5 file.
 Prints one line per batch: the process's resident memory (RSS, GiB) when the captured batch is handed
-to the HDF5 writer thread, after a garbage collection; then the process's peak RSS (``ru_maxrss``,
+to the HDF5 writer (:meth:`kpca_repro.activations.ActivationWriter.add`), after a garbage collection; then the process's peak RSS (``ru_maxrss``,
 GiB). The writer holds one batch while the next is computed, so from the second batch on two
 batches of q, k, v, h are in memory: the peak depends on the batch size, not on ``N_IMAGES``.
 """
@@ -23,6 +23,7 @@ import psutil
 import torch
 
 import kpca_repro.capture.extraction as extraction
+from kpca_repro.activations import ActivationWriter
 from kpca_repro.inputs.images import list_images
 from kpca_repro.inputs.resources import check_checksum
 
@@ -42,14 +43,14 @@ def main() -> int:
     samples = pd.DataFrame({"sample_rank": range(len(records)), "dataset_index": [r.dataset_index for r in records], "path": [r.path for r in records]})
     torch.set_num_threads(args.threads)
 
-    submit = extraction._BackgroundWriter.submit
+    add = ActivationWriter.add
 
-    def submit_and_report(writer, start, layers):
+    def add_and_report(writer, layers, mask=None):
         gc.collect()
-        print(f"batch at image {start}: RSS {psutil.Process().memory_info().rss / 2**30:.2f} GiB", flush=True)
-        return submit(writer, start, layers)
+        print(f"batch at image {writer.rows}: RSS {psutil.Process().memory_info().rss / 2**30:.2f} GiB", flush=True)
+        return add(writer, layers, mask)
 
-    extraction._BackgroundWriter.submit = submit_and_report
+    ActivationWriter.add = add_and_report
     with tempfile.TemporaryDirectory() as tmp:
         extraction.extract_vision(args.model_id, args.weights, check_checksum(args.weights, None), samples, Path(tmp) / "a.h5", batch_size=args.batch_size, device=torch.device("cpu"), progress=False)
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")

@@ -27,7 +27,7 @@ import time
 import numpy as np
 import torch
 
-from kpca_repro.h5io import ActivationFile
+from kpca_repro.activations import ActivationFile
 from kpca_repro.method.records import kpca_records
 from kpca_repro.method.reference import head_metrics_reference, head_metrics_reference_nlp, sampler_order
 from kpca_repro.method.variant import PAPER

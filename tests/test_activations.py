@@ -19,10 +19,9 @@ import torch
 from torch import nn
 
 from kpca_repro import analyze_file, analyze_heads
-from kpca_repro.activations import ActivationFormatError, install_user_file, main, validate
+from kpca_repro.activations import ActivationFormatError, CaptureMismatchError, install_user_file, main, validate
 from kpca_repro.analysis.comparison import NOT_COMPARABLE, USER_ACTIVATIONS_REASON, mark_user_activations
 from kpca_repro.analysis.tables import USER_LABEL
-from kpca_repro.capture.invariant import CaptureMismatchError
 from kpca_repro.capture.module_capture import HeadCapture, ModuleCapture, record_activations
 
 # --------------------------------------------------------------------------------------

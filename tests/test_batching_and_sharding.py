@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 
-import h5py
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from kpca_repro.h5io import ActivationFile, ActivationWriter
+from kpca_repro.activations import ActivationFile, write_activations
 from kpca_repro.method import equations as method
 from kpca_repro.method import kpca, numerics
 from kpca_repro.method.placement import Placement
@@ -200,12 +199,8 @@ def test_ordered_map_keeps_order_bounds_pending_and_raises():
 
 def _activation_file(path, n_images=5, n_heads=3, n_layers=2, n=21, d=8):
     gen = np.random.default_rng(0)
-    with h5py.File(path, "w") as f:
-        w = ActivationWriter(f, n_images, n_layers, n_heads, n, d, {"model_id": "toy", "weights_sha256": "0" * 64, "n_layers": n_layers, "n_heads": n_heads, "shard": 0, "n_shards": 1})
-        w.write_index("sample_rank", np.arange(n_images))
-        w.write_index("dataset_index", np.arange(n_images) * 7)
-        for layer in range(n_layers):
-            w.write_batch(layer, 0, {t: gen.standard_normal((n_images, n_heads, n, d)).astype(np.float32) * (1 + layer) for t in "qkvh"})
+    layers = [{t: gen.standard_normal((n_images, n_heads, n, d)).astype(np.float32) * (1 + layer) for t in "qkvh"} for layer in range(n_layers)]
+    write_activations(path, layers, model_id="toy", dataset_index=np.arange(n_images) * 7, attrs={"weights_sha256": "0" * 64}, check_invariant=False)
     return path
 
 

@@ -10,16 +10,16 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import math
 
 import numpy as np
 import pytest
 import torch
 import yaml
 
+from kpca_repro.activations import INVARIANT_RTOL, ActivationFile, CaptureMismatchError, attention_invariant, attention_mask_matrix, check_attention_invariant
 from kpca_repro.capture import extraction, hf_capture
-from kpca_repro.capture.invariant import INVARIANT_RTOL, CaptureMismatchError, attention_invariant, attention_mask_matrix
 from kpca_repro.capture.vision import UnsupportedArchitectureError
-from kpca_repro.h5io import ActivationFile
 from kpca_repro.inputs import model_info, text
 
 from conftest import run_snakemake
@@ -105,6 +105,15 @@ def _key_mask(inputs, n: int) -> torch.Tensor:
     return km
 
 
+def _check(kind, attns, layers, key_mask=None) -> float:
+    """The extraction's invariant check (kpca_repro.activations.ActivationWriter) on every row of one batch: s = 1/sqrt(d), each module's window; the largest error."""
+    n, d = layers[0]["q"].shape[2:]
+    return max(
+        check_attention_invariant(kind, layer, t["q"], t["k"], t["v"], t["h"], scale=1 / math.sqrt(d), allowed=attention_mask_matrix(n, key_mask, a.window), query_mask=key_mask).max_rel_error
+        for layer, (a, t) in enumerate(zip(attns, layers))
+    )
+
+
 BERT_STYLE = ["bert", "roberta", "electra", "xlm-roberta", "camembert", "luke"]
 KERNEL_FAMILIES = ["distilbert", "esm-rotary", "esm-absolute", "modernbert"]
 #: Families whose attention runs through transformers' AttentionInterface (LUKE, RoFormer, Longformer do not).
@@ -119,7 +128,7 @@ def test_every_supported_family_reproduces_h(kind, kernel_inputs):
     attns, rec = _capture(model, inputs, kernel_record=kind in RECORDED)
     layers = [{k: v.numpy() for k, v in rec.captured[layer].items()} for layer in range(len(attns))]
     n = layers[0]["q"].shape[2]
-    err = hf_capture.check_capture(kind, attns, layers, key_mask=_key_mask(inputs, n), inputs=range(3))
+    err = _check(kind, attns, layers, key_mask=_key_mask(inputs, n))
     assert err < 5e-6 < INVARIANT_RTOL
     for layer, (a, t) in enumerate(zip(attns, layers)):
         assert t["q"].shape == t["k"].shape == t["v"].shape == t["h"].shape == (3, a.n_heads, n, a.head_dim)
@@ -158,12 +167,11 @@ def test_a_wrong_capture_fails_the_invariant(kind, wrong):
     with torch.no_grad(), hf_capture.HFAttentionRecorder(attns) as rec:
         model(**inputs)
     layers = [rec.captured[layer] for layer in range(len(attns))]
+    km = _key_mask(inputs, layers[0]["q"].shape[2])
     with pytest.raises(CaptureMismatchError, match="do not reproduce the attention output h"):
-        hf_capture.check_capture(kind, attns, layers, key_mask=_key_mask(inputs, layers[0]["q"].shape[2]), inputs=range(3))
+        _check(kind, attns, layers, key_mask=km)
     worst = max(
-        attention_invariant(
-            t["q"], t["k"], t["v"], t["h"], scale=a.scale, allowed=attention_mask_matrix(t["q"].shape[2], _key_mask(inputs, t["q"].shape[2]), a.window), query_mask=_key_mask(inputs, t["q"].shape[2])
-        ).max_rel_error
+        attention_invariant(t["q"], t["k"], t["v"], t["h"], scale=t["q"].shape[-1] ** -0.5, allowed=attention_mask_matrix(t["q"].shape[2], km, a.window), query_mask=km).max_rel_error
         for a, t in zip(attns, layers)
     )
     assert worst > 100 * INVARIANT_RTOL
@@ -191,7 +199,7 @@ def test_hf_vision_models_capture_with_pixel_inputs(kind, kernel_inputs):
     attns, rec = _capture(model, {"pixel_values": pixels}, kernel_record=True)
     assert len(attns) == 2 and {a.family.name for a in attns} == {"vit"}
     layers = [rec.captured[layer] for layer in range(2)]
-    assert hf_capture.check_capture(kind, attns, layers, inputs=range(2)) < 5e-6
+    assert _check(kind, attns, layers) < 5e-6
     for a, t in zip(attns, layers):
         q, k, v = kernel_inputs[a.module]
         assert t["q"].shape == (2, 4, 17, 16) and torch.equal(t["q"], q) and torch.equal(t["k"], k) and torch.equal(t["v"], v)
@@ -293,7 +301,7 @@ def test_extraction_records_the_invariant(kind, model_dirs, tmp_path):
     out = tmp_path / "a.h5"
     _extract(model_dirs[kind], out)
     with ActivationFile(out) as af:
-        assert af.attrs["capture_family"] == kind and af.attrs["capture_rtol"] == INVARIANT_RTOL
+        assert af.attrs["capture_adapter"] == kind and af.attrs["capture_rtol"] == INVARIANT_RTOL
         assert 0 < af.attrs["capture_max_rel_error"] < 5e-6
         t = af.read(1)
         mask = torch.from_numpy(af.attention_mask).bool()
@@ -437,7 +445,7 @@ def test_real_minilm_is_bit_identical_to_the_linear_outputs(tmp_path):
     out = tmp_path / "minilm.h5"
     extraction.extract_text(model_id, source, samples, out, batch_size=4, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
     with ActivationFile(out) as af:
-        assert af.attrs["capture_family"] == "bert" and af.attrs["hooked_layout"] == "batch_first"
+        assert af.attrs["capture_adapter"] == "bert" and af.attrs["hooked_layout"] == "batch_first"
         assert 0 < af.attrs["capture_max_rel_error"] < 1e-5
         for layer in range(6):
             stored = af.read(layer)

@@ -18,10 +18,10 @@ import timm
 import torch
 import yaml
 
-from kpca_repro.capture import invariant as capture
+from kpca_repro import activations
+from kpca_repro.activations import ActivationFile
 from kpca_repro.capture import vision
 from kpca_repro.capture.extraction import extract_vision
-from kpca_repro.h5io import ActivationFile
 from kpca_repro.inputs import images
 
 from conftest import real_deit_tiny, run_snakemake
@@ -107,7 +107,7 @@ def test_supported_family_stores_q_k_v_that_reproduce_h(case, tmp_path, samples)
         for layer in range(n_layers):
             t = af.read(layer)
             assert t["q"].shape == (3, heads, int(af.attrs["n_tokens"]), d)
-            worst = max(worst, capture.attention_invariant(t["q"], t["k"], t["v"], t["h"], scale=scale).max_rel_error)
+            worst = max(worst, activations.attention_invariant(t["q"], t["k"], t["v"], t["h"], scale=scale).max_rel_error)
     assert worst <= 1e-5 and stored <= worst * (1 + 1e-9)
     model = vision.load_timm_model(model_id, weights, kwargs)
     plan = vision.capture_plan(model, model_id)
@@ -137,8 +137,8 @@ def test_the_projection_hooks_alone_miss_what_the_attention_uses():
         with torch.no_grad(), vision.CaptureRecorder(plan, model_id) as rec:
             model(x)
         for layer in range(len(plan)):
-            err = {name: capture.attention_invariant(*(r.captured[layer][t] for t in "qkvh"), scale=plan[0][0].head_dim ** -0.5).max_rel_error for name, r in (("raw", raw), ("adapter", rec))}
-            assert err["raw"] > 100 * capture.INVARIANT_RTOL and err["adapter"] < 1e-5, (case, layer, err)
+            err = {name: activations.attention_invariant(*(r.captured[layer][t] for t in "qkvh"), scale=plan[0][0].head_dim ** -0.5).max_rel_error for name, r in (("raw", raw), ("adapter", rec))}
+            assert err["raw"] > 100 * activations.INVARIANT_RTOL and err["adapter"] < 1e-5, (case, layer, err)
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
@@ -194,7 +194,7 @@ def _skip_rope(attn, x, rope):
 def test_a_wrong_capture_fails_the_job_and_leaves_no_file(case, cls_name, wrong, tmp_path, samples, monkeypatch):
     cls = {c.__name__: c for c in vision.capture_adapters()}[cls_name]
     monkeypatch.setitem(vision.capture_adapters(), cls, dataclasses.replace(vision.capture_adapters()[cls], qkv=wrong))
-    with pytest.raises(capture.CaptureMismatchError, match=f"{SUPPORTED[case][0]}: the captured q, k, v of layer 0"):
+    with pytest.raises(activations.CaptureMismatchError, match=f"{SUPPORTED[case][0]}: the captured q, k, v of layer 0"):
         _extract(case, tmp_path, samples)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{case}.safetensors"]  # no .h5, no .partial.h5
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
+from kpca_repro.activations import ActivationFile
 from kpca_repro.capture.extraction import extract_text, extract_vision
-from kpca_repro.h5io import ActivationFile
 from kpca_repro.inputs import images, model_info, text
 from kpca_repro.method import equations as method
 from kpca_repro.method.records import kpca_records

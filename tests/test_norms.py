@@ -12,11 +12,11 @@ import torch
 import yaml
 
 from kpca_repro import projection
+from kpca_repro.activations import CorruptActivationFileError, write_activations
 from kpca_repro.analysis import norms
 from kpca_repro.analysis.norms import norm_statistics, sentence_samples, squared_norms
 from kpca_repro.capture.extraction import extract_vision
 from kpca_repro.capture.vision import attention_modules, load_timm_model
-from kpca_repro.h5io import ActivationWriter, CorruptActivationFileError
 from kpca_repro.inputs import images, resources
 
 from conftest import REPO, TINY_KWARGS, real_deit_tiny, run_snakemake
@@ -160,14 +160,8 @@ def test_real_deit_tiny_phi_is_far_below_h(tmp_path):
 
 def _write_text_file(path, q, k, v, h, mask, model_id="org/tiny-lm"):
     """A language-model activation file: the vision layout plus a root attention_mask (B, N)."""
-    n_layers, b, heads, n, d = q.shape
-    with h5py.File(path, "w") as f:
-        w = ActivationWriter(f, b, n_layers, heads, n, d, {"model_id": model_id, "n_layers": n_layers, "n_heads": heads, "head_dim": d, "n_tokens": n})
-        w.write_index("sample_rank", np.arange(b))
-        w.write_index("dataset_index", np.arange(b))
-        f.create_dataset("attention_mask", data=mask.astype(np.int64))
-        for layer in range(n_layers):
-            w.write_batch(layer, 0, {"q": q[layer], "k": k[layer], "v": v[layer], "h": h[layer]})
+    layers = [{"q": q[layer], "k": k[layer], "v": v[layer], "h": h[layer]} for layer in range(len(q))]
+    write_activations(path, layers, model_id=model_id, attention_mask=mask, check_invariant=False)  # padded positions hold noise
 
 
 def _synthetic_text(seed, lengths=(5, 3, 6), n=6, d=32, heads=2, layers=2, pad_value=0.0):

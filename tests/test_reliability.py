@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kpca_repro.h5io import CorruptActivationFileError
+from kpca_repro.activations import CorruptActivationFileError
 from kpca_repro.method.records import eigenvalue_records, gamma_records, kpca_records
 
 from conftest import REPO, TINY_KWARGS
@@ -367,7 +367,7 @@ def _install_user_file(path: Path) -> None:
 
 
 def _read_activations(path: Path) -> None:
-    from kpca_repro.h5io import ActivationFile
+    from kpca_repro.activations import ActivationFile
 
     ActivationFile(path)
 

@@ -276,19 +276,15 @@ def test_running_floor_only_rises():
 
 def _toy_file(path, n_images=8, n_heads=3, n_layers=2, n=24, d=8, seed=0):
     """An activation file whose heads differ in scale, so that some heads' matched cosines lie far below others."""
-    import h5py
-
-    from kpca_repro.h5io import ActivationWriter
+    from kpca_repro.activations import write_activations
 
     gen = np.random.default_rng(seed)
-    with h5py.File(path, "w") as f:
-        w = ActivationWriter(f, n_images, n_layers, n_heads, n, d, {"model_id": "toy", "weights_sha256": "0" * 64, "n_layers": n_layers, "n_heads": n_heads, "shard": 0, "n_shards": 1})
-        w.write_index("sample_rank", np.arange(n_images))
-        w.write_index("dataset_index", np.arange(n_images) * 3)
-        for layer in range(n_layers):
-            t = {x: gen.standard_normal((n_images, n_heads, n, d)).astype(np.float32) for x in "qkvh"}
-            t["v"][:, 0] = t["k"][:, 0]  # head 0: values that follow the keys (high matched cosines)
-            w.write_batch(layer, 0, t)
+    layers = []
+    for _ in range(n_layers):
+        t = {x: gen.standard_normal((n_images, n_heads, n, d)).astype(np.float32) for x in "qkvh"}
+        t["v"][:, 0] = t["k"][:, 0]  # head 0: values that follow the keys (high matched cosines)
+        layers.append(t)
+    write_activations(path, layers, model_id="toy", dataset_index=np.arange(n_images) * 3, attrs={"weights_sha256": "0" * 64}, check_invariant=False)
     return path
 
 

@@ -13,11 +13,11 @@ import torch
 import yaml
 
 from kpca_repro import projection
+from kpca_repro.activations import ActivationFile
 from kpca_repro.analysis.tables import table4_paper
 from kpca_repro.capture import extraction, hf_capture
 from kpca_repro.capture.vision import UnsupportedArchitectureError
 from kpca_repro.check_cache import sha256_file
-from kpca_repro.h5io import ActivationFile
 from kpca_repro.inputs import model_info, text
 from kpca_repro.method import equations as method
 from kpca_repro.method import kpca
@@ -257,7 +257,7 @@ def test_extracted_file_layout_and_mask(tiny_files, tiny_bert_dir, tmp_path):
     extraction.extract_text(TINY_ID, str(tiny_bert_dir), samples, other, shard=(0, 2), batch_size=3, max_length=128, device=torch.device("cpu"), offline=True, progress=False)
     with ActivationFile(other) as a, ActivationFile(files[0]) as b:
         assert {k: v for k, v in a.attrs.items() if k != "capture_max_rel_error"} == {k: v for k, v in b.attrs.items() if k != "capture_max_rel_error"}
-        assert 0 <= a.attrs["capture_max_rel_error"] <= a.attrs["capture_rtol"] and b.attrs["capture_family"] == "bert"
+        assert 0 <= a.attrs["capture_max_rel_error"] <= a.attrs["capture_rtol"] and b.attrs["capture_adapter"] == "bert"
         for layer in range(2):
             for name, x in a.read(layer).items():
                 np.testing.assert_array_equal(x, b.read(layer)[name])
@@ -306,20 +306,14 @@ def test_corrected_variant_excludes_padding(tiny_files):
 
 def test_longformer_misreading_in_the_paper_variant(tmp_path):
     """Sequence-first files: each paper "head" is the B inputs at one position (docs/method.md 3)."""
-    import h5py
-
-    from kpca_repro.h5io import ActivationWriter
+    from kpca_repro.activations import write_activations
 
     b, h, n, d = 3, 2, 5, 4
     rng = np.random.default_rng(0)
     k, v = rng.standard_normal((b, h, n, d)).astype(np.float32), rng.standard_normal((b, h, n, d)).astype(np.float32)
     path = tmp_path / "lf.h5"
-    with h5py.File(path, "w") as f:
-        w = ActivationWriter(f, b, 1, h, n, d, {"model_id": "x", "weights_sha256": "", "n_layers": 1, "n_heads": h, "shard": 0, "n_shards": 1, "hooked_layout": "sequence_first"})
-        w.write_index("sample_rank", np.arange(b))
-        w.write_index("dataset_index", np.arange(b) + 10)
-        w.write_attention_mask(np.ones((b, n)))
-        w.write_batch(0, 0, {"q": k, "k": k, "v": v, "h": v})
+    layers = [{"q": k, "k": k, "v": v, "h": v}]
+    write_activations(path, layers, model_id="x", attention_mask=np.ones((b, n)), dataset_index=np.arange(b) + 10, attrs={"hooked_layout": "sequence_first"}, check_invariant=False)
     with ActivationFile(path) as af:
         groups = list(_head_groups(af, {"k": k, "v": v}, "paper", 0, 0, transposed=True))
     kk, vv, ranks, index, heads, base = groups[0]

@@ -13,8 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kpca_repro.activations import main, validate
-from kpca_repro.capture.invariant import CaptureMismatchError
+from kpca_repro.activations import CaptureMismatchError, main, validate
 from kpca_repro.capture.module_capture import HooksDidNotFireError, ModuleCapture, capture_batches, record_activations
 from kpca_repro.capture.vision import UnsupportedArchitectureError
 
@@ -92,7 +91,7 @@ def test_transformer_encoder_is_recorded_and_validates(tmp_path, batch_first, no
     assert main(["validate", str(path)]) == 0
     with h5py.File(path) as f:
         assert f["attention_mask"][:].sum(axis=1).tolist() == [9, 6, 3, 9, 9]  # the key padding, then an unpadded batch
-        assert f.attrs["capture"] == "ModuleCapture"
+        assert f.attrs["capture_adapter"] == "ModuleCapture"
 
 
 def test_the_users_call_with_self_attn_modules_and_a_qkv_function(tmp_path):

@@ -12,7 +12,8 @@ the stages its script uses (``stage_code`` in workflow/rules/common.smk):
 * :mod:`kpca_repro.workflow`: what runs before any job (configuration checks, paths);
 * :mod:`kpca_repro.hub`: a local Hugging Face hub and stand-in models for the tests.
 
-The modules at the top are shared by every stage: :mod:`kpca_repro.h5io` (HDF5, atomic
+The modules at the top are shared by every stage: :mod:`kpca_repro.activations` (the activation
+file: layout, reader, writer, validator, capture invariant), :mod:`kpca_repro.h5io` (atomic
 outputs), :mod:`kpca_repro.smk` (rule-script helpers, logging), :mod:`kpca_repro.errors` (the base
 class of every bad-input-file error), :mod:`kpca_repro.progress`,
 :mod:`kpca_repro.threads` (thread counts, devices, worker pool), :mod:`kpca_repro.check_cache`
@@ -20,7 +21,7 @@ class of every bad-input-file error), :mod:`kpca_repro.progress`,
 used by the method, the norms and training).
 
 Any attention (docs/activations.md): :mod:`kpca_repro.activations` (the activation file
-format, its validator and writer), :mod:`kpca_repro.capture.module_capture` (the capture
+format), :mod:`kpca_repro.capture.module_capture` (the capture
 interface for any ``torch.nn.Module``), :mod:`kpca_repro.method.api` (``kpca_repro.analyze_heads``,
 ``kpca_repro.analyze_file``: per-head metrics in a notebook).
 """

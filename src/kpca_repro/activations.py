@@ -1,36 +1,45 @@
-"""The activation file format (docs/activations.md): its version, a writer, a validator and the
-installation of a user's files into the pipeline.
+"""The activation file: its layout, reader, writer and validator, and the capture invariant.
 
-The KPCA stage (:mod:`kpca_repro.method.records`), the spectra and the norms read nothing but this
-HDF5 layout, so any model whose per-head ``q, k, v, h`` are written in it can be analysed,
-whatever produced them (timm, Hugging Face, a hand-written module, JAX)::
+One HDF5 file per model and shard holds every layer's per-head ``q, k, v, h`` (format version 1,
+specified in docs/activations.md Section 1: datasets, root attributes, the capture attributes).
+Every stage reads and writes it here and nowhere else: the pipeline's extraction and a user's
+module through :class:`ActivationWriter` (:func:`kpca_repro.capture.module_capture.record_activations`,
+or :func:`write_activations` from arrays), the KPCA stage, the spectra and the norms through
+:class:`ActivationFile`, a user's own files through :func:`validate` and :func:`install_user_file`.
 
-    /                      attrs: format_version (int, 1), model_id (str), n_layers, n_heads,
-                                  head_dim, n_tokens (int); optional: attention_scale (float,
-                                  must be 1/sqrt(head_dim)), weights_sha256, shard, n_shards,
-                                  capture_rtol, capture_max_rel_error, ...
-    /sample_rank           (B,) integer, distinct
-    /dataset_index         (B,) integer
-    /layers/<LL>/q|k|v|h   (B, n_heads, n_tokens, head_dim) float32, LL = 00, 01, ...
-    /attention_mask        (B, n_tokens) integer 0/1 (language-model files only; 1 = real token)
+The capture invariant (docs/method.md 0.1) is what makes a file trustworthy: the stored q, k, v
+must reproduce the attention's own output h,
 
-Files the pipeline's extraction wrote before ``format_version`` existed carry no such
-attribute; they are version 1 (:data:`FORMAT_VERSION`). Command line::
+    max |h - softmax(s q k^T + mask) v|  <=  INVARIANT_RTOL * max |v|   per head, s = 1/sqrt(d),
+
+recomputed in float64, ``mask`` = -inf on padded keys (and outside a local window where the
+pipeline's Longformer or ModernBERT have one). Tolerance: h is a convex combination of the rows
+of v, so ``max |v|`` is its scale; float32 round-off of the logits propagated through ``exp``
+and a weighted sum of N rows measures 1e-7 to 1e-6 of it on real and random models, a wrong
+capture 5e-3 (Hugging Face rotary omitted) to ~1 (a q/k norm omitted). :data:`INVARIANT_RTOL` =
+1e-4 sits two orders of magnitude above the first and more than one below the second.
+
+Command line::
 
     python -m kpca_repro.activations validate FILE [--kind vision|text] [--no-invariant]
 
-prints ``ok`` and a summary (exit 0) or the first violation and its fix (exit 1).
+prints ``ok`` and a summary (exit 0) or the first violation and its fix (exit 1). torch is
+imported only where the invariant is computed, so the configuration checks that import this
+module at parse time stay free of it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,12 +47,27 @@ import h5py
 import numpy as np
 
 from kpca_repro.errors import InputFileError
+from kpca_repro.h5io import atomic_output
 
 __all__ = [
     "FORMAT_VERSION",
+    "TENSORS",
     "REQUIRED_ATTRS",
     "KINDS",
+    "BATCH_FIRST",
+    "SEQUENCE_FIRST",
+    "INVARIANT_RTOL",
+    "layer_key",
     "ActivationFormatError",
+    "CorruptActivationFileError",
+    "CaptureMismatchError",
+    "ActivationFileMismatchError",
+    "InvariantResult",
+    "attention_mask_matrix",
+    "attention_invariant",
+    "check_attention_invariant",
+    "ActivationFile",
+    "ActivationWriter",
     "Summary",
     "validate",
     "write_activations",
@@ -54,13 +78,29 @@ __all__ = [
 
 #: The version of the layout this module writes and reads (attribute ``format_version``).
 FORMAT_VERSION = 1
+#: The per-head tensors of every layer, ``/layers/<LL>/<name>``, each ``(B, H, N, d)`` float32.
+TENSORS = ("q", "k", "v", "h")
 #: Root attributes every file must carry, with their type.
 REQUIRED_ATTRS = {"model_id": str, "n_layers": int, "n_heads": int, "head_dim": int, "n_tokens": int}
 #: ``vision``: every stored token is real (Table 1 form); ``text``: ``/attention_mask`` marks
 #: padding (Table 4 form).
 KINDS = ("vision", "text")
-_TENSORS = ("q", "k", "v", "h")
+#: The layout a language model's projections computed in (attribute ``hooked_layout``,
+#: :mod:`kpca_repro.capture.hf_capture`); the tensors are stored batch-first either way.
+BATCH_FIRST, SEQUENCE_FIRST = "batch_first", "sequence_first"
+#: Largest accepted ``max |h - h_hat| / max |v|`` of a checked head (module docstring).
+INVARIANT_RTOL = 1e-4
 _SCALE_RTOL = 1e-6  # float32 round-off of 1/sqrt(d) as another tool may have stored it
+
+
+def layer_key(layer: int) -> str:
+    """The group of one layer's tensors: ``layers/00``, ``layers/01``, ..."""
+    return f"layers/{layer:02d}"
+
+
+# --------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------
 
 
 class ActivationFormatError(InputFileError, ValueError):
@@ -71,16 +111,213 @@ class ActivationFormatError(InputFileError, ValueError):
         super().__init__(f"{path}: {violation}. Fix: {fix} (docs/activations.md)")
 
 
+class CorruptActivationFileError(InputFileError, OSError):
+    """An activation file is truncated, corrupt or lacks the expected layout."""
+
+
+class CaptureMismatchError(RuntimeError):
+    """The stored q, k, v do not reproduce the attention output h of the model."""
+
+
+class ActivationFileMismatchError(InputFileError, CaptureMismatchError):
+    """An activation file's q, k, v do not reproduce its h: a bad input file, not a capture bug (:func:`validate`)."""
+
+
+# --------------------------------------------------------------------------------------
+# The capture invariant
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class InvariantResult:
+    """Outcome of one invariant check.
+
+    Attributes:
+        max_rel_error: ``max over checked heads of max |h - h_hat| / max |v|`` (dimensionless).
+        max_abs_error: ``max |h - h_hat|`` over checked heads, in the units of ``v``.
+        worst: ``(input, head)`` of the head with the largest relative error.
+        n_heads_checked: number of (input, head) matrices compared.
+    """
+
+    max_rel_error: float
+    max_abs_error: float
+    worst: tuple[int, int]
+    n_heads_checked: int
+
+
+def attention_mask_matrix(n_tokens: int, key_mask=None, window: int | None = None):
+    """The boolean mask ``allowed[b, i, j]`` (query i may attend to key j) of an attention.
+
+    Args:
+        n_tokens: ``N``.
+        key_mask: optional ``(B, N)`` bool/int, 1 = real key (padding mask).
+        window: optional one-sided window ``w``: only ``|i - j| <= w`` is allowed (local /
+            sliding-window attention; ModernBERT's local layers use ``w = local_attention // 2``).
+
+    Returns:
+        ``(B or 1, N, N)`` bool torch tensor, or None when nothing is masked.
+    """
+    import torch
+
+    allowed = None
+    if window is not None:
+        i = torch.arange(n_tokens)
+        allowed = ((i[:, None] - i[None, :]).abs() <= int(window))[None]
+    if key_mask is not None:
+        km = torch.as_tensor(key_mask).bool()[:, None, :]
+        allowed = km if allowed is None else allowed & km
+    return allowed
+
+
+def attention_invariant(q, k, v, h, *, scale: float, allowed=None, query_mask=None, inputs=None) -> InvariantResult:
+    """Compare ``h`` with ``softmax(scale * q k^T + mask) v`` recomputed in float64.
+
+    Args:
+        q, k, v, h: per-head tensors ``(B, H, N, d)`` (numpy or torch, any float dtype; ``v``
+            and ``h`` may have another last dimension ``d_v``).
+        scale: the logit scale ``s`` (``1/sqrt(d)`` for every stored file).
+        allowed: optional bool ``(B or 1, N, N)`` from :func:`attention_mask_matrix`; masked
+            logits get ``-inf``.
+        query_mask: optional ``(B, N)``, 1 = real query; rows of padded queries are not
+            compared (their output is never analysed).
+        inputs: optional indices along ``B`` to check (default: all).
+
+    Returns:
+        :class:`InvariantResult`.
+
+    Raises:
+        ValueError: shapes disagree.
+    """
+    import torch
+
+    t = {name: (x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))).detach() for name, x in (("q", q), ("k", k), ("v", v), ("h", h))}
+    if t["q"].shape != t["k"].shape or t["v"].shape != t["h"].shape or t["q"].shape[:3] != t["v"].shape[:3]:
+        raise ValueError(f"q, k, v, h shapes disagree: {[tuple(x.shape) for x in t.values()]}")
+    sel = torch.arange(t["q"].shape[0]) if inputs is None else torch.as_tensor(list(inputs), dtype=torch.long)
+    # select the checked inputs first, then convert: float64 copies of the sample only
+    qq, kk, vv, hh = (t[n][sel.to(t[n].device)].to("cpu", torch.float64) for n in ("q", "k", "v", "h"))
+    logits = (qq @ kk.transpose(-1, -2)) * float(scale)
+    if allowed is not None:
+        a = torch.as_tensor(allowed).bool()
+        a = a[sel] if a.shape[0] != 1 else a
+        logits = logits.masked_fill(~a[:, None], float("-inf"))
+    h_hat = torch.softmax(logits, dim=-1) @ vv
+    err = (hh - h_hat).abs()
+    if query_mask is not None:
+        qm = torch.as_tensor(np.asarray(query_mask)).bool()[sel]
+        err = torch.where(qm[:, None, :, None], err, torch.zeros_like(err))  # not err * qm: a padded query whose window holds no real key has NaN
+    abs_err = err.amax(dim=(-1, -2))  # (b, H)
+    ref = vv.abs().amax(dim=(-1, -2)).clamp_min(torch.finfo(torch.float32).tiny)
+    rel = abs_err / ref
+    rel = torch.where(torch.isnan(rel), torch.full_like(rel, float("inf")), rel)
+    flat = int(torch.argmax(rel))
+    b, head = divmod(flat, rel.shape[1])
+    return InvariantResult(float(rel.max()), float(abs_err.max()), (int(sel[b]), head), int(rel.numel()))
+
+
+def check_attention_invariant(model_id: str, layer: int, *args, tolerance: float = INVARIANT_RTOL, **kwargs) -> InvariantResult:
+    """:func:`attention_invariant`, raising when the capture does not explain ``h``.
+
+    Args:
+        model_id, layer: named in the error.
+        tolerance: the largest accepted relative error (default :data:`INVARIANT_RTOL`).
+        *args, **kwargs: passed to :func:`attention_invariant`.
+
+    Raises:
+        CaptureMismatchError: ``max_rel_error > tolerance`` (or not finite); the message names
+            the model, layer, input and head, the error and the tolerance.
+    """
+    res = attention_invariant(*args, **kwargs)
+    if not res.max_rel_error <= tolerance:
+        b, head = res.worst
+        raise CaptureMismatchError(
+            f"{model_id}: the captured q, k, v of layer {layer} do not reproduce the attention output h "
+            f"(input {b}, head {head}: max |h - softmax(s q k^T + mask) v| = {res.max_rel_error:.3g} x max |v|, "
+            f"tolerance {tolerance:g}). The model applies a transform the capture does not know "
+            "(a q/k normalisation, a rotary embedding, a position bias, another scale); see "
+            "docs/own_models.md ('Run the analysis on your own model') for the supported architectures."
+        )
+    return res
+
+
+# --------------------------------------------------------------------------------------
+# Reader
+# --------------------------------------------------------------------------------------
+
+
+class ActivationFile:
+    """Read an activation file layer by layer.
+
+    Attributes:
+        attrs: the root attributes; n_layers; sample_rank, dataset_index ``(B,)`` int64;
+            attention_mask ``(B, N)`` int64 of a language-model file, None for vision files.
+
+    Raises:
+        CorruptActivationFileError: on open, if the file is unreadable, truncated or lacks the
+            layout; the message names the file.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            self.f = h5py.File(self.path, "r")
+            self.attrs = {k: self.f.attrs[k] for k in self.f.attrs}
+            self.n_layers = int(self.attrs["n_layers"])
+            for layer in range(self.n_layers):
+                grp = self.f[layer_key(layer)]
+                for t in TENSORS:
+                    _ = grp[t].shape
+            self.sample_rank = self.f["sample_rank"][:]
+            self.dataset_index = self.f["dataset_index"][:]
+            self.attention_mask = self.f["attention_mask"][:] if "attention_mask" in self.f else None
+        except (OSError, KeyError, ValueError) as exc:
+            raise CorruptActivationFileError(f"activation file {self.path} is unreadable, truncated or incomplete ({exc}); delete it and rerun the extraction rule") from exc
+
+    def attr_json(self, name: str):
+        """A root attribute decoded from JSON."""
+        return json.loads(self.attrs[name])
+
+    def read(self, layer: int, names: tuple[str, ...] = TENSORS, images: slice | None = None) -> dict[str, np.ndarray]:
+        """Arrays ``(B, H, N, d)`` float32 of one layer.
+
+        ``images`` (a slice over the file's inputs) reads only those, so a reader can stream a
+        layer in input blocks (one HDF5 chunk per input) and keep its memory independent of B.
+
+        Raises:
+            CorruptActivationFileError: a chunk cannot be read; the message names the file.
+        """
+        sel = slice(None) if images is None else images
+        try:
+            grp = self.f[layer_key(layer)]
+            return {t: grp[t][sel] for t in names}
+        except (OSError, KeyError, ValueError) as exc:
+            raise CorruptActivationFileError(f"activation file {self.path}: cannot read layer {layer} ({exc}); delete it and rerun the extraction rule") from exc
+
+    def close(self) -> None:
+        self.f.close()
+
+    def __enter__(self) -> ActivationFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------------------
+# Writer
+# --------------------------------------------------------------------------------------
+
+
 @dataclass
 class Summary:
-    """What :func:`validate` found in a valid file.
+    """What :func:`validate` found in a valid file, or what :class:`ActivationWriter` wrote.
 
     Attributes:
         format_version: 1 (also for pipeline files written before the attribute existed).
         model_id, kind (``vision`` or ``text``), n_inputs (B), n_layers, n_heads, n_tokens, head_dim.
         attention_scale: the logit scale ``s`` (1/sqrt(head_dim)).
         capture_max_rel_error: the invariant's largest measured ``max|h - h_hat| / max|v|``
-            over every input, layer and head (None when not checked).
+            over the checked inputs, layers and heads (None when not checked).
         attrs: the file's root attributes.
     """
 
@@ -105,8 +342,165 @@ class Summary:
         )
 
 
-def _layer_key(layer: int) -> str:
-    return f"layers/{layer:02d}"
+class ActivationWriter:
+    """The one writer of activation files: batches of per-head q, k, v, h in, one file of format 1 out.
+
+    A context manager: the file is written under a temporary name and renamed to ``path`` when
+    the block ends without an error (:func:`kpca_repro.h5io.atomic_output`), so a refused batch
+    leaves no file; call :meth:`finish` last inside the block. :meth:`add` checks a batch before
+    any of it is written (shapes, padding mask, the capture invariant on every layer), then writes
+    it on one background thread while the caller computes the next batch (the bytes are those of
+    writing in order). Datasets are chunked one input per chunk, nothing records a time, so
+    identical runs give identical files.
+
+    Args:
+        path: the ``.h5`` file.
+        model_id: the name the tables show (attribute ``model_id``; named in errors).
+        n_inputs: the file's number of inputs B when known (fixed-size datasets); None: the
+            datasets grow with each batch.
+        check: the inputs of each batch whose heads the invariant checks, stored as
+            ``capture_check``: ``"every input"``, ``"the first and last input"`` (the pipeline's
+            extraction: recomputing the attention in float64 costs as much as the forward
+            pass), or None (not checked: q, k, v, h that are no attention's, e.g. synthetic data).
+        windows: per layer, a one-sided local attention window ``|i - j| <= w`` or None (the
+            pipeline's Longformer and ModernBERT; format 1 itself knows key padding only).
+        tolerance: the invariant's tolerance (default :data:`INVARIANT_RTOL`).
+    """
+
+    def __init__(self, path, *, model_id: str, n_inputs: int | None = None, check: str | None = "every input", windows: Sequence[int | None] | None = None, tolerance: float | None = None):
+        self.path, self.model_id, self.n_inputs, self.check, self.windows = Path(path), model_id, n_inputs, check, windows
+        self.tolerance = INVARIANT_RTOL if tolerance is None else float(tolerance)
+        self.shape: tuple[int, int, int, int] | None = None  # (L, H, N, d) of the first batch
+        self.rows, self.masks, self.errors = 0, [], (0.0, 0.0, 0)  # errors: max relative, max absolute, heads checked
+        self._pending: Future | None = None
+
+    def __enter__(self) -> ActivationWriter:
+        with ExitStack() as stack:
+            tmp = stack.enter_context(atomic_output(self.path))
+            self.f = stack.enter_context(h5py.File(tmp, "w", track_order=False))
+            self._pool = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="h5write"))
+            self._stack = stack.pop_all()
+        return self
+
+    def __exit__(self, *exc):
+        # the pool first (it waits for the last write; an error in it is lost only behind another), then the file, then the rename
+        return self._stack.__exit__(*exc)
+
+    def add(self, layers: Sequence[Mapping[str, np.ndarray]], mask: np.ndarray | None = None) -> None:
+        """Check one batch and queue its writes.
+
+        Args:
+            layers: one mapping per layer, ``"q" | "k" | "v" | "h"`` -> ``(b, H, N, d)`` float32
+                numpy arrays; the first batch fixes L, H, N and d.
+            mask: ``(b, W)`` 0/1 (1 = real token), ``W <= N``, or None (every token real). The
+                ``N - W`` positions the model padded itself (Longformer: to a multiple of its
+                window) are stored as padding. A file has ``/attention_mask`` when any batch had one.
+
+        Raises:
+            ValueError: shapes differ from the first batch's, or the mask is wider than N, not
+                0/1, or has an input without real tokens.
+            CaptureMismatchError: a layer's q, k, v do not reproduce its h (nothing of the
+                batch is written).
+        """
+        b = layers[0]["q"].shape[0]
+        if self.shape is None:
+            self._create(len(layers), *layers[0]["q"].shape[1:])
+        n_layers, n_heads, n_tokens, d = self.shape
+        shapes = [tuple(x[t].shape) for x in layers for t in TENSORS]
+        if len(layers) != n_layers or set(shapes) != {(b, n_heads, n_tokens, d)}:
+            got = f"{len(layers)} layers of {sorted(set(shapes))}"
+            raise ValueError(f"{self.model_id}: every layer's q, k, v, h must be (b, H, N, d) = ({b}, {n_heads}, {n_tokens}, {d}) in all {n_layers} layers; got {got}")
+        if mask is not None:
+            mask = np.asarray(mask, dtype=np.int64)
+            if mask.shape[0] != b or mask.shape[1] > n_tokens:
+                raise ValueError(f"{self.model_id}: the attention sees {n_tokens} tokens of {b} inputs, the padding mask is {mask.shape}")
+            mask = np.pad(mask, ((0, 0), (0, n_tokens - mask.shape[1])))
+            if not np.isin(mask, (0, 1)).all() or not mask.any(axis=1).all():
+                raise ValueError(f"{self.model_id}: the padding mask must be 0/1 (1 = real token) with a real token in every input")
+        if b == 0:  # nothing to check or write (a user's last batch may be empty)
+            return
+        if self.check is not None:
+            self._check_invariant(layers, mask)
+        self.masks.append((b, mask))
+        start, self.rows = self.rows, self.rows + b
+        self._wait()  # at most one batch waits in memory
+        self._pending = self._pool.submit(self._write, start, layers)
+
+    def finish(self, attrs: Mapping | None = None, sample_rank=None, dataset_index=None) -> Summary:
+        """Write the index, the padding mask and the root attributes once every batch is written.
+
+        Args:
+            attrs: root attributes (strings and numbers as they are, anything else as JSON) over
+                the defaults: ``weights_sha256`` "", ``shard`` 0, ``n_shards`` 1,
+                ``capture_adapter`` "" (docs/activations.md Section 1).
+            sample_rank, dataset_index: ``(B,)`` integers (default ``0 .. B-1``).
+
+        Returns:
+            :class:`Summary` of the file.
+
+        Raises:
+            ValueError: no batch was added, or fewer or more inputs than ``n_inputs``.
+        """
+        self._wait()
+        if self.shape is None or (self.n_inputs is not None and self.rows != self.n_inputs):
+            raise ValueError(f"{self.model_id}: {self.rows} inputs captured, {self.n_inputs or 'at least 1'} expected")
+        for name, values in (("sample_rank", sample_rank), ("dataset_index", dataset_index)):
+            self.f.create_dataset(name, data=np.arange(self.rows) if values is None else np.asarray(values), dtype=np.int64, track_times=False)
+        masks = [np.ones((b, self.shape[2]), np.int64) if m is None else m for b, m in self.masks]
+        text = any(m is not None for _, m in self.masks)
+        if text:
+            self.f.create_dataset("attention_mask", data=np.concatenate(masks), track_times=False)
+        n_layers, n_heads, n_tokens, d = self.shape
+        root = dict(format_version=FORMAT_VERSION, model_id=self.model_id, n_layers=n_layers, n_heads=n_heads, head_dim=d, n_tokens=n_tokens, attention_scale=1.0 / math.sqrt(d))
+        root.update(weights_sha256="", shard=0, n_shards=1, dtype="float32", capture_adapter="", capture_check="not checked")
+        if self.check is not None:
+            root.update(capture_rtol=self.tolerance, capture_check=f"every batch, every layer, all heads of {self.check}: max |h - softmax(s q k^T + mask) v| / max |v|")
+            root.update(zip(("capture_max_rel_error", "capture_max_abs_error", "capture_heads_checked"), self.errors))
+        root.update(attrs or {})
+        for name, value in root.items():
+            self.f.attrs[name] = value if isinstance(value, (str, int, float, np.integer, np.floating)) else json.dumps(value, sort_keys=True)
+        error = root.get("capture_max_rel_error")
+        return Summary(FORMAT_VERSION, self.model_id, "text" if text else "vision", self.rows, n_layers, n_heads, n_tokens, d, root["attention_scale"], error, root)
+
+    def _create(self, n_layers: int, n_heads: int, n_tokens: int, d: int) -> None:
+        self.shape = (n_layers, n_heads, n_tokens, d)
+        n = self.n_inputs
+        for layer in range(n_layers):
+            grp = self.f.create_group(layer_key(layer), track_order=False)
+            for t in TENSORS:
+                grp.create_dataset(t, shape=(n or 0, n_heads, n_tokens, d), maxshape=(n, n_heads, n_tokens, d), dtype="float32", chunks=(1, n_heads, n_tokens, d), track_times=False)
+
+    def _check_invariant(self, layers, mask) -> None:
+        import torch
+
+        b, n_tokens, d = layers[0]["q"].shape[0], self.shape[2], self.shape[3]
+        inputs = None if self.check == "every input" else sorted({0, b - 1})
+        km = None if mask is None else torch.from_numpy(mask).bool()
+        rel, abs_, n = self.errors
+        for layer, x in enumerate(layers):
+            allowed = attention_mask_matrix(n_tokens, key_mask=km, window=self.windows[layer] if self.windows else None)
+            res = check_attention_invariant(self.model_id, layer, x["q"], x["k"], x["v"], x["h"], scale=1.0 / math.sqrt(d), allowed=allowed, query_mask=km, inputs=inputs, tolerance=self.tolerance)
+            rel, abs_, n = max(rel, res.max_rel_error), max(abs_, res.max_abs_error), n + res.n_heads_checked
+        self.errors = (rel, abs_, n)
+
+    def _write(self, start: int, layers) -> None:
+        for layer, x in enumerate(layers):
+            grp = self.f[layer_key(layer)]
+            for t in TENSORS:
+                stop = start + x[t].shape[0]
+                if self.n_inputs is None:
+                    grp[t].resize(stop, axis=0)
+                grp[t][start:stop] = x[t]
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+
+# --------------------------------------------------------------------------------------
+# Validator and user files
+# --------------------------------------------------------------------------------------
 
 
 def _as_int(value):
@@ -126,7 +520,7 @@ def validate(path: str | os.PathLike, *, kind: str | None = None, check_invarian
     ``q, k, v, h`` (``(B, n_heads, n_tokens, head_dim)`` float32, finite); ``attention_mask``
     (``(B, n_tokens)`` 0/1, at least one real token per input; required for ``kind="text"``,
     forbidden for ``kind="vision"``); then, with ``check_invariant``, the capture invariant on
-    every input, layer and head (:func:`kpca_repro.capture.invariant.attention_invariant`, float64)::
+    every input, layer and head (:func:`attention_invariant`, float64)::
 
         max |h - softmax(s q k^T + mask) v| / max |v|  <=  tolerance  (default 1e-4)
 
@@ -137,14 +531,14 @@ def validate(path: str | os.PathLike, *, kind: str | None = None, check_invarian
         kind: ``"vision"``, ``"text"`` or None (read from the presence of ``attention_mask``).
         check_invariant: recompute h from q, k, v (reads every tensor once, float64 on the CPU).
         tolerance: largest accepted relative error (default
-            :data:`kpca_repro.capture.invariant.INVARIANT_RTOL`).
+            :data:`INVARIANT_RTOL`).
 
     Returns:
         :class:`Summary`.
 
     Raises:
         ActivationFormatError: the first violation, with its fix.
-        kpca_repro.capture.invariant.ActivationFileMismatchError: a ``CaptureMismatchError``: the
+        ActivationFileMismatchError: a ``CaptureMismatchError``: the
             stored q, k, v do not reproduce h (the message gives the measured error, the layer,
             input and head, and the fix).
     """
@@ -196,8 +590,8 @@ def validate(path: str | os.PathLike, *, kind: str | None = None, check_invarian
             raise ActivationFormatError(path, "/sample_rank has repeated values", "number the inputs 0..B-1 (ranks identify the rows of the per-head records)")
         shape = (n_in, n_heads, n_tokens, d)
         for layer in range(n_layers):
-            for t in _TENSORS:
-                key = f"{_layer_key(layer)}/{t}"
+            for t in TENSORS:
+                key = f"{layer_key(layer)}/{t}"
                 if key not in f or not isinstance(f[key], h5py.Dataset):
                     raise ActivationFormatError(path, f"dataset /{key} is missing (n_layers = {n_layers})", f"store /{key} as {shape} float32, or correct n_layers")
                 ds = f[key]
@@ -224,13 +618,13 @@ def validate(path: str | os.PathLike, *, kind: str | None = None, check_invarian
             raise ActivationFormatError(path, "kind vision but the file has /attention_mask", "declare kind: text (the Table 4 form), or remove /attention_mask when every token is real")
         worst = None
         for layer in range(n_layers):
-            t = {name: f[f"{_layer_key(layer)}/{name}"][:] for name in _TENSORS}
+            t = {name: f[f"{layer_key(layer)}/{name}"][:] for name in TENSORS}
             for name, arr in t.items():
                 if not np.isfinite(arr).all():
                     bad = np.argwhere(~np.isfinite(arr))[0]
                     raise ActivationFormatError(
                         path,
-                        f"/{_layer_key(layer)}/{name} has a non-finite value at input {bad[0]}, head {bad[1]}, token {bad[2]}",
+                        f"/{layer_key(layer)}/{name} has a non-finite value at input {bad[0]}, head {bad[1]}, token {bad[2]}",
                         "store finite values (a NaN or inf from the model cannot be analysed)",
                     )
             if check_invariant:
@@ -243,11 +637,9 @@ def _check_layer(path, model_id, layer, t, scale, mask, tolerance) -> float:
     """The capture invariant on every input and head of one layer; returns the relative error.
 
     Raises:
-        kpca_repro.capture.invariant.ActivationFileMismatchError: the invariant fails (a
+        ActivationFileMismatchError: the invariant fails (a
             ``CaptureMismatchError`` that is also a bad input file: one line, the file, the fix).
     """
-    from kpca_repro.capture.invariant import INVARIANT_RTOL, ActivationFileMismatchError, attention_invariant, attention_mask_matrix
-
     tolerance = INVARIANT_RTOL if tolerance is None else tolerance
     allowed = attention_mask_matrix(t["q"].shape[2], key_mask=mask) if mask is not None else None
     res = attention_invariant(t["q"], t["k"], t["v"], t["h"], scale=scale, allowed=allowed, query_mask=mask)
@@ -273,11 +665,9 @@ def write_activations(
     attention_scale: float | None = None,
     attrs: Mapping | None = None,
     tolerance: float | None = None,
+    check_invariant: bool = True,
 ) -> Summary:
-    """Write per-head q, k, v, h of one model in format version 1, then validate the file.
-
-    The file is written under a temporary name and renamed only when it validates, so a
-    capture that breaks the invariant leaves no file.
+    """Write per-head q, k, v, h of one model in format version 1 (through :class:`ActivationWriter`).
 
     Args:
         path: the HDF5 file to write.
@@ -292,49 +682,30 @@ def write_activations(
             ``1/sqrt(d)`` is folded into q (``q * s * sqrt(d)``), so the stored logits are
             ``q k^T / sqrt(d)`` as the KPCA stage assumes.
         attrs: further root attributes (strings or numbers; others are stored as JSON).
-        tolerance: the invariant's tolerance (default 1e-4, :mod:`kpca_repro.capture.invariant`).
+        tolerance: the invariant's tolerance (default :data:`INVARIANT_RTOL`).
+        check_invariant: check the capture invariant on every input, layer and head (False:
+            tensors that are no attention's, such as synthetic data; :func:`validate` refuses the file).
 
     Returns:
-        :func:`validate`'s :class:`Summary` of the written file.
+        :class:`Summary` of the written file, with the largest measured invariant error.
 
     Raises:
-        ActivationFormatError, kpca_repro.capture.invariant.CaptureMismatchError: as :func:`validate`
-            (nothing is left at ``path``).
-        ValueError: ``layers`` is empty or its tensors' shapes disagree.
+        CaptureMismatchError: the tensors do not reproduce h (also for a non-finite value);
+            nothing is left at ``path``.
+        ValueError: ``layers`` is empty, its tensors' shapes disagree, or the mask is not 0/1
+            with a real token in every input.
     """
-    import json
-
-    from kpca_repro.h5io import atomic_output
-
-    arrays = [{t: _to_numpy(layer[t]) for t in _TENSORS} for layer in layers]
+    arrays = [{t: _to_numpy(layer[t]) for t in TENSORS} for layer in layers]
     if not arrays:
         raise ValueError("layers is empty")
-    shape = arrays[0]["q"].shape
-    if len(shape) != 4 or any(a[t].shape != shape for a in arrays for t in _TENSORS):
-        raise ValueError(f"every q, k, v, h must be (B, H, N, d) of one shape; got {sorted({a[t].shape for a in arrays for t in _TENSORS})}")
-    n_in, n_heads, n_tokens, d = shape
+    d = arrays[0]["q"].shape[-1]
     if attention_scale is not None and not abs(attention_scale * math.sqrt(d) - 1) <= _SCALE_RTOL:
         factor = np.float32(attention_scale * math.sqrt(d))
         arrays = [{**a, "q": a["q"] * factor} for a in arrays]
-    root = {"format_version": FORMAT_VERSION, "model_id": model_id, "n_layers": len(arrays), "n_heads": n_heads, "n_tokens": n_tokens, "head_dim": d}
-    root.update(attention_scale=1.0 / math.sqrt(d), weights_sha256="", shard=0, n_shards=1, dtype="float32")
-    root.update(attrs or {})
-    with atomic_output(path) as tmp:
-        with h5py.File(tmp, "w", track_order=False) as f:
-            for name, value in root.items():
-                f.attrs[name] = value if isinstance(value, (str, int, float, np.integer, np.floating)) else json.dumps(value, sort_keys=True)
-            f.create_dataset("sample_rank", data=np.arange(n_in) if sample_rank is None else np.asarray(sample_rank, np.int64), dtype=np.int64, track_times=False)
-            f.create_dataset("dataset_index", data=np.arange(n_in) if dataset_index is None else np.asarray(dataset_index, np.int64), dtype=np.int64, track_times=False)
-            if attention_mask is not None:
-                f.create_dataset("attention_mask", data=_to_numpy(attention_mask).astype(np.int64), track_times=False)
-            for layer, a in enumerate(arrays):
-                for t in _TENSORS:
-                    f.create_dataset(f"{_layer_key(layer)}/{t}", data=a[t], chunks=(1, *shape[1:]), track_times=False)
-        summary = validate(tmp, tolerance=tolerance)
-        with h5py.File(tmp, "r+") as f:
-            f.attrs["capture_rtol"] = float(1e-4 if tolerance is None else tolerance)
-            f.attrs["capture_max_rel_error"] = float(summary.capture_max_rel_error)
-    return summary
+    mask = None if attention_mask is None else _to_numpy(attention_mask)
+    with ActivationWriter(path, model_id=model_id, check="every input" if check_invariant else None, tolerance=tolerance) as writer:
+        writer.add(arrays, mask)
+        return writer.finish({"capture_adapter": "write_activations", **(attrs or {})}, sample_rank, dataset_index)
 
 
 def _to_numpy(x) -> np.ndarray:
@@ -354,10 +725,8 @@ def install_user_file(source: str | os.PathLike, target: str | os.PathLike, *, n
     Raises:
         ActivationFormatError: a format violation, or ``model_id`` differs from ``name`` (the
             config entry under ``activations:``).
-        kpca_repro.capture.invariant.CaptureMismatchError: the invariant fails (measured error in the message).
+        CaptureMismatchError: the invariant fails (measured error in the message).
     """
-    from kpca_repro.h5io import atomic_output
-
     summary = validate(source, kind=kind, tolerance=tolerance)
     if summary.model_id != name:
         raise ActivationFormatError(
@@ -370,7 +739,7 @@ def install_user_file(source: str | os.PathLike, target: str | os.PathLike, *, n
             if "weights_sha256" not in f.attrs:
                 f.attrs["weights_sha256"] = ""
             f.attrs["format_version"] = FORMAT_VERSION
-            f.attrs["capture_rtol"] = float(1e-4 if tolerance is None else tolerance)
+            f.attrs["capture_rtol"] = float(INVARIANT_RTOL if tolerance is None else tolerance)
             f.attrs["capture_max_rel_error"] = float(summary.capture_max_rel_error)
             f.attrs["user_source"] = str(Path(source).resolve())
     return summary
@@ -400,8 +769,6 @@ def check_user_config(config: dict) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m kpca_repro.activations validate FILE [--kind vision|text] [--no-invariant]``."""
-    from kpca_repro.capture.invariant import CaptureMismatchError
-
     parser = argparse.ArgumentParser(prog="python -m kpca_repro.activations", description="Check an activation file against docs/activations.md.")
     sub = parser.add_subparsers(dest="command", required=True)
     val = sub.add_parser("validate", help="name the first violation and its fix (exit 1), or print ok and a summary (exit 0)")

@@ -1,7 +1,7 @@
 """Figures 2 and 5: per-token squared norms from the activation files, per-layer statistics.
 
 For every (sequence, layer, head, token ``i``) of an activation file (layout:
-:mod:`kpca_repro.h5io`) this module computes ``||phi(q_i)||^2`` (docs/method.md 0.3) and
+:mod:`kpca_repro.activations`) this module computes ``||phi(q_i)||^2`` (docs/method.md 0.3) and
 ``||h_i||^2`` (docs/method.md 0.4) with :mod:`kpca_repro.method.kpca`, pools them per layer over
 sequences, heads and tokens, and summarises each layer with
 :func:`layer_norm_statistics`. Nothing is recomputed from the model: q, k,
@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kpca_repro.h5io import ActivationFile, CorruptActivationFileError
+from kpca_repro.activations import ActivationFile, CorruptActivationFileError
 from kpca_repro.method.variant import Variant
 from kpca_repro.method.variant import get as get_variant
 from kpca_repro.projection import attention_output, feature_norm_sq, output_norm_sq
@@ -167,7 +167,7 @@ def norm_statistics(
 
     Raises:
         ValueError: no file, unknown variant, or files of different models / shapes.
-        kpca_repro.h5io.CorruptActivationFileError: a file is unreadable or lacks the
+        kpca_repro.activations.CorruptActivationFileError: a file is unreadable or lacks the
             attention mask the corrected text recipe needs (named).
     """
     from kpca_repro.progress import progress as progress_bar

@@ -35,16 +35,16 @@ attention (DeBERTa, MPNet, T5, ...), decoders with a causal mask (GPT-2, Llama, 
 with ``is_decoder``), and any model type not listed. :func:`check_text_model` does this from
 the configuration alone (no weights), so that Snakemake refuses before any job.
 
-Trust, but verify: :func:`check_capture` recomputes ``softmax(q k^T / sqrt(d) + mask) v`` from
-the tensors about to be stored (:mod:`kpca_repro.capture.invariant`) and fails the extraction when it
-does not reproduce h, so a model an adapter misreads is never analysed silently.
+Trust, but verify: the extraction's writer recomputes ``softmax(q k^T / sqrt(d) + mask) v`` from
+the tensors about to be stored, with each module's local window (:attr:`HFAttention.window`), and
+fails the extraction when it does not reproduce h (:class:`kpca_repro.activations.ActivationWriter`),
+so a model an adapter misreads is never analysed silently.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,9 +53,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from kpca_repro.capture.invariant import INVARIANT_RTOL, attention_mask_matrix, check_attention_invariant
+from kpca_repro.activations import BATCH_FIRST, SEQUENCE_FIRST
 from kpca_repro.capture.vision import HeadRecorder, UnsupportedArchitectureError, split_heads
-from kpca_repro.h5io import BATCH_FIRST, SEQUENCE_FIRST
 
 __all__ = [
     "BATCH_FIRST",
@@ -71,7 +70,6 @@ __all__ = [
     "HFAttention",
     "attention_modules",
     "HFAttentionRecorder",
-    "check_capture",
 ]
 
 # --------------------------------------------------------------------------------------
@@ -124,7 +122,7 @@ class Family:
     """How one Hugging Face attention family is captured.
 
     Attributes:
-        name: family name (HDF5 attribute ``capture_family``).
+        name: family name (HDF5 attribute ``capture_adapter``).
         model_types: ``config.model_type`` values of the family.
         projections: names of the separate q, k, v ``nn.Linear`` children of the attention
             module, or None when ``fused`` names one Linear computing ``[q | k | v]``.
@@ -392,11 +390,6 @@ class HFAttention:
     head_dim: int
     window: int | None = None
 
-    @property
-    def scale(self) -> float:
-        """The logit scale ``s = 1/sqrt(d)`` of the stored tensors."""
-        return 1.0 / math.sqrt(self.head_dim)
-
 
 def _attr(module: nn.Module, names: tuple[str, ...]):
     for n in names:
@@ -485,6 +478,16 @@ class HFAttentionRecorder(HeadRecorder):
         self._hidden: list[torch.Tensor | None] = [None] * len(self.attns)
         self._extras: list[dict] = [{} for _ in self.attns]
 
+    def file_attrs(self) -> dict:
+        """The activation file's ``capture_adapter`` (the family) and ``hooked_layout`` of the last forward pass.
+
+        Raises:
+            UnsupportedArchitectureError: the layers computed in different layouts.
+        """
+        if len(set(self.layouts)) != 1:
+            raise UnsupportedArchitectureError(f"{self.attns[0].name}: the attention modules computed in mixed layouts {self.layouts}")
+        return {"capture_adapter": "; ".join(dict.fromkeys(a.family.name for a in self.attns)), "hooked_layout": self.layouts[0]}
+
     def _attn_pre_hook(self, layer: int):
         attn = self.attns[layer]
         sig = inspect.signature(attn.module.forward)
@@ -560,38 +563,3 @@ class HFAttentionRecorder(HeadRecorder):
             handles.append(attn.out_proj.register_forward_pre_hook(self._out_pre_hook(layer)))
             handles.append(attn.module.register_forward_hook(self._attn_post_hook(layer)))
         return handles
-
-
-# --------------------------------------------------------------------------------------
-# Invariant
-# --------------------------------------------------------------------------------------
-
-
-def check_capture(model_id: str, attns: list[HFAttention], layers: list[dict], key_mask=None, inputs=None, tolerance: float = INVARIANT_RTOL) -> float:
-    """The capture invariant (:mod:`kpca_repro.capture.invariant`) on every layer of one batch.
-
-    Args:
-        model_id: named in the error.
-        attns: the modules (scale ``1/sqrt(d)``, local window).
-        layers: per layer, ``{"q","k","v","h"}`` -> ``(B, H, N, d)`` arrays or tensors (the
-            tensors about to be stored).
-        key_mask: optional ``(B, N)``, 1 = real token: the padding mask of the keys, and the
-            queries compared (padded queries are never analysed).
-        inputs: indices along ``B`` to check (default: the first and the last), all heads.
-        tolerance: largest accepted ``max |h - h_hat| / max |v|`` per head.
-
-    Returns:
-        The largest relative error over the checked heads of all layers.
-
-    Raises:
-        kpca_repro.capture.invariant.CaptureMismatchError: a layer exceeds ``tolerance``.
-    """
-    worst = 0.0
-    for layer, (attn, t) in enumerate(zip(attns, layers)):
-        b, _, n, _ = t["q"].shape
-        sel = sorted({0, b - 1}) if inputs is None else list(inputs)
-        km = None if key_mask is None else torch.as_tensor(key_mask).bool()
-        allowed = attention_mask_matrix(n, key_mask=km, window=attn.window)
-        res = check_attention_invariant(model_id, layer, t["q"], t["k"], t["v"], t["h"], scale=attn.scale, allowed=allowed, query_mask=km, inputs=sel, tolerance=tolerance)
-        worst = max(worst, res.max_rel_error)
-    return worst

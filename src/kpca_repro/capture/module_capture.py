@@ -17,15 +17,15 @@ module's dot product uses, and the sub-module whose input is the concatenated pe
 PyTorch's ``nn.MultiheadAttention`` (so ``nn.TransformerEncoder``) needs neither:
 :meth:`ModuleCapture.for_torch_attention` (:mod:`kpca_repro.capture.torch_attention`).
 
-:func:`capture_batches` is the one forward-and-capture loop: per batch it clears the capture,
-runs the forward pass, refuses a pass in which a hook did not fire
-(:class:`HooksDidNotFireError`) and yields every layer's q, k, v, h as float32 numpy arrays.
-:func:`record_activations` runs it under any :class:`HeadCapture`, checks the invariant on every
-input, layer and head, and writes the activation file (docs/activations.md); a capture that
-breaks the invariant is refused with the measured error and leaves no file. The pipeline's
-extraction (:func:`kpca_repro.capture.extraction.extract_vision` and
-:func:`~kpca_repro.capture.extraction.extract_text`) runs the timm and Hugging Face recorders
-through the same :func:`capture_batches`, streaming each batch to its shard file.
+:func:`record_activations` is the one extraction loop, a user's and the pipeline's
+(:func:`kpca_repro.capture.extraction.extract_vision` and
+:func:`~kpca_repro.capture.extraction.extract_text` are its timm and Hugging Face adapters): its
+forward passes are :func:`capture_batches` (per batch: clear the capture, run the forward pass,
+refuse a pass in which a hook did not fire, :class:`HooksDidNotFireError`, yield every layer's
+q, k, v, h as float32 numpy arrays), and each batch goes to
+:class:`kpca_repro.activations.ActivationWriter`, which checks the capture invariant and writes
+the activation file (docs/activations.md); a capture that breaks the invariant is refused with
+the measured error and leaves no file.
 docs/activations.md has a complete example; tests/test_activations.py runs a hand-written ViT,
 a grouped-query attention and the timm and Hugging Face adapters through it,
 tests/test_torch_attention.py PyTorch's own attention.
@@ -33,7 +33,7 @@ tests/test_torch_attention.py PyTorch's own attention.
 
 from __future__ import annotations
 
-import inspect
+import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import closing
@@ -43,13 +43,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from kpca_repro.activations import TENSORS, ActivationWriter, Summary
 from kpca_repro.capture import torch_attention as ta
 from kpca_repro.capture.vision import HeadRecorder, UnsupportedArchitectureError, split_heads
 
-__all__ = ["HeadCapture", "ModuleCapture", "HooksDidNotFireError", "capture_batches", "record_activations", "bind_arguments"]
-
-#: The tensors a capture fills per layer.
-TENSORS = ("q", "k", "v", "h")
+__all__ = ["HeadCapture", "ModuleCapture", "HooksDidNotFireError", "capture_batches", "record_activations"]
 
 
 @runtime_checkable
@@ -67,9 +65,11 @@ class HeadCapture(Protocol):
     ``__enter__`` registers the hooks and ``__exit__`` removes them; ``numpy_layer(layer)``
     returns ``captured[layer]`` as float32 numpy arrays. Optional: ``attention_mask``, the
     ``(B, N)`` padding mask (1 = real token) of the last forward pass, which
-    :func:`record_activations` writes when the batch has none, and
+    :func:`record_activations` writes when the batch has none;
     ``explain_missing(layer, tensor, paths) -> (subject, reason)``, which
-    :class:`HooksDidNotFireError`'s message gives.
+    :class:`HooksDidNotFireError`'s message gives; ``file_attrs() -> dict``, root attributes
+    the capture knows after a forward pass (``capture_adapter``, default the class name;
+    the Hugging Face recorder's ``hooked_layout``).
     """
 
     captured: list
@@ -354,10 +354,19 @@ def record_activations(
     forward: Callable[[nn.Module, Any], Any] | None = None,
     attrs: Mapping | None = None,
     tolerance: float | None = None,
-):
+    sample_rank: Sequence[int] | None = None,
+    dataset_index: Sequence[int] | None = None,
+    keep: Sequence[slice] | None = None,
+    check: str = "every input",
+    windows: Sequence[int | None] | None = None,
+) -> Summary:
     """Forward ``batches`` through ``model`` under ``capture`` and write the activation file.
 
-    The forward passes are :func:`capture_batches`, the loop of the pipeline's extraction.
+    The one extraction loop: the forward passes are :func:`capture_batches`; each batch's kept
+    rows go to :class:`kpca_repro.activations.ActivationWriter`, which checks the capture
+    invariant (``check``) before writing them, and the file gets the capture attributes
+    (``capture_adapter``, ``capture_rtol``, ``capture_check``, ``capture_max_rel_error``,
+    ``capture_max_abs_error``, ``capture_heads_checked``; docs/activations.md Section 1).
 
     Args:
         model: any module; run under ``torch.no_grad()`` in the mode it is in (call
@@ -376,6 +385,13 @@ def record_activations(
         forward: ``forward(model, batch)`` replacing the default call.
         attrs: further root attributes (e.g. ``weights_sha256``).
         tolerance: the invariant's tolerance (default 1e-4).
+        sample_rank, dataset_index: the file's ``(B,)`` index (default ``0 .. B-1``).
+        keep: per batch, the rows to store (the pipeline's shards run whole-sample batches
+            and keep their own rows); default: every row.
+        check: ``"every input"`` or ``"the first and last input"`` of each batch (the
+            pipeline's extraction) have all their heads checked.
+        windows: per layer, the one-sided local window of the attention, or None (the
+            pipeline's Longformer and ModernBERT; a user's file holds key padding only).
 
     Returns:
         :class:`kpca_repro.activations.Summary` of the written file (with the largest
@@ -385,42 +401,24 @@ def record_activations(
         TypeError: ``capture`` is not a :class:`HeadCapture`.
         HooksDidNotFireError: (a ``ValueError``) a layer's tensors were not all captured in a
             forward pass; no file is written.
-        ValueError: ``batches`` is empty, or the capture's layers saw different padding masks
+        ValueError: ``batches`` is empty, the layers' shapes or the padding masks do not fit
+            (:meth:`kpca_repro.activations.ActivationWriter.add`; a mask wider than the tokens
+            the attention sees), or the capture's layers saw different padding masks
             (:attr:`ModuleCapture.attention_mask`).
         UnsupportedArchitectureError: an ``nn.MultiheadAttention`` call the format cannot store
             (:class:`ModuleCapture`).
-        kpca_repro.capture.invariant.CaptureMismatchError: the captured q, k, v do not reproduce h
+        kpca_repro.activations.CaptureMismatchError: the captured q, k, v do not reproduce h
             (the measured error, layer, input and head in the message); no file is written.
     """
-    from kpca_repro.activations import write_activations
-
-    layers: list[list[dict[str, np.ndarray]]] | None = None
-    masks: list[np.ndarray | None] = []
-    with closing(capture_batches(model, capture, batches, model_id=model_id, forward=forward)) as runs:
-        for batch, per_layer in runs:
-            layers = [[p] for p in per_layer] if layers is None else [acc + [p] for acc, p in zip(layers, per_layer)]
-            m = batch.get("attention_mask") if isinstance(batch, Mapping) else None
-            if m is None:
-                m = getattr(capture, "attention_mask", None)  # e.g. the key_padding_mask nn.MultiheadAttention was called with
-            masks.append(None if m is None else np.asarray(m.detach().cpu() if hasattr(m, "detach") else m))
-    if layers is None:
-        raise ValueError("batches is empty")
-    stacked = [{t: np.concatenate([p[t] for p in acc]) for t in TENSORS} for acc in layers]
-    mask = None
-    if any(m is not None for m in masks):  # a batch without padding: every token real
-        shapes = [p["q"].shape for p in layers[0]]
-        mask = np.concatenate([np.ones((b, n), np.int64) if m is None else m for m, (b, _, n, _) in zip(masks, shapes)])
-    extra = {"capture": type(capture).__name__, **(attrs or {})}
-    return write_activations(path, stacked, model_id=model_id, attention_mask=mask, attrs=extra, tolerance=tolerance)
-
-
-def _signature_of(module: nn.Module) -> inspect.Signature:
-    """``module.forward``'s signature (for a :data:`QKV` function that binds its arguments)."""
-    return inspect.signature(module.forward)
-
-
-def bind_arguments(module: nn.Module, args: Sequence, kwargs: Mapping) -> dict:
-    """The arguments of one call of ``module`` by name (defaults applied), for :data:`QKV` functions."""
-    bound = _signature_of(module).bind(*args, **kwargs)
-    bound.apply_defaults()
-    return dict(bound.arguments)
+    runs = capture_batches(model, capture, batches, model_id=model_id, forward=forward)
+    n_inputs = None if keep is None else sum(k.stop - k.start for k in keep)
+    with ActivationWriter(path, model_id=model_id, n_inputs=n_inputs, check=check, windows=windows, tolerance=tolerance) as writer, closing(runs):
+        for rows, (batch, layers) in zip(itertools.repeat(slice(None)) if keep is None else keep, runs):
+            mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+            if mask is None:
+                mask = getattr(capture, "attention_mask", None)  # e.g. the key_padding_mask nn.MultiheadAttention was called with
+            if mask is not None:
+                mask = np.asarray(mask.detach().cpu() if hasattr(mask, "detach") else mask)[rows]
+            writer.add([{t: a[rows] for t, a in tensors.items()} for tensors in layers], mask)
+        found = {"capture_adapter": type(capture).__name__, **(capture.file_attrs() if hasattr(capture, "file_attrs") else {})}
+        return writer.finish({**found, **(attrs or {})}, sample_rank, dataset_index)

@@ -14,8 +14,7 @@ CLS, distillation and register tokens):
 
 ``s = 1/sqrt(d)`` for every supported family (checked, and recorded in each activation
 file as ``attention_scale``); the stored tensors satisfy ``h = softmax(s q k^T) v``, which
-:func:`kpca_repro.capture.extraction.extract_vision` verifies on every batch
-(:mod:`kpca_repro.capture.invariant`).
+the extraction verifies on every batch (:class:`kpca_repro.activations.ActivationWriter`).
 
 How: one forward pass per batch captures every layer. A forward pre-hook on each
 ``blocks[l].attn`` receives the attention's input ``x`` and the rotary embedding ``rope``
@@ -489,6 +488,10 @@ class CaptureRecorder(HeadRecorder):
         super().__init__(attn for attn, _ in plan)
         self.adapters = [adapter for _, adapter in plan]
         self.model_id = model_id
+
+    def file_attrs(self) -> dict:
+        """The activation file's ``capture_adapter``: the adapters' names, once each."""
+        return {"capture_adapter": "; ".join(dict.fromkeys(adapter.name for adapter in self.adapters))}
 
     def _attn_pre_hook(self, layer: int):
         adapter = self.adapters[layer]

@@ -320,7 +320,7 @@ def download_imagenet_sample(
     """
     out = Path(out_dir)
     how = f"Put the 1000 files <wnid>_<label>.JPEG of the ImageNet sample there (source: {url}), or set vision.imagenet_val_dir to an ImageNet validation root."
-    from kpca_repro.h5io import atomic_directory  # h5py: imported only when downloading (config checks use the paths)
+    from kpca_repro.h5io import atomic_directory
 
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.download-", dir=out.parent) as scratch:

@@ -19,7 +19,7 @@ docs/method.md Section 3 (the paper's ``nlp_value_vectors.py``) and Section 15 i
   mask; Longformer: its own sliding-window pattern, computed on ``(sequence, batch,
   hidden)`` tensors and stored batch-first). Unsupported attentions are refused from the
   configuration (:func:`kpca_repro.capture.hf_capture.check_text_model`) and every batch passes
-  the capture invariant (:mod:`kpca_repro.capture.invariant`) before it is written.
+  the capture invariant (:mod:`kpca_repro.activations`) before it is written.
 """
 
 from __future__ import annotations

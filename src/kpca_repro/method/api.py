@@ -95,7 +95,7 @@ def analyze_heads(
             ``eigengap_min``, ``solver_groups``, ``solver_group_max``,
             ``solver_boundary_group``, and returns the draws, name -> ``(heads, R)`` in the
             rows' order, in ``df.attrs["sign_draws"]``.
-        tolerance: the invariant's tolerance (default 1e-4, :mod:`kpca_repro.capture.invariant`).
+        tolerance: the invariant's tolerance (default 1e-4, :mod:`kpca_repro.activations`).
 
     Returns:
         One row per (input, head): ``variant, layer, sample_rank, dataset_index, head, n_tokens,
@@ -109,11 +109,11 @@ def analyze_heads(
     Raises:
         ValueError: shapes disagree, an unknown variant, a mask of the wrong shape.
         TypeError: a non-float array.
-        kpca_repro.capture.invariant.CaptureMismatchError: ``h`` is given and q, k, v do not reproduce it
+        kpca_repro.activations.CaptureMismatchError: ``h`` is given and q, k, v do not reproduce it
             (the message gives the measured error, input and head).
     """
 
-    from kpca_repro.capture.invariant import INVARIANT_RTOL, attention_mask_matrix, check_attention_invariant
+    from kpca_repro.activations import INVARIANT_RTOL, attention_mask_matrix, check_attention_invariant
     from kpca_repro.method.placement import plan
     from kpca_repro.method.records import _chunked, _head_groups, chunk_records
     from kpca_repro.method.solver_variation import BOUND_NAMES, RANGE_NAMES
@@ -168,7 +168,7 @@ def analyze_file(path: str | os.PathLike, variant: str = "paper", *, device: str
     (``python -m kpca_repro.activations validate FILE``).
 
     Raises:
-        kpca_repro.h5io.CorruptActivationFileError: the file is unreadable.
+        kpca_repro.activations.CorruptActivationFileError: the file is unreadable.
     """
 
     from kpca_repro.method.records import kpca_records

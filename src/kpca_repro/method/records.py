@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kpca_repro.h5io import ActivationFile
+from kpca_repro.activations import ActivationFile
 from kpca_repro.method.kpca import gamma_test, head_metrics, solve_heads, top_eigenvalues
 from kpca_repro.method.placement import Placement, plan
 from kpca_repro.method.solver_variation import BOUND_NAME, BOUND_NAMES, RANGE_NAMES, RunningFloor, head_solver_draws, prune_below_floor
@@ -261,9 +261,9 @@ def kpca_records(
         writing the metadata as JSON.
 
     Raises:
-        kpca_repro.h5io.CorruptActivationFileError: the file is unreadable (named).
+        kpca_repro.activations.CorruptActivationFileError: the file is unreadable (named).
     """
-    from kpca_repro.h5io import SEQUENCE_FIRST
+    from kpca_repro.activations import SEQUENCE_FIRST
     from kpca_repro.progress import progress as progress_bar
 
     variant = get_variant(variant)
@@ -370,7 +370,7 @@ def eigenvalue_records(
         paper variant overflows).
 
     Raises:
-        kpca_repro.h5io.CorruptActivationFileError: the file is unreadable (named).
+        kpca_repro.activations.CorruptActivationFileError: the file is unreadable (named).
     """
     if placement is None:
         placement = plan(variant, device=device, cores=workers, eigh_threads=None, sign_invariant=True)
@@ -417,7 +417,7 @@ def gamma_records(
     as one batch, with one perturbation generator seeded by ``seed``.
 
     Args:
-        activations: HDF5 activation file of the extraction (:class:`kpca_repro.h5io.ActivationFile`);
+        activations: HDF5 activation file of the extraction (:class:`kpca_repro.activations.ActivationFile`);
             its keys have shape ``(images, heads, N, d)`` per layer (float32 on disk).
         layer: 0-based transformer block (``figure3.block``).
         variant: ``"paper"`` or ``"corrected"``.
@@ -437,7 +437,7 @@ def gamma_records(
 
     Raises:
         ValueError: ``layer`` is not a layer of the model.
-        kpca_repro.h5io.CorruptActivationFileError: the file is unreadable (named).
+        kpca_repro.activations.CorruptActivationFileError: the file is unreadable (named).
     """
     with ActivationFile(activations) as af:
         if not 0 <= layer < af.n_layers:
