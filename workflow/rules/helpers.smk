@@ -58,3 +58,17 @@ def norm_figure_labels(figure):
 def norm_band_label(wildcards):
     """Legend of the band of rules figure2 and figure5: the corrected variant's central 95 %, the paper's IQR after the trim."""
     return "2.5-97.5th percentile (central 95 %)" if wildcards.suffix else "25-75th percentile after trim"
+
+
+def needs_models(kind, what):
+    """Input function (no files) of the rules that aggregate the models of one kind: asked for while
+    no model of `kind` ("vision": vision.models and activations: of kind vision; "text": text.models and
+    activations: of kind text) is configured, `what` stops the run in one line before any job."""
+
+    def check(wildcards):
+        if not (has_vision(config) if kind == "vision" else bool(TEXT["models"] or user_models(config, "text"))):
+            keys = "vision.models" if kind == "vision" else "text.models"
+            sys.exit(f"{what} needs a {kind} model, but {keys} is empty and activations: has no entry of kind {kind}; add one, or leave {what} out of the targets")
+        return []
+
+    return check

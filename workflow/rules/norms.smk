@@ -75,6 +75,7 @@ default_target("results/figure2{suffix}.pdf", when=has_vision)
 
 rule figure2:
     input:
+        models=needs_models("vision", "Figure 2"),
         stats=norm_stats("vision", lambda wc: VISION["models"] + [model_slug(m) for m in user_models(config, "vision")]),
         code=stage_code("method", "analysis", "figures"),
     output:
@@ -111,6 +112,7 @@ default_target("results/figure5{suffix}.pdf", when=lambda config: bool(config["t
 
 rule figure5:
     input:
+        models=needs_models("text", "Figure 5"),
         stats=norm_stats("text", figure5_models),
         code=stage_code("method", "analysis", "figures"),
     output:

@@ -32,6 +32,7 @@ default_target("results/table2{suffix}.csv", "results/table3{suffix}.csv", repor
 
 rule table_spectra:
     input:
+        models=needs_models("vision", "Tables 2 and 3"),
         records=lambda wc: [f for m in VISION["models"] for keys in (["standardized"] if wc.table == "2" else ["standardized", "raw"]) for f in spectra_files(variant_of(wc), m, keys)]
         + [f for m in user_models(config, "vision") for f in user_spectra_files(config, variant_of(wc), m, ["standardized"] if wc.table == "2" else ["standardized", "raw"])],
         code=stage_code("method", "analysis"),

@@ -9,6 +9,7 @@ default_target("results/table1{suffix}.csv", "results/table1{suffix}.md", report
 rule table1:
     input:
         unpack(table_inputs(lambda variant, ext: [f for m in VISION["models"] for f in heads_files(variant, m, ext)] + user_heads(variant, ext, "vision"))),
+        models=needs_models("vision", "Table 1"),
         code=stage_code("method", "analysis"),
     output:
         csv="results/table1{suffix}.csv",
@@ -42,6 +43,7 @@ default_target(
 rule table4:
     input:
         unpack(table_inputs(lambda variant, ext: [f for m in TEXT["models"] for f in text_stage_files(m, ext, variant)] + user_heads(variant, ext, "text"))),
+        models=needs_models("text", "Table 4"),
         code=stage_code("method", "analysis"),
     output:
         csv="results/table4{suffix}.csv",
