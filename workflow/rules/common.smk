@@ -120,9 +120,7 @@ def reference_logs_input():
 # Input paths (image_source: the sampled images' directory and layout) and output paths
 # (kpca_repro.workflow.paths), bound to this run's configuration.
 image_source, weights_path = partial(config_checks.image_source, config), partial(config_checks.weights_path, config)
-heads_files, spectra_files, text_stage_files, norm_activations, comparison_tables, all_targets = (
-    partial(f, config) for f in (paths.heads_files, paths.spectra_files, paths.text_stage_files, paths.norm_activations, paths.comparison_tables, paths.all_targets)
-)
+norm_activations, comparison_tables, all_targets = (partial(f, config) for f in (paths.norm_activations, paths.comparison_tables, paths.all_targets))
 
 
 def figure5_models(wildcards):
