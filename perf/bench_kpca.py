@@ -272,13 +272,13 @@ def _read_file(path, variant, seed):
 
 def _table1_row(out: dict, dropped) -> dict:
     """Table 1's four numbers from one method's per-head outputs, by the pipeline's own
-    aggregation (:func:`kpca_repro.analysis.tables.table1_paper`) over the heads not ``dropped``."""
+    aggregation (:func:`kpca_repro.analysis.tables.paper_table`) over the heads not ``dropped``."""
     import pandas as pd
 
-    from kpca_repro.analysis.tables import table1_paper
+    from kpca_repro.analysis.tables import TABLES, paper_table
 
     heads = pd.DataFrame({c: out[c] for c in PAPER_COLUMNS}).assign(model="m", dropped=dropped, exp_overflow=False, outer_overflow=False, allclose=False)
-    row = table1_paper(heads, {"m": {"n_images": 0, "weights_sha256": ""}}).iloc[0]
+    row = paper_table(TABLES["table1"], heads, {"m": {"n_images": 0, "weights_sha256": ""}}).iloc[0]
     return {c: float(row[c]) for c in ("MDC", "MOC", "LCKA", "KCKA")}
 
 

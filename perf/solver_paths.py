@@ -104,8 +104,7 @@ def summarise(table: int, records_csv: str, signs: str, out_dir: Path, paths: li
     draws = uncertainty.read_sign_draws([signs])
     meta = {heads["model"].iloc[0]: {"n_images": 0, "n_sentences": 0, "weights_sha256": ""}}
     settings = dict(tables.UNCERTAINTY_DEFAULTS)  # the config defaults (sign_coverage 0.99)
-    build = tables.table1_paper if table == 1 else tables.table4_paper
-    row = build(heads, meta, draws, settings).iloc[0]
+    row = tables.paper_table(tables.TABLES[f"table{table}"], heads, meta, draws, settings).iloc[0]
     stats = (("MDC", "direct_cos_mean", "max"), ("MOC", "optimal_cos_mean", "max")) if table == 1 else (("MDC", "direct_cos_max", "nanmean"), ("MOC", "optimal_cos_max", "nanmean"))
     per_head = "direct_cos_mean" if table == 1 else "direct_cos_max"
     if table == 1:

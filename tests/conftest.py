@@ -57,6 +57,30 @@ def checkout_env(root: Path = REPO) -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root / "src"), os.environ.get("PYTHONPATH")]))}
 
 
+def register_rule_targets(repo: Path = REPO) -> None:
+    """Run the ``default_target`` calls of the workflow's rule files (in the Snakefile's include
+    order) without parsing the workflow, so that ``kpca_repro.workflow.paths.all_targets`` holds
+    rule ``all``'s figures besides the registry's tables, as in a Snakemake run."""
+    import ast
+    import re
+
+    from kpca_repro.workflow import paths
+
+    def parses(source: str) -> bool:
+        try:
+            ast.parse(source, mode="eval")
+        except SyntaxError:
+            return False
+        return True
+
+    for name in re.findall(r'^include: "workflow/rules/(\w+)\.smk"', (repo / "Snakefile").read_text(), re.M):
+        lines = (repo / "workflow" / "rules" / f"{name}.smk").read_text().splitlines()
+        for i in (i for i, line in enumerate(lines) if line.startswith("default_target(")):
+            end = next(j for j in range(i + 1, len(lines) + 1) if parses("\n".join(lines[i:j])))
+            names = {"default_target": paths.default_target, "user_models": paths.user_models, "has_vision": paths.has_vision}
+            eval(compile("\n".join(lines[i:end]), f"{name}.smk", "eval"), names)
+
+
 def run_snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """Run the repository's Snakefile with ``workdir`` as working directory."""
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", "2", *args]

@@ -442,7 +442,7 @@ def test_user_paths_follow_the_configured_files():
     # the norms of a user model read its own files in both variants
     for variant in ("paper", "corrected"):
         assert paths.norm_activations(cfg, "text", variant, "org--enc") == paths.user_files(cfg, "org/enc")
-    assert "4" in paths.comparison_tables(cfg)  # a user text model brings Table 4
+    assert "table4" in paths.comparison_tables(cfg)  # a user text model brings Table 4
 
 
 def test_user_configuration_checks(tmp_path, monkeypatch):
@@ -470,12 +470,12 @@ def test_user_configuration_checks(tmp_path, monkeypatch):
 
 def test_user_rows_are_labelled_and_not_comparable():
     from kpca_repro.analysis.comparison import DIFFERS, NOT_RUN, WITHIN_ROUNDING
-    from kpca_repro.analysis.tables import label_user_rows
+    from kpca_repro.analysis.tables import label_rows
 
     table = pd.DataFrame({"model": ["DeiT-Tiny", "mine"], "timm_id": ["deit_tiny_patch16_224", "mine"], "MDC": [0.1, 0.2]})
-    out = label_user_rows(table, ["mine"])
+    out = label_rows(table, ["mine"], USER_LABEL)
     assert out["model"].tolist() == ["DeiT-Tiny", "mine" + USER_LABEL] and out["MDC"].equals(table["MDC"])
-    assert label_user_rows(table, []) is table
+    assert label_rows(table, [], USER_LABEL) is table
     comp = pd.DataFrame({"model_id": ["deit_tiny_patch16_224", "deit_tiny_patch16_224", "vit_base_patch16_224"], "status": [DIFFERS, NOT_RUN, WITHIN_ROUNDING], "reason": ["", "not in config", ""]})
     marked = mark_user_activations(comp, ["deit_tiny_patch16_224"])
     first = marked[marked["model_id"] == "deit_tiny_patch16_224"]

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from kpca_repro.analysis import comparison as cmp
+from kpca_repro.analysis.tables import TABLES
 
 
 @pytest.mark.parametrize(
@@ -64,7 +65,10 @@ def test_stand_in_rows_are_labelled_in_the_tables_and_not_compared(tmp_path):
     """config comparison.stand_in_models: the model cell says "stand-in weights" in every table
     form (timm_id or hf_id), the comparison marks every cell of the model not comparable, and a
     table without stand-ins keeps its bytes."""
-    from kpca_repro.analysis.tables import STAND_IN_LABEL, label_stand_ins
+    from kpca_repro.analysis.tables import STAND_IN_LABEL, label_rows
+
+    def label_stand_ins(table, ids):
+        return label_rows(table, ids, STAND_IN_LABEL)
 
     t1 = pd.DataFrame({"model": ["A", "B"], "timm_id": ["a", "b"], "MDC": [0.124, 0.2]})
     t4 = pd.DataFrame({"model": ["MiniLM", "BERT"], "hf_id": ["org/minilm", "bert-base-uncased"], "MDC": [0.4, 0.5]})
@@ -79,7 +83,7 @@ def test_stand_in_rows_are_labelled_in_the_tables_and_not_compared(tmp_path):
     _write(pub / "table1_vision_similarity.csv", "model,timm_id,MDC,MOC,LCKA,KCKA\nA,a,0.15,0.31,0.11,0.31\nB,b,0.2,0.3,0.1,0.3\n")
     reproduced = tmp_path / "table1.csv"
     label_stand_ins(pd.DataFrame({"model": ["A", "B"], "timm_id": ["a", "b"], "MDC": [0.15, 0.2], "MOC": [0.31, 0.3], "LCKA": [0.11, 0.1], "KCKA": [0.31, 0.3]}), ["b"]).to_csv(reproduced, index=False)
-    out = cmp.comparison_table(pub, {"1": (str(reproduced), None)}, {}, stand_ins=["b"])
+    out = cmp.comparison_table(pub, {"table1": (str(reproduced), None)}, {}, stand_ins=["b"])
     b = out[out["model_id"] == "b"]
     assert len(b) == 4 and (b["status"] == cmp.NOT_COMPARABLE).all() and (b["reason"] == cmp.STAND_IN_REASON).all()
     assert (out[out["model_id"] == "a"]["status"] == cmp.WITHIN_ROUNDING).all()  # the real model is compared as before
@@ -110,7 +114,7 @@ def test_comparison_statuses_on_a_small_fixture(tmp_path):
     )
     out = cmp.comparison_table(
         pub,
-        {"1": (str(t1), str(t1c)), "3": (str(t3), None)},
+        {"table1": (str(t1), str(t1c)), "table3": (str(t3), None)},
         {"b": "weights unavailable: w/b.safetensors"},
         model_kwargs={"c": {"depth": 2}},
         checksums={"d": "cd" * 32, "a": sha},
@@ -145,6 +149,28 @@ def test_comparison_statuses_on_a_small_fixture(tmp_path):
     assert md.startswith(f"{len(out)} published numbers")
 
 
+def test_a_registered_table_is_built_and_compared(tmp_path, monkeypatch):
+    """A toy table is one registry entry and one row function: the paper variant aggregates its
+    statistic with its bootstrap interval beside it, its Markdown shows it, and the comparison
+    reads its published file (every cell gets a status, its models are the domain's)."""
+    from kpca_repro.analysis import tables
+
+    toy = tables.Table("table9", "vision", lambda heads, kept, meta: {"n_heads": len(heads), "weights_sha256": meta["weights_sha256"]}, (("MLC", "linear_cka", "mean"),), published="table9_toy.csv")
+    monkeypatch.setitem(tables.TABLES, "table9", toy)
+    heads = pd.DataFrame({"model": "a", "layer": 0, "sample_rank": range(4), "head": 0, "linear_cka": [0.1, 0.2, 0.3, 0.2], "dropped": False})
+    reproduced = tables.paper_table(toy, heads, {"a": {"weights_sha256": "x"}}, uncertainty={"bootstrap": 50})
+    assert list(reproduced.columns[:7]) == ["model", "timm_id", "MLC", "MLC_lower", "MLC_upper", "n_heads", "weights_sha256"]
+    assert reproduced.loc[0, "MLC"] == pytest.approx(0.2) and reproduced.loc[0, "MLC_lower"] <= 0.2 <= reproduced.loc[0, "MLC_upper"]
+    assert "| MLC" in tables.paper_markdown(reproduced, toy)
+    reproduced.to_csv(tmp_path / "table9.csv", index=False)
+    pub = tmp_path / "published"
+    pub.mkdir()
+    _write(pub / "table9_toy.csv", "model,timm_id,MLC\nA,a,0.20\nZ,z,0.5\n")
+    out = cmp.comparison_table(pub, {"table9": (str(tmp_path / "table9.csv"), None)}, {"z": "not in config vision.models"})
+    assert out.set_index("model_id")["status"].to_dict() == {"a": cmp.WITHIN_ROUNDING, "z": cmp.NOT_RUN} and set(out["table"]) == {"Table 9"}
+    assert cmp.published_model_ids(pub) == {"a": "vision", "z": "vision"}
+
+
 def test_missing_published_directory_gives_an_empty_table(tmp_path):
     out = cmp.comparison_table(tmp_path / "nowhere", {}, {})
     assert out.empty and "status" in out.columns
@@ -172,15 +198,15 @@ def test_builtin_value_resolves_to_the_packaged_tables(tmp_path):
     assert cmp.resolve_published_dir(str(tmp_path)) == tmp_path
     assert cmp.resolve_published_dir(Path("builtin")) == Path("builtin")  # a Path is always a directory
     assert cmp.BUILTIN_DIR.is_relative_to(Path(cmp.__file__).resolve().parents[1])  # inside the package, not the checkout
-    assert sorted(p.name for p in cmp.BUILTIN_DIR.glob("*.csv")) == sorted(spec.file for spec in cmp.PUBLISHED_TABLES)
+    assert sorted(p.name for p in cmp.BUILTIN_DIR.glob("*.csv")) == sorted(t.published for t in TABLES.values())
 
 
 @pytest.mark.skipif(not SHARED_TABLES.is_dir(), reason=f"{SHARED_TABLES} absent: no reference copy to check against")
-@pytest.mark.parametrize("spec", cmp.PUBLISHED_TABLES, ids=lambda s: s.file)
-def test_packaged_tables_equal_the_reference_copy(spec):
+@pytest.mark.parametrize("table", TABLES.values(), ids=lambda t: t.published)
+def test_packaged_tables_equal_the_reference_copy(table):
     """Cell for cell, as text (the printed decimals set the rounding of the comparison)."""
-    packaged = cmp.read_published(cmp.BUILTIN, spec)
-    reference = cmp.read_published(SHARED_TABLES, spec)
+    packaged = cmp.read_published(cmp.BUILTIN, table)
+    reference = cmp.read_published(SHARED_TABLES, table)
     pd.testing.assert_frame_equal(packaged, reference)
 
 
@@ -188,7 +214,7 @@ def test_packaged_table1_agrees_with_the_abstract():
     """An independent check of the transcription: the abstract (arXiv:2505.07908, ACL 2025 SRW)
     bounds the average similarities by optimal cosine <= 0.32, linear CKA <= 0.11, kernel CKA <= 0.32,
     and those bounds are attained in Table 1."""
-    table1 = cmp.read_published(cmp.BUILTIN, cmp.PUBLISHED_TABLES[0]).set_index("timm_id")
+    table1 = cmp.read_published(cmp.BUILTIN, TABLES["table1"]).set_index("timm_id")
     assert len(table1) == 10
     assert {col: table1[col].astype(float).max() for col in ("MOC", "LCKA", "KCKA")} == {"MOC": 0.32, "LCKA": 0.11, "KCKA": 0.32}
     assert table1.loc["deit_tiny_patch16_224", ["MDC", "MOC", "LCKA", "KCKA"]].tolist() == ["0.15", "0.31", "0.11", "0.31"]

@@ -21,7 +21,7 @@ import yaml
 
 from kpca_repro.hub import fixture as hub_fixture
 
-from conftest import REPO, resources_dir_for_real_weights
+from conftest import REPO, register_rule_targets, resources_dir_for_real_weights
 
 pytestmark = [pytest.mark.integration, pytest.mark.realweights]
 
@@ -141,7 +141,7 @@ def test_default_target_online_with_stand_ins(hub, tmp_path):
     while the real models' rows are unlabelled and compared; a second run does nothing."""
     from kpca_repro.analysis.comparison import NOT_COMPARABLE, NOT_PUBLISHED, NOT_RUN, STAND_IN_REASON
     from kpca_repro.analysis.tables import STAND_IN_LABEL
-    from kpca_repro.workflow.paths import all_targets, register_rule_targets
+    from kpca_repro.workflow.paths import all_targets
 
     stand_ins = ["vit_tiny_patch16_224", "google/electra-small-discriminator"]
     hub.add_stand_ins(["google/electra-small-discriminator"])

@@ -9,11 +9,14 @@ import pytest
 import yaml
 from snakemake.io import expand
 
+from kpca_repro.analysis import tables
 from kpca_repro.workflow import paths
+
+from conftest import register_rule_targets
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-paths.register_rule_targets(REPO)  # the default_target calls of the rule files, as Snakemake runs them
+register_rule_targets(REPO)  # the default_target calls of the rule files, as Snakemake runs them
 
 
 def _config(**sections) -> dict:
@@ -53,19 +56,42 @@ def test_targets_follow_the_configuration():
         assert f in full
     vision_only = paths.all_targets(_config(text={"models": []}, variants=["paper"], figure1={"runs": [], "use_reference": False}))
     assert not any("table4" in t or "figure5" in t or "_corrected" in t or "figure1" in t for t in vision_only)
-    assert paths.comparison_tables(_config(variants=["paper"], text={"models": []})) == {t: (f"results/table{t}.csv", None) for t in "123"}
+    assert paths.comparison_tables(_config(variants=["paper"], text={"models": []})) == {t: (f"results/{t}.csv", None) for t in ("table1", "table2", "table3")}
+    assert paths.comparison_tables(BASE)["table4"] == ("results/table4.csv", "results/table4_corrected.csv")
 
 
-def test_a_table_registers_itself_in_its_rule_file():
-    """A rule file's default_target call alone puts a table into rule all and the report."""
-    for name in ("table1", "table2", "table3", "table4", "paper_comparison"):
-        assert name in paths.REPORT_TABLES and f"{name}_corrected" in paths.REPORT_TABLES or name == "paper_comparison"
-    before = list(paths.REPORT_TABLES)
-    try:
-        paths.default_target("results/table9{suffix}.csv", "results/table9{suffix}.md", report=True, when=lambda config: bool(config["vision"]["models"]))
-        full = paths.all_targets(BASE)
-        assert {"results/table9.csv", "results/table9_corrected.md", "results/html/table9_corrected.html"} <= set(full) and "table9" in paths.REPORT_TABLES
-        assert not any("table9" in t for t in paths.all_targets(_config(vision={"models": []})))
-    finally:
-        paths._TARGETS.pop(("results/table9{suffix}.csv", "results/table9{suffix}.md"))
-        paths.REPORT_TABLES[:] = before
+def test_every_table_is_in_rule_all_and_the_report():
+    """Rule all builds each table of the registry whose models are configured, its CSV, Markdown
+    and report page per variant; the report's table pages are every table's and the comparison's."""
+    full = paths.all_targets(BASE)
+    for name in tables.TABLES:
+        for suffix in ("", "_corrected"):
+            assert {f"results/{name}{suffix}.csv", f"results/{name}{suffix}.md", f"results/html/{name}{suffix}.html"} <= set(full)
+    assert paths.report_tables() == [f"{name}{suffix}" for name in tables.TABLES for suffix in ("", "_corrected")] + ["paper_comparison"]
+    assert paths.report_caption("table3_corrected", REPO / "workflow" / "report") == tables.TABLES["table3"].caption
+    assert paths.report_caption("paper_comparison", REPO / "workflow" / "report") == (REPO / "workflow" / "report" / "comparison.rst").read_text()
+
+
+def test_a_new_table_is_one_registry_entry(monkeypatch):
+    """A toy table registered with its row function alone: rule all builds it for every variant,
+    with its report page and caption; it is compared with the paper; it reads the per-head
+    records (and, in the paper variant, the sign draws) of its domain's models, in their order."""
+    toy = tables.Table("table9", "text", lambda heads, kept, meta: {"n_heads": len(heads)}, (("MDC", "direct_cos_max", "max"),), published="table9.csv", caption="**Table 9.**")
+    monkeypatch.setitem(tables.TABLES, "table9", toy)
+    full = paths.all_targets(BASE)
+    assert {"results/table9.csv", "results/table9_corrected.md", "results/html/table9_corrected.html"} <= set(full)
+    assert {"table9", "table9_corrected"} <= set(paths.report_tables()) and paths.report_caption("table9_corrected", REPO) == "**Table 9.**"
+    assert paths.comparison_tables(BASE)["table9"] == ("results/table9.csv", "results/table9_corrected.csv")
+    no_text = _config(text={"models": []})
+    assert not any("table9" in t for t in paths.all_targets(no_text)) and "table9" not in paths.comparison_tables(no_text)
+    cfg = _config(text={"models": ["org/b", "a"], "shards": 2, "n_rows": 5})
+    paper = paths.table_inputs(cfg, toy, "paper")
+    assert paper["heads"] == expand("results/heads/paper/{slug}/text_5_{shard}.csv", slug=["org--b", "a"], shard=["0of2", "1of2"])
+    assert paper["meta"] == [f.replace(".csv", ".json") for f in paper["heads"]] and paper["signs"] == [f.replace(".csv", "_signs.h5") for f in paper["heads"]]
+    assert set(paths.table_inputs(cfg, toy, "corrected")) == {"heads", "meta"}
+    for bad in (("paper_comparison", "vision"), ("table9", "audio")):  # another rule's file name; no models to read
+        with pytest.raises(ValueError, match="table<N>"):
+            tables.Table(*bad, toy.row)
+    cfg = _config(vision={"models": ["m", "n"], "shards": 2}, spectra={"n_images": 5})
+    spectra = expand("results/spectra/corrected/{model}/vision_5_{shard}_{keys}.csv", model=["m", "n"], shard=["0of2", "1of2"], keys=["standardized", "raw"])
+    assert paths.table_inputs(cfg, tables.TABLES["table3"], "corrected") == {"records": spectra}  # model, then shard, then keys

@@ -14,7 +14,7 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from kpca_repro.analysis.tables import TABLE1_COLUMNS, table1_paper, table_corrected
+from kpca_repro.analysis.tables import TABLES, paper_table, table_corrected
 from kpca_repro.method.kpca import eigenpairs, gamma_test, head_metrics, top_eigenvalues
 from kpca_repro.method.variant import CORRECTED, PAPER
 
@@ -73,12 +73,12 @@ def test_head_metrics_never_raise_and_flag_every_nonfinite_head(variant, data):
     records = pd.DataFrame({"model": "m", "layer": 0, "sample_rank": np.arange(n_heads), "head": 0, **cols})
     meta = {"m": {"n_images": 1, "weights_sha256": "x"}}
     if variant.tables == "paper":
-        row = table1_paper(records, meta).iloc[0]
-        stats = records[list(TABLE1_COLUMNS)].to_numpy()
+        row = paper_table(TABLES["table1"], records, meta).iloc[0]
+        stats = records[[col for _, col, _ in TABLES["table1"].statistics]].to_numpy()
         assert row["n_heads_dropped"] + row["n_heads_nonfinite"] == int((~np.isfinite(stats)).any(axis=1).sum())
         assert row["n_heads_analysed"] + row["n_heads_dropped"] == n_heads
     else:
-        assert (table_corrected(records, meta)["n_nonfinite"] == 0).all()
+        assert (table_corrected(records, meta, TABLES["table1"])["n_nonfinite"] == 0).all()
 
 
 # Standardizing a token needs d >= 2 (its unbiased std over one feature is undefined); every

@@ -512,11 +512,11 @@ def test_truncated_activation_file_is_named_by_every_reader(fresh_run, tmp_path)
 # --------------------------------------------------------------------------------------
 
 RERUN_CASES = [
-    pytest.param({"spectra": {"n_components": 6}}, {"eigenvalues_vision": 2, "table_spectra": 1}, id="tables-2-3-parameter"),
+    pytest.param({"spectra": {"n_components": 6}}, {"eigenvalues_vision": 2, "table": 1}, id="tables-2-3-parameter"),
     pytest.param({"figure3": {"noise": 0.2}}, {"gamma_vision": 1, "figure3": 1}, id="figure-3-parameter"),
     pytest.param(
         {"vision": {"n_images": 3}},
-        {"sample_images": 1, "extract_vision": 1, "kpca_heads": 2, "table1": 2},
+        {"sample_images": 1, "extract_vision": 1, "kpca_heads": 2, "table": 2},
         id="image-count",
     ),
     pytest.param({}, {}, id="nothing-changed"),
@@ -534,15 +534,15 @@ def test_a_changed_parameter_reruns_only_the_jobs_that_use_it(overrides, expecte
 CODE_CHANGES = [
     pytest.param(
         "src/kpca_repro/method/kpca.py",
-        {"kpca_heads": 2, "eigenvalues_vision": 2, "gamma_vision": 1, "table1": 2, "table_spectra": 1, "figure3": 1},
+        {"kpca_heads": 2, "eigenvalues_vision": 2, "gamma_vision": 1, "table": 3, "figure3": 1},
         id="kpca-module",
     ),
     pytest.param(
         "src/kpca_repro/capture/extraction.py",
-        {"extract_vision": 1, "kpca_heads": 2, "eigenvalues_vision": 2, "gamma_vision": 1, "table1": 2, "table_spectra": 1, "figure3": 1},
+        {"extract_vision": 1, "kpca_heads": 2, "eigenvalues_vision": 2, "gamma_vision": 1, "table": 3, "figure3": 1},
         id="extraction-module",
     ),
-    pytest.param("src/kpca_repro/analysis/tables.py", {"table1": 2, "table_spectra": 1}, id="tables-module"),
+    pytest.param("src/kpca_repro/analysis/tables.py", {"table": 3}, id="tables-module"),
     pytest.param("src/kpca_repro/figures/plots.py", {"figure3": 1}, id="figures-module"),
 ]
 

@@ -58,10 +58,10 @@ def test_the_lint_sees_every_caption_and_every_table():
     assert set(used) == {p.resolve() for p in (REPO / "workflow" / "report").glob("*.rst")}
     assert used[(REPO / "workflow" / "report" / "tables.rst").resolve()] == {"table"}
     assert used[(REPO / "workflow" / "report" / "figure_training.rst").resolve()] == {"fig"}
-    from kpca_repro.workflow.paths import REPORT_TABLES  # the tables the rule table_html renders
+    from kpca_repro.workflow.paths import report_tables  # the pages the rule table_html renders
 
-    assert re.search(r'^\s+table="\|"\.join\(paths\.REPORT_TABLES\),$', (REPO / "workflow" / "rules" / "report.smk").read_text(), re.M)
-    assert list(rc.WILDCARD_VALUES["table"]) == REPORT_TABLES
+    assert re.search(r'^\s+table="\|"\.join\(paths\.report_tables\(\)\),$', (REPO / "workflow" / "rules" / "report.smk").read_text(), re.M)
+    assert list(rc.WILDCARD_VALUES["table"]) == report_tables()
 
 
 def test_the_lint_reports_substitutions_markup_and_undefined_variables(tmp_path):

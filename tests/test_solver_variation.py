@@ -196,7 +196,7 @@ def test_table1_solver_interval_holds_the_point_estimate_and_names_the_deciding_
         "direct_cos_mean_own_lower": (x[:, None] - 0.02).astype(np.float32),
         "direct_cos_mean_own_upper": (x[:, None] + 0.03).astype(np.float32),
     }
-    t = tables.table1_paper(df, {"m": {"n_images": 4, "weights_sha256": "s"}}, draws, {"bootstrap": 200})
+    t = tables.paper_table(tables.TABLES["table1"], df, {"m": {"n_images": 4, "weights_sha256": "s"}}, draws, {"bootstrap": 200})
     row = t.iloc[0]
     assert row["MDC_solver_lower"] <= row["MDC"] <= row["MDC_solver_upper"]
     # the own-sign range is exact: the max over heads of the own upper bounds
@@ -309,8 +309,8 @@ def test_pruned_matched_draws_give_the_intervals_of_every_draw(tmp_path):
     assert meta["matched_draws_floor"] == pytest.approx(floor, abs=1e-7)  # max over heads of min(own, draws)
     assert (d_full["optimal_cos_mean"][~kept] < floor + 1e-7).all()
     meta_full = {**meta_full, "model_id": "toy"}
-    t_full = tables.table1_paper(full.assign(model="toy"), {"toy": {"weights_sha256": "0", "n_images": 8}}, d_full, {"seed": 0, "bootstrap": 200})
-    t_pruned = tables.table1_paper(pruned.assign(model="toy"), {"toy": {"weights_sha256": "0", "n_images": 8}}, d, {"seed": 0, "bootstrap": 200})
+    t_full = tables.paper_table(tables.TABLES["table1"], full.assign(model="toy"), {"toy": {"weights_sha256": "0", "n_images": 8}}, d_full, {"seed": 0, "bootstrap": 200})
+    t_pruned = tables.paper_table(tables.TABLES["table1"], pruned.assign(model="toy"), {"toy": {"weights_sha256": "0", "n_images": 8}}, d, {"seed": 0, "bootstrap": 200})
     pd.testing.assert_frame_equal(t_pruned, t_full, check_exact=True)
 
 

@@ -14,7 +14,7 @@ import yaml
 
 from kpca_repro import projection
 from kpca_repro.activations import ActivationFile
-from kpca_repro.analysis.tables import table4_paper
+from kpca_repro.analysis.tables import TABLES, paper_table
 from kpca_repro.capture import extraction, hf_capture
 from kpca_repro.capture.vision import UnsupportedArchitectureError
 from kpca_repro.check_cache import sha256_file
@@ -345,7 +345,7 @@ def test_nan_heads_match_as_zero_and_are_skipped_elsewhere():
     assert np.isnan(vision["optimal_cos_max"][1])
     for col in ("direct_cos_max", "optimal_cos_max", "linear_cka"):
         assert nlp[col][0] == pytest.approx(vision[col][0], rel=1e-5)
-    table = table4_paper(pd.DataFrame({"model": "m", **nlp}).assign(n_tokens=16), {"m": {"n_sentences": 1, "weights_sha256": ""}})
+    table = paper_table(TABLES["table4"], pd.DataFrame({"model": "m", **nlp}).assign(n_tokens=16), {"m": {"n_sentences": 1, "weights_sha256": ""}})
     assert table.loc[0, "MOC"] == pytest.approx((nlp["optimal_cos_max"][0] + 0 + nlp["optimal_cos_max"][2]) / 3)
     assert table.loc[0, "MDC"] == pytest.approx((nlp["direct_cos_max"][0] + nlp["direct_cos_max"][2]) / 2)
     assert table.loc[0, "n_heads_nonfinite"] == 1
@@ -456,7 +456,7 @@ def test_real_minilm_through_the_metrics(tmp_path):
         assert (df["optimal_cos_max"] >= df["optimal_cos_mean"]).all() and (df["direct_cos_max"] >= df["direct_cos_mean"]).all()
     # each head's maximum matched cosine of random unit vectors in d = 32: far from 0
     assert corrected["baseline_optimal_cos_max"].mean() > 0.3
-    assert math.isfinite(table4_paper(paper, {MINILM: {"n_sentences": 3, "weights_sha256": ""}}).loc[0, "KCKA"])
+    assert math.isfinite(paper_table(TABLES["table4"], paper, {MINILM: {"n_sentences": 3, "weights_sha256": ""}}).loc[0, "KCKA"])
 
 
 @pytest.mark.parametrize("arch", ["bert", "roberta", "electra", "xlm-roberta", "camembert", "luke"])

@@ -253,6 +253,68 @@ def test_report_fails_on_a_docutils_error(tiny_run, tmp_path):
     assert 'Undefined substitution referenced: "γᵢ − γⱼ"' in out and "figure3.rst" in out, out[-3000:]
 
 
+#: docs/internals.md's recipe "A table": an entry of the table registry and its row function,
+#: appended to src/kpca_repro/analysis/tables.py (the recipe adds the entry to TABLES' literal).
+TOY_TABLE = '''
+
+def table9_row(heads, kept, meta):
+    """Table 9's columns after its statistic, for one model: its head count and weights."""
+    return {"n_heads": len(heads), "weights_sha256": meta["weights_sha256"]}
+
+
+TABLES["table9"] = Table(
+    "table9",
+    "vision",
+    table9_row,
+    (("MLC", "linear_cka", "mean"),),
+    drops=True,
+    corrected=CORRECTED_METRICS[-2:],
+    published="table9_toy.csv",
+    caption="**Table 9: a toy table.** The mean linear CKA over the kept heads.",
+)
+'''
+
+
+def test_a_new_table_is_one_entry_and_one_function(tiny_run, tmp_path):
+    """The recipe run: in a copy of the workflow, a toy table's entry and function in tables.py and its
+    published numbers are all it takes for the one rule ``table`` to build it in both variants,
+    ``table_html`` its report pages (their captions render cleanly), and the comparison to set it
+    beside its published numbers. In a copy of the tiny run (times kept): no extraction or KPCA reruns."""
+    import shutil
+
+    work, cfg, _ = tiny_run
+    copy, run = tmp_path / "repo", tmp_path / "work"
+    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", "results", ".snakemake", "tests", "docs", "perf", "__pycache__"))
+    shutil.copytree(work, run, symlinks=True)
+    tables_py = copy / "src" / "kpca_repro" / "analysis" / "tables.py"
+    tables_py.write_text(tables_py.read_text() + TOY_TABLE)
+    rows = "".join(f"{m},{m},0.10\n" for m in sorted(TINY_KWARGS))
+    (run / "published" / "table9_toy.csv").write_text("model,timm_id,MLC\n" + rows + "ViT-Large,vit_large_patch16_224,0.06\n")
+    overlay = run / "toy.yaml"
+    overlay.write_text(yaml.safe_dump({"comparison": {"published_tables": str(run / "published")}}))
+    targets = ["results/table9.csv", "results/table9_corrected.csv", "results/html/table9.html", "results/html/table9_corrected.html", "results/paper_comparison.csv"]
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(copy / "Snakefile"), "-d", str(run), "--cores", "2", *targets, "--rerun-triggers", "mtime"]
+    proc = subprocess.run([*cmd, "--configfile", str(cfg), str(overlay)], capture_output=True, text=True, cwd=run, env=checkout_env(copy))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    planned = set(re.findall(r"^\s*(?:local)?rule (\w+):", out, re.M))
+    assert planned == {"table", "table_html", "paper_comparison"}, planned  # tables.py changed: the tables rerun, nothing upstream
+    assert (run / "logs" / "table" / "table9_corrected.log").is_file()
+    toy, table1 = (pd.read_csv(run / "results" / f"{t}.csv").set_index("timm_id") for t in ("table9", "table1"))
+    assert list(toy.columns[:4]) == ["model", "MLC", "MLC_lower", "MLC_upper"]
+    assert (toy["MLC"] == table1.loc[toy.index, "LCKA"]).all()  # the same statistic as Table 1's LCKA, bit for bit
+    corrected = pd.read_csv(run / "results" / "table9_corrected.csv")
+    assert set(corrected["column"]) == {"linear_cka", "rbf_cka"} and "| model" in (run / "results" / "table9_corrected.md").read_text()
+    assert "<table" in (run / "results" / "html" / "table9.html").read_text()
+    comparison = pd.read_csv(run / "results" / "paper_comparison.csv")
+    toy_rows = comparison[comparison["table"] == "Table 9"].set_index("model_id")
+    assert set(toy_rows.index) == {*TINY_KWARGS, "vit_large_patch16_224"} and (toy_rows["column"] == "MLC").all()
+    assert (toy_rows.loc[sorted(TINY_KWARGS), "status"] == "not comparable").all() and toy_rows.loc["vit_large_patch16_224", "status"] == "not run"
+    assert toy_rows.loc[sorted(TINY_KWARGS), "corrected"].notna().all()  # the corrected table's linear_cka row
+    lint = subprocess.run([sys.executable, "-m", "kpca_repro.workflow.report_check", "--root", str(copy), str(cfg)], capture_output=True, text=True, env=checkout_env(copy))
+    assert lint.returncode == 0, lint.stderr
+
+
 def test_lint_is_clean():
     proc = run_snakemake(REPO, "--lint", check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -2,7 +2,7 @@
 # is validated (format version, shapes, capture invariant) and installed as
 # results/activations/<slug>/user_<i>of<S>.h5, from where kpca_heads, the spectra and the norms
 # read it like a pipeline model's file. Tables 1-4 and the figures list the user models beside
-# the configured ones (tables.smk, spectra.smk, norms.smk); functions in user_helpers.smk.
+# the configured ones (kpca_repro.workflow.paths.table_inputs, norms.smk); functions in user_helpers.smk.
 
 
 rule user_activations:

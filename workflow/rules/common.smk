@@ -131,9 +131,7 @@ def sampled_images(wildcards):
     return image_source()[0]
 
 
-heads_files, spectra_files, text_stage_files, norm_activations, comparison_tables, all_targets = (
-    partial(f, config) for f in (paths.heads_files, paths.spectra_files, paths.text_stage_files, paths.norm_activations, paths.comparison_tables, paths.all_targets)
-)
+norm_activations, comparison_tables, all_targets = (partial(f, config) for f in (paths.norm_activations, paths.comparison_tables, paths.all_targets))
 
 
 def figure5_models(wildcards):
@@ -196,11 +194,3 @@ def slurm_fit_check():
     fits on no node of its partition: SLURM would leave it PENDING forever (KPCA_SLURM_PREFLIGHT=0 skips it)."""
     if getattr(workflow.executor_plugin, "name", None) == "slurm":
         PREFLIGHT.check_requests()
-
-
-def train_data(wc):
-    """The training data of a run (input function), after its line in the cost block (kpca_repro.workflow.preflight)."""
-    scale = TRAINING["scales"][wc.scale]
-    what = f"{scale.get('n_train') or 'every'} images x {scale['epochs']} epochs at {scale_tokens(scale)} tokens on {TRAINING['threads']} threads"
-    PREFLIGHT.training(f"{wc.arch}_{wc.scale} seed {wc.seed}", estimated_minutes(scale, TRAINING["threads"]), what)
-    return FASHION_MNIST if scale["dataset"] == "fashion_mnist" else []

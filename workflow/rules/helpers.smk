@@ -1,10 +1,12 @@
-# Values and input/params functions shared by several rule files. Only functions here, as
+# Values and input/params functions of the rule files, several of them shared. Only functions here, as
 # Snakemake's linter asks for rules and functions in separate files. Included right after common.smk,
 # whose configuration checks and path helpers they use.
 
+from kpca_repro.analysis.tables import TABLES
 from kpca_repro.method.variant import from_suffix as variant_from_suffix
 from kpca_repro.method.variant import get as get_variant
 from kpca_repro.method.variant import suffix_pattern
+from kpca_repro.training.summary import estimated_minutes
 
 # `resources: gpu=GPU` of the rules that run on config["device"]: one GPU for "cuda..." and for "auto"
 # where this machine has one (kpca_repro.threads.cuda_available, cached), none for "cpu" or "auto"
@@ -21,27 +23,16 @@ def variant_of(wildcards):
     return variant_from_suffix(wildcards.suffix).name
 
 
-def paper_uncertainty(wildcards):
-    """`params.uncertainty` of a table rule: the interval settings (docs/uncertainty.md), for a variant with sign draws (paper)."""
-    return {"seed": config["seed"], **config["uncertainty"]} if variant_from_suffix(wildcards.suffix).sign_draws else None
+def table_files(wildcards):
+    """Input function (for `unpack`) of the rule `table`. The records of the `{table}` wildcard's entry of
+    the table registry for the `{suffix}`'s variant (kpca_repro.workflow.paths.table_inputs)."""
+    return paths.table_inputs(config, TABLES[wildcards.table], variant_of(wildcards))
 
 
-def table_inputs(records):
-    """Input function (for `unpack`) of rules table1 and table4.
-
-    records(variant, ext) lists the per-head records files of every model of the table
-    (ext "csv": the records, "json": their metadata). The paper variant also reads the sign
-    draws stored next to each records file (`<records>_signs.h5`, docs/uncertainty.md).
-    """
-
-    def inputs(wildcards):
-        variant = variant_of(wildcards)
-        files = {"heads": records(variant, "csv"), "meta": records(variant, "json")}
-        if get_variant(variant).sign_draws:
-            files["signs"] = [f.replace(".csv", "_signs.h5") for f in files["heads"]]
-        return files
-
-    return inputs
+def report_caption(wildcards):
+    """`params.caption` of the rule `table_html`, which workflow/report/tables.rst renders. The page's
+    table's caption (kpca_repro.workflow.paths.report_caption), or the comparison's."""
+    return paths.report_caption(wildcards.table, REPO / "workflow" / "report")
 
 
 def norm_stats(domain, models):
@@ -72,3 +63,16 @@ def needs_models(kind, what):
         return []
 
     return check
+
+
+def train_data(wc):
+    """The training data of a run (input function of the rule `train`), after its line in the cost block (kpca_repro.workflow.preflight)."""
+    scale = TRAINING["scales"][wc.scale]
+    what = f"{scale.get('n_train') or 'every'} images x {scale['epochs']} epochs at {scale_tokens(scale)} tokens on {TRAINING['threads']} threads"
+    PREFLIGHT.training(f"{wc.arch}_{wc.scale} seed {wc.seed}", estimated_minutes(scale, TRAINING["threads"]), what)
+    return FASHION_MNIST if scale["dataset"] == "fashion_mnist" else []
+
+
+def table_needs_models(wildcards):
+    """Input function (no files) of the rule `table`. The table's domain (vision or text) must have a model."""
+    return needs_models(TABLES[wildcards.table].domain, f"results/{wildcards.table}{wildcards.suffix}.csv")(wildcards)

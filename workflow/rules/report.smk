@@ -1,7 +1,7 @@
 # Summary: every published number of Tables 1-4 beside the reproduced one.
 
 
-default_target("results/paper_comparison.csv", report=True)
+default_target("results/html/paper_comparison.html", "results/paper_comparison.csv")
 
 
 rule paper_comparison:
@@ -56,9 +56,11 @@ rule table_html:
     benchmark:
         "benchmarks/table_html/{table}.tsv"
     wildcard_constraints:
-        table="|".join(paths.REPORT_TABLES),
+        table="|".join(paths.report_tables()),
     localrule: True
     conda:
         ENV
+    params:
+        caption=report_caption,
     script:
         "../scripts/table_html.py"

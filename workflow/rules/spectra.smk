@@ -1,4 +1,5 @@
-# Tables 2 and 3: eigenvalues of the centered Gram matrix of the keys (docs/method.md 4-5).
+# Tables 2 and 3: eigenvalues of the centered Gram matrix of the keys (docs/method.md 4-5), the records
+# rule table aggregates (tables.smk); Figure 3: the gamma-test of the eigenvectors.
 
 
 rule eigenvalues_vision:
@@ -25,37 +26,6 @@ rule eigenvalues_vision:
         gpu_eigensolver=config["kpca"]["gpu_eigensolver"],
     script:
         "../scripts/eigenvalues_vision.py"
-
-
-default_target("results/table2{suffix}.csv", "results/table3{suffix}.csv", report=True, when=has_vision)
-
-
-rule table_spectra:
-    input:
-        models=needs_models("vision", "Tables 2 and 3"),
-        records=lambda wc: [f for m in VISION["models"] for keys in (["standardized"] if wc.table == "2" else ["standardized", "raw"]) for f in spectra_files(variant_of(wc), m, keys)]
-        + [f for m in user_models(config, "vision") for f in user_spectra_files(config, variant_of(wc), m, ["standardized"] if wc.table == "2" else ["standardized", "raw"])],
-        code=stage_code("method", "analysis"),
-    output:
-        csv="results/table{table}{suffix}.csv",
-        md="results/table{table}{suffix}.md",
-    log:
-        "logs/table_spectra/table{table}{suffix}.log",
-    benchmark:
-        "benchmarks/table_spectra/table{table}{suffix}.tsv"
-    wildcard_constraints:
-        table="2|3",
-        suffix=SUFFIXES,
-    localrule: True
-    conda:
-        ENV
-    params:
-        variant=variant_of,
-        uncertainty={"seed": config["seed"], **config["uncertainty"]},
-        stand_ins=config["comparison"]["stand_in_models"],
-        user_models=list(USER),
-    script:
-        "../scripts/table_spectra.py"
 
 
 rule gamma_vision:

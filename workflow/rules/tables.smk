@@ -1,66 +1,34 @@
-# Stage 3: aggregate per-head records into the paper's tables (CSV + Markdown).
-# One rule per table; {suffix} is a variant's output suffix (kpca_repro.method.variant: "" paper, "_corrected" corrected).
-# Only the paper variant reads the sign draws and computes intervals (docs/uncertainty.md).
+# Stage 3: the paper's tables (CSV + Markdown), one rule for all: {table} is a name of the table
+# registry (kpca_repro.analysis.tables.TABLES), {suffix} a variant's output suffix
+# (kpca_repro.method.variant: "" paper, "_corrected" corrected). Tables 1 and 4 aggregate the
+# per-head records, Tables 2 and 3 the eigenvalue records (spectra.smk); only a variant with
+# sign draws (paper) reads them and gets the solver intervals (docs/uncertainty.md). Rule all
+# builds every table whose models are configured (kpca_repro.workflow.paths.all_targets).
 
 
-default_target("results/table1{suffix}.csv", "results/table1{suffix}.md", report=True, when=has_vision)
-
-
-rule table1:
+rule table:
     input:
-        unpack(table_inputs(lambda variant, ext: [f for m in VISION["models"] for f in heads_files(variant, m, ext)] + user_heads(variant, ext, "vision"))),
-        models=needs_models("vision", "Table 1"),
+        unpack(table_files),
+        models=table_needs_models,
         code=stage_code("method", "analysis"),
     output:
-        csv="results/table1{suffix}.csv",
-        md="results/table1{suffix}.md",
+        csv="results/{table}{suffix}.csv",
+        md="results/{table}{suffix}.md",
     log:
-        "logs/table1/table1{suffix}.log",
+        "logs/table/{table}{suffix}.log",
     benchmark:
-        "benchmarks/table1/table1{suffix}.tsv"
+        "benchmarks/table/{table}{suffix}.tsv"
     wildcard_constraints:
+        table="|".join(TABLES),
         suffix=SUFFIXES,
     localrule: True
     conda:
         ENV
     params:
         variant=variant_of,
-        uncertainty=paper_uncertainty,
+        uncertainty={"seed": config["seed"], **config["uncertainty"]},
+        # labelled rows: random weights of the exact architecture (docs/hub_fixture.md), a user's activations (docs/activations.md)
         stand_ins=config["comparison"]["stand_in_models"],
         user_models=list(USER),
     script:
-        "../scripts/table1.py"
-
-
-# Table 4: language models (docs/method.md Section 3; corrected: Section 15).
-
-
-default_target(
-    "results/table4{suffix}.csv", "results/table4{suffix}.md", report=True, when=lambda config: bool(config["text"]["models"] or user_models(config, "text"))
-)  # text.models: [] leaves Table 4 out
-
-
-rule table4:
-    input:
-        unpack(table_inputs(lambda variant, ext: [f for m in TEXT["models"] for f in text_stage_files(m, ext, variant)] + user_heads(variant, ext, "text"))),
-        models=needs_models("text", "Table 4"),
-        code=stage_code("method", "analysis"),
-    output:
-        csv="results/table4{suffix}.csv",
-        md="results/table4{suffix}.md",
-    log:
-        "logs/table4/table4{suffix}.log",
-    benchmark:
-        "benchmarks/table4/table4{suffix}.tsv"
-    wildcard_constraints:
-        suffix=SUFFIXES,
-    localrule: True
-    conda:
-        ENV
-    params:
-        variant=variant_of,
-        uncertainty=paper_uncertainty,
-        stand_ins=config["comparison"]["stand_in_models"],
-        user_models=list(USER),
-    script:
-        "../scripts/table4.py"
+        "../scripts/table.py"

@@ -11,7 +11,7 @@
 # lost or duplicated. A checkpoint of another configuration (fingerprint), or one that
 # torch.load(weights_only=True) refuses (a pickled object), is not used: the run starts afresh.
 
-from kpca_repro.training.summary import estimated_minutes, run_dir, run_logs, run_scale, scale_seeds, with_seeds
+from kpca_repro.training.summary import run_dir, run_logs, run_scale, scale_seeds, with_seeds
 
 # (model, scale, tokens, seed) of every seed of every figure1.runs entry (checked by _check_config)
 FIGURE1_SEED_RUNS = with_seeds(TRAINING, [(model, scale, scale_tokens(TRAINING["scales"][scale])) for model, scale in map(run_model_scale, FIGURE1["runs"])])

@@ -1,12 +1,12 @@
 # Bring your own activations (docs/activations.md): the `activations:` entries and the input
-# functions of rules user_activations, table1 and table4. Functions only (Snakemake's linter
-# asks for rules and functions in separate files); the rules are in activations.smk.
+# function of rule user_activations. Functions only (Snakemake's linter asks for rules and
+# functions in separate files); the rules are in activations.smk.
 
 import re
 import sys
 
 from kpca_repro.activations import check_user_config
-from kpca_repro.workflow.paths import user_files, user_models, user_spectra_files
+from kpca_repro.workflow.paths import user_models
 
 USER = config["activations"]
 USER_BY_SLUG = {model_slug(name): name for name in USER}
@@ -21,8 +21,3 @@ def user_source(wildcards):
     """The configured file behind results/activations/<slug>/user_<i>of<S>.h5."""
     i, n = (int(x) for x in wildcards.shard.split("of"))
     return USER[USER_BY_SLUG[wildcards.model]]["files"][i]
-
-
-def user_heads(variant, ext, kind):
-    """Per-head records (or their metadata) of the user models of `kind`, for tables 1 and 4."""
-    return [f for name in user_models(config, kind) for f in user_files(config, name, ext, variant)]

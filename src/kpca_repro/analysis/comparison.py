@@ -1,16 +1,12 @@
 """Every published number of Tables 1-4 beside the reproduced one (the reproduction report).
 
 The published numbers are read from a directory of CSV files (config key
-``comparison.published_tables``), one per table of the paper. The default, ``builtin``
-(:data:`BUILTIN`), is the copy shipped inside this package as package data,
-:data:`BUILTIN_DIR` = ``kpca_repro/data/paper_tables`` (source: Sarıtaş & Yıldız,
-arXiv:2505.07908, Tables 1-4; its README.md); a path names another directory in the same
-layout; ``null`` turns the comparison off::
-
-    table1_vision_similarity.csv          model, timm_id, MDC, MOC, LCKA, KCKA
-    table2_eigenvalues_standardized.csv   model, timm_id, max_mean, max_std, ..., median_std
-    table3_eigenvalues_unstandardized.csv model, timm_id, max_mean, ... (the starred, raw-key rows)
-    table4_nlp_similarity.csv             model, hf_id, MDC, MOC, LCKA, KCKA
+``comparison.published_tables``), one per table of :data:`kpca_repro.analysis.tables.TABLES`
+(its ``published`` file: columns ``model``, the id column and the compared ones,
+``Table.compared``). The default, ``builtin`` (:data:`BUILTIN`), is the copy shipped inside
+this package as package data, :data:`BUILTIN_DIR` = ``kpca_repro/data/paper_tables`` (source:
+Sarıtaş & Yıldız, arXiv:2505.07908, Tables 1-4; its README.md); a path names another directory
+in the same layout; ``null`` turns the comparison off.
 
 An empty cell is a number the source does not give (unreadable). The number of decimals
 of each published cell sets the rounding used to decide whether the reproduction matches.
@@ -26,17 +22,14 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from kpca_repro.analysis.tables import markdown_table
+from kpca_repro.analysis.tables import TABLES, Table, markdown_table
 
 __all__ = [
-    "PublishedTable",
-    "PUBLISHED_TABLES",
     "BUILTIN",
     "BUILTIN_DIR",
     "resolve_published_dir",
@@ -90,54 +83,10 @@ MATCH = WITHIN_ROUNDING
 STATUS_ORDER = {WITHIN_ROUNDING: 0, CONSISTENT: 0, DIFFERS: 0, CONSISTENT_SAMPLING: 0, DIFFERS_SAMPLING: 0, NOT_COMPARABLE: 1, NOT_RUN: 2, NOT_PUBLISHED: 2}
 
 
-@dataclass(frozen=True)
-class PublishedTable:
-    """Where one published table lives and how its columns map onto the pipeline's tables.
-
-    Attributes:
-        table: ``"1"`` .. ``"4"``.
-        file: CSV file name inside the published-tables directory.
-        id_column: the column holding the model id (``timm_id`` or ``hf_id``).
-        columns: published column -> column of the reproduced (paper variant) table.
-        corrected: published column -> ``column`` value of the corrected table's long rows
-            (Tables 1 and 4, read from ``paper_statistic_value``), or the wide column of the
-            corrected table (Tables 2 and 3).
-    """
-
-    table: str
-    file: str
-    id_column: str
-    columns: dict[str, str]
-    corrected: dict[str, str]
-
-
-_SIMILARITY = {"MDC": "MDC", "MOC": "MOC", "LCKA": "LCKA", "KCKA": "KCKA"}
-_SPECTRUM = [f"{s}_{m}" for s in ("max", "min", "mean", "median") for m in ("mean", "std")]
-
-PUBLISHED_TABLES = (
-    PublishedTable(
-        "1",
-        "table1_vision_similarity.csv",
-        "timm_id",
-        _SIMILARITY,
-        {"MDC": "direct_cos_mean", "MOC": "optimal_cos_mean", "LCKA": "linear_cka", "KCKA": "rbf_cka"},
-    ),
-    PublishedTable("2", "table2_eigenvalues_standardized.csv", "timm_id", {c: c for c in _SPECTRUM}, {c: c for c in _SPECTRUM}),
-    PublishedTable("3", "table3_eigenvalues_unstandardized.csv", "timm_id", {c: f"{c}_raw" for c in _SPECTRUM}, {c: f"{c}_raw" for c in _SPECTRUM}),
-    PublishedTable(
-        "4",
-        "table4_nlp_similarity.csv",
-        "hf_id",
-        _SIMILARITY,
-        {"MDC": "direct_cos_max", "MOC": "optimal_cos_max", "LCKA": "linear_cka", "KCKA": "rbf_cka"},
-    ),
-)
-
-
 #: Value of config ``comparison.published_tables`` naming the copy of the paper's tables shipped
 #: with this package (the default). A directory literally called ``builtin`` is ``./builtin``.
 BUILTIN = "builtin"
-#: That copy: the four CSV files of :data:`PUBLISHED_TABLES` and a README.md naming their
+#: That copy: the CSV files of the tables' ``published`` and a README.md naming their
 #: source, installed with the package (pyproject ``[tool.setuptools.package-data]``), so the
 #: comparison needs no file outside the package, whatever the working directory.
 BUILTIN_DIR = Path(__file__).resolve().parents[1] / "data" / "paper_tables"
@@ -162,14 +111,15 @@ def resolve_published_dir(value: str | os.PathLike | None) -> Path | None:
     return BUILTIN_DIR if isinstance(value, str) and value == BUILTIN else Path(value)
 
 
-def read_published(directory: str | os.PathLike | None, spec: PublishedTable) -> pd.DataFrame | None:
+def read_published(directory: str | os.PathLike | None, table: Table) -> pd.DataFrame | None:
     """One published table with every cell as text (so its decimals are kept), or None if absent.
 
     ``directory`` is a ``comparison.published_tables`` value (:func:`resolve_published_dir`):
-    :data:`BUILTIN`, a path, or None.
+    :data:`BUILTIN`, a path, or None; ``table`` an entry of :data:`~kpca_repro.analysis.tables.TABLES`
+    (None also for one without a ``published`` file).
     """
     resolved = resolve_published_dir(directory)
-    path = resolved / spec.file if resolved is not None else None
+    path = resolved / table.published if resolved is not None and table.published else None
     if path is None or not path.is_file():
         return None
     return pd.read_csv(path, dtype=str, keep_default_na=False)
@@ -181,11 +131,11 @@ def published_model_ids(directory: str | os.PathLike | None) -> dict[str, str]:
     ``directory``: a ``comparison.published_tables`` value (:func:`resolve_published_dir`).
     """
     out: dict[str, str] = {}
-    for spec in PUBLISHED_TABLES:
-        frame = read_published(directory, spec)
+    for table in TABLES.values():
+        frame = read_published(directory, table)
         if frame is not None:
-            for model_id in frame[spec.id_column]:
-                out.setdefault(model_id, "vision" if spec.id_column == "timm_id" else "text")
+            for model_id in frame[table.id_column]:
+                out.setdefault(model_id, table.domain)
     return out
 
 
@@ -265,18 +215,12 @@ def not_comparable_reason(model_id: str, model_kwargs: dict, checksums: dict, we
     return None
 
 
-def _lookup(frame: pd.DataFrame | None, id_column: str, model_id: str, column: str) -> float:
+def _lookup(frame: pd.DataFrame | None, id_column: str, model_id: str, column: str, cast=float, missing=float("nan")):
+    """``cast`` of the ``column`` cell of ``model_id``'s row, or ``missing`` (no frame, column or row)."""
     if frame is None or id_column not in frame or column not in frame:
-        return float("nan")
+        return missing
     hit = frame.loc[frame[id_column] == model_id, column]
-    return float(hit.iloc[0]) if len(hit) else float("nan")
-
-
-def _lookup_text(frame: pd.DataFrame | None, id_column: str, model_id: str, column: str) -> str | None:
-    if frame is None or id_column not in frame or column not in frame:
-        return None
-    hit = frame.loc[frame[id_column] == model_id, column]
-    return str(hit.iloc[0]) if len(hit) else None
+    return cast(hit.iloc[0]) if len(hit) else missing
 
 
 def _lookup_long(frame: pd.DataFrame | None, id_column: str, model_id: str, column: str) -> float:
@@ -287,7 +231,7 @@ def _lookup_long(frame: pd.DataFrame | None, id_column: str, model_id: str, colu
 
 
 def compare_table(
-    spec: PublishedTable,
+    table: Table,
     published: pd.DataFrame | None,
     reproduced: pd.DataFrame | None,
     corrected: pd.DataFrame | None,
@@ -307,7 +251,8 @@ def compare_table(
     near-degenerate eigenspaces); NaN where the table has none.
 
     Args:
-        spec: which table and how its columns map.
+        table: which table (an entry of :data:`~kpca_repro.analysis.tables.TABLES`), and how its
+            columns map (``Table.compared``).
         published: the published table as text (:func:`read_published`), or None.
         reproduced: the pipeline's paper-variant table (``results/table<N>.csv``), or None.
         corrected: the corrected table (``results/table<N>_corrected.csv``), or None.
@@ -322,20 +267,19 @@ def compare_table(
     """
     if published is None:
         return pd.DataFrame()
-    rows = []
+    id_column, rows = table.id_column, []
     for _, pub in published.iterrows():
-        model_id = pub[spec.id_column]
-        ran = reproduced is not None and spec.id_column in reproduced and (reproduced[spec.id_column] == model_id).any()
-        incomparable = not_comparable_reason(model_id, model_kwargs or {}, checksums or {}, _lookup_text(reproduced, spec.id_column, model_id, "weights_sha256"), stand_ins) if ran else None
-        for col, rep_col in spec.columns.items():
+        model_id = pub[id_column]
+        ran = reproduced is not None and id_column in reproduced and (reproduced[id_column] == model_id).any()
+        incomparable = not_comparable_reason(model_id, model_kwargs or {}, checksums or {}, _lookup(reproduced, id_column, model_id, "weights_sha256", str, None), stand_ins) if ran else None
+        for col, (rep_col, cor_col) in table.compared.items():
             cell = pub.get(col, "")
-            rep = _lookup(reproduced, spec.id_column, model_id, rep_col)
-            lower, upper = (_lookup(reproduced, spec.id_column, model_id, f"{rep_col}_{b}") for b in ("lower", "upper"))
-            solver_lower, solver_upper = (_lookup(reproduced, spec.id_column, model_id, f"{rep_col}_solver_{b}") for b in ("lower", "upper"))
+            rep = _lookup(reproduced, id_column, model_id, rep_col)
+            lower, upper = (_lookup(reproduced, id_column, model_id, f"{rep_col}_{b}") for b in ("lower", "upper"))
+            solver_lower, solver_upper = (_lookup(reproduced, id_column, model_id, f"{rep_col}_solver_{b}") for b in ("lower", "upper"))
             # the interval varies the solver only where the table has solver bounds (MDC, MOC)
             solver = math.isfinite(solver_lower) and math.isfinite(solver_upper)
-            cor_col = spec.corrected[col]
-            cor = _lookup_long(corrected, spec.id_column, model_id, cor_col)
+            cor = _lookup_long(corrected, id_column, model_id, cor_col)
             pub_value = float(cell) if cell.strip() else float("nan")
             reason = ""
             if not cell.strip():
@@ -352,7 +296,7 @@ def compare_table(
                     reason = "no interval in the reproduced table"
             rows.append(
                 {
-                    "table": f"Table {spec.table}",
+                    "table": table.title,
                     "model": pub["model"],
                     "model_id": model_id,
                     "column": col,
@@ -383,12 +327,12 @@ def comparison_table(
     checksums: dict | None = None,
     stand_ins=(),
 ) -> pd.DataFrame:
-    """The whole comparison: every published number of Tables 1-4 (Issue: reproduction report).
+    """The whole comparison: every published number of the tables of :data:`~kpca_repro.analysis.tables.TABLES`.
 
     Args:
         published_dir: a ``comparison.published_tables`` value: :data:`BUILTIN`, a directory
             of the published CSVs (module docstring), or None (no comparison).
-        results: table number (``"1"`` .. ``"4"``) -> (paper-variant CSV path or None,
+        results: table name (``"table1"``, ...) -> (paper-variant CSV path or None,
             corrected CSV path or None); a missing or None path counts as "not run".
         not_run: model id -> reason it was not run.
         model_kwargs, checksums, stand_ins: config ``vision.model_kwargs``, ``checksums`` and
@@ -401,19 +345,19 @@ def comparison_table(
     """
     frames = []
     directory = resolve_published_dir(published_dir)
-    for spec in PUBLISHED_TABLES:
-        published = read_published(directory, spec)
-        paper_csv, corrected_csv = results.get(spec.table, (None, None))
+    for table in (t for t in TABLES.values() if t.published):
+        published = read_published(directory, table)
+        paper_csv, corrected_csv = results.get(table.name, (None, None))
         reproduced = pd.read_csv(paper_csv) if paper_csv and os.path.exists(paper_csv) else None
         corrected = pd.read_csv(corrected_csv) if corrected_csv and os.path.exists(corrected_csv) else None
         if directory is None:
             where = "not configured"
         elif directory == BUILTIN_DIR:  # named, not by its install path (which differs between machines)
-            where = f"kpca_repro built-in copy, data/paper_tables/{spec.file}"
+            where = f"kpca_repro built-in copy, data/paper_tables/{table.published}"
         else:
-            where = str(directory / spec.file)
-        source = f"arXiv:2505.07908 Table {spec.table} ({where})"
-        frames.append(compare_table(spec, published, reproduced, corrected, not_run, source, model_kwargs, checksums, stand_ins))
+            where = str(directory / table.published)
+        source = f"arXiv:2505.07908 {table.title} ({where})"
+        frames.append(compare_table(table, published, reproduced, corrected, not_run, source, model_kwargs, checksums, stand_ins))
     frames = [f for f in frames if len(f)]
     if not frames:
         return pd.DataFrame(columns=COLUMNS)

@@ -1,8 +1,12 @@
-"""Aggregation of per-head records into the paper's tables, and their Markdown rendering."""
+"""The paper's tables: their registry (:data:`TABLES`), the aggregation of per-head and
+eigenvalue records into them, their intervals and their Markdown rendering."""
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -11,18 +15,21 @@ from kpca_repro.method import uncertainty as unc
 
 __all__ = [
     "STAND_IN_LABEL",
-    "label_stand_ins",
+    "USER_LABEL",
+    "label_rows",
     "read_head_records",
     "exact_mean",
     "exact_std",
     "MODEL_NAMES",
     "display_name",
-    "table1_paper",
-    "table4_paper",
+    "Table",
+    "TABLES",
+    "paper_table",
+    "table1_row",
+    "table4_row",
     "TEXT_CORRECTED_METRICS",
     "table_corrected",
     "corrected_markdown",
-    "PAPER_COLUMNS",
     "paper_markdown",
     "markdown_table",
     "CORRECTED_METRICS",
@@ -87,27 +94,26 @@ TEXT_CORRECTED_METRICS = (
 )
 
 
-#: Appended to the ``model`` cell of a row whose weights are stand-ins.
+#: Appended to the ``model`` cell of a row whose weights are stand-ins (config
+#: ``comparison.stand_in_models``): random weights of the exact architecture (docs/hub_fixture.md),
+#: an untrained network that must never be read as the paper's model.
 STAND_IN_LABEL = " (stand-in weights)"
+#: Appended to the ``model`` cell of a row built from a user's own activation files (docs/activations.md).
+USER_LABEL = " (user activations)"
 
 
-def label_stand_ins(table: pd.DataFrame, stand_ins) -> pd.DataFrame:
-    """Mark the rows of models whose weights are stand-ins (config ``comparison.stand_in_models``).
-
-    A stand-in is a random-weight network of the exact architecture (docs/hub_fixture.md): its
-    row measures an untrained network, so it must never be read as the paper's model. The
-    ``model`` cell of every row whose ``timm_id`` or ``hf_id`` is in ``stand_ins`` gets
-    :data:`STAND_IN_LABEL` appended; nothing else changes, and a table without stand-ins is
-    returned unchanged (the same CSV bytes).
+def label_rows(table: pd.DataFrame, ids, label: str) -> pd.DataFrame:
+    """Append ``label`` to the ``model`` cell of the rows whose ``timm_id`` or ``hf_id`` is in ``ids``.
 
     Args:
         table: any results table with a ``model`` column and a ``timm_id`` or ``hf_id`` column.
-        stand_ins: model ids (as ``vision.models`` / ``text.models`` name them).
+        ids: model ids (as ``vision.models`` / ``text.models`` or ``activations:`` name them).
+        label: :data:`STAND_IN_LABEL` or :data:`USER_LABEL`.
 
     Returns:
-        A copy of ``table`` (or ``table`` itself when no row is a stand-in).
+        A copy of ``table``, or ``table`` itself (the same CSV bytes) when no row matches.
     """
-    ids = set(stand_ins or ())
+    ids = set(ids or ())
     id_column = next((c for c in ("timm_id", "hf_id") if c in table.columns), None)
     if not ids or id_column is None or "model" not in table.columns:
         return table
@@ -115,7 +121,7 @@ def label_stand_ins(table: pd.DataFrame, stand_ins) -> pd.DataFrame:
     if not hit.any():
         return table
     out = table.copy()
-    out.loc[hit, "model"] = out.loc[hit, "model"].astype(str) + STAND_IN_LABEL
+    out.loc[hit, "model"] = out.loc[hit, "model"].astype(str) + label
     return out
 
 
@@ -124,18 +130,17 @@ def display_name(model_id: str) -> str:
     return MODEL_NAMES.get(model_id, model_id)
 
 
-def read_head_records(head_files: list[str], meta_files: list[str], count_key: str, keep: tuple[str, ...] = ()) -> tuple[pd.DataFrame, dict[str, dict]]:
+def read_head_records(head_files: list[str], meta_files: list[str], count_key: str) -> tuple[pd.DataFrame, dict[str, dict]]:
     """Concatenate the per-head records of all shards and sum their metadata per model.
 
     Args:
-        head_files: per-head CSVs (``results/heads/<variant>/<model>/...csv``).
+        head_files: per-head CSVs (``results/heads/<variant>/<model>/...csv``), in table order.
         meta_files: the JSON metadata beside them.
         count_key: the metadata count summed over shards (``"n_images"`` or ``"n_sentences"``).
-        keep: further metadata keys copied from the first shard of a model.
 
     Returns:
-        ``(records, meta)`` with ``meta[model_id]`` holding ``weights_sha256``, ``count_key``
-        and the ``keep`` keys.
+        ``(records, meta)``: the records in file order; ``meta[model_id]`` the first shard's
+        metadata (``weights_sha256``, ``longformer_transposed``, ...) with ``count_key`` summed.
     """
     import json
 
@@ -144,13 +149,8 @@ def read_head_records(head_files: list[str], meta_files: list[str], count_key: s
     for f in meta_files:
         with open(f) as fh:
             m = json.load(fh)
-        entry = meta.setdefault(m["model_id"], {"weights_sha256": m["weights_sha256"], count_key: 0, **{k: m[k] for k in keep}})
-        entry[count_key] += m[count_key]
+        meta.setdefault(m["model_id"], {**m, count_key: 0})[count_key] += m[count_key]
     return heads, meta
-
-
-#: The per-head columns behind Table 1's four statistics (MDC, MOC, LCKA, KCKA).
-TABLE1_COLUMNS = ("direct_cos_mean", "optimal_cos_mean", "linear_cka", "rbf_cka")
 
 
 def _head_order(df: pd.DataFrame) -> pd.DataFrame:
@@ -205,7 +205,8 @@ def exact_std(values, ddof: int = 1) -> float:
     return math.sqrt(math.fsum(((x - m) ** 2).tolist()) / (x.size - ddof))
 
 
-#: (table column, per-head column, statistic over heads) of Table 1 (docs/method.md 2).
+#: (table column, per-head column, statistic over heads) of Table 1 (docs/method.md 2): its
+#: registry entry's ``statistics`` (:data:`TABLES`).
 TABLE1_STATISTICS = (("MDC", "direct_cos_mean", "max"), ("MOC", "optimal_cos_mean", "max"), ("LCKA", "linear_cka", "mean"), ("KCKA", "rbf_cka", "mean"))
 #: The same for Table 4 (docs/method.md 3): NaN-skipping means over heads.
 TABLE4_STATISTICS = (("MDC", "direct_cos_max", "nanmean"), ("MOC", "optimal_cos_max", "nanmean"), ("LCKA", "linear_cka", "nanmean"), ("KCKA", "rbf_cka", "nanmean"))
@@ -378,11 +379,11 @@ def deciding_head(df: pd.DataFrame, col: str, prefix: str = "MDC_") -> dict:
     return out
 
 
-def _with_intervals(row: dict, intervals: dict[str, float], settings: dict, draws: dict | None, statistics: tuple = ()) -> dict:
-    """``row`` with the interval columns after KCKA, the settings at the end and ``interval_note``
-    (:func:`outside_note`: why a value lies outside its own interval, '' when none does)."""
+def _with_intervals(row: dict, intervals: dict[str, float], settings: dict, draws: dict | None, statistics: tuple) -> dict:
+    """``row`` with the interval columns after the last statistic (KCKA), the settings at the end and
+    ``interval_note`` (:func:`outside_note`: why a value lies outside its own interval, '' when none does)."""
     keys = list(row)
-    at = keys.index("KCKA") + 1
+    at = keys.index(statistics[-1][0]) + 1
     cfg = {**UNCERTAINTY_DEFAULTS, **settings}
     tail = {
         "bootstrap_resamples": int(cfg["bootstrap"]),
@@ -397,150 +398,128 @@ def _with_intervals(row: dict, intervals: dict[str, float], settings: dict, draw
     return out
 
 
-def table1_paper(heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np.ndarray] | None = None, uncertainty: dict | None = None) -> pd.DataFrame:
-    """Table 1 with the reference's aggregation (docs/method.md Section 2).
+def paper_table(table: Table, heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np.ndarray] | None = None, uncertainty: dict | None = None) -> pd.DataFrame:
+    """A per-head table of the paper variant: the reference's aggregation, one row per model.
 
-    Over the heads the reference keeps (``dropped`` False): MDC = max of the per-head mean
-    direct cosine, MOC = max of the per-head mean matched cosine, LCKA and KCKA = plain means
-    (a NaN propagates, as ``np.mean`` does in the reference). Also the means over heads of the
-    two cosines, head counts and the weights' SHA-256. Every head with a non-finite
-    statistic is counted: ``n_heads_dropped`` (dropped as the reference drops them) and
-    ``n_heads_nonfinite`` (kept by the reference with a NaN statistic). The two are
-    disjoint. Table 4's ``n_heads_nonfinite`` counts something else: see
-    :func:`table4_paper`.
+    Per model, its heads in :func:`_head_order`: ``model``, the id column, each statistic of
+    ``table.statistics`` over the heads the table aggregates (``table.drops``: those not flagged
+    ``dropped``, as Table 1's reference drops them; else all, Table 4's reference keeps them and
+    its ``nanmean`` skips their NaN; ``max`` skips NaN, ``mean`` propagates it, as ``np.mean``),
+    then ``table.row(heads, kept, meta)``.
 
     Args:
+        table: a per-head entry of :data:`TABLES`.
         heads: per-head records of the paper variant with a ``model`` column.
-        meta: model id -> metadata (``weights_sha256``, ``n_images``).
+        meta: model id -> metadata (``weights_sha256``, the count ``table.count_key``, ...).
         draws: per-head solver draws (signs and rotations), rows as ``heads`` (:func:`kpca_repro.method.uncertainty.read_sign_draws`).
         uncertainty: with it (``seed``, ``bootstrap``, ``coverage``, ``sign_coverage``), the
-            interval columns of :func:`similarity_intervals` after KCKA (over the kept heads)
-            and the settings at the end; without it, no interval columns.
+            interval columns of :func:`similarity_intervals` (over the aggregated heads) after the
+            last statistic and the settings at the end; without it, no interval columns.
 
     Returns:
         One row per model, in the order of first appearance in ``heads``.
+
+    Raises:
+        KeyError: a per-head column of ``table.statistics``, or a model's metadata, is missing.
     """
     rows = []
     for model, df in heads.groupby("model", sort=False):
         df = _head_order(df)
-        kept = df[~df["dropped"].astype(bool)]
+        kept = df[~df["dropped"].astype(bool)] if table.drops else df
+        row = {"model": display_name(model), table.id_column: model, **{name: _over_heads(kept[col], how) for name, col, how in table.statistics}, **table.row(df, kept, meta[model])}
         if uncertainty is not None:
-            intervals = similarity_intervals(kept, TABLE1_STATISTICS, draws, uncertainty, "table1", model)
-        rows.append(
-            {
-                "model": display_name(model),
-                "timm_id": model,
-                "MDC": kept["direct_cos_mean"].max(),
-                "MOC": kept["optimal_cos_mean"].max(),
-                "LCKA": exact_mean(kept["linear_cka"]),
-                "KCKA": exact_mean(kept["rbf_cka"]),
-                "MDC_mean_over_heads": exact_mean(kept["direct_cos_mean"], skipna=True),
-                "MOC_mean_over_heads": exact_mean(kept["optimal_cos_mean"], skipna=True),
-                # the head that decides the maximum, and its eigengap (docs/uncertainty.md)
-                **deciding_head(kept, "direct_cos_mean"),
-                "n_images": meta[model]["n_images"],
-                "n_heads": len(df),
-                "n_heads_analysed": len(kept),
-                "n_heads_dropped": int(df["dropped"].astype(bool).sum()),
-                # kept by the reference, yet a statistic is not finite (e.g. V_KPCA underflows
-                # to 0 and KCKA is NaN, docs/method.md 2 step 3): counted, and it poisons the mean
-                "n_heads_nonfinite": int((~np.isfinite(kept[list(TABLE1_COLUMNS)].to_numpy(float))).any(axis=1).sum()),
-                "n_exp_overflow": int(df["exp_overflow"].astype(bool).sum()),
-                "n_outer_overflow": int(df["outer_overflow"].astype(bool).sum()),
-                "n_allclose": int(df["allclose"].astype(bool).sum()),
-                "weights_sha256": meta[model]["weights_sha256"],
-            }
-        )
-        if uncertainty is not None:
-            rows[-1] = _with_intervals(rows[-1], intervals, uncertainty, draws, TABLE1_STATISTICS)
+            row = _with_intervals(row, similarity_intervals(kept, table.statistics, draws, uncertainty, table.name, model), uncertainty, draws, table.statistics)
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
-def table4_paper(heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np.ndarray] | None = None, uncertainty: dict | None = None) -> pd.DataFrame:
-    """Table 4 with the language-model reference's aggregation (docs/method.md 3).
+def _head_counts(heads: pd.DataFrame, kept: pd.DataFrame, statistics: tuple) -> dict[str, int]:
+    """``n_heads_nonfinite`` (of Tables 1 and 4 alike): the aggregated heads with a non-finite value in
+    a per-head column of ``statistics``, which the reference's mean propagates (Table 1) or skips
+    (Table 4); then the flag counts over all heads (``exp`` overflow, g_i g_j overflow, allclose)."""
+    stats = kept[[col for _, col, _ in statistics]].to_numpy(float)
+    return {
+        "n_heads_nonfinite": int((~np.isfinite(stats)).any(axis=1).sum()),
+        "n_exp_overflow": int(heads["exp_overflow"].astype(bool).sum()),
+        "n_outer_overflow": int(heads["outer_overflow"].astype(bool).sum()),
+        "n_allclose": int(heads["allclose"].astype(bool).sum()),
+    }
 
-    ``df.mean(numeric_only=True)`` over all head rows, NaN-skipping per column: MDC = mean
-    over heads of the per-head *maximum* over tokens of the direct cosine, MOC = mean over
-    heads of the per-head maximum matched cosine (a non-finite head contributes 0 there,
-    because its NaN costs were set to 0), LCKA and KCKA = means over heads. Beside them,
-    Table 1's statistics of the same records (max over heads of the token means) and head
-    counts (non-finite heads are skipped, not dropped, by the reference).
 
-    ``n_heads_nonfinite`` here is the number of heads whose centered Gram matrix or
-    ``V_KPCA`` is not finite (the per-head ``dropped`` flag: heads Table 1's reference
-    would drop). The language-model reference keeps them and its means skip their NaNs, so
-    this table has no ``n_heads_dropped``. Table 1's ``n_heads_nonfinite`` instead counts
-    the *kept* heads with a non-finite statistic, and the heads counted here are Table 1's
-    ``n_heads_dropped``.
+def table1_row(heads: pd.DataFrame, kept: pd.DataFrame, meta: dict) -> dict:
+    """Table 1's columns after MDC, MOC, LCKA, KCKA for one model (docs/method.md 2).
+
+    The means over the kept heads of the two cosines, the head that decides MDC and its
+    eigengap (docs/uncertainty.md), the image and head counts and the weights' SHA-256. Every
+    head with a non-finite statistic is counted, in one of two disjoint columns:
+    ``n_heads_dropped`` (a non-finite centered Gram matrix or V_KPCA: dropped, as the reference
+    drops them) and ``n_heads_nonfinite`` (kept, yet a statistic is not finite, e.g. V_KPCA
+    underflows to 0 and KCKA is NaN, docs/method.md 2 step 3: it poisons the mean).
 
     Args:
-        heads: per-head records of the paper variant with a ``model`` column.
-        meta: HF id -> metadata (``weights_sha256``, ``n_sentences``, ``longformer_transposed``).
-        draws, uncertainty: as :func:`table1_paper`; the resampling units are the sentences
-            (for Longformer's transposed reading, the positions that stand in for them).
-
-    Returns:
-        One row per model, in the order of first appearance in ``heads``.
+        heads: one model's per-head records (paper variant); ``kept``: those not ``dropped``.
+        meta: the model's metadata (``n_images``, ``weights_sha256``).
     """
-    rows = []
-    for model, df in heads.groupby("model", sort=False):
-        df = _head_order(df)
-        if uncertainty is not None:
-            intervals = similarity_intervals(df, TABLE4_STATISTICS, draws, uncertainty, "table4", model)
-        rows.append(
-            {
-                "model": display_name(model),
-                "hf_id": model,
-                "MDC": exact_mean(df["direct_cos_max"], skipna=True),
-                "MOC": exact_mean(df["optimal_cos_max"], skipna=True),
-                "LCKA": exact_mean(df["linear_cka"], skipna=True),
-                "KCKA": exact_mean(df["rbf_cka"], skipna=True),
-                "MDC_table1_statistic": df["direct_cos_mean"].max(),
-                "MOC_table1_statistic": df["optimal_cos_mean"].max(),
-                # MDC here is a mean over heads; the head behind Table 1's statistic (its maximum)
-                **deciding_head(df, "direct_cos_mean", "MDC_table1_statistic_"),
-                "n_sentences": meta[model]["n_sentences"],
-                "n_heads": len(df),
-                "n_heads_nonfinite": int(df["dropped"].astype(bool).sum()),
-                "n_exp_overflow": int(df["exp_overflow"].astype(bool).sum()),
-                "n_outer_overflow": int(df["outer_overflow"].astype(bool).sum()),
-                "n_allclose": int(df["allclose"].astype(bool).sum()),
-                "n_tokens": int(df["n_tokens"].max()),
-                "longformer_transposed": bool(meta[model].get("longformer_transposed", False)),
-                "weights_sha256": meta[model]["weights_sha256"],
-            }
-        )
-        if uncertainty is not None:
-            rows[-1] = _with_intervals(rows[-1], intervals, uncertainty, draws, TABLE4_STATISTICS)
-    return pd.DataFrame(rows)
+    return {
+        "MDC_mean_over_heads": exact_mean(kept["direct_cos_mean"], skipna=True),
+        "MOC_mean_over_heads": exact_mean(kept["optimal_cos_mean"], skipna=True),
+        **deciding_head(kept, "direct_cos_mean"),
+        "n_images": meta["n_images"],
+        "n_heads": len(heads),
+        "n_heads_analysed": len(kept),
+        "n_heads_dropped": int(heads["dropped"].astype(bool).sum()),
+        **_head_counts(heads, kept, TABLE1_STATISTICS),
+        "weights_sha256": meta["weights_sha256"],
+    }
 
 
-def _stat(values: pd.Series, how: str) -> float:
-    return float(values.max()) if how == "max" else exact_mean(values)
+def table4_row(heads: pd.DataFrame, kept: pd.DataFrame, meta: dict) -> dict:
+    """Table 4's columns after MDC, MOC, LCKA, KCKA for one language model (docs/method.md 3).
+
+    Table 4's MDC and MOC are means over heads of per-head token *maxima*; beside them Table 1's
+    statistics of the same records (max over heads of the token means) and the head that decides
+    them. The reference keeps every head (``kept`` is ``heads``): a head with a non-finite
+    centered Gram matrix (flagged ``dropped``) has NaN statistics, skipped by the means, and a
+    matched cosine of 0 (its NaN costs are set to 0); ``n_heads_nonfinite`` counts the heads with
+    any non-finite statistic, so there is no ``n_heads_dropped``.
+
+    Args:
+        heads, kept: one model's per-head records (paper variant), all of them.
+        meta: the model's metadata (``n_sentences``, ``weights_sha256``, ``longformer_transposed``).
+    """
+    return {
+        "MDC_table1_statistic": heads["direct_cos_mean"].max(),
+        "MOC_table1_statistic": heads["optimal_cos_mean"].max(),
+        # MDC here is a mean over heads; the head behind Table 1's statistic (its maximum)
+        **deciding_head(heads, "direct_cos_mean", "MDC_table1_statistic_"),
+        "n_sentences": meta["n_sentences"],
+        "n_heads": len(heads),
+        **_head_counts(heads, kept, TABLE4_STATISTICS),
+        "n_tokens": int(heads["n_tokens"].max()),
+        "longformer_transposed": bool(meta.get("longformer_transposed", False)),
+        "weights_sha256": meta["weights_sha256"],
+    }
 
 
-def table_corrected(
-    heads: pd.DataFrame,
-    meta: dict[str, dict],
-    metrics: tuple = CORRECTED_METRICS,
-    id_column: str = "timm_id",
-    count_key: str = "n_images",
-) -> pd.DataFrame:
+def _over_heads(values: pd.Series, how: str) -> float:
+    """A statistic over heads as the references compute it: ``max`` skips NaN (pandas), ``mean``
+    propagates it (``np.mean``), ``nanmean`` skips it (pandas' ``mean``); order-independent means."""
+    return values.max() if how == "max" else exact_mean(values, skipna=how == "nanmean")
+
+
+def table_corrected(heads: pd.DataFrame, meta: dict[str, dict], table: Table) -> pd.DataFrame:
     """The corrected variant's table (docs/method.md Section 15), one row per (model, metric).
 
-    ``metrics``: (per-head column, label, paper statistic) triples, :data:`CORRECTED_METRICS`
-    for Table 1 or :data:`TEXT_CORRECTED_METRICS` for Table 4 (with ``id_column="hf_id"`` and
-    ``count_key="n_sentences"``).
-
-    Columns: the paper's statistic over heads (``paper_statistic``: max or mean) and its
-    value, mean and standard deviation (ddof 1) over heads, the same three for the random
-    Gaussian baseline, the number of heads and of non-finite heads (never dropped silently:
-    a non-finite head is counted, and excluded from that metric's statistics).
+    For each (per-head column, label, paper statistic) of ``table.corrected``: the paper's
+    statistic over heads (``paper_statistic``: max or mean) and its value, mean and standard
+    deviation (ddof 1) over heads, the same three for the random Gaussian baseline, the number
+    of heads and of non-finite heads (never dropped silently: a non-finite head is counted, and
+    excluded from that metric's statistics), the count ``table.count_key`` and the weights.
     """
     rows = []
     for model, df in heads.groupby("model", sort=False):
         df = _head_order(df)
-        for col, label, how in metrics:
+        for col, label, how in table.corrected:
             vals = df[col]
             ok = vals[np.isfinite(vals)]
             base = df.get(f"baseline_{col}", pd.Series(dtype=float))
@@ -548,19 +527,19 @@ def table_corrected(
             rows.append(
                 {
                     "model": display_name(model),
-                    id_column: model,
+                    table.id_column: model,
                     "metric": label,
                     "column": col,
                     "paper_statistic": f"{how} over heads",
-                    "paper_statistic_value": _stat(ok, how),
+                    "paper_statistic_value": _over_heads(ok, how),
                     "mean": exact_mean(ok),
                     "std": exact_std(ok, ddof=1),
-                    "baseline_paper_statistic_value": _stat(base, how) if len(base) else float("nan"),
+                    "baseline_paper_statistic_value": _over_heads(base, how) if len(base) else float("nan"),
                     "baseline_mean": exact_mean(base),
                     "baseline_std": exact_std(base, ddof=1),
                     "n_heads": len(df),
                     "n_nonfinite": int(len(vals) - len(ok)),
-                    count_key: meta[model][count_key],
+                    table.count_key: meta[model][table.count_key],
                     "weights_sha256": meta[model]["weights_sha256"],
                 }
             )
@@ -584,22 +563,20 @@ def markdown_table(frame: pd.DataFrame, **kwargs) -> str:
     return escaped.to_markdown(index=False, **kwargs) + "\n"
 
 
-#: The paper's four columns of Tables 1 and 4, in its order.
-PAPER_COLUMNS = ("MDC", "MOC", "LCKA", "KCKA")
-
-
-def paper_markdown(table: pd.DataFrame, id_column: str) -> str:
-    """Markdown of Table 1 or 4, paper variant: the paper's four columns, each ``value [lower, upper]``.
+def paper_markdown(frame: pd.DataFrame, table: Table) -> str:
+    """Markdown of a per-head table, paper variant: the id columns and each statistic (the paper's
+    MDC, MOC, LCKA, KCKA of Tables 1 and 4) as ``value [lower, upper]``.
 
     The interval is the combined one for MDC and MOC (sampling and solver variation) and the
     bootstrap for LCKA and KCKA (docs/uncertainty.md, section 3); a cell without an interval
     shows the value alone. Every other column (solver intervals, deciding head, counts,
     settings) stays in the CSV. Ends with a note on what the intervals are.
     """
+    names = [name for name, _, _ in table.statistics]
     rows = []
-    for _, r in table.iterrows():
-        cells = {"model": r["model"], id_column: r[id_column]}
-        for name in PAPER_COLUMNS:
+    for _, r in frame.iterrows():
+        cells = {"model": r["model"], table.id_column: r[table.id_column]}
+        for name in names:
             lo, hi = r.get(f"{name}_lower"), r.get(f"{name}_upper")
             interval = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None and np.isfinite(lo) and np.isfinite(hi) else ""
             cells[name] = f"{r[name]:.3f}{interval}" if np.isfinite(r[name]) else "NaN"
@@ -608,7 +585,7 @@ def paper_markdown(table: pd.DataFrame, id_column: str) -> str:
         "\nIn brackets: for MDC and MOC the interval of sampling and solver variation together, for LCKA and KCKA "
         "the bootstrap over the inputs (docs/uncertainty.md); the CSV beside this file has every other column.\n"
     )
-    return markdown_table(pd.DataFrame(rows, columns=["model", id_column, *PAPER_COLUMNS])) + note
+    return markdown_table(pd.DataFrame(rows, columns=["model", table.id_column, *names])) + note
 
 
 def corrected_markdown(table: pd.DataFrame, metrics: tuple = CORRECTED_METRICS) -> str:
@@ -738,22 +715,163 @@ def table_spectra(records: dict[tuple[str, str], pd.DataFrame], uncertainty: dic
     return pd.DataFrame(rows)
 
 
-#: Appended to the model cell of rows built from a user's own activation files (docs/activations.md).
-USER_LABEL = " (user activations)"
+@dataclass(frozen=True)
+class Table:
+    """One table of the paper: what it reads, how each variant aggregates it, what it is compared with.
 
+    The rule ``table`` (``{table}``: :data:`TABLES`' names) and its script, rule ``all``, the
+    report (:mod:`kpca_repro.workflow.paths`) and the comparison with the published numbers
+    (:mod:`kpca_repro.analysis.comparison`) read a table only from here (docs/internals.md, "Tables").
 
-def label_user_rows(table, names):
-    """Append :data:`USER_LABEL` to the ``model`` cell of the rows whose ``timm_id`` / ``hf_id`` is in ``names``.
+    Attributes:
+        name: ``table<N>``: ``results/<name><suffix>.csv|.md`` per variant, the report page
+            ``results/html/<name><suffix>.html``, "Table <N>" in the comparison.
+        domain: ``"vision"`` (id column ``timm_id``, count ``n_images``) or ``"text"``
+            (``hf_id``, ``n_sentences``): the models of ``<domain>.models`` and the
+            ``activations:`` entries of that kind; built (rule ``all``) when there is one.
+        row: per-head tables: one model's paper-variant columns after the statistics,
+            ``row(heads, kept, meta) -> dict`` (:func:`paper_table`); None for eigenvalue tables.
+        statistics: per-head tables: (column, per-head column, ``"max" | "mean" | "nanmean"``
+            over heads), the published columns; compared with the corrected table's row of
+            that per-head column.
+        drops: the paper variant leaves out the heads flagged ``dropped`` (Table 1's reference).
+        corrected: the corrected variant's (per-head column, label, statistic over heads) (:func:`table_corrected`).
+        keys: eigenvalue tables: the key treatments (``standardized``, ``raw``) of :func:`table_spectra`.
+        columns: eigenvalue tables: published column -> the column of both variants' tables.
+        published: its CSV in ``comparison.published_tables`` (columns ``model``, the id column,
+            the compared ones); None: not compared.
+        caption: reST of its report pages (``workflow/report/tables.rst`` adds the variant).
 
-    A table without such rows is returned unchanged (the same CSV bytes).
+    Raises:
+        ValueError: a name not ``table<N>`` (the rules' file names), an unknown domain, or
+            neither a row function nor key treatments.
     """
-    names = set(names or ())
-    id_column = next((c for c in ("timm_id", "hf_id") if c in table.columns), None)
-    if not names or id_column is None or "model" not in table.columns:
-        return table
-    hit = table[id_column].isin(names).to_numpy()
-    if not hit.any():
-        return table
-    out = table.copy()
-    out.loc[hit, "model"] = out.loc[hit, "model"].astype(str) + USER_LABEL
-    return out
+
+    name: str
+    domain: str
+    row: Callable[[pd.DataFrame, pd.DataFrame, dict], dict] | None = None
+    statistics: tuple[tuple[str, str, str], ...] = ()
+    drops: bool = False
+    corrected: tuple[tuple[str, str, str], ...] = ()
+    keys: tuple[str, ...] = ()
+    columns: dict[str, str] = field(default_factory=dict)
+    published: str | None = None
+    caption: str = ""
+
+    def __post_init__(self):
+        if not re.fullmatch(r"table\w+", self.name) or self.domain not in ("vision", "text") or not (self.row or self.keys):
+            raise ValueError(f"table {self.name!r}: a name table<N>, the domain vision or text, and a row function or key treatments")
+
+    @property
+    def title(self) -> str:
+        return "Table " + self.name.removeprefix("table")
+
+    @property
+    def id_column(self) -> str:
+        return "timm_id" if self.domain == "vision" else "hf_id"
+
+    @property
+    def count_key(self) -> str:
+        return "n_images" if self.domain == "vision" else "n_sentences"
+
+    @property
+    def compared(self) -> dict[str, tuple[str, str]]:
+        """Published column -> (column of the paper variant's table, of the corrected one)."""
+        return {name: (name, col) for name, col, _ in self.statistics} or {c: (r, r) for c, r in self.columns.items()}
+
+
+_SPECTRUM = [f"{s}_{m}" for s in SPECTRUM_STATS for m in ("mean", "std")]
+
+#: Every table compared with the paper, by name (the ``{table}`` wildcard), in the paper's order.
+TABLES: dict[str, Table] = {
+    t.name: t
+    for t in (
+        Table(
+            "table1",
+            "vision",
+            table1_row,
+            TABLE1_STATISTICS,
+            drops=True,
+            corrected=CORRECTED_METRICS,
+            published="table1_vision_similarity.csv",
+            caption=r"""**Table 1: V against V_KPCA in vision transformers.** Claim tested: the value vectors V of
+each head equal the KPCA coefficients V_KPCA = G A − G 1_N A (Teo & Nguyen, Eq. 5), with A the
+top-d eigenvectors of the centered Gram matrix of the keys.
+
+How it was computed: for every (image, layer, head), the Gram matrix of the keys
+exp(kᵢᵀkⱼ/√d), normalised by gᵢgⱼ, centered, ``eigh``; V_KPCA from the top-d eigenvectors;
+then the token-row direct cosine (MDC = max over heads of the per-head mean), the optimal
+token matching by the Hungarian algorithm (MOC = max over heads of the per-head mean
+matched cosine), linear CKA and RBF CKA (means over heads). ``n_allclose`` counts heads
+where ``torch.allclose(V, V_KPCA)`` holds. In the paper variant, ``MDC_solver_lower`` /
+``MDC_solver_upper`` (and MOC's) bound what the eigensolver's freedom can print, and
+``*_lower`` / ``*_upper`` are the bootstrap over images (combined with that solver variation
+for MDC and MOC). *Model of variation:* an eigensolver in float32 returns the exact
+eigenvectors of a matrix within about n·u·‖K‖ of the true one (u = 2⁻²⁴, n the number of
+tokens), so any eigenvector's sign, and any rotation among eigenvectors whose eigenvalues lie
+closer than that tolerance (a near-degenerate group, also across the top-d boundary), are
+equally correct answers; MDC's solver interval takes the exact extremes over those rotations
+(for the solver's own signs, and for random signs at the central 99 % of draws), MOC's
+interval is the central 99 % of draws with random signs and Haar-random rotations inside the
+groups, joined with the reproduced value; LCKA and KCKA vary the sample only. ``MDC_layer``, ``MDC_head``, ``MDC_sample_rank``
+and ``MDC_eigengap`` name the head that decides MDC and its smallest relative eigengap: a
+maximum over thousands of heads is decided by one head, so one head's near-degenerate
+eigenpair can move the whole statistic. ``interval_note`` says why a value lies outside its
+own interval, if one does; docs/uncertainty.md.
+
+The **paper** variant is the authors' float32 code (\|λ\|-descending eigenpairs, overflowing
+heads dropped). The **corrected** variant (float64, log-domain Gram, deterministic signs)
+reports each metric as mean ± std over heads beside the same statistic for a random
+Gaussian V_KPCA, adds the column-wise comparison the paper's text describes, and counts
+non-finite heads.""",
+        ),
+        Table(
+            "table2",
+            "vision",
+            keys=("standardized",),
+            columns={c: c for c in _SPECTRUM},
+            published="table2_eigenvalues_standardized.csv",
+            caption=r"""**Table 2: eigenvalues of the centered Gram matrix (× 10⁻⁶), standardized keys.** Claim
+tested: the KPCA eigenvalues that would make V = V_KPCA are of order 10², as Teo & Nguyen's
+derivation needs.
+
+How it was computed: per (image, layer, head), keys standardized per token over their d
+features (unbiased std, as the authors' code does), Gram matrix, centering, the 64 largest
+eigenvalues (no division by N). Per image: the rank-wise mean over layers × heads, then its
+max, min, mean and lower median; the table gives mean ± std over the images, and
+``<cell>_lower`` / ``<cell>_upper`` a percentile bootstrap over the images of each cell.
+The **paper** variant is float32 with plain ``exp``; the **corrected** variant uses float64
+and a log-domain Gram matrix (identical where nothing overflows).""",
+        ),
+        Table(
+            "table3",
+            "vision",
+            keys=("standardized", "raw"),
+            columns={c: f"{c}_raw" for c in _SPECTRUM},
+            published="table3_eigenvalues_unstandardized.csv",
+            caption=r"""**Table 3: eigenvalues with and without key standardization (× 10⁻⁶).** Same computation
+as Table 2 with the raw keys (the paper's starred rows) beside the standardized ones, and the
+percentage change. In the **paper** variant, heads whose ``exp`` overflows in float32 give
+non-finite statistics (counted in ``n_nonfinite_heads_raw``); the **corrected** variant's
+log-domain Gram matrix is finite for every key magnitude.""",
+        ),
+        Table(
+            "table4",
+            "text",
+            table4_row,
+            TABLE4_STATISTICS,
+            corrected=TEXT_CORRECTED_METRICS,
+            published="table4_nlp_similarity.csv",
+            caption=r"""**Table 4: V against V_KPCA in encoder language models.** Same claim as Table 1, for
+Hugging Face encoders on sampled WikiText-103 test rows (padded to the longest row,
+truncated at 128 tokens).
+
+The **paper** variant is the authors' NLP script: padding positions included, top-d
+eigenvectors in ascending order, MDC and MOC the mean over heads of the per-head *maxima*
+over tokens (a different statistic from Table 1's), NaN heads skipped per column, and
+Longformer read with its (sequence, batch) transposition. The **corrected** variant
+excludes padding per sequence, reads Longformer batch-first, uses each model's own head
+dimension, and reports every metric next to a random Gaussian baseline.""",
+        ),
+    )
+}

@@ -13,26 +13,28 @@ Layout (docs/internals.md):
   suffix, :mod:`kpca_repro.method.variant`: ``""`` paper, ``_corrected`` corrected),
   ``results/html/<table>.html``, ``results/paper_comparison.csv``.
 
-The default targets (rule ``all``) are registered by the rule files next to the rules that
-build them (:func:`default_target`), so a new table is one rule, one script, one function.
+The default targets (rule ``all``): every table of :data:`kpca_repro.analysis.tables.TABLES`
+whose models are configured, and what the rule files register next to the rules that build
+it (:func:`default_target`).
 """
 
 from __future__ import annotations
 
-import ast
-import re
 from collections.abc import Callable
 from pathlib import Path
 
+from kpca_repro.analysis.tables import TABLES, Table
 from kpca_repro.inputs.model_info import model_id_from_slug, model_slug
 from kpca_repro.method.variant import CORRECTED, PAPER, REGISTRY
 from kpca_repro.method.variant import get as get_variant
 
 __all__ = [
+    "has_models",
     "has_vision",
-    "REPORT_TABLES",
+    "report_tables",
+    "report_caption",
     "default_target",
-    "register_rule_targets",
+    "table_inputs",
     "model_slug",
     "model_id_from_slug",
     "vision_shards",
@@ -48,46 +50,35 @@ __all__ = [
     "user_spectra_files",
 ]
 
-#: Result tables rendered as HTML for ``snakemake --report`` (caption: workflow/report/tables.rst),
-#: every variant's: filled by :func:`default_target` with ``report=True``.
-REPORT_TABLES: list[str] = []
-#: Patterns -> (report, when) of every :func:`default_target` call, in the order of the calls.
-_TARGETS: dict[tuple[str, ...], tuple[bool, Callable[[dict], bool] | None]] = {}
+#: Patterns -> when of every :func:`default_target` call, in the order of the calls.
+_TARGETS: dict[tuple[str, ...], Callable[[dict], bool] | None] = {}
 
 
-def default_target(*patterns: str, report: bool = False, when: Callable[[dict], bool] | None = None) -> None:
+def report_tables() -> list[str]:
+    """The pages ``results/html/<page>.html`` of rule ``table_html`` (caption: workflow/report/tables.rst):
+    every table of :data:`~kpca_repro.analysis.tables.TABLES` in every variant, and the comparison."""
+    return [t.name + v.suffix for t in TABLES.values() for v in REGISTRY.values()] + ["paper_comparison"]
+
+
+def report_caption(page: str, report_dir: str | Path) -> str:
+    """The caption of report page ``results/html/<page>.html`` (``params.caption`` of rule
+    ``table_html``, which workflow/report/tables.rst renders): its table's ``caption``, or the
+    comparison's, ``comparison.rst`` in ``report_dir``.
+
+    Raises:
+        FileNotFoundError: ``page`` is no table's and ``report_dir`` has no ``comparison.rst``.
+    """
+    table = next((t for t in TABLES.values() for v in REGISTRY.values() if t.name + v.suffix == page), None)
+    return table.caption if table else (Path(report_dir) / "comparison.rst").read_text()
+
+
+def default_target(*patterns: str, when: Callable[[dict], bool] | None = None) -> None:
     """Make ``patterns`` targets of rule ``all`` (:func:`all_targets`), called in the rule files.
 
     ``{suffix}`` in a pattern stands for the suffix of each configured variant (``""`` paper,
-    ``_corrected``); ``report``: each CSV pattern is also rendered as
-    ``results/html/<name>.html`` for ``snakemake --report`` (:data:`REPORT_TABLES`);
-    ``when(config)`` false leaves the patterns out. A repeated call changes nothing.
+    ``_corrected``); ``when(config)`` false leaves the patterns out. A repeated call changes nothing.
     """
-    if patterns in _TARGETS:
-        return
-    _TARGETS[patterns] = (report, when)
-    if report:
-        REPORT_TABLES.extend(dict.fromkeys(Path(p).stem.format(suffix=v.suffix) for p in patterns if p.endswith(".csv") for v in REGISTRY.values()))
-
-
-def register_rule_targets(repo: str | Path) -> None:
-    """Run the :func:`default_target` calls of the workflow's rule files (in the Snakefile's
-    include order) without parsing the workflow: for code that reads the layout outside
-    Snakemake (the tests, :mod:`kpca_repro.workflow.report_check`)."""
-    repo = Path(repo)
-    for name in re.findall(r'^include: "workflow/rules/(\w+)\.smk"', (repo / "Snakefile").read_text(), re.M):
-        lines = (repo / "workflow" / "rules" / f"{name}.smk").read_text().splitlines()
-        for i in (i for i, line in enumerate(lines) if line.startswith("default_target(")):
-            end = next(j for j in range(i + 1, len(lines) + 1) if _parses("\n".join(lines[i:j])))
-            eval(compile("\n".join(lines[i:end]), f"{name}.smk", "eval"), {"default_target": default_target, "user_models": user_models, "has_vision": has_vision})
-
-
-def _parses(source: str) -> bool:
-    try:
-        ast.parse(source, mode="eval")
-    except SyntaxError:
-        return False
-    return True
+    _TARGETS.setdefault(patterns, when)
 
 
 def vision_shards(config: dict, n_images: int | None = None) -> list[str]:
@@ -123,9 +114,14 @@ def text_stage_files(config: dict, model_id: str, ext: str = "h5", variant: str 
     return [f"{prefix}/{model_slug(model_id)}/text_{config['text']['n_rows']}_{shard}.{ext}" for shard in text_shards(config)]
 
 
+def has_models(config: dict, domain: str) -> bool:
+    """A model of ``domain`` (``vision`` or ``text``) to analyse: ``<domain>.models`` or an ``activations:`` entry of that kind."""
+    return bool(config[domain]["models"] or user_models(config, domain))
+
+
 def has_vision(config: dict) -> bool:
-    """A vision model to analyse: ``vision.models`` or an ``activations:`` entry of kind vision (Tables 1-3, Figures 2-3 in ``all``)."""
-    return bool(config["vision"]["models"] or user_models(config, "vision"))
+    """A vision model to analyse (Tables 1-3, Figures 2-3 in ``all``)."""
+    return has_models(config, "vision")
 
 
 def user_models(config: dict, kind: str | None = None) -> list[str]:
@@ -167,23 +163,41 @@ def norm_activations(config: dict, domain: str, variant: str, model: str) -> lis
     return [f"results/activations/{model}/text_{config['text']['n_rows']}_{shard}.h5" for shard in text_shards(config)]
 
 
+def table_inputs(config: dict, table: Table, variant: str) -> dict[str, list[str]]:
+    """The input files of rule ``table`` for ``table`` (an entry of :data:`~kpca_repro.analysis.tables.TABLES`) and ``variant``.
+
+    Every model of the table's domain (``<domain>.models``, then the ``activations:`` entries of
+    that kind), all shards, in the order the table's rows take: ``records``, the eigenvalue
+    records of ``table.keys`` (Tables 2, 3); else ``heads`` and ``meta``, the per-head records
+    and their metadata, and for a variant with sign draws ``signs``, the draws stored beside
+    each records file (``<records>_signs.h5``, docs/uncertainty.md).
+    """
+    models, users = config[table.domain]["models"], user_models(config, table.domain)
+    if table.keys:
+        return {"records": [f for m in models for f in spectra_files(config, variant, m, table.keys)] + [f for u in users for f in user_spectra_files(config, variant, u, table.keys)]}
+
+    def records(model: str, ext: str) -> list[str]:
+        return heads_files(config, variant, model, ext) if table.domain == "vision" else text_stage_files(config, model, ext, variant)
+
+    files = {key: [f for m in models for f in records(m, ext)] + [f for u in users for f in user_files(config, u, ext, variant)] for key, ext in (("heads", "csv"), ("meta", "json"))}
+    if get_variant(variant).sign_draws:
+        files["signs"] = [f.replace(".csv", "_signs.h5") for f in files["heads"]]
+    return files
+
+
 def comparison_tables(config: dict) -> dict[str, tuple[str, str | None]]:
-    """Table number -> (paper-variant CSV, corrected CSV or None) for the tables this run builds."""
-    out = {"1": "results/table1.csv", "2": "results/table2.csv", "3": "results/table3.csv"} if has_vision(config) else {}
-    if config["text"]["models"] or user_models(config, "text"):
-        out["4"] = "results/table4.csv"
+    """Table name -> (paper-variant CSV, corrected CSV or None) of the tables compared with the paper that this run builds."""
     corrected = CORRECTED.name in config["variants"]
-    return {t: (p, CORRECTED.output(p.removesuffix(".csv"), "csv") if corrected else None) for t, p in out.items()}
+    return {t.name: (f"results/{t.name}.csv", CORRECTED.output(f"results/{t.name}", "csv") if corrected else None) for t in TABLES.values() if t.published and has_models(config, t.domain)}
 
 
 def all_targets(config: dict) -> list[str]:
-    """The targets of rule ``all`` for ``config``: the :func:`default_target` patterns of the
-    rule files, in their order, each after its HTML (``report=True``)."""
+    """The targets of rule ``all`` for ``config``: each table whose models are configured (its report
+    page, CSV and Markdown per configured variant), then the :func:`default_target` patterns of the
+    rule files, in their order."""
     suffixes = [get_variant(v).suffix for v in config["variants"]]
-    targets = []
-    for patterns, (report, when) in _TARGETS.items():
+    targets = [f"results/{p}" for t in TABLES.values() if has_models(config, t.domain) for s in suffixes for p in (f"html/{t.name}{s}.html", f"{t.name}{s}.csv", f"{t.name}{s}.md")]
+    for patterns, when in _TARGETS.items():
         if when is None or when(config):
-            for sfx in suffixes if any("{suffix}" in p for p in patterns) else [""]:
-                files = [p.format(suffix=sfx) for p in patterns]
-                targets += [f"results/html/{Path(f).stem}.html" for f in files if report and f.endswith(".csv")] + files
+            targets += [p.format(suffix=s) for s in (suffixes if any("{suffix}" in p for p in patterns) else [""]) for p in patterns]
     return targets

@@ -35,6 +35,7 @@ from kpca_repro.workflow import paths
 
 __all__ = [
     "WILDCARD_VALUES",
+    "PARAMS",
     "strict_docutils",
     "docutils_messages",
     "caption_files",
@@ -47,19 +48,20 @@ __all__ = [
     "load_config",
 ]
 
-#: This checkout (the rule files whose report tables the captions are checked for).
+#: This checkout (its captions are checked by default).
 _REPO = Path(__file__).resolve().parents[3]
-if (_REPO / "Snakefile").is_file():
-    paths.register_rule_targets(_REPO)
 
 #: Values of the wildcards the captions branch on, as the rules produce them: ``table`` of
-#: ``table_html`` (``kpca_repro.workflow.paths.REPORT_TABLES``, registered by the rule files),
+#: ``table_html`` (``kpca_repro.workflow.paths.report_tables``, from the table registry),
 #: ``fig`` of ``figure_training``, ``suffix`` of the figure rules.
 WILDCARD_VALUES = {
-    "table": tuple(paths.REPORT_TABLES),
+    "table": tuple(paths.report_tables()),
     "fig": ("1", "4"),
     "suffix": tuple(v.suffix for v in REGISTRY.values()),
 }
+#: The ``params`` a caption reads, from the repository root and the wildcards, as the rules give
+#: them: ``caption`` of ``table_html`` (workflow/report/tables.rst, which also reads ``table``).
+PARAMS = {"caption": lambda root, wildcards: paths.report_caption(wildcards["table"], Path(root) / "workflow" / "report")}
 
 #: Text of docutils system messages in HTML and of the ones the warning stream prints.
 _REPORT_PATTERNS = ("System Message", "system-message", "Undefined substitution", "Unknown target name", "(ERROR/", "(WARNING/", "(SEVERE/")
@@ -129,16 +131,16 @@ def _link_targets(root: Path) -> str:
     return "\n\n" + "\n".join(lines) + "\n"
 
 
-def render_caption(path: str | Path, config: dict, wildcards: dict[str, str], links: str = "") -> str:
+def render_caption(path: str | Path, config: dict, wildcards: dict[str, str], links: str = "", params: dict | None = None) -> str:
     """The reST Snakemake gives docutils for caption ``path``: Jinja2 as in ``snakemake.report``.
 
-    Unlike Snakemake, an undefined variable (a misspelt config key) raises
-    ``jinja2.UndefinedError`` instead of rendering as an empty string.
+    Unlike Snakemake, an undefined variable (a misspelt config key, a ``params`` entry not
+    given) raises ``jinja2.UndefinedError`` instead of rendering as an empty string.
     """
     from jinja2 import Environment, StrictUndefined
 
     env = Environment(trim_blocks=True, lstrip_blocks=True, undefined=StrictUndefined)
-    snakemake = SimpleNamespace(config=config, wildcards=SimpleNamespace(**wildcards))
+    snakemake = SimpleNamespace(config=config, wildcards=SimpleNamespace(**wildcards), params=SimpleNamespace(**(params or {})))
     return env.from_string(Path(path).read_text() + links).render(snakemake=snakemake, categories={}, files=[])
 
 
@@ -146,8 +148,9 @@ def lint_captions(root: str | Path, config: dict) -> list[str]:
     """Problems of every caption of the workflow under ``root`` with configuration ``config``.
 
     Each caption is rendered for every combination of the values in :data:`WILDCARD_VALUES`
-    of the wildcards it uses. Returns ``"<file> [wildcards]: <message>"`` lines; empty when
-    every rendering is clean. A wildcard without known values is itself a problem.
+    of the wildcards it uses, with the :data:`PARAMS` it reads. Returns
+    ``"<file> [wildcards]: <message>"`` lines; empty when every rendering is clean. A
+    wildcard without known values is itself a problem.
     """
     import itertools
 
@@ -166,7 +169,8 @@ def lint_captions(root: str | Path, config: dict) -> list[str]:
             wildcards = dict(zip(keys, values))
             where = f"{path.name} {wildcards}" if wildcards else path.name
             try:
-                rst = render_caption(path, config, wildcards, links)
+                params = {name: value(root, wildcards) for name, value in PARAMS.items() if f"snakemake.params.{name}" in path.read_text()}
+                rst = render_caption(path, config, wildcards, links, params)
             except TemplateError as e:
                 problems.append(f"{where}: Jinja2: {e}")
                 continue

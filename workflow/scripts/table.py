@@ -1,0 +1,39 @@
+"""Rule table: one table of the registry (kpca_repro.analysis.tables.TABLES), one variant, as CSV and Markdown."""
+
+import pandas as pd
+
+from kpca_repro.analysis import tables
+from kpca_repro.h5io import atomic_output
+from kpca_repro.method.uncertainty import read_sign_draws
+from kpca_repro.method.variant import get as get_variant
+from kpca_repro.smk import setup_logging
+
+smk = snakemake  # noqa: F821 (injected by Snakemake)
+log = setup_logging(smk, "table")
+table, variant = tables.TABLES[smk.wildcards.table], get_variant(smk.params.variant)
+if table.keys:  # eigenvalue records (Tables 2, 3), with bootstrap intervals in every variant (docs/uncertainty.md)
+    frames = {}
+    for f in smk.input.records:
+        df = pd.read_csv(f)
+        key = (df["model"].iloc[0], df["keys"].iloc[0])
+        frames[key] = pd.concat([frames[key], df]) if key in frames else df
+    frame = tables.table_spectra(frames, dict(smk.params.uncertainty))
+    frame.insert(2, "variant", variant.name)
+else:
+    heads, meta = tables.read_head_records(smk.input.heads, smk.input.meta, table.count_key)
+    if variant.tables == "paper":
+        # sign and bootstrap intervals for a variant with sign draws (docs/uncertainty.md); the draws' rows follow the records files
+        draws, settings = (read_sign_draws(smk.input.signs), dict(smk.params.uncertainty)) if variant.sign_draws else (None, None)
+        frame = tables.paper_table(table, heads, meta, draws, settings)
+    else:
+        frame = tables.table_corrected(heads, meta, table)
+frame = tables.label_rows(tables.label_rows(frame, smk.params.stand_ins, tables.STAND_IN_LABEL), smk.params.user_models, tables.USER_LABEL)  # docs/hub_fixture.md, docs/activations.md
+if table.keys:
+    markdown = tables.markdown_table(frame, floatfmt=".1f")
+else:
+    markdown = tables.paper_markdown(frame, table) if variant.tables == "paper" else tables.corrected_markdown(frame, table.corrected)
+with atomic_output(smk.output.csv) as tmp:
+    frame.to_csv(tmp, index=False)
+with atomic_output(smk.output.md) as tmp:
+    tmp.write_text(markdown)
+log.info("wrote %s (%d rows)", smk.output.csv, len(frame))
