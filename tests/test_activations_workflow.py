@@ -125,7 +125,7 @@ def test_a_file_that_breaks_the_invariant_is_refused_by_the_rule(tmp_path, tiny_
 def test_configuration_errors_stop_before_any_job(tmp_path, tiny_resources):
     base = {"resources_dir": str(tiny_resources), "figure3": {"model": "vit_tiny_patch16_224"}}
     cases = [
-        ({"vision": {"models": [], "n_images": 2}}, "Table 1 needs a vision model, but vision.models is empty and activations: has no entry of kind vision"),
+        ({"vision": {"models": [], "n_images": 2}}, "results/table1.csv needs a vision model, but vision.models is empty and activations: has no entry of kind vision"),
         ({"vision": {"models": [], "n_images": 2}, "activations": {"x": {"files": ["missing.h5"], "kind": "vision"}}}, "activations.x.files[0]: missing.h5 does not exist"),
         ({"vision": {"models": [], "n_images": 2}, "activations": {"x": {"files": ["a.h5"], "kind": "image"}}}, "activations.x.kind"),
     ]

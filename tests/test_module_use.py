@@ -43,7 +43,7 @@ def test_an_outer_workflow_builds_table1_through_the_module(tiny_resources, tmp_
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=1500)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
-    assert "rule kpca_extract_vision" in out and "rule kpca_table1" in out  # the module's rules, renamed
+    assert "rule kpca_extract_vision" in out and "rule kpca_table" in out  # the module's rules, renamed
     assert "Cost estimate" in out  # from the module's input functions
     table = pd.read_csv(tmp_path / "results" / "table1.csv")
     assert list(table["timm_id"]) == sorted(TINY_KWARGS)

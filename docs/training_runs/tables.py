@@ -4,7 +4,7 @@
 
 Reads every ``<model>_<scale>/seed<seed>/log.csv`` beside this file, takes each scale's token
 count and the claims' thresholds from config/config.yaml (``training.scales``,
-``figure1.claims``), and prints what the ``training_claims`` and ``token_ablation`` rules write
+``figure1.claims``) and the runs from config/training.yaml (the file that asks for them), and prints what the ``training_claims`` and ``token_ablation`` rules write
 as Markdown (``results/training_claims.md``, ``results/token_ablation.md``), through the same
 functions (``kpca_repro.training.summary``). The claims table covers the ``figure1.runs`` of
 the configuration, the ablation every scale of ``token_ablation.scales`` that has logs here;
@@ -24,6 +24,15 @@ from kpca_repro.workflow.config_checks import resolve_scales, run_model_scale
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE.parent.parent / "config" / "config.yaml"
+TRAINING = HERE.parent.parent / "config" / "training.yaml"
+
+
+def merged(base: dict, over: dict) -> dict:
+    """``base`` updated by ``over`` key by key, nested dicts merged, as Snakemake merges --configfile."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def kept_runs(scales: dict) -> list[tuple]:
@@ -40,7 +49,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--split", choices=("test", "train"), default="test", help="fixed batch (default: test)")
     args = parser.parse_args()
-    config = yaml.safe_load(CONFIG.read_text())
+    config = merged(yaml.safe_load(CONFIG.read_text()), yaml.safe_load(TRAINING.read_text()))
     scales = resolve_scales(config["training"]["scales"])
     runs = kept_runs(scales)
     # in the order the rules take them: figure1.runs, and token_ablation's models x scales
