@@ -190,7 +190,7 @@ def test_python_examples_run_as_written(page, tmp_path):
 def test_online_python_examples_run_through_the_hub(hub, tmp_path):
     """The examples that download (``pretrained=True``), through the local hub; the timm
     repositories they name are served as random-weight stand-ins."""
-    from kpca_repro.hub import fixture as hf
+    from kpca_tools.hub import fixture as hf
 
     online = [e for e in PY_EXAMPLES if e[1] == "example-online"]
     assert online
