@@ -14,7 +14,7 @@
 Methods compared (each measurement runs in its own subprocess, so peak RSS is its own):
 
 ``per_head`` (paper variant)
-    ``kpca_repro/method/reference.py``: the per-head transcription of the authors' ``value_vectors.py``
+    ``tools/kpca_tools/reference.py``: the per-head transcription of the authors' ``value_vectors.py``
     (docs/method.md Section 12): one ``eigh``, one CKA helper call per CKA, one assignment per head,
     Python loops over heads. It is the test oracle of the batched code and is imported, not
     copied, so the baseline stays independent of what it measures.
@@ -48,6 +48,8 @@ from kpca_repro.method.variant import PAPER, VARIANTS
 from kpca_repro.method.variant import get as get_variant
 
 REPO = Path(__file__).resolve().parents[1]
+# the per-head baseline (kpca_tools.reference) is a test tool, never installed (tools/README.md)
+sys.path.insert(0, str(REPO / "tools"))
 
 #: (tokens N, head dimension d, heads): Table 1's vision shapes (197 tokens, 198 with the
 #: distillation token; 384 heads = ViT-Large's 24 layers x 16 heads of one image) and the
@@ -99,7 +101,7 @@ def _random_heads(n_heads: int, n: int, d: int, seed: int = 0, baseline: bool = 
 def _per_head_paper(k, v):
     import numpy as np
 
-    from kpca_repro.method.reference import head_metrics_reference
+    from kpca_tools.reference import head_metrics_reference
 
     rows = [head_metrics_reference(k[h], v[h]) for h in range(k.shape[0])]
     return {c: np.array([np.nan if r is None else r[c] for r in rows]) for c in PAPER_COLUMNS}
@@ -477,7 +479,7 @@ def _authors_head(k, v) -> dict | None:
     cost belongs to the baseline. None where the script drops the head."""
     import torch
 
-    from kpca_repro.method.reference import metrics_reference, v_kpca_reference
+    from kpca_tools.reference import metrics_reference, v_kpca_reference
 
     vhat = v_kpca_reference(k)
     try:

@@ -3,7 +3,7 @@
 Runs ``kpca_records`` as the ``kpca_heads`` rule does (one intra-op thread, 2 workers,
 ``heads_per_chunk`` 64) with ``eigh`` on torch's default thread count and, for comparison, on
 the caller's single thread; then the transcription of ``value_vectors.py`` (vision files) or
-``nlp_value_vectors.py`` (text files) from ``kpca_repro/method/reference.py`` on every selected
+``nlp_value_vectors.py`` (text files) from ``tools/kpca_tools/reference.py`` on every selected
 head with torch's default threads. Prints, per setting, the heads beyond tolerance (1e-5;
 RBF CKA 1e-4) and the largest difference per metric.
 
@@ -22,16 +22,21 @@ machine (``nlp_value_vectors.py``: rows by ``(layer, sample, head)``; ``value_ve
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
+
+# the per-head oracles (kpca_tools.reference) are a test tool, never installed (tools/README.md)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 import numpy as np
 import torch
 
 from kpca_repro.activations import ActivationFile
 from kpca_repro.method.records import kpca_records
-from kpca_repro.method.reference import head_metrics_reference, head_metrics_reference_nlp, sampler_order
 from kpca_repro.method.variant import PAPER
 from kpca_repro.threads import intra_op_threads, torch_default_threads
+from kpca_tools.reference import head_metrics_reference, head_metrics_reference_nlp, sampler_order
 
 METRICS = ("direct_cos_mean", "direct_cos_max", "optimal_cos_mean", "optimal_cos_max", "linear_cka", "rbf_cka")
 #: The authors' head_level_stats.csv columns -> the pipeline's record columns (Table 4's script, then Table 1's).
@@ -60,7 +65,7 @@ def compare_with_authors(authors_csv: str, records_csvs: list[str], seed: int, n
         authors_csv: ``head_level_stats.csv`` of ``nlp_value_vectors.py`` or ``value_vectors.py``
             (recognised by its columns).
         records_csvs: the pipeline's per-head record CSVs of the same model and sample (all shards).
-        seed: the run's seed (vision: the loader's batch order, :func:`kpca_repro.method.reference.sampler_order`).
+        seed: the run's seed (vision: the loader's batch order, :func:`kpca_tools.reference.sampler_order`).
         n_images: the number of sampled images (vision), 100 in the paper.
         population: the images in the authors' ImageFolder. When it equals ``n_images`` their
             script draws nothing (``random.sample`` only runs for a larger folder) and its

@@ -131,7 +131,7 @@ def tiny_resources(photos_dir) -> Path:
 def hub(tmp_path_factory):
     """A local Hugging Face hub (olah) and static file server holding the real offline inputs.
 
-    Yields a :class:`kpca_repro.hub.fixture.HubFixture`: ``endpoint`` (the ``HF_ENDPOINT``),
+    Yields a :class:`kpca_tools.hub.fixture.HubFixture`: ``endpoint`` (the ``HF_ENDPOINT``),
     ``static_url``, ``repos[repo_id].commit`` / ``.files`` (sha256), ``static_files`` (sha256),
     ``url(path)``, ``env(hf_home)`` (an environment with ``HF_ENDPOINT`` set and ``HF_HOME`` at
     ``hf_home``, never the user's cache), ``config_overlay()``. Built once per session into a
@@ -140,7 +140,7 @@ def hub(tmp_path_factory):
     """
     import importlib.util
 
-    from kpca_repro.hub import fixture as hub_fixture
+    from kpca_tools.hub import fixture as hub_fixture
 
     sources = hub_fixture.default_sources(assets=resources_dir_for_real_weights())
     missing = sources.missing()

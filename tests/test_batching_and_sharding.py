@@ -17,9 +17,9 @@ from kpca_repro.method import equations as method
 from kpca_repro.method import kpca, numerics
 from kpca_repro.method.placement import Placement
 from kpca_repro.method.records import kpca_records, layer_chunks
-from kpca_repro.method.reference import head_metrics_reference
 from kpca_repro.method.variant import PAPER
 from kpca_repro.threads import ordered_map
+from kpca_tools.reference import head_metrics_reference
 
 from conftest import TINY_KWARGS, run_snakemake
 

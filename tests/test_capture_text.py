@@ -372,7 +372,7 @@ def test_extraction_equals_the_authors_one_forward_pass(tmp_path, max_length):
     """BERT-style q, k, v as ``nlp_value_vectors.py`` stores them, bit for bit, with the pipeline's batching.
 
     The authors tokenize every row at once and run them in one forward pass, their hooks keeping
-    the query/key/value Linear outputs (``kpca_repro.method.reference.capture_reference_nlp``); the pipeline
+    the query/key/value Linear outputs (``kpca_tools.reference.capture_reference_nlp``); the pipeline
     runs two rows per forward pass. With ``max_length`` 6 every row is truncated, so all rows have
     the same length and no padding (the seed-1 situation of issue 34); with 128, rows are padded.
     One row of 6 tokens per pass would differ in the last bits: MKL rounds a float32 product
@@ -380,7 +380,7 @@ def test_extraction_equals_the_authors_one_forward_pass(tmp_path, max_length):
     """
     from transformers import AutoModel, AutoTokenizer
 
-    from kpca_repro.method.reference import capture_reference_nlp, split_heads_reference_nlp
+    from kpca_tools.reference import capture_reference_nlp, split_heads_reference_nlp
 
     source = _save_with_word_tokenizer("bert", tmp_path / "bert")
     samples = text.sample_rows(ROWS, 4, 10, seed=1)

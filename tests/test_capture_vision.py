@@ -23,6 +23,7 @@ from kpca_repro.activations import ActivationFile
 from kpca_repro.capture import vision
 from kpca_repro.capture.extraction import extract_vision
 from kpca_repro.inputs import images
+from kpca_tools.recorders import AttentionRecorder
 
 from conftest import real_deit_tiny, run_snakemake
 
@@ -132,7 +133,7 @@ def test_the_projection_hooks_alone_miss_what_the_attention_uses():
         model = _perturbed_model(model_id, kwargs)
         plan = vision.capture_plan(model, model_id)
         x = torch.randn(2, 3, 32, 32)
-        with torch.no_grad(), vision.AttentionRecorder(a for a, _ in plan) as raw:
+        with torch.no_grad(), AttentionRecorder(a for a, _ in plan) as raw:
             model(x)
         with torch.no_grad(), vision.CaptureRecorder(plan, model_id) as rec:
             model(x)
@@ -210,7 +211,7 @@ def test_real_deit_tiny_capture_is_the_qkv_and_proj_hooks_bit_for_bit(tmp_path, 
     model = vision.load_timm_model(model_id, weights)
     tf = images.paper_transform(224)
     x = torch.stack([tf(images.load_image(p)) for p in smp["path"]])
-    with torch.no_grad(), vision.AttentionRecorder(vision.attention_modules(model)) as rec:
+    with torch.no_grad(), AttentionRecorder(vision.attention_modules(model)) as rec:
         model(x)
     with h5py.File(out) as f:
         assert float(f.attrs["capture_max_rel_error"]) < 1e-5 and float(f.attrs["attention_scale"]) == 0.125

@@ -20,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 LIB = REPO / "src" / "kpca_repro"
 PACKAGE = "kpca_repro"
-#: Subpackages a rule may declare (the stages of the pipeline); workflow/ and hub/ run in no job.
+#: Subpackages a rule may declare (the stages of the pipeline); workflow/ runs in no job.
 STAGES = {"inputs", "capture", "method", "analysis", "figures", "training"}
 #: Rules whose jobs fetch raw inputs: a library edit must not download them again.
 DOWNLOAD_RULES = {"download_timm_weights", "download_imagenet_sample", "download_wikitext", "download_fashion_mnist", "download_training_logs"}
@@ -78,7 +78,7 @@ def test_every_rule_declares_stages_of_the_package():
     assert len(DECLARED) >= 20
     for rule, (_, stages) in DECLARED.items():
         assert stages and set(stages) <= STAGES and len(set(stages)) == len(stages), (rule, stages)
-    assert {p.name for p in LIB.iterdir() if p.is_dir() and (p / "__init__.py").is_file()} == STAGES | {"workflow", "hub"}
+    assert {p.name for p in LIB.iterdir() if p.is_dir() and (p / "__init__.py").is_file()} == STAGES | {"workflow"}
 
 
 @pytest.mark.parametrize("rule", sorted(DECLARED))
@@ -111,3 +111,87 @@ def test_the_method_is_no_input_of_extraction_or_training():
     assert "capture" not in DECLARED["sample_images"][1] and "capture" not in DECLARED["sample_text"][1]
     assert "analysis" not in DECLARED["kpca_heads"][1] and "figures" not in DECLARED["table"][1] and "analysis" not in DECLARED["figure3"][1]
     assert "projection.py" in {Path(p).name for p in _stage_files(DECLARED["train"][1])}
+
+
+# ---------------------------------------------------------------------------------------------
+# The package and the test tools (tools/kpca_tools): imports go one way, and never round a cycle
+
+TOOLS = REPO / "tools"
+
+
+def _modules(root: Path, package: str) -> dict[str, Path]:
+    """``{dotted name: file}`` of every module of ``package`` under ``root`` (a package by its ``__init__``)."""
+    out = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """``{module: the modules of ``modules`` it imports}``, lazy imports inside functions included
+    (the last cycle, fixture <-> stand_ins, was two lazy imports). ``from a import b`` counts as
+    ``a.b`` when that is a module, else as ``a``; relative imports are resolved."""
+    import ast
+
+    graph = {}
+    for name, path in modules.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if a.name in modules}
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(package[: len(package) - node.level + 1] + [node.module or ""]).strip(".") if node.level else node.module
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    edges |= {full} if full in modules else ({base} if base in modules else set())
+        graph[name] = edges - {name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle a depth-first search meets (a back edge closes one), each as its modules in order."""
+    found, state, stack = [], {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                found.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return found
+
+
+MODULES = {**_modules(REPO / "src", PACKAGE), **_modules(TOOLS, "kpca_tools")}
+
+
+def test_cycle_finder_finds_a_lazy_cycle(tmp_path):
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "__init__.py").write_text("")
+    (tmp_path / "p" / "a.py").write_text("def f():\n    from p import b\n")
+    (tmp_path / "p" / "b.py").write_text("from . import c\n")
+    (tmp_path / "p" / "c.py").write_text("def g():\n    from p.a import f\n")
+    assert _cycles(_import_graph(_modules(tmp_path, "p"))) == [["p.a", "p.b", "p.c", "p.a"]]
+
+
+def test_no_import_cycle_in_the_package_or_the_tools():
+    graph = _import_graph(MODULES)
+    assert {"kpca_tools.hub.fixture", "kpca_tools.hub.stand_ins", "kpca_tools.hub.repos", "kpca_tools.reference"} <= set(graph)
+    assert "kpca_tools.hub.stand_ins" in graph["kpca_tools.hub.fixture"] and "kpca_tools.hub.repos" in graph["kpca_tools.hub.stand_ins"]
+    assert _cycles(graph) == []
+
+
+def test_the_package_never_imports_the_test_tools():
+    """What the pipeline runs (src/) needs nothing of tools/: a plain install has all it imports."""
+    graph = _import_graph(MODULES)
+    assert not {(m, i) for m, imports in graph.items() if m.startswith(PACKAGE) for i in imports if i.startswith("kpca_tools")}
+    assert not [p for p in (REPO / "src").rglob("*.py") if re.search(r"^\s*(from|import) kpca_tools\b", p.read_text(), re.M)]

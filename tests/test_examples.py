@@ -171,7 +171,8 @@ def test_every_python_example_is_marked():
 def _run_python(code: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     import os
 
-    base = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    # tools/ on the path as docs/hub_fixture.md says for its example (PYTHONPATH=tools)
+    base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO / "tools")])}
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=600, env={**base, **(env or {})})
 
 
@@ -190,7 +191,7 @@ def test_python_examples_run_as_written(page, tmp_path):
 def test_online_python_examples_run_through_the_hub(hub, tmp_path):
     """The examples that download (``pretrained=True``), through the local hub; the timm
     repositories they name are served as random-weight stand-ins."""
-    from kpca_repro.hub import fixture as hf
+    from kpca_tools.hub import fixture as hf
 
     online = [e for e in PY_EXAMPLES if e[1] == "example-online"]
     assert online

@@ -11,10 +11,11 @@ from kpca_repro.activations import ActivationFile, CorruptActivationFileError
 from kpca_repro.capture import vision
 from kpca_repro.capture.extraction import extract_vision
 from kpca_repro.capture.module_capture import record_activations
-from kpca_repro.capture.vision import AttentionRecorder, attention_modules, load_timm_model
+from kpca_repro.capture.vision import attention_modules, load_timm_model
 from kpca_repro.h5io import atomic_output
 from kpca_repro.inputs import images, resources
 from kpca_repro.method.records import kpca_records
+from kpca_tools.recorders import AttentionRecorder
 
 from conftest import TINY_KWARGS
 

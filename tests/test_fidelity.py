@@ -1,6 +1,6 @@
 """The paper variant against the authors' per-head loops on real heads, head by head.
 
-The oracles are the transcriptions in ``kpca_repro/method/reference.py`` (``value_vectors.py`` for
+The oracles are the transcriptions in ``tools/kpca_tools/reference.py`` (``value_vectors.py`` for
 Table 1, ``nlp_value_vectors.py`` for Table 4), run one head at a time with torch's default
 intra-op thread count, as the authors' scripts run, on the authors' own capture (their hooks,
 reshapes and batch order, transcribed), for several samples (seeds). The pipeline runs as its
@@ -22,9 +22,9 @@ from kpca_repro.capture.extraction import extract_text, extract_vision
 from kpca_repro.inputs import images, model_info, text
 from kpca_repro.method import equations as method
 from kpca_repro.method.records import kpca_records
-from kpca_repro.method.reference import head_metrics_reference, head_metrics_reference_nlp
 from kpca_repro.method.variant import PAPER
 from kpca_repro.threads import intra_op_threads, torch_default_threads
+from kpca_tools.reference import head_metrics_reference, head_metrics_reference_nlp
 
 from conftest import real_deit_tiny, resources_dir_for_real_weights
 
@@ -157,7 +157,7 @@ def test_minilm_capture_and_records_match_nlp_value_vectors(tmp_path, seed):
     """
     from transformers import AutoModel, AutoTokenizer
 
-    from kpca_repro.method.reference import capture_reference_nlp, centered_gram_reference_nlp, split_heads_reference_nlp, v_kpca_from_eigenvectors_nlp
+    from kpca_tools.reference import capture_reference_nlp, centered_gram_reference_nlp, split_heads_reference_nlp, v_kpca_from_eigenvectors_nlp
 
     source, rows = _minilm()
     samples = text.sample_rows(rows, 100, 30, seed=seed)
@@ -188,7 +188,7 @@ def test_deit_tiny_capture_and_records_match_value_vectors(tmp_path, seed):
 
     The images of ranks 0-4 of the 100-image draw of ``seed``; the pipeline extracts them in
     its forward block of 25. The authors' side is transcribed: their loader's order
-    (``SubsetRandomSampler``, :func:`kpca_repro.method.reference.sampler_order`), their preprocessing,
+    (``SubsetRandomSampler``, :func:`kpca_tools.reference.sampler_order`), their preprocessing,
     one forward pass per layer with their hook on ``qkv``, and their per-head loop on their
     own strided views. Checked as for MiniLM; layers 0, 9 and 11 (45 heads).
     """
@@ -197,7 +197,7 @@ def test_deit_tiny_capture_and_records_match_value_vectors(tmp_path, seed):
     from torchvision import transforms
     from torchvision.datasets.folder import default_loader
 
-    from kpca_repro.method.reference import capture_reference_vision, centered_gram_reference, sampler_order, v_kpca_from_eigenvectors
+    from kpca_tools.reference import capture_reference_vision, centered_gram_reference, sampler_order, v_kpca_from_eigenvectors
 
     _, weights, image_dir = real_deit_tiny()
     samples = images.sample_images(images.list_images(image_dir, "flat"), 100, seed=seed)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kpca_repro.hub.fixture import DEIT_TINY_REPO, IMAGENET_SAMPLE_COMMIT, MINILM_REPO, WIKITEXT_CONFIG, WIKITEXT_REPO, build_imagenet_zip, sha256_file
+from kpca_tools.hub.fixture import DEIT_TINY_REPO, IMAGENET_SAMPLE_COMMIT, MINILM_REPO, WIKITEXT_CONFIG, WIKITEXT_REPO, build_imagenet_zip, sha256_file
 
 from conftest import REPO, resources_dir_for_real_weights
 
@@ -229,7 +229,7 @@ def test_overlay_urls_serve_what_the_pipeline_fetches(hub, tmp_path):
 
 def test_start_fails_clearly(hub):
     """A taken port and a start that overruns its time limit both raise HubStartError naming the cause."""
-    from kpca_repro.hub.fixture import HubStartError, serve
+    from kpca_tools.hub.fixture import HubStartError, serve
 
     port = int(hub.endpoint.rsplit(":", 1)[1])
     with pytest.raises(HubStartError, match="already in use"):
@@ -279,7 +279,7 @@ STAND_INS_CI = ("vit_tiny_patch16_224", "google/electra-small-discriminator")
 def _stand_in_ids() -> list[str]:
     import os
 
-    from kpca_repro.hub.stand_ins import resolve_ids
+    from kpca_tools.hub.stand_ins import resolve_ids
 
     wanted = os.environ.get("KPCA_HUB_STAND_INS", "").strip()
     return resolve_ids([s.strip() for s in wanted.split(",") if s.strip()] if wanted else list(STAND_INS_CI))
@@ -291,8 +291,8 @@ def test_stand_ins_load_with_the_exact_architecture(hub, tmp_path):
     parameter shapes equal those of create_model(pretrained=False) / AutoModel.from_config, the
     configuration holds the published hyper-parameters, the tokenizer is of the real class, has
     vocab_size tokens and round-trips WikiText rows, and the stand-in marker is there."""
-    from kpca_repro.hub.fixture import STAND_IN_MARKER, STAND_IN_TAG
-    from kpca_repro.hub.stand_ins import TEXT_SPECS
+    from kpca_tools.hub.fixture import STAND_IN_MARKER, STAND_IN_TAG
+    from kpca_tools.hub.stand_ins import TEXT_SPECS
 
     ids = _stand_in_ids()
     served = hub.add_stand_ins(ids)
@@ -386,7 +386,7 @@ def test_stand_in_tokenizer_of_each_family(model_id, tmp_path):
     vocab_size, WikiText rows round-trip, and AutoTokenizer reads them back from their files."""
     from transformers import AutoTokenizer
 
-    from kpca_repro.hub.stand_ins import TEXT_SPECS, build_tokenizer
+    from kpca_tools.hub.stand_ins import TEXT_SPECS, build_tokenizer
 
     spec = TEXT_SPECS[model_id]
     raw = resources_dir_for_real_weights() / "text" / "wikitext-103" / "wiki.test.raw"
@@ -415,7 +415,7 @@ def test_stand_ins_are_deterministic_and_lazy(hub, tmp_path):
     (fixed seeds); asking the fixture again reuses what it built. The trained tokenizer.json may
     differ: the tokenizers library's trainers order tied pieces by hash-map iteration, which is
     seeded per process."""
-    from kpca_repro.hub.stand_ins import add_text_stand_in, records
+    from kpca_tools.hub.stand_ins import add_text_stand_in, records
 
     mid = "google/electra-small-discriminator"
     first = hub.add_stand_ins([mid])[mid]

@@ -88,3 +88,27 @@ def test_license_and_citation_metadata():
     assert cff["cff-version"] == "1.2.0" and cff["license"] == "MIT" and cff["version"] == PYPROJECT["project"]["version"]
     ids = {i["value"] for ref in cff["references"] for i in ref["identifiers"]}
     assert {"arXiv:2505.07908", "arXiv:2406.13762"} <= ids
+
+
+def test_the_package_imports_nothing_only_the_test_extra_installs():
+    """A plain install (`pip install -e .`) ships no module that cannot run: no module of
+    src/kpca_repro imports, even lazily, a distribution that only the test extra brings (olah,
+    pytest, ...); the test tools that do live in tools/ (tools/README.md)."""
+    import ast
+    import sys
+    from importlib.metadata import packages_distributions
+
+    plain = {canonicalize_name(r.name) for extra in (None, "gpu", "slurm") for r in _requirements(extra)}
+    test_only = {canonicalize_name(r.name) for r in _requirements("test")} - plain
+    assert "olah" in test_only and "pytest" in test_only
+    dists = {name: {canonicalize_name(d) for d in ds} for name, ds in packages_distributions().items()}
+    offenders = []
+    for path in sorted((REPO / "src").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if isinstance(node, ast.ImportFrom) and not node.level else []
+            for top in {n.split(".")[0] for n in names if n}:
+                if top in sys.stdlib_module_names:
+                    continue
+                if dists.get(top, {canonicalize_name(top)}) & test_only:
+                    offenders.append(f"{path.relative_to(REPO)}: {top}")
+    assert not offenders, offenders

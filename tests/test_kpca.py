@@ -13,7 +13,7 @@ from kpca_repro import projection
 from kpca_repro.method import equations as method
 from kpca_repro.method import kpca, numerics
 from kpca_repro.method.placement import Placement
-from kpca_repro.method.reference import head_metrics_reference
+from kpca_tools.reference import head_metrics_reference
 
 
 def _keys(heads=4, n=23, d=8, scale=1.0, seed=0):
@@ -313,9 +313,9 @@ def test_median_of_nonzero_entries_matches_a_full_sort_with_zeros_negatives_and_
 
 def test_cka_centering_by_means_equals_the_explicit_h_products():
     """Linear CKA from token-centered features and RBF CKA from mean-centered kernels equal
-    the CKA helper's explicit ``(H K) H`` form (kpca_repro/method/reference.py) in float64, and
+    the CKA helper's explicit ``(H K) H`` form (tools/kpca_tools/reference.py) in float64, and
     stay within float32 round-off of it in float32."""
-    from kpca_repro.method.reference import CudaCKA
+    from kpca_tools.reference import CudaCKA
 
     cka = CudaCKA()
     gen = torch.Generator().manual_seed(5)

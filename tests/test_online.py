@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kpca_repro.hub import fixture as hub_fixture
+from kpca_tools.hub import fixture as hub_fixture
 
 from conftest import REPO, register_rule_targets, resources_dir_for_real_weights
 

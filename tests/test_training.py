@@ -14,7 +14,6 @@ import torch
 import yaml
 
 from kpca_repro import projection
-from kpca_repro.capture.vision import AttentionRecorder
 from kpca_repro.training import train as training
 from kpca_repro.training.figures import plot_figure1, plot_figure4
 from kpca_repro.training.summary import (
@@ -36,6 +35,7 @@ from kpca_repro.training.summary import (
     with_seeds,
 )
 from kpca_repro.workflow.config_checks import resolve_scales
+from kpca_tools.recorders import AttentionRecorder
 
 from conftest import REPO, run_snakemake
 

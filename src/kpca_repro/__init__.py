@@ -9,8 +9,10 @@ the stages its script uses (``stage_code`` in workflow/rules/common.smk):
 * :mod:`kpca_repro.analysis`: tables, norms, the comparison with the paper, HTML tables;
 * :mod:`kpca_repro.figures`: Figures 2, 3 and 5;
 * :mod:`kpca_repro.training`: the training runs of Figures 1 and 4 and their figures;
-* :mod:`kpca_repro.workflow`: what runs before any job (configuration checks, paths);
-* :mod:`kpca_repro.hub`: a local Hugging Face hub and stand-in models for the tests.
+* :mod:`kpca_repro.workflow`: what runs before any job (configuration checks, paths).
+
+What only the tests and ``perf/`` use (the local Hugging Face hub, the authors' per-head
+transcription) is not part of the package: ``tools/kpca_tools`` (tools/README.md).
 
 The modules at the top are shared by every stage: :mod:`kpca_repro.activations` (the activation
 file: layout, reader, writer, validator, capture invariant), :mod:`kpca_repro.h5io` (atomic

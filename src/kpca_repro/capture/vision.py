@@ -67,7 +67,6 @@ __all__ = [
     "load_timm_model",
     "HeadRecorder",
     "split_heads",
-    "AttentionRecorder",
     "CaptureRecorder",
 ]
 
@@ -428,43 +427,6 @@ class HeadRecorder:
         return {t: np.ascontiguousarray(x.detach().float().cpu().numpy()) for t, x in self.captured[layer].items()}
 
 
-class AttentionRecorder(HeadRecorder):
-    """Records the raw projections: q, k, v from a forward hook on ``attn.qkv``, h from a
-    forward pre-hook on ``attn.proj``.
-
-    After ``model(x)``, ``recorder.captured[layer]`` maps ``"q" | "k" | "v" | "h"`` to float32
-    tensors of shape ``(B, H, N, d)`` on the model's device. These are the tensors the
-    attention uses only for timm's plain ``Attention`` (no q/k norm, no rotary embedding, no
-    sub-LN); the training code uses it on its own attention module. The extraction uses
-    :class:`CaptureRecorder`, which is right for every supported family.
-    """
-
-    def _qkv_hook(self, layer: int):
-        attn = self.attns[layer]
-
-        def hook(_mod, _inp, out):
-            b, n, _ = out.shape
-            qkv = out.reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
-            self.captured[layer].update(q=qkv[0], k=qkv[1], v=qkv[2])
-
-        return hook
-
-    def _proj_pre_hook(self, layer: int):
-        attn = self.attns[layer]
-
-        def hook(_mod, args):
-            self.captured[layer]["h"] = split_heads(args[0], attn.num_heads, attn.head_dim)
-
-        return hook
-
-    def _register(self) -> list:
-        handles = []
-        for layer, attn in enumerate(self.attns):
-            handles.append(attn.qkv.register_forward_hook(self._qkv_hook(layer)))
-            handles.append(attn.proj.register_forward_pre_hook(self._proj_pre_hook(layer)))
-        return handles
-
-
 class CaptureRecorder(HeadRecorder):
     """Records the q, k, v, h every layer's attention really uses (module docstring).
 
@@ -506,8 +468,14 @@ class CaptureRecorder(HeadRecorder):
 
         return hook
 
-    #: h = the per-head input of ``attn.norm`` or ``attn.proj``, as :class:`AttentionRecorder` takes it at ``proj``.
-    _h_pre_hook = AttentionRecorder._proj_pre_hook
+    def _h_pre_hook(self, layer: int):
+        """h = the per-head input of ``attn.norm`` or ``attn.proj`` (its first positional argument)."""
+        attn = self.attns[layer]
+
+        def hook(_mod, args):
+            self.captured[layer]["h"] = split_heads(args[0], attn.num_heads, attn.head_dim)
+
+        return hook
 
     def _register(self) -> list:
         handles = []

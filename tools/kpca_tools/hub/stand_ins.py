@@ -6,14 +6,14 @@ tokenizer class whose vocabulary was trained on the WikiText-103 test rows with 
 ``tokenizers`` library. It exercises the online code path (hub downloads, loaders, hooks, the
 KPCA jobs, the tables) at full size; its numbers say nothing about the paper's claims and are
 never compared with the published ones. Every stand-in repository carries the file
-:data:`~kpca_repro.hub.fixture.STAND_IN_MARKER` (``kpca_repro_stand_in.json``, ``{"stand_in":
-true, ...}``) and the model-card tag :data:`~kpca_repro.hub.fixture.STAND_IN_TAG`; the hub
+:data:`~kpca_tools.hub.repos.STAND_IN_MARKER` (``kpca_repro_stand_in.json``, ``{"stand_in":
+true, ...}``) and the model-card tag :data:`~kpca_tools.hub.repos.STAND_IN_TAG`; the hub
 fixture's config overlay lists their model ids under ``comparison.stand_in_models``.
 
 * timm models (``vision.models``): ``timm/<name>.<default pretrained tag>`` (the
   ``pretrained_cfg['hf_hub_id']`` of ``timm.create_model(name)``), ``config.json`` by timm's
   ``save_config_for_hf`` and ``model.safetensors`` = the ``state_dict()`` of timm's own
-  initialisation under ``torch.manual_seed(seed)`` (:func:`kpca_repro.hub.fixture.add_timm_repo`).
+  initialisation under ``torch.manual_seed(seed)`` (:func:`kpca_tools.hub.repos.add_timm_repo`).
 * transformers models (``text.models``): the configuration class of the model family set to the
   published hyper-parameters (:data:`TEXT_SPECS`), ``AutoModel.from_config`` under
   ``torch.manual_seed(seed)``, saved by ``save_pretrained`` (safetensors), and a stand-in tokenizer
@@ -22,6 +22,9 @@ fixture's config overlay lists their model ids under ``comparison.stand_in_model
 The seed of a model is :func:`stand_in_seed` (a hash of its id), so a repository's bytes do not
 depend on which other stand-ins are built, or in which order. Repositories are built lazily
 (:func:`ensure`), only those asked for, and cached under the fixture's directory.
+
+The repositories are written with :mod:`kpca_tools.hub.repos`; this module never imports
+:mod:`kpca_tools.hub.fixture`, which imports it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from kpca_tools.hub import repos
 
 __all__ = [
     "REAL_MODELS",
@@ -327,14 +332,12 @@ def add_text_stand_in(mirrors: str | os.PathLike, model_id: str, corpus_file: st
     """
     import transformers
 
-    from kpca_repro.hub import fixture as hf
-
     spec = TEXT_SPECS[model_id]
     config = getattr(transformers, spec.config_class)(**spec.params)
     seed = stand_in_seed(model_id)
     with tempfile.TemporaryDirectory(prefix="kpca-stand-in-tok-") as tok_dir:
         info = build_tokenizer(spec, corpus_file, tok_dir)
-        marker = hf.stand_in_marker(
+        marker = repos.stand_in_marker(
             model_id,
             model_id,
             seed,
@@ -344,7 +347,8 @@ def add_text_stand_in(mirrors: str | os.PathLike, model_id: str, corpus_file: st
                 f"WikiText-103 test rows ({info['trained']} pieces, {info['padded']} unused placeholders, {info['vocab_size']} in all)"
             ),
         )
-        repo = hf.add_transformers_repo(mirrors, model_id, config, tok_dir, seed=seed, extra_files={hf.STAND_IN_MARKER: marker, "README.md": hf.stand_in_card(model_id, "transformers", marker)})
+        extra = {repos.STAND_IN_MARKER: marker, "README.md": repos.stand_in_card(model_id, "transformers", marker)}
+        repo = repos.add_transformers_repo(mirrors, model_id, config, tok_dir, seed=seed, extra_files=extra)
     return repo, info
 
 
@@ -382,7 +386,7 @@ def ensure(root: str | os.PathLike, ids: str | Sequence[str], corpus_file: str |
     the same model at once.
 
     Args:
-        root: the fixture's build directory (:func:`kpca_repro.hub.fixture.build`).
+        root: the fixture's build directory (:func:`kpca_tools.hub.fixture.build`).
         ids: ``"all"`` or model ids.
         corpus_file: the WikiText-103 test file the tokenizers are trained on.
         served: ``{repo_id: HubRepo}`` already in the build's manifest: a timm model whose
@@ -392,8 +396,6 @@ def ensure(root: str | os.PathLike, ids: str | Sequence[str], corpus_file: str |
     Returns:
         ``{model_id: record}`` of the ids asked for.
     """
-    from kpca_repro.hub import fixture as hf
-
     root = Path(root).resolve()
     corpus_file = Path(corpus_file).resolve()
     mirrors = root / "mirrors"
@@ -406,16 +408,16 @@ def ensure(root: str | os.PathLike, ids: str | Sequence[str], corpus_file: str |
             cfg = timm.models.get_pretrained_cfg(model_id)
             hub_id = cfg.hf_hub_id if cfg is not None else None
             known = served.get(hub_id)
-            if known is not None and hf.STAND_IN_MARKER in known.files:
-                repo_dir = hf._mirror_path(mirrors, "model", hub_id)
-                out[model_id] = {"model_id": model_id, "key": None, "repo": dataclasses.asdict(known), "seconds": None, "bytes": hf._disk_bytes(repo_dir), "tokenizer": {}}
+            if known is not None and repos.STAND_IN_MARKER in known.files:
+                repo_dir = repos.mirror_path(mirrors, "model", hub_id)
+                out[model_id] = {"model_id": model_id, "key": None, "repo": dataclasses.asdict(known), "seconds": None, "bytes": repos.disk_bytes(repo_dir), "tokenizer": {}}
                 log(f"# stand-in {model_id}: served by the build ({hub_id})")
                 continue
         key = _key(model_id, corpus_file)
         path = _record_path(root, model_id)
         if path.exists():
             rec = json.loads(path.read_text())
-            repo_dir = hf._mirror_path(mirrors, "model", rec["repo"]["repo_id"])
+            repo_dir = repos.mirror_path(mirrors, "model", rec["repo"]["repo_id"])
             if rec.get("key") == key and repo_dir.is_dir():
                 log(f"# stand-in {model_id}: reused ({rec['bytes'] / 1e6:.1f} MB)")
                 out[model_id] = rec
@@ -424,19 +426,19 @@ def ensure(root: str | os.PathLike, ids: str | Sequence[str], corpus_file: str |
         t0 = time.perf_counter()
         info: dict = {}
         if model_id in TEXT_SPECS:
-            shutil.rmtree(hf._mirror_path(mirrors, "model", model_id), ignore_errors=True)
+            shutil.rmtree(repos.mirror_path(mirrors, "model", model_id), ignore_errors=True)
             repo, info = add_text_stand_in(mirrors, model_id, corpus_file)
         else:
             if hub_id:
-                shutil.rmtree(hf._mirror_path(mirrors, "model", hub_id), ignore_errors=True)
-            repo = hf.add_timm_repo(mirrors, model_id, weights=None, seed=stand_in_seed(model_id))
-        repo_dir = hf._mirror_path(mirrors, "model", repo.repo_id)
+                shutil.rmtree(repos.mirror_path(mirrors, "model", hub_id), ignore_errors=True)
+            repo = repos.add_timm_repo(mirrors, model_id, weights=None, seed=stand_in_seed(model_id))
+        repo_dir = repos.mirror_path(mirrors, "model", repo.repo_id)
         rec = {
             "model_id": model_id,
             "key": key,
             "repo": dataclasses.asdict(repo),
             "seconds": round(time.perf_counter() - t0, 2),
-            "bytes": hf._disk_bytes(repo_dir),
+            "bytes": repos.disk_bytes(repo_dir),
             "tokenizer": info,
         }
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,10 @@
 """An independent, per-head transcription of the authors' Table 1 and Table 4 code structure.
 
 This is the oracle of the tests, ``perf/`` and docs/fidelity.md, not a stage of the pipeline
-(no rule imports it): one head at a time, explicit ``G`` and ``O``
-matrices, ``torch.median`` on the boolean selection, the CKA helper's class structure
-(github.com/jayroxis/CKA-similarity as used by ``value_vectors.py``), and scipy's
-assignment per head, as ``docs/method.md`` Sections 0.2 and 2 describe. The
+(no rule imports it, so it lives in tools/, outside the package: tools/README.md): one head at
+a time, explicit ``G`` and ``O`` matrices, ``torch.median`` on the boolean selection, the CKA
+helper's class structure (github.com/jayroxis/CKA-similarity as used by ``value_vectors.py``),
+and scipy's assignment per head, as ``docs/method.md`` Sections 0.2 and 2 describe. The
 pipeline's batched :mod:`kpca_repro.method.kpca` must agree with it.
 
 It also transcribes the authors' capture (:func:`capture_reference_vision`,

@@ -22,7 +22,7 @@ runs unmodified against a real HTTP server:
   - **stand-ins**: random-weight repositories of the exact architecture of the other paper models
     (:func:`add_timm_repo`, by default ``vit_tiny_patch16_224`` and
     ``deit_tiny_distilled_patch16_224``; any of the 17 default models not available for real,
-    built lazily by :meth:`HubFixture.add_stand_ins` / ``--stand-ins``, :mod:`kpca_repro.hub.stand_ins`).
+    built lazily by :meth:`HubFixture.add_stand_ins` / ``--stand-ins``, :mod:`kpca_tools.hub.stand_ins`).
     Their weights are seeded random, NOT the pretrained ones: they exercise loaders and the
     pipeline at full size, never numbers. Each holds :data:`STAND_IN_MARKER` and a model card
     tagged :data:`STAND_IN_TAG`, and the config overlay lists them under ``comparison.stand_in_models``.
@@ -37,9 +37,11 @@ Where olah 0.5.4 answers a local mirror differently from the hub (a missing file
 revision; repository info without a revision), a thin ASGI layer around olah's app gives the
 hub's answer (:class:`_HubErrors`). Both servers bind 127.0.0.1 only, start within a bounded
 time or raise, and are always stopped by :func:`serve` (a context manager). The repositories are built once into a directory
-(:func:`build`) and reused while their sources are unchanged. From the command line::
+(:func:`build`) and reused while their sources are unchanged; the repository builders of
+:mod:`kpca_tools.hub.repos` (``add_timm_repo``, ...) are re-exported here.
+From the command line, in the repository root (tools/README.md)::
 
-    python -m kpca_repro.hub serve --dir /tmp/kpca-hub [--port 8090] [--stand-ins all|MODEL ...]
+    python tools/hub.py serve --dir /tmp/kpca-hub [--port 8090] [--stand-ins all|MODEL ...]
 
 builds, starts both servers and prints ``HF_ENDPOINT`` and the config overlay to use
 (docs/hub_fixture.md). Heavy libraries (torch, timm, pyarrow) are imported only when building.
@@ -69,6 +71,21 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from kpca_repro.check_cache import sha256_file
+from kpca_tools.hub.repos import (
+    STAND_IN_MARKER,
+    STAND_IN_TAG,
+    HubRepo,
+    add_dir_repo,
+    add_timm_repo,
+    add_transformers_repo,
+    disk_bytes,
+    git_env,
+    hub_repo,
+    stand_in_card,
+    stand_in_marker,
+    write_git_repo,
+)
+from kpca_tools.hub.stand_ins import ensure, records, stand_in_seed
 
 __all__ = [
     "IMAGENET_SAMPLE_COMMIT",
@@ -115,16 +132,9 @@ DEFAULT_RANDOM_TIMM = ("vit_tiny_patch16_224", "deit_tiny_distilled_patch16_224"
 #: The authors' W&B export folders served under ``wandb_data/`` (see ``training.WANDB_FILES``).
 WANDB_MODELS = ("vit_tiny", "deit_tiny")
 
-#: File in every stand-in repository (random weights of the exact architecture, NOT the
-#: pretrained ones): ``{"stand_in": true, "model_id": ..., "weights": "random", "seed": ..., ...}``.
-STAND_IN_MARKER = "kpca_repro_stand_in.json"
-#: Model-card tag (README.md front matter ``tags:``) of every stand-in repository.
-STAND_IN_TAG = "kpca-repro-stand-in"
-
 #: Bump when the layout or content rules change: cached builds with another version are rebuilt.
 _FIXTURE_VERSION = 2
-#: Fixed commit and archive dates, so that commit SHAs and the zip's SHA-256 depend only on content.
-_GIT_DATE = "2024-01-01T00:00:00+0000"
+#: Fixed archive dates, so that the zip's SHA-256 depends only on content (commits: repos._GIT_DATE).
 _ZIP_DATE = (2024, 1, 1, 0, 0, 0)
 _REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -184,23 +194,6 @@ def default_sources(assets: str | os.PathLike | None = None, reference: str | os
 
 
 @dataclasses.dataclass(frozen=True)
-class HubRepo:
-    """One git repository served by the hub.
-
-    Attributes:
-        repo_id: hub id, e.g. ``"timm/deit_tiny_patch16_224.fb_in1k"``.
-        repo_type: ``"model"`` or ``"dataset"`` (``huggingface_hub``'s names).
-        commit: 40-hex SHA-1 of the single commit on branch ``main`` (pass it as ``revision``).
-        files: ``{path in repo: sha256 hex of its bytes}``.
-    """
-
-    repo_id: str
-    repo_type: str
-    commit: str
-    files: Mapping[str, str]
-
-
-@dataclasses.dataclass(frozen=True)
 class Manifest:
     """What :func:`build` produced under ``root``.
 
@@ -231,222 +224,6 @@ class Manifest:
     def static(self) -> Path:
         """``root/static``: the static server's document root."""
         return self.root / "static"
-
-
-# --------------------------------------------------------------------------------------
-# Git repositories laid out as the hub
-# --------------------------------------------------------------------------------------
-
-
-def _git_env() -> dict[str, str]:
-    env = dict(os.environ)
-    # No user or system git config (signing, hooks, templates) may change the commits.
-    env.update(
-        GIT_CONFIG_NOSYSTEM="1",
-        GIT_CONFIG_GLOBAL=os.devnull,
-        GIT_AUTHOR_NAME="kpca-repro hub fixture",
-        GIT_AUTHOR_EMAIL="hub-fixture@localhost",
-        GIT_COMMITTER_NAME="kpca-repro hub fixture",
-        GIT_COMMITTER_EMAIL="hub-fixture@localhost",
-        GIT_AUTHOR_DATE=_GIT_DATE,
-        GIT_COMMITTER_DATE=_GIT_DATE,
-    )
-    return env
-
-
-def _git(repo: Path, *args: str, stdin: str | None = None, env: Mapping[str, str] | None = None) -> str:
-    proc = subprocess.run(["git", "-C", str(repo), *args], input=stdin, capture_output=True, text=True, env=dict(env or _git_env()))
-    if proc.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)} failed in {repo} ({proc.returncode}): {proc.stderr.strip()}")
-    return proc.stdout
-
-
-def _mirror_path(mirrors: Path, repo_type: str, repo_id: str) -> Path:
-    # olah looks repositories up at <mirrors>/<models|datasets>/<org>/<name> (<name> alone without org).
-    return Path(mirrors) / f"{repo_type}s" / repo_id
-
-
-def write_git_repo(path: str | os.PathLike, files: Mapping[str, str | os.PathLike | bytes], message: str) -> str:
-    """Create a bare git repository whose branch ``main`` has one commit holding ``files``.
-
-    Files are stored as plain git blobs (no LFS: olah serves blobs of any size). Author,
-    committer and dates are fixed, so the commit SHA depends only on the content and ``message``.
-
-    Args:
-        path: the repository directory (must not exist yet).
-        files: ``{path in repo (posix): source file path or bytes}``.
-        message: commit message.
-
-    Returns:
-        The commit SHA-1 (40 hex characters).
-
-    Raises:
-        FileExistsError: ``path`` exists.
-        RuntimeError: a git command failed (its stderr is in the message).
-    """
-    repo = Path(path)
-    if repo.exists():
-        raise FileExistsError(f"{repo} exists")
-    repo.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["git", "init", "-q", "--bare", "--initial-branch=main", str(repo)], check=True, env=_git_env(), capture_output=True)
-    env = _git_env()
-    env["GIT_INDEX_FILE"] = str(repo / "fixture-index")
-    with tempfile.TemporaryDirectory(dir=repo) as staging:
-        sources = []
-        for i, (name, src) in enumerate(sorted(files.items())):
-            if isinstance(src, bytes):
-                p = Path(staging) / str(i)
-                p.write_bytes(src)
-                src = p
-            sources.append(str(Path(src).resolve()))
-        # Fast zlib for loose objects: weights do not compress, and the fixture is rebuilt per session.
-        shas = _git(repo, "-c", "core.looseCompression=1", "hash-object", "-w", "--no-filters", "--stdin-paths", stdin="\n".join(sources) + "\n", env=env).split()
-    index = "".join(f"100644 {sha}\t{name}\n" for sha, name in zip(shas, sorted(files)))
-    _git(repo, "update-index", "--add", "--index-info", stdin=index, env=env)
-    tree = _git(repo, "write-tree", env=env).strip()
-    commit = _git(repo, "commit-tree", tree, "-m", message, env=env).strip()
-    _git(repo, "update-ref", "refs/heads/main", commit, env=env)
-    os.remove(env["GIT_INDEX_FILE"])
-    return commit
-
-
-def _hub_repo(mirrors: Path, repo_type: str, repo_id: str, files: Mapping[str, str | os.PathLike | bytes], message: str) -> HubRepo:
-    commit = write_git_repo(_mirror_path(mirrors, repo_type, repo_id), files, message)
-    digests = {name: hashlib.sha256(src).hexdigest() if isinstance(src, bytes) else sha256_file(src) for name, src in files.items()}
-    return HubRepo(repo_id=repo_id, repo_type=repo_type, commit=commit, files=dict(sorted(digests.items())))
-
-
-def add_dir_repo(mirrors: str | os.PathLike, repo_id: str, src_dir: str | os.PathLike, repo_type: str = "model") -> HubRepo:
-    """A hub repository holding every file under ``src_dir`` (relative paths kept; ``__pycache__`` skipped).
-
-    Raises:
-        FileNotFoundError: ``src_dir`` is not a directory.
-    """
-    src = Path(src_dir)
-    if not src.is_dir():
-        raise FileNotFoundError(f"{src} is not a directory")
-    files = {p.relative_to(src).as_posix(): p for p in sorted(src.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
-    return _hub_repo(Path(mirrors), repo_type, repo_id, files, f"{repo_id} from {src.name}/")
-
-
-def add_timm_repo(mirrors: str | os.PathLike, model_name: str, weights: str | os.PathLike | None = None, seed: int = 0) -> HubRepo:
-    """A timm hub repository for ``model_name`` at its default tag (``pretrained_cfg['hf_hub_id']``).
-
-    ``timm.create_model(model_name, pretrained=True)`` then loads ``model.safetensors`` from it.
-
-    Args:
-        mirrors: the mirrors directory (``<root>/mirrors``).
-        model_name: a timm model name, e.g. ``"vit_tiny_patch16_224"``.
-        weights: a safetensors timm state_dict to serve byte for byte; None: a stand-in, the model's own
-            initialisation under ``torch.manual_seed(seed)`` (float32, random, NOT pretrained), with
-            the :data:`STAND_IN_MARKER` file and a model card tagged :data:`STAND_IN_TAG`.
-        seed: seed of the random initialisation.
-
-    Returns:
-        The repository (files ``config.json``, ``model.safetensors``, ``README.md``, and for random
-        weights :data:`STAND_IN_MARKER`).
-
-    Raises:
-        ValueError: the model has no ``hf_hub_id``.
-    """
-    import timm
-    import torch
-    from safetensors.torch import save as save_bytes
-    from timm.models._hub import save_config_for_hf
-
-    torch.manual_seed(seed)
-    model = timm.create_model(model_name, pretrained=False)
-    hub_id = model.pretrained_cfg.get("hf_hub_id")
-    if not hub_id:
-        raise ValueError(f"timm model {model_name!r} has no hf_hub_id in its default pretrained_cfg")
-    with tempfile.TemporaryDirectory() as tmp:
-        config_path = Path(tmp) / "config.json"
-        save_config_for_hf(model, str(config_path))  # timm's own writer: what push_to_hf_hub uploads
-        config = config_path.read_bytes()
-    if weights is not None:
-        blob: str | os.PathLike | bytes = Path(weights)
-        origin = f"the weights file {Path(weights).name}, byte for byte"
-        readme = f"---\nlibrary_name: timm\n---\n# {hub_id} (kpca-repro hub fixture)\n\nmodel.safetensors: {origin}.\n".encode()
-        files = {"config.json": config, "model.safetensors": blob, "README.md": readme}
-    else:
-        blob = save_bytes({k: v.detach().contiguous() for k, v in model.state_dict().items()}, metadata={"format": "pt"})
-        origin = f"RANDOM weights (timm initialisation, torch.manual_seed({seed})), NOT the pretrained ones"
-        marker = stand_in_marker(model_name, hub_id, seed, architecture=f"timm.create_model({model_name!r}) (timm {timm.__version__}); config.json by timm's save_config_for_hf")
-        files = {"config.json": config, "model.safetensors": blob, STAND_IN_MARKER: marker, "README.md": stand_in_card(model_name, "timm", marker)}
-    return _hub_repo(Path(mirrors), "model", hub_id, files, f"{model_name}: {origin}")
-
-
-def add_transformers_repo(
-    mirrors: str | os.PathLike, repo_id: str, config: object, tokenizer_dir: str | os.PathLike, seed: int = 0, extra_files: Mapping[str, str | os.PathLike | bytes] | None = None
-) -> HubRepo:
-    """A transformers hub repository with RANDOM weights of the exact architecture of ``config``.
-
-    Args:
-        mirrors: the mirrors directory.
-        repo_id: hub id, e.g. ``"bert-base-uncased"``.
-        config: a ``transformers.PretrainedConfig``, or a path to a ``config.json``.
-        tokenizer_dir: a directory whose tokenizer files (``tokenizer*.json``, ``vocab.*``,
-            ``merges.txt``, ``special_tokens_map.json``, ``*.model``, ``sentencepiece*``,
-            ``entity_vocab.json``) are served too.
-        seed: seed of ``AutoModel.from_config``'s initialisation.
-        extra_files: more files ``{path in repo: source path or bytes}``; they replace files of the same name
-            (e.g. ``README.md``, :data:`STAND_IN_MARKER`).
-
-    Returns:
-        The repository: ``save_pretrained``'s files (``config.json``, ``model.safetensors``), the tokenizer files, ``README.md``.
-    """
-    import torch
-    from transformers import AutoConfig, AutoModel
-
-    if not hasattr(config, "to_dict"):
-        config = AutoConfig.from_pretrained(str(Path(config).parent if Path(config).is_file() else config))
-    torch.manual_seed(seed)
-    model = AutoModel.from_config(config)
-    files: dict[str, str | os.PathLike | bytes] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
-        for p in sorted(Path(tmp).rglob("*")):
-            if p.is_file():
-                files[p.relative_to(tmp).as_posix()] = p.read_bytes()
-    patterns = ("tokenizer*.json", "vocab.*", "merges.txt", "special_tokens_map.json", "*.model", "sentencepiece*", "added_tokens.json", "entity_vocab.json")
-    for pattern in patterns:
-        for p in sorted(Path(tokenizer_dir).glob(pattern)):
-            files.setdefault(p.name, p)
-    files["README.md"] = f"# {repo_id} (kpca-repro hub fixture)\n\nRANDOM weights (AutoModel.from_config, torch.manual_seed({seed})), NOT the pretrained ones.\n".encode()
-    files.update(extra_files or {})
-    return _hub_repo(Path(mirrors), "model", repo_id, files, f"{repo_id}: random weights")
-
-
-def stand_in_marker(model_id: str, repo_id: str, seed: int, **details: str) -> bytes:
-    """The :data:`STAND_IN_MARKER` file of a stand-in repository (JSON, sorted keys).
-
-    ``{"stand_in": true, "model_id": <config id>, "repo_id": ..., "weights": "random", "dtype":
-    "float32", "seed": ..., "note": ..., **details}``; ``details`` say where the architecture and
-    the tokenizer come from.
-    """
-    data = {
-        "stand_in": True,
-        "model_id": model_id,
-        "repo_id": repo_id,
-        "weights": "random",
-        "dtype": "float32",
-        "seed": seed,
-        "note": "kpca-repro hub fixture stand-in: the exact architecture with seeded RANDOM weights, not the pretrained model; its numbers are never compared with the paper",
-        **details,
-    }
-    return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
-
-
-def stand_in_card(model_id: str, library: str, marker: bytes) -> bytes:
-    """README.md of a stand-in repository: front matter with ``tags: [kpca-repro-stand-in]`` and the marker's content."""
-    body = json.loads(marker)
-    return (
-        f"---\nlibrary_name: {library}\ntags:\n- {STAND_IN_TAG}\n---\n"
-        f"# {body['repo_id']}: STAND-IN (kpca-repro hub fixture)\n\n"
-        f"Random weights (seed {body['seed']}) of the exact architecture of `{model_id}`, NOT the pretrained ones. "
-        "It exercises downloads, loaders and the pipeline at full size; numbers computed from it are never compared with the paper.\n\n"
-        + "".join(f"- {k}: {v}\n" for k, v in sorted(body.items()) if k not in ("note",))
-    ).encode()
 
 
 def _wikitext_files(raw: Path) -> dict[str, bytes]:
@@ -560,10 +337,6 @@ def _source_key(sources: Sources, random_timm: Sequence[str]) -> str:
     return h.hexdigest()
 
 
-def _disk_bytes(*dirs: Path) -> int:
-    return sum(p.lstat().st_size for d in dirs if d.exists() for p in d.rglob("*") if p.is_file() and not p.is_symlink())
-
-
 def _manifest_from_json(root: Path, data: dict, reused: bool) -> Manifest:
     repos = {k: HubRepo(**v) for k, v in data["repos"].items()}
     return Manifest(root=root, repos=repos, static_files=data["static_files"], build_seconds=data["build_seconds"], disk_bytes=data["disk_bytes"], reused=reused, wikitext_raw=data.get("wikitext_raw"))
@@ -581,8 +354,8 @@ def build(root: str | os.PathLike, sources: Sources | None = None, random_timm: 
         root: build directory (created if needed); outside the project tree.
         sources: where the inputs are (default :func:`default_sources`).
         random_timm: timm model names given a random-weight (stand-in) repository (see :func:`add_timm_repo`);
-            their seeds are :func:`kpca_repro.hub.stand_ins.stand_in_seed`. Further stand-ins are built lazily
-            (:meth:`HubFixture.add_stand_ins`, :func:`kpca_repro.hub.stand_ins.ensure`) into the same directory.
+            their seeds are :func:`kpca_tools.hub.stand_ins.stand_in_seed`. Further stand-ins are built lazily
+            (:meth:`HubFixture.add_stand_ins`, :func:`kpca_tools.hub.stand_ins.ensure`) into the same directory.
         force: rebuild even if a matching build exists.
 
     Returns:
@@ -614,9 +387,7 @@ def build(root: str | os.PathLike, sources: Sources | None = None, random_timm: 
         add_dir_repo(mirrors, MINILM_REPO, sources.minilm_dir),
     ]
     wikitext = _wikitext_files(sources.assets / "text" / "wikitext-103" / "wiki.test.raw")
-    repos.append(_hub_repo(mirrors, "dataset", WIKITEXT_REPO, wikitext, "wikitext-103-raw-v1 test split"))
-    from kpca_repro.hub.stand_ins import stand_in_seed
-
+    repos.append(hub_repo(mirrors, "dataset", WIKITEXT_REPO, wikitext, "wikitext-103-raw-v1 test split"))
     repos += [add_timm_repo(mirrors, name, weights=None, seed=stand_in_seed(name)) for name in random_timm]
     static_files = _static_files(sources, static)
     data = {
@@ -624,7 +395,7 @@ def build(root: str | os.PathLike, sources: Sources | None = None, random_timm: 
         "repos": {r.repo_id: dataclasses.asdict(r) for r in repos},
         "static_files": static_files,
         "build_seconds": round(time.perf_counter() - t0, 2),
-        "disk_bytes": _disk_bytes(mirrors, static),
+        "disk_bytes": disk_bytes(mirrors, static),
         "wikitext_raw": str(sources.assets / "text" / "wikitext-103" / "wiki.test.raw"),
     }
     tmp = manifest_path.with_suffix(".json.partial")
@@ -655,8 +426,6 @@ class HubFixture:
     @property
     def repos(self) -> Mapping[str, HubRepo]:
         """``{repo_id: HubRepo}`` served: the build's and the stand-ins built lazily into its directory."""
-        from kpca_repro.hub.stand_ins import records
-
         out = dict(self.manifest.repos)
         for rec in records(self.manifest.root).values():
             out.setdefault(rec["repo"]["repo_id"], HubRepo(**rec["repo"]))
@@ -673,8 +442,6 @@ class HubFixture:
         Returns:
             ``{model_id: HubRepo}``.
         """
-        from kpca_repro.hub.stand_ins import ensure
-
         raw = self.manifest.wikitext_raw or str(default_sources().assets / "text" / "wikitext-103" / "wiki.test.raw")
         recs = ensure(self.manifest.root, ids, raw, served=self.manifest.repos, log=log)
         return {mid: HubRepo(**rec["repo"]) for mid, rec in recs.items()}
@@ -859,7 +626,7 @@ class _HubErrors:
     @staticmethod
     def _error(repo: Path, revision: str) -> tuple[str, str]:
         # git itself, not GitPython: GitPython accepts any 40-hex SHA without looking it up.
-        proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"], capture_output=True, env=_git_env())
+        proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"], capture_output=True, env=git_env())
         if proc.returncode != 0:
             return "RevisionNotFound", f"Invalid rev id: {revision}"
         return "EntryNotFound", "Entry not found"
@@ -977,11 +744,15 @@ def _start_olah(manifest: Manifest, port: int, timeout: float) -> tuple[subproce
     probe_repo = DEIT_TINY_REPO if DEIT_TINY_REPO in manifest.repos else next(iter(manifest.repos))
     probe = f"http://127.0.0.1:{port}/api/{manifest.repos[probe_repo].repo_type}s/{probe_repo}/revision/main"
     env = dict(os.environ)
-    # The child imports this module (_run_olah): make it importable even when it was put on sys.path by hand.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")) if p)
+    # The child imports this module (_run_olah), hence kpca_tools (tools/) and kpca_repro (check_cache):
+    # make both importable from where this process found them, even when they were put on sys.path by hand.
+    import kpca_repro
+
+    paths = (str(Path(__file__).resolve().parents[2]), str(Path(kpca_repro.__file__).resolve().parents[1]), env.get("PYTHONPATH"))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from kpca_repro.hub.fixture import _run_olah; _run_olah(sys.argv[1], sys.argv[2])", str(config), str(run / "logs")],
+            [sys.executable, "-c", "import sys; from kpca_tools.hub.fixture import _run_olah; _run_olah(sys.argv[1], sys.argv[2])", str(config), str(run / "logs")],
             cwd=run,
             env=env,
             stdout=out,
@@ -1067,8 +838,8 @@ def _describe(manifest: Manifest) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m kpca_repro.hub {build,serve} --dir DIR ...``; see ``--help``."""
-    parser = argparse.ArgumentParser(prog="python -m kpca_repro.hub", description="Local Hugging Face hub (olah) and static file server for the online code path.")
+    """``python tools/hub.py {build,serve} --dir DIR ...`` (tools/README.md); see ``--help``."""
+    parser = argparse.ArgumentParser(prog="python tools/hub.py", description="Local Hugging Face hub (olah) and static file server for the online code path.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("build", "serve"):
         p = sub.add_parser(name, help="build the repositories" if name == "build" else "build, then serve until Ctrl-C")
@@ -1100,8 +871,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     manifest = build(args.dir, default_sources(args.assets, args.reference), random_timm=list(dict.fromkeys(random_timm)), force=args.force)
     stand_ins = {}
     if args.stand_ins:
-        from kpca_repro.hub.stand_ins import ensure
-
         recs = ensure(manifest.root, args.stand_ins, manifest.wikitext_raw, served=manifest.repos, log=lambda line: print(line, flush=True))
         stand_ins = {mid: HubRepo(**rec["repo"]) for mid, rec in recs.items()}
     print(_describe(manifest), flush=True)
