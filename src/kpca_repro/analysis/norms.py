@@ -220,7 +220,7 @@ def _common_model(files: Sequence[ActivationFile]) -> tuple[str, int, int]:
     return model_id, n_layers, head_dim
 
 
-def _pooled_layer(files: Sequence[ActivationFile], masks: list, layer: int, variant: Variant, language: bool, head_dim: int) -> dict[str, np.ndarray]:
+def _pooled_layer(files: Sequence[ActivationFile], masks: list[np.ndarray | None], layer: int, variant: Variant, language: bool, head_dim: int) -> dict[str, np.ndarray]:
     """One layer's squared norms of every file, sequence, head and valid token (:func:`squared_norms`).
 
     Args:
