@@ -255,8 +255,8 @@ def table_spectra(records: dict[tuple[str, str], pd.DataFrame], uncertainty: dic
         statistics, the unstandardized ones (suffix ``_raw``) and the percentage change
         ``(raw / standardized - 1) * 100`` per statistic. With ``uncertainty`` (``seed``,
         ``bootstrap``, ``coverage``), then the bootstrap bounds of every mean and std cell
-        (:func:`~kpca_repro.analysis.intervals.spectrum_intervals`): ``<cell>_lower``, ``<cell>_upper`` (``max_mean_lower``,
-        ``max_mean_raw_lower``, ...).
+        (:func:`~kpca_repro.analysis.intervals.spectrum_intervals`): ``<cell>_lower``,
+        ``<cell>_upper`` (``max_mean_lower``, ``max_mean_raw_lower``, ...).
     """
     models = list(dict.fromkeys(m for m, _ in records))
     rows = []
