@@ -98,12 +98,13 @@ def worker(path: str, activations: str, out: str, layers: list[int] | None = Non
 def summarise(table: int, records_csv: str, signs: str, out_dir: Path, paths: list[str]) -> str:
     """Markdown summary of every path's MDC, MOC and per-head direct cosines against the solver intervals."""
     from kpca_repro.analysis import tables
+    from kpca_repro.analysis.intervals import UNCERTAINTY_DEFAULTS
     from kpca_repro.method import uncertainty
 
     heads = pd.read_csv(records_csv)
     draws = uncertainty.read_sign_draws([signs])
     meta = {heads["model"].iloc[0]: {"n_images": 0, "n_sentences": 0, "weights_sha256": ""}}
-    settings = dict(tables.UNCERTAINTY_DEFAULTS)  # the config defaults (sign_coverage 0.99)
+    settings = dict(UNCERTAINTY_DEFAULTS)  # the config defaults (sign_coverage 0.99)
     row = tables.paper_table(tables.TABLES[f"table{table}"], heads, meta, draws, settings).iloc[0]
     stats = (("MDC", "direct_cos_mean", "max"), ("MOC", "optimal_cos_mean", "max")) if table == 1 else (("MDC", "direct_cos_max", "nanmean"), ("MOC", "optimal_cos_max", "nanmean"))
     per_head = "direct_cos_mean" if table == 1 else "direct_cos_max"

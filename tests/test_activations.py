@@ -21,7 +21,7 @@ from torch import nn
 from kpca_repro import analyze_file, analyze_heads
 from kpca_repro.activations import ActivationFormatError, CaptureMismatchError, install_user_file, main, validate
 from kpca_repro.analysis.comparison import NOT_COMPARABLE, USER_ACTIVATIONS_REASON, mark_user_activations
-from kpca_repro.analysis.tables import USER_LABEL
+from kpca_repro.analysis.rendering import USER_LABEL
 from kpca_repro.capture.module_capture import HeadCapture, ModuleCapture, record_activations
 
 # --------------------------------------------------------------------------------------
@@ -470,7 +470,7 @@ def test_user_configuration_checks(tmp_path, monkeypatch):
 
 def test_user_rows_are_labelled_and_not_comparable():
     from kpca_repro.analysis.comparison import DIFFERS, NOT_RUN, WITHIN_ROUNDING
-    from kpca_repro.analysis.tables import label_rows
+    from kpca_repro.analysis.rendering import label_rows
 
     table = pd.DataFrame({"model": ["DeiT-Tiny", "mine"], "timm_id": ["deit_tiny_patch16_224", "mine"], "MDC": [0.1, 0.2]})
     out = label_rows(table, ["mine"], USER_LABEL)

@@ -15,7 +15,7 @@ from test_activations import _api_on_file, _mutate, _replace, _same, write_gqa, 
 
 from kpca_repro.activations import validate
 from kpca_repro.analysis.comparison import NOT_COMPARABLE, NOT_RUN, USER_ACTIVATIONS_REASON
-from kpca_repro.analysis.tables import USER_LABEL
+from kpca_repro.analysis.rendering import USER_LABEL
 
 from conftest import REPO, real_deit_tiny, run_snakemake
 

@@ -65,7 +65,7 @@ def test_stand_in_rows_are_labelled_in_the_tables_and_not_compared(tmp_path):
     """config comparison.stand_in_models: the model cell says "stand-in weights" in every table
     form (timm_id or hf_id), the comparison marks every cell of the model not comparable, and a
     table without stand-ins keeps its bytes."""
-    from kpca_repro.analysis.tables import STAND_IN_LABEL, label_rows
+    from kpca_repro.analysis.rendering import STAND_IN_LABEL, label_rows
 
     def label_stand_ins(table, ids):
         return label_rows(table, ids, STAND_IN_LABEL)
@@ -153,7 +153,7 @@ def test_a_registered_table_is_built_and_compared(tmp_path, monkeypatch):
     """A toy table is one registry entry and one row function: the paper variant aggregates its
     statistic with its bootstrap interval beside it, its Markdown shows it, and the comparison
     reads its published file (every cell gets a status, its models are the domain's)."""
-    from kpca_repro.analysis import tables
+    from kpca_repro.analysis import rendering, tables
 
     toy = tables.Table("table9", "vision", lambda heads, kept, meta: {"n_heads": len(heads), "weights_sha256": meta["weights_sha256"]}, (("MLC", "linear_cka", "mean"),), published="table9_toy.csv")
     monkeypatch.setitem(tables.TABLES, "table9", toy)
@@ -161,7 +161,7 @@ def test_a_registered_table_is_built_and_compared(tmp_path, monkeypatch):
     reproduced = tables.paper_table(toy, heads, {"a": {"weights_sha256": "x"}}, uncertainty={"bootstrap": 50})
     assert list(reproduced.columns[:7]) == ["model", "timm_id", "MLC", "MLC_lower", "MLC_upper", "n_heads", "weights_sha256"]
     assert reproduced.loc[0, "MLC"] == pytest.approx(0.2) and reproduced.loc[0, "MLC_lower"] <= 0.2 <= reproduced.loc[0, "MLC_upper"]
-    assert "| MLC" in tables.paper_markdown(reproduced, toy)
+    assert "| MLC" in rendering.paper_markdown(reproduced, toy)
     reproduced.to_csv(tmp_path / "table9.csv", index=False)
     pub = tmp_path / "published"
     pub.mkdir()

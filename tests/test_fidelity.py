@@ -223,7 +223,7 @@ def test_deit_tiny_capture_and_records_match_value_vectors(tmp_path, seed):
 
 def test_table_means_do_not_depend_on_the_order_of_the_records():
     """Aggregation adds exactly (fsum): any order of the same records gives the same bits."""
-    from kpca_repro.analysis.tables import exact_mean, exact_std
+    from kpca_repro.analysis.statistics import exact_mean, exact_std
 
     x = np.array([1e16, 1.0, -1e16, 1.0, 0.1, 0.2, 0.3])
     assert float(np.sum(x)) != float(np.sum(x[[1, 3, 0, 2, 4, 5, 6]]))  # plain sums depend on the order

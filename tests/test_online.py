@@ -140,7 +140,7 @@ def test_default_target_online_with_stand_ins(hub, tmp_path):
     random weights) say "stand-in weights" in every table and are never compared with the paper,
     while the real models' rows are unlabelled and compared; a second run does nothing."""
     from kpca_repro.analysis.comparison import NOT_COMPARABLE, NOT_PUBLISHED, NOT_RUN, STAND_IN_REASON
-    from kpca_repro.analysis.tables import STAND_IN_LABEL
+    from kpca_repro.analysis.rendering import STAND_IN_LABEL
     from kpca_repro.workflow.paths import all_targets
 
     stand_ins = ["vit_tiny_patch16_224", "google/electra-small-discriminator"]

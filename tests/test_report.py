@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from kpca_repro.analysis.tables import CORRECTED_METRICS, TEXT_CORRECTED_METRICS, corrected_markdown, markdown_table
+from kpca_repro.analysis.rendering import corrected_markdown, markdown_table
+from kpca_repro.analysis.tables import CORRECTED_METRICS, TEXT_CORRECTED_METRICS
 from kpca_repro.workflow import report_check as rc
 
 from conftest import REPO, TINY_KWARGS

@@ -10,6 +10,7 @@ import torch
 
 from kpca_repro.analysis import comparison as cmp
 from kpca_repro.analysis import tables
+from kpca_repro.analysis.intervals import combine_for_maximum
 from kpca_repro.method import solver_variation as sv
 from kpca_repro.method import uncertainty as unc
 from kpca_repro.method.equations import linear_cka, rbf_cka, row_normalize, select_eigenpairs, v_kpca
@@ -335,14 +336,14 @@ def test_combined_interval_of_a_maximum_holds_the_solver_and_the_bootstrap_inter
     """docs/uncertainty.md section 3: sampling and solver deviations added; the old percentile
     bootstrap with draws ran low for a maximum (issue 45: 0.038-0.106 against a solver
     interval of 0.043-0.133 with 4 images)."""
-    lo, hi = tables.combine_for_maximum(0.1, (0.043, 0.133), (0.06, 0.1))
+    lo, hi = combine_for_maximum(0.1, (0.043, 0.133), (0.06, 0.1))
     assert (lo, hi) == pytest.approx((0.003, 0.133))
-    lo, hi = tables.combine_for_maximum(0.1, (0.09, 0.12), (0.08, 0.11))
+    lo, hi = combine_for_maximum(0.1, (0.09, 0.12), (0.08, 0.11))
     assert (lo, hi) == pytest.approx((0.07, 0.13))
     rng = np.random.default_rng(0)
     for _ in range(200):
         v = rng.uniform(0, 1)
         s = sorted([v - rng.uniform(0, 0.2), v + rng.uniform(0, 0.2)])
         b = sorted([v - rng.uniform(0, 0.2), v + rng.uniform(-0.1, 0.2)])
-        lo, hi = tables.combine_for_maximum(v, tuple(s), tuple(b))
+        lo, hi = combine_for_maximum(v, tuple(s), tuple(b))
         assert lo <= min(s[0], b[0]) and hi >= max(s[1], b[1])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kpca_repro import projection
-from kpca_repro.analysis.tables import spectrum_statistics
+from kpca_repro.analysis.statistics import spectrum_statistics
 from kpca_repro.method import equations as method
 from kpca_repro.method import kpca
 

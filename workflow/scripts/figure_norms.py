@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from kpca_repro.analysis.tables import display_name
+from kpca_repro.analysis.rendering import display_name
 from kpca_repro.figures.plots import plot_norms
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging

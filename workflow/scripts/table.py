@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from kpca_repro.analysis import tables
+from kpca_repro.analysis import rendering, tables
 from kpca_repro.h5io import atomic_output
 from kpca_repro.method.uncertainty import read_sign_draws
 from kpca_repro.method.variant import get as get_variant
@@ -27,11 +27,11 @@ else:
         frame = tables.paper_table(table, heads, meta, draws, settings)
     else:
         frame = tables.table_corrected(heads, meta, table)
-frame = tables.label_rows(tables.label_rows(frame, smk.params.stand_ins, tables.STAND_IN_LABEL), smk.params.user_models, tables.USER_LABEL)  # docs/hub_fixture.md, docs/activations.md
+frame = rendering.label_rows(rendering.label_rows(frame, smk.params.stand_ins, rendering.STAND_IN_LABEL), smk.params.user_models, rendering.USER_LABEL)  # docs/hub_fixture.md, docs/activations.md
 if table.keys:
-    markdown = tables.markdown_table(frame, floatfmt=".1f")
+    markdown = rendering.markdown_table(frame, floatfmt=".1f")
 else:
-    markdown = tables.paper_markdown(frame, table) if variant.tables == "paper" else tables.corrected_markdown(frame, table.corrected)
+    markdown = rendering.paper_markdown(frame, table) if variant.tables == "paper" else rendering.corrected_markdown(frame, table.corrected)
 with atomic_output(smk.output.csv) as tmp:
     frame.to_csv(tmp, index=False)
 with atomic_output(smk.output.md) as tmp:

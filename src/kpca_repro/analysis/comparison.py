@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kpca_repro.analysis.tables import TABLES, Table, markdown_table
+from kpca_repro.analysis.rendering import markdown_table
+from kpca_repro.analysis.tables import TABLES, Table
 
 __all__ = [
     "BUILTIN",
@@ -274,26 +275,9 @@ def compare_table(
         incomparable = not_comparable_reason(model_id, model_kwargs or {}, checksums or {}, _lookup(reproduced, id_column, model_id, "weights_sha256", str, None), stand_ins) if ran else None
         for col, (rep_col, cor_col) in table.compared.items():
             cell = pub.get(col, "")
-            rep = _lookup(reproduced, id_column, model_id, rep_col)
-            lower, upper = (_lookup(reproduced, id_column, model_id, f"{rep_col}_{b}") for b in ("lower", "upper"))
-            solver_lower, solver_upper = (_lookup(reproduced, id_column, model_id, f"{rep_col}_solver_{b}") for b in ("lower", "upper"))
-            # the interval varies the solver only where the table has solver bounds (MDC, MOC)
-            solver = math.isfinite(solver_lower) and math.isfinite(solver_upper)
-            cor = _lookup_long(corrected, id_column, model_id, cor_col)
+            cells = _reproduced_cell(reproduced, id_column, model_id, rep_col)
+            st, reason = _cell_status(cell, cells, ran, incomparable, not_run.get(model_id, "model not configured"))
             pub_value = float(cell) if cell.strip() else float("nan")
-            reason = ""
-            if not cell.strip():
-                st, reason = NOT_PUBLISHED, "cell unreadable in the source"
-            elif not ran:
-                st, reason = NOT_RUN, not_run.get(model_id, "model not configured")
-            elif incomparable:
-                st, reason = NOT_COMPARABLE, incomparable
-            elif not math.isfinite(rep):
-                st, reason = NOT_COMPARABLE, "reproduced value is not finite"
-            else:
-                st = status(cell, rep, lower, upper, solver)
-                if st in (DIFFERS, DIFFERS_SAMPLING) and not (math.isfinite(lower) and math.isfinite(upper)):
-                    reason = "no interval in the reproduced table"
             rows.append(
                 {
                     "table": table.title,
@@ -301,19 +285,52 @@ def compare_table(
                     "model_id": model_id,
                     "column": col,
                     "published": pub_value,
-                    "reproduced": rep,
-                    "lower": lower,
-                    "upper": upper,
-                    "solver_lower": solver_lower,
-                    "solver_upper": solver_upper,
-                    "corrected": cor,
-                    "difference": rep - pub_value,
+                    **cells,
+                    "corrected": _lookup_long(corrected, id_column, model_id, cor_col),
+                    "difference": cells["reproduced"] - pub_value,
                     "status": st,
                     "reason": reason,
                     "source": source,
                 }
             )
     return pd.DataFrame(rows)
+
+
+def _reproduced_cell(reproduced: pd.DataFrame | None, id_column: str, model_id: str, column: str) -> dict[str, float]:
+    """One model's value of ``column`` in the paper-variant table with its intervals: ``reproduced``,
+    ``lower``, ``upper`` (``<column>_lower`` / ``_upper``) and ``solver_lower``, ``solver_upper``
+    (``<column>_solver_*``); NaN where the table has none (no table, row or column)."""
+    cells = {"reproduced": _lookup(reproduced, id_column, model_id, column)}
+    cells.update({b: _lookup(reproduced, id_column, model_id, f"{column}_{b}") for b in ("lower", "upper")})
+    cells.update({f"solver_{b}": _lookup(reproduced, id_column, model_id, f"{column}_solver_{b}") for b in ("lower", "upper")})
+    return cells
+
+
+def _cell_status(cell: str, cells: dict[str, float], ran: bool, incomparable: str | None, not_run_reason: str) -> tuple[str, str]:
+    """``(status, reason)`` of one published cell (the module docstring's statuses, in their order of precedence).
+
+    Args:
+        cell: the published cell as printed ('' when the source does not give it).
+        cells: the reproduced value and its intervals (:func:`_reproduced_cell`).
+        ran: the model has a row in the reproduced table.
+        incomparable: why the model that ran is not comparable (:func:`not_comparable_reason`), or None.
+        not_run_reason: why the model did not run (used when ``ran`` is False).
+    """
+    rep, lower, upper = cells["reproduced"], cells["lower"], cells["upper"]
+    if not cell.strip():
+        return NOT_PUBLISHED, "cell unreadable in the source"
+    if not ran:
+        return NOT_RUN, not_run_reason
+    if incomparable:
+        return NOT_COMPARABLE, incomparable
+    if not math.isfinite(rep):
+        return NOT_COMPARABLE, "reproduced value is not finite"
+    # the interval varies the solver only where the table has solver bounds (MDC, MOC)
+    solver = math.isfinite(cells["solver_lower"]) and math.isfinite(cells["solver_upper"])
+    st = status(cell, rep, lower, upper, solver)
+    if st in (DIFFERS, DIFFERS_SAMPLING) and not (math.isfinite(lower) and math.isfinite(upper)):
+        return st, "no interval in the reproduced table"
+    return st, ""
 
 
 COLUMNS = ["table", "model", "model_id", "column", "published", "reproduced", "lower", "upper", "solver_lower", "solver_upper", "corrected", "difference", "status", "reason", "source"]

@@ -177,40 +177,15 @@ def norm_statistics(
     variant = get_variant(variant)
     files = [ActivationFile(p) for p in activations]
     try:
-        first = files[0]
-        model_id, n_layers, head_dim = str(first.attrs["model_id"]), first.n_layers, int(first.attrs["head_dim"])
-        for af in files[1:]:
-            if (str(af.attrs["model_id"]), af.n_layers, int(af.attrs["head_dim"])) != (model_id, n_layers, head_dim):
-                raise ValueError(f"{af.path} is not from the same model as {first.path}")
+        model_id, n_layers, head_dim = _common_model(files)
         masks = [read_attention_mask(af) if language and variant.text_padding == "excluded" else None for af in files]
         trim, band, scale = (PAPER_NORMS_TRIM, PAPER_NORMS_BAND, PAPER_NORMS_SCALE) if variant.authors_formulas else (None, CORRECTED_NORMS_BAND, 1.0 / math.sqrt(head_dim))
+        n_seq = sum(len(af.sample_rank) for af in files)
         rows = []
         for layer in progress_bar(range(n_layers), desc=f"norms {variant} {model_id}", unit="layer", disable=not progress, mininterval=5):
-            pooled = {name: [] for name in QUANTITIES}
-            for af, mask in zip(files, masks):
-                t = {name: torch.from_numpy(a) for name, a in af.read(layer).items()}
-                n_img, n_heads, n_tok = t["q"].shape[:3]
-                token_mask = None if mask is None else torch.from_numpy(mask)[:, None, :].expand(n_img, n_heads, n_tok)
-                flat = {name: x.reshape(-1, *x.shape[2:]) for name, x in t.items()}
-                tm = None if token_mask is None else token_mask.reshape(-1, n_tok)
-                step = max(1, _LOGITS_BUDGET // (n_tok * n_tok))
-                for lo in range(0, flat["q"].shape[0], step):
-                    sl = slice(lo, lo + step)
-                    phi, h_sq, valid = squared_norms(
-                        flat["q"][sl],
-                        flat["k"][sl],
-                        flat["v"][sl],
-                        flat["h"][sl],
-                        variant,
-                        language=language,
-                        head_dim=head_dim,
-                        token_mask=None if tm is None else tm[sl],
-                    )
-                    pooled["phi"].append(phi[valid].double().numpy())
-                    pooled["h"].append(h_sq[valid].double().numpy())
-            n_seq = sum(len(af.sample_rank) for af in files)
+            pooled = _pooled_layer(files, masks, layer, variant, language, head_dim)
             for name in QUANTITIES:
-                stats = layer_norm_statistics(np.concatenate(pooled[name]), trim=trim, band=band)
+                stats = layer_norm_statistics(pooled[name], trim=trim, band=band)
                 rows.append(
                     {
                         "model": model_id,
@@ -229,6 +204,58 @@ def norm_statistics(
         for af in files:
             af.close()
     return pd.DataFrame(rows)
+
+
+def _common_model(files: Sequence[ActivationFile]) -> tuple[str, int, int]:
+    """``(model_id, n_layers, head_dim)`` the files share.
+
+    Raises:
+        ValueError: a file of another model, depth or head dimension than the first (both named).
+    """
+    first = files[0]
+    model_id, n_layers, head_dim = str(first.attrs["model_id"]), first.n_layers, int(first.attrs["head_dim"])
+    for af in files[1:]:
+        if (str(af.attrs["model_id"]), af.n_layers, int(af.attrs["head_dim"])) != (model_id, n_layers, head_dim):
+            raise ValueError(f"{af.path} is not from the same model as {first.path}")
+    return model_id, n_layers, head_dim
+
+
+def _pooled_layer(files: Sequence[ActivationFile], masks: list[np.ndarray | None], layer: int, variant: Variant, language: bool, head_dim: int) -> dict[str, np.ndarray]:
+    """One layer's squared norms of every file, sequence, head and valid token (:func:`squared_norms`).
+
+    Args:
+        files, masks: the model's activation files and their attention masks ``(B, N)`` bool (None:
+            every position enters, as in the paper recipes).
+        layer: the layer read from every file.
+
+    Returns:
+        :data:`QUANTITIES` -> 1-d float64, in file, then sequence-and-head, then token order.
+        The heads are batched so that one ``(heads, N, N)`` logits tensor stays within
+        ``_LOGITS_BUDGET`` elements.
+    """
+    pooled = {name: [] for name in QUANTITIES}
+    for af, mask in zip(files, masks):
+        t = {name: torch.from_numpy(a) for name, a in af.read(layer).items()}
+        n_img, n_heads, n_tok = t["q"].shape[:3]
+        token_mask = None if mask is None else torch.from_numpy(mask)[:, None, :].expand(n_img, n_heads, n_tok)
+        flat = {name: x.reshape(-1, *x.shape[2:]) for name, x in t.items()}
+        tm = None if token_mask is None else token_mask.reshape(-1, n_tok)
+        step = max(1, _LOGITS_BUDGET // (n_tok * n_tok))
+        for lo in range(0, flat["q"].shape[0], step):
+            sl = slice(lo, lo + step)
+            phi, h_sq, valid = squared_norms(
+                flat["q"][sl],
+                flat["k"][sl],
+                flat["v"][sl],
+                flat["h"][sl],
+                variant,
+                language=language,
+                head_dim=head_dim,
+                token_mask=None if tm is None else tm[sl],
+            )
+            pooled["phi"].append(phi[valid].double().numpy())
+            pooled["h"].append(h_sq[valid].double().numpy())
+    return {name: np.concatenate(values) for name, values in pooled.items()}
 
 
 # --------------------------------------------------------------------------------------

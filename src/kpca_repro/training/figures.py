@@ -16,7 +16,7 @@ __all__ = ["TRAINING_COLOURS", "TRAINING_MODEL_NAMES", "plot_figure1", "plot_fig
 TRAINING_COLOURS = {"vit_tiny": ("#99CCFF", "#0066CC"), "deit_tiny": ("#FF9999", "#CC0000")}
 _OTHER_COLOURS = [("#B3E6B3", "#2E8B2E"), ("#FFD699", "#CC7A00"), ("#D9B3FF", "#7A29CC")]
 #: Display names of the architectures trained for Figures 1 and 4 (training.runs keys);
-#: the pretrained models of the tables are named by :data:`kpca_repro.analysis.tables.MODEL_NAMES`.
+#: the pretrained models of the tables are named by :data:`kpca_repro.analysis.rendering.MODEL_NAMES`.
 TRAINING_MODEL_NAMES = {"vit_tiny": "ViT-Tiny", "deit_tiny": "DeiT-Tiny"}
 
 
