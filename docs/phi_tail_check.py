@@ -6,7 +6,7 @@
 The model and scale are read from config/config.yaml (scales resolved through their `base`).
 The last line is over all layers: the mean is what J_proj's log averages, the median is the
 typical token. Every epoch's log now holds the pooled median and 0.99 quantile too
-(kpca_repro.training.train.TOKEN_STATS); this script adds the per-layer view of the last epoch.
+(kpca_repro.training.logs.TOKEN_STATS); this script adds the per-layer view of the last epoch.
 """
 
 import sys
@@ -15,7 +15,8 @@ import torch
 import yaml
 
 from kpca_repro import projection
-from kpca_repro.training import train as training
+from kpca_repro.training.checkpoint import load_checkpoint
+from kpca_repro.training.model import build_model, recording_attentions
 from kpca_repro.training.summary import run_dir
 from kpca_repro.workflow.config_checks import resolve_scales
 
@@ -23,7 +24,7 @@ arch, scale_name = sys.argv[1], sys.argv[2]
 seed = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 cfg = yaml.safe_load(open("config/config.yaml"))["training"]
 model_cfg, scale = cfg["models"][arch], resolve_scales(cfg["scales"])[scale_name]
-m = training.build_model(
+m = build_model(
     model_cfg["timm_id"],
     num_heads=model_cfg["num_heads"],
     standardize_qk=model_cfg["standardize_qk"],
@@ -34,10 +35,10 @@ m = training.build_model(
     depth=scale["depth"],
     embed_dim=scale["embed_dim"],
 )
-st = training.load_checkpoint(f"{run_dir(arch, scale_name, seed)}/checkpoint.pt")  # tensors and plain values only
+st = load_checkpoint(f"{run_dir(arch, scale_name, seed)}/checkpoint.pt")  # tensors and plain values only
 m.load_state_dict(st["model"])
 m.eval()
-attns = training.recording_attentions(m)
+attns = recording_attentions(m)
 for a in attns:
     a.record = True
 with torch.no_grad():

@@ -205,7 +205,8 @@ def test_static_files(hub, tmp_path):
 
 def test_overlay_urls_serve_what_the_pipeline_fetches(hub, tmp_path):
     """The overlay's base URLs serve every W&B export the pipeline asks for, and torchvision's Fashion-MNIST downloader (its MD5 checks included) works against them."""
-    from kpca_repro.training.train import WANDB_FILES, FashionMNISTGz
+    from kpca_repro.training.data import FashionMNISTGz
+    from kpca_repro.training.logs import WANDB_FILES
 
     overlay = hub.config_overlay()
     reference = REPO.parent / "shared" / "reference" / "training_logs"
@@ -257,7 +258,7 @@ def test_overlay_is_a_valid_config(hub):
     for name, digest in downloads["fashion_mnist_hashes"].items():
         assert digest == "sha256:" + hashlib.sha256(_get(downloads["fashion_mnist_url"] + name)).hexdigest()
     # The authors' exports served are the ones the schema pins.
-    from kpca_repro.training.train import WANDB_FILES
+    from kpca_repro.training.logs import WANDB_FILES
 
     assert len(downloads["reference_sha256"]) == sum(map(len, WANDB_FILES.values()))
     for key, digest in downloads["reference_sha256"].items():

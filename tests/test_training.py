@@ -14,8 +14,12 @@ import torch
 import yaml
 
 from kpca_repro import projection
-from kpca_repro.training import train as training
+from kpca_repro.training.checkpoint import UntrustedCheckpointError, load_checkpoint, save_checkpoint
+from kpca_repro.training.data import FASHION_MNIST_MEAN, FASHION_MNIST_STD, build_datasets, read_idx
 from kpca_repro.training.figures import plot_figure1, plot_figure4
+from kpca_repro.training.logs import BASE_LOG_COLUMNS, LOG_COLUMNS, RECON_METRICS, TOKEN_STATS, read_training_log, read_wandb_logs, training_curves
+from kpca_repro.training.loop import train_run
+from kpca_repro.training.model import RecordingAttention, build_model, reconstruction_metrics
 from kpca_repro.training.summary import (
     ABLATION_COLUMNS,
     CLAIMS,
@@ -44,7 +48,7 @@ TINY = dict(num_classes=10, img_size=8, patch_size=4, in_chans=1, depth=2, embed
 
 def _tiny_model(num_heads=2, standardize_qk=True, seed=0, drop_path=0.0, depth=2):
     torch.manual_seed(seed)
-    return training.build_model("vit_tiny_patch16_224", num_heads=num_heads, standardize_qk=standardize_qk, drop_path=drop_path, **{**TINY, "depth": depth})
+    return build_model("vit_tiny_patch16_224", num_heads=num_heads, standardize_qk=standardize_qk, drop_path=drop_path, **{**TINY, "depth": depth})
 
 
 def _scale(**overrides):
@@ -75,7 +79,7 @@ def test_recording_attention_without_standardization_is_timms_attention():
     model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_heads=2, **TINY).eval()
     model.load_state_dict(ref.state_dict())
     for blk in model.blocks:
-        blk.attn = training.RecordingAttention.from_timm(blk.attn, standardize_qk=False)
+        blk.attn = RecordingAttention.from_timm(blk.attn, standardize_qk=False)
     x = torch.randn(3, 1, 8, 8)
     with torch.no_grad():
         torch.testing.assert_close(model(x), ref(x), rtol=1e-5, atol=1e-6)
@@ -88,7 +92,7 @@ def test_logged_jproj_equals_a_direct_computation_from_the_attention_tensors(num
     x = torch.randn(5, 1, 8, 8)
     with AttentionRecorder(model.blocks[i].attn for i in range(2)) as rec, torch.no_grad():
         model(x)
-    logged = training.reconstruction_metrics(model, x, train_mode=False)
+    logged = reconstruction_metrics(model, x, train_mode=False)
     per_layer, phis, hs = [], [], []
     for layer in range(2):
         cap = {t: v.double() for t, v in rec.captured[layer].items()}
@@ -114,18 +118,18 @@ def test_logged_jproj_equals_a_direct_computation_from_the_attention_tensors(num
         np.testing.assert_allclose([logged[f"{name}_median"], logged[f"{name}_q99"]], torch.quantile(values, torch.tensor([0.5, 0.99], dtype=values.dtype)).numpy(), rtol=1e-4)
         assert logged[f"{name}_median"] <= logged[f"{name}_q99"]
     assert abs(logged["phiq_above_h_frac"] - float((phi > h_sq).double().mean())) <= 1 / phi.numel()
-    assert set(logged) == set(training.RECON_METRICS) | set(training.TOKEN_STATS)
+    assert set(logged) == set(RECON_METRICS) | set(TOKEN_STATS)
 
 
 def test_train_mode_forward_uses_drop_path_and_eval_mode_does_not():
     model = _tiny_model(drop_path=0.5, depth=3)  # block 0 has rate 0; block 1's drop-path changes block 2's input
     x = torch.randn(4, 1, 8, 8)
     torch.manual_seed(0)
-    a = training.reconstruction_metrics(model, x, train_mode=True)
+    a = reconstruction_metrics(model, x, train_mode=True)
     torch.manual_seed(1)
-    b = training.reconstruction_metrics(model, x, train_mode=True)
+    b = reconstruction_metrics(model, x, train_mode=True)
     assert a != b and model.training  # mode restored
-    assert training.reconstruction_metrics(model, x, train_mode=False) == training.reconstruction_metrics(model, x, train_mode=False)
+    assert reconstruction_metrics(model, x, train_mode=False) == reconstruction_metrics(model, x, train_mode=False)
 
 
 # --------------------------------------------------------------------------------------
@@ -135,9 +139,9 @@ def test_train_mode_forward_uses_drop_path_and_eval_mode_does_not():
 
 def test_two_epochs_write_a_well_formed_log(tmp_path):
     train_set, val_set = _synthetic_sets()
-    df = training.train_run(_tiny_model(), train_set, val_set, _scale(), tmp_path / "log.csv", tmp_path / "ck.pt", seed=0, device=torch.device("cpu"), fingerprint="f", progress=False)
+    df = train_run(_tiny_model(), train_set, val_set, _scale(), tmp_path / "log.csv", tmp_path / "ck.pt", seed=0, device=torch.device("cpu"), fingerprint="f", progress=False)
     on_disk = pd.read_csv(tmp_path / "log.csv")
-    assert list(on_disk.columns) == list(training.LOG_COLUMNS)
+    assert list(on_disk.columns) == list(LOG_COLUMNS)
     assert list(on_disk["epoch"]) == [0, 1]
     assert np.isfinite(on_disk.to_numpy(float)).all()
     pd.testing.assert_frame_equal(on_disk, df, check_dtype=False, rtol=1e-8)
@@ -162,11 +166,11 @@ def test_a_rerun_and_an_interrupted_run_give_the_same_log(tmp_path):
     train_set, val_set = _synthetic_sets()
     scale = _scale(epochs=3, mixup=0.8, cutmix=1.0, model_ema=True, model_ema_decay=0.9)  # timm's Mixup, SoftTargetCE, EMA
     kw = dict(seed=3, device=torch.device("cpu"), fingerprint="f", progress=False)
-    training.train_run(_tiny_model(), train_set, val_set, scale, tmp_path / "full.csv", tmp_path / "full.pt", **kw)
-    assert list(pd.read_csv(tmp_path / "full.csv").columns) == list(training.LOG_COLUMNS)  # the token statistics included
-    training.train_run(_tiny_model(), train_set, val_set, scale, tmp_path / "again.csv", tmp_path / "again.pt", **kw)
+    train_run(_tiny_model(), train_set, val_set, scale, tmp_path / "full.csv", tmp_path / "full.pt", **kw)
+    assert list(pd.read_csv(tmp_path / "full.csv").columns) == list(LOG_COLUMNS)  # the token statistics included
+    train_run(_tiny_model(), train_set, val_set, scale, tmp_path / "again.csv", tmp_path / "again.pt", **kw)
     assert (tmp_path / "again.csv").read_bytes() == (tmp_path / "full.csv").read_bytes()
-    training.train_run(_tiny_model(), train_set, val_set, scale, tmp_path / "other.csv", tmp_path / "other.pt", **{**kw, "seed": 4})
+    train_run(_tiny_model(), train_set, val_set, scale, tmp_path / "other.csv", tmp_path / "other.pt", **{**kw, "seed": 4})
     assert (tmp_path / "other.csv").read_bytes() != (tmp_path / "full.csv").read_bytes()
 
     class Killed(Exception):
@@ -177,19 +181,19 @@ def test_a_rerun_and_an_interrupted_run_give_the_same_log(tmp_path):
             raise Killed
 
     with pytest.raises(Killed):
-        training.train_run(_tiny_model(), train_set, val_set, scale, tmp_path / "part.csv", tmp_path / "part.pt", on_epoch_end=kill, **kw)
+        train_run(_tiny_model(), train_set, val_set, scale, tmp_path / "part.csv", tmp_path / "part.pt", on_epoch_end=kill, **kw)
     assert len(pd.read_csv(tmp_path / "part.csv")) == 1
     with open(tmp_path / "part.csv", "a") as f:  # a row written after the checkpoint, then killed
         f.write(open(tmp_path / "part.csv").read().splitlines()[-1] + "\n")
-    training.train_run(_tiny_model(seed=99), train_set, val_set, scale, tmp_path / "part.csv", tmp_path / "part.pt", **kw)
+    train_run(_tiny_model(seed=99), train_set, val_set, scale, tmp_path / "part.csv", tmp_path / "part.pt", **kw)
     assert (tmp_path / "part.csv").read_bytes() == (tmp_path / "full.csv").read_bytes()
 
 
 def test_a_checkpoint_of_another_configuration_is_not_resumed(tmp_path):
     train_set, val_set = _synthetic_sets()
     kw = dict(seed=0, device=torch.device("cpu"), progress=False)
-    training.train_run(_tiny_model(), train_set, val_set, _scale(epochs=1), tmp_path / "a.csv", tmp_path / "ck.pt", fingerprint="old", **kw)
-    training.train_run(_tiny_model(), train_set, val_set, _scale(epochs=1), tmp_path / "b.csv", tmp_path / "ck.pt", fingerprint="new", **kw)
+    train_run(_tiny_model(), train_set, val_set, _scale(epochs=1), tmp_path / "a.csv", tmp_path / "ck.pt", fingerprint="old", **kw)
+    train_run(_tiny_model(), train_set, val_set, _scale(epochs=1), tmp_path / "b.csv", tmp_path / "ck.pt", fingerprint="new", **kw)
     assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()  # trained afresh, not "already done"
     assert torch.load(tmp_path / "ck.pt", weights_only=True)["fingerprint"] == "new"
 
@@ -214,35 +218,35 @@ def test_a_checkpoint_carrying_a_pickled_object_is_refused_and_the_run_starts_af
 
     train_set, val_set = _synthetic_sets()
     kw = dict(seed=0, device=torch.device("cpu"), fingerprint="f", progress=False)
-    training.train_run(_tiny_model(), train_set, val_set, _scale(epochs=1), tmp_path / "fresh.csv", tmp_path / "fresh.pt", **kw)
+    train_run(_tiny_model(), train_set, val_set, _scale(epochs=1), tmp_path / "fresh.csv", tmp_path / "fresh.pt", **kw)
     marker = tmp_path / "code-ran"
-    state = training.load_checkpoint(tmp_path / "fresh.pt")
+    state = load_checkpoint(tmp_path / "fresh.pt")
     state["rows"][0]["note"] = _Payload(marker)
     torch.save(state, tmp_path / "ck.pt")
     torch.load(tmp_path / "ck.pt", weights_only=False)  # the payload is real: an unrestricted load runs it
     assert marker.exists()
     marker.unlink()
-    with pytest.raises(training.UntrustedCheckpointError, match=r"ck\.pt: refused to load the training checkpoint: torch\.load\(weights_only=True\) rejects it \(Unsupported global") as err:
-        training.load_checkpoint(tmp_path / "ck.pt")
+    with pytest.raises(UntrustedCheckpointError, match=r"ck\.pt: refused to load the training checkpoint: torch\.load\(weights_only=True\) rejects it \(Unsupported global") as err:
+        load_checkpoint(tmp_path / "ck.pt")
     assert isinstance(err.value.__cause__, pickle.UnpicklingError) and not marker.exists()
-    with caplog.at_level("WARNING", logger="kpca_repro.training.train"):
-        training.train_run(_tiny_model(), train_set, val_set, _scale(epochs=1), tmp_path / "log.csv", tmp_path / "ck.pt", **kw)
+    with caplog.at_level("WARNING", logger="kpca_repro.training.checkpoint"):
+        train_run(_tiny_model(), train_set, val_set, _scale(epochs=1), tmp_path / "log.csv", tmp_path / "ck.pt", **kw)
     assert not marker.exists() and "refused to load" in caplog.text and "training from epoch 0" in caplog.text
     assert (tmp_path / "log.csv").read_bytes() == (tmp_path / "fresh.csv").read_bytes()
-    assert "note" not in training.load_checkpoint(tmp_path / "ck.pt")["rows"][0]  # overwritten by a plain one
+    assert "note" not in load_checkpoint(tmp_path / "ck.pt")["rows"][0]  # overwritten by a plain one
     (tmp_path / "ck.pt").write_bytes(b"not a checkpoint")  # a damaged file is not trusted either
-    with pytest.raises(training.UntrustedCheckpointError, match="ck.pt"):
-        training.load_checkpoint(tmp_path / "ck.pt")
+    with pytest.raises(UntrustedCheckpointError, match="ck.pt"):
+        load_checkpoint(tmp_path / "ck.pt")
 
 
 def test_a_checkpoint_that_would_not_load_back_is_not_written(tmp_path):
     state = {"fingerprint": "f", "epoch": 1, "rows": [{"lr": np.float64(0.1)}], "fixed": {}, "model": {}}
     with pytest.raises(TypeError, match=r"state\['rows'\]\[0\]\['lr'\] is a numpy.float64"):
-        training.save_checkpoint(tmp_path / "ck.pt", state)
+        save_checkpoint(tmp_path / "ck.pt", state)
     assert not (tmp_path / "ck.pt").exists()
     state["rows"][0]["lr"] = 0.1
-    training.save_checkpoint(tmp_path / "ck.pt", state)
-    assert training.load_checkpoint(tmp_path / "ck.pt")["rows"] == [{"lr": 0.1}]
+    save_checkpoint(tmp_path / "ck.pt", state)
+    assert load_checkpoint(tmp_path / "ck.pt")["rows"] == [{"lr": 0.1}]
 
 
 # --------------------------------------------------------------------------------------
@@ -271,22 +275,22 @@ def write_fashion_mnist(root, n_train=48, n_test=32, seed=0):
 def test_fashion_mnist_reads_the_gz_idx_files_in_place(tmp_path):
     arrays = write_fashion_mnist(tmp_path / "datasets" / "fashion-mnist")
     scale = _scale(n_train=20, n_val=None, img_size=28, augment=False)
-    train_set, val_set, num_classes, in_chans = training.build_datasets(scale, tmp_path)
+    train_set, val_set, num_classes, in_chans = build_datasets(scale, tmp_path)
     assert (len(train_set), len(val_set), num_classes, in_chans) == (20, 32, 10, 1)
     x, y = train_set[3]
     assert x.shape == (1, 28, 28) and y == arrays["train"][1][3]
-    expected = (arrays["train"][0][3] / 255.0 - training.FASHION_MNIST_MEAN) / training.FASHION_MNIST_STD
+    expected = (arrays["train"][0][3] / 255.0 - FASHION_MNIST_MEAN) / FASHION_MNIST_STD
     np.testing.assert_allclose(x[0].numpy(), expected, rtol=1e-5, atol=1e-5)
     assert not list((tmp_path / "datasets" / "fashion-mnist").glob("*ubyte")) and not (tmp_path / "datasets" / "fashion-mnist" / "FashionMNIST").exists()
     with gzip.open(tmp_path / "bad.gz", "wb") as f:
         f.write(bytes([0, 0, 8, 1]) + (10).to_bytes(4, "big") + b"\x00" * 3)
     with pytest.raises(ValueError, match="bad.gz"):
-        training.read_idx(tmp_path / "bad.gz")
+        read_idx(tmp_path / "bad.gz")
 
 
 def test_missing_fashion_mnist_names_the_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="fashion-mnist/train-images-idx3-ubyte.gz"):
-        training.build_datasets(_scale(), tmp_path)
+        build_datasets(_scale(), tmp_path)
 
 
 def write_wandb(root, model="vit_tiny", run="reconstruction_vit", n=12):
@@ -305,26 +309,38 @@ def write_wandb(root, model="vit_tiny", run="reconstruction_vit", n=12):
 
 def test_wandb_reader_maps_rows_to_epochs_and_steps_over_15(tmp_path):
     steps = write_wandb(tmp_path)
-    curves = training.read_wandb_logs(tmp_path)
-    assert set(curves["metric"]) == set(training.RECON_METRICS) and set(curves["split"]) == {"train", "test"}
+    curves = read_wandb_logs(tmp_path)
+    assert set(curves["metric"]) == set(RECON_METRICS) and set(curves["split"]) == {"train", "test"}
     assert set(curves["model"]) == {"vit_tiny"} and len(curves) == 10 * 12
     err = curves[(curves["metric"] == "error") & (curves["split"] == "train")].sort_values("epoch")
     assert list(err["epoch"]) == list(range(12))
     np.testing.assert_allclose(err["x"], (steps + 2) / 15)
     np.testing.assert_allclose(err["value"], np.linspace(10, 1, 12) + 0.02)
     assert err["x"].iloc[-1] - err["epoch"].iloc[-1] > 0.5  # the drift is kept on the "step" axis
-    rows = training.read_wandb_logs(tmp_path, epoch_axis="row")
+    rows = read_wandb_logs(tmp_path, epoch_axis="row")
     assert (rows["x"] == rows["epoch"]).all()
     (tmp_path / "vit_tiny" / "junk.csv").write_text('"Step","a - b"\n1,2\n')
     with pytest.raises(ValueError, match="junk.csv"):
-        training.read_wandb_logs(tmp_path)
+        read_wandb_logs(tmp_path)
+
+
+def test_the_log_readers_and_the_figures_import_no_torch():
+    """Rule figure_training reads the logs and draws the figures: kpca_repro.training.logs,
+    .figures and .summary load neither torch nor timm (the model, data and loop modules do)."""
+    code = (
+        "import sys\n"
+        "import kpca_repro.training.figures, kpca_repro.training.logs, kpca_repro.training.summary\n"
+        "heavy = sorted(m for m in ('torch', 'timm') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env={**__import__("os").environ, "PYTHONPATH": str(REPO / "src")})
 
 
 def test_figures_from_a_log_and_wandb_exports(tmp_path):
     write_wandb(tmp_path / "ref")
     train_set, val_set = _synthetic_sets()
-    training.train_run(_tiny_model(), train_set, val_set, _scale(), tmp_path / "log.csv", tmp_path / "ck.pt", seed=0, device=torch.device("cpu"), fingerprint="f", progress=False)
-    curves = training.training_curves([(tmp_path / "log.csv", "deit_tiny", "ours")], tmp_path / "ref", reference_source="ref")
+    train_run(_tiny_model(), train_set, val_set, _scale(), tmp_path / "log.csv", tmp_path / "ck.pt", seed=0, device=torch.device("cpu"), fingerprint="f", progress=False)
+    curves = training_curves([(tmp_path / "log.csv", "deit_tiny", "ours")], tmp_path / "ref", reference_source="ref")
     plotted = plot_figure1(curves, tmp_path / "f1.pdf", tmp_path / "f1.png", {"ref": 3}, {"ours": scale_setting(_scale()), "ref": "ImageNet"})
     assert (tmp_path / "f1.pdf").read_bytes()[:4] == b"%PDF" and (tmp_path / "f1.png").stat().st_size > 10_000
     assert plotted[plotted["source"] == "ref"]["x"].min() >= 3 and plotted[plotted["source"] == "ours"]["x"].min() == 0
@@ -339,7 +355,7 @@ def test_figures_from_a_log_and_wandb_exports(tmp_path):
     assert bottom[bottom["source"] == "ref"]["x"].min() < 3  # the lower panel keeps every epoch
 
 
-def _synthetic_log(path, epochs=5, seed=0, columns=training.LOG_COLUMNS):
+def _synthetic_log(path, epochs=5, seed=0, columns=LOG_COLUMNS):
     """A log of random positive values (epochs 0..epochs-1) with the given columns; returns it."""
     rng = np.random.default_rng(seed)
     log = pd.DataFrame(rng.uniform(0.1, 100, size=(epochs, len(columns))), columns=list(columns))
@@ -353,11 +369,11 @@ def test_seeds_are_drawn_as_their_median_and_range_and_old_logs_without_medians_
     smallest and largest seed's value; a log written before the token statistics were logged
     reads and plots, without medians."""
     logs = [_synthetic_log(tmp_path / f"s{seed}.csv", seed=seed) for seed in range(3)]
-    _synthetic_log(tmp_path / "old.csv", seed=7, columns=training.BASE_LOG_COLUMNS)
+    _synthetic_log(tmp_path / "old.csv", seed=7, columns=BASE_LOG_COLUMNS)
     runs = [(tmp_path / f"s{seed}.csv", "vit_tiny", "ours", seed) for seed in range(3)] + [(tmp_path / "old.csv", "deit_tiny", "old", 0)]
-    curves = training.training_curves(runs, None)
+    curves = training_curves(runs, None)
     assert sorted(curves[curves["source"] == "ours"]["seed"].unique()) == [0, 1, 2]
-    assert not curves[curves["source"] == "old"]["metric"].isin(training.TOKEN_STATS).any()
+    assert not curves[curves["source"] == "old"]["metric"].isin(TOKEN_STATS).any()
     summary = over_seeds(curves)
     ours = summary[(summary["source"] == "ours") & (summary["split"] == "test")]
     for metric in ("error", "phiq_norms_median"):
@@ -376,7 +392,7 @@ def test_seeds_are_drawn_as_their_median_and_range_and_old_logs_without_medians_
     assert (rel[rel["source"] == "ours"]["n_seeds"] == 3).all() and (rel["value_min"] <= rel["plotted"]).all() and (rel["plotted"] <= rel["value_max"]).all()
     with pytest.raises(ValueError, match="old.csv: not a training log"):
         pd.read_csv(tmp_path / "old.csv").drop(columns="test_error").to_csv(tmp_path / "old.csv", index=False)
-        training.read_training_log(tmp_path / "old.csv", "deit_tiny", "old")
+        read_training_log(tmp_path / "old.csv", "deit_tiny", "old")
 
 
 # --------------------------------------------------------------------------------------
@@ -410,10 +426,10 @@ def test_figures_1_and_4_end_to_end(tmp_path):
     run = tmp_path / "results" / "training" / "deit_tiny_small" / "seed0"  # small: training.seeds, one seed
     assert [p.name for p in run.parent.iterdir()] == ["seed0"]
     log = pd.read_csv(run / "log.csv")
-    assert list(log["epoch"]) == [0, 1] and np.isfinite(log.to_numpy(float)).all() and list(log.columns) == list(training.LOG_COLUMNS)
-    state = training.load_checkpoint(run / "checkpoint.pt")
+    assert list(log["epoch"]) == [0, 1] and np.isfinite(log.to_numpy(float)).all() and list(log.columns) == list(LOG_COLUMNS)
+    state = load_checkpoint(run / "checkpoint.pt")
     assert state["epoch"] == 2 and state["model"]["blocks.0.attn.qkv.weight"].shape == (3 * 48, 48)
-    assert [blk.attn.num_heads for blk in training.build_model("deit_tiny_patch16_224", num_heads=6, standardize_qk=True, **{**TINY, "depth": 1, "embed_dim": 48}).blocks] == [6]
+    assert [blk.attn.num_heads for blk in build_model("deit_tiny_patch16_224", num_heads=6, standardize_qk=True, **{**TINY, "depth": 1, "embed_dim": 48}).blocks] == [6]
     fig1 = pd.read_csv(tmp_path / "results" / "figure1.csv")
     assert set(fig1["model"]) == {"vit_tiny", "deit_tiny"} and fig1["source"].nunique() == 2
     assert (tmp_path / "results" / "figure4.png").stat().st_size > 10_000
@@ -472,7 +488,7 @@ def test_token_ablation_table_takes_the_first_and_last_epoch_of_each_log(tmp_pat
     rng = np.random.default_rng(0)
     runs = []
     for tokens in (197, 17):
-        log = pd.DataFrame(rng.uniform(0.1, 100, size=(5, len(training.LOG_COLUMNS))), columns=list(training.LOG_COLUMNS))
+        log = pd.DataFrame(rng.uniform(0.1, 100, size=(5, len(LOG_COLUMNS))), columns=list(LOG_COLUMNS))
         log["epoch"] = [3, 0, 4, 1, 2]  # rows in any order: first and last are by epoch
         log.to_csv(tmp_path / f"{tokens}.csv", index=False)
         runs.append((tmp_path / f"{tokens}.csv", "vit_tiny", f"s{tokens}", tokens))
@@ -489,14 +505,14 @@ def test_token_ablation_table_takes_the_first_and_last_epoch_of_each_log(tmp_pat
         assert row["train_loss_last"] == log.loc[4, "train_loss"] and row["test_acc1_last"] == log.loc[4, "test_acc1"]
     md = token_ablation_markdown(table, "test", {"vit_tiny": "ViT-Tiny"})
     assert md.count("| ViT-Tiny |") == 2 and md.index("| ViT-Tiny | 17 |") < md.index("| ViT-Tiny | 197 |")
-    (tmp_path / "empty.csv").write_text(",".join(training.LOG_COLUMNS) + "\n")
+    (tmp_path / "empty.csv").write_text(",".join(LOG_COLUMNS) + "\n")
     with pytest.raises(ValueError, match="no epochs"):
         token_ablation_table([(tmp_path / "empty.csv", "m", "s", 5)])
 
 
 def test_token_ablation_table_gives_the_median_and_range_over_seeds(tmp_path):
     logs = [_synthetic_log(tmp_path / f"s{seed}.csv", seed=seed) for seed in (2, 0, 1)]
-    _synthetic_log(tmp_path / "old.csv", seed=9, columns=training.BASE_LOG_COLUMNS)
+    _synthetic_log(tmp_path / "old.csv", seed=9, columns=BASE_LOG_COLUMNS)
     runs = [(tmp_path / f"s{seed}.csv", "vit_tiny", "medium", 197, seed) for seed in (2, 0, 1)] + [(tmp_path / "old.csv", "deit_tiny", "medium", 197, 0)]
     table = token_ablation_table(runs)
     row = table[(table["model"] == "vit_tiny") & (table["split"] == "test")].iloc[0]
@@ -520,7 +536,7 @@ def test_token_ablation_table_gives_the_median_and_range_over_seeds(tmp_path):
         token_ablation_table([runs[1], runs[1]])
 
 
-def _claims_log(path, j, h, phi, columns=training.LOG_COLUMNS, statistic_columns=("error", "h_norms_ave", "phiq_norms_ave")):
+def _claims_log(path, j, h, phi, columns=LOG_COLUMNS, statistic_columns=("error", "h_norms_ave", "phiq_norms_ave")):
     """A log whose test and train J, h and phi columns (of the given statistic) are the given per-epoch values."""
     log = pd.DataFrame({c: np.ones(len(j)) for c in columns})
     log["epoch"] = np.arange(len(j))
@@ -561,7 +577,7 @@ def test_training_claims_count_the_seeds_and_epochs_where_each_definition_holds(
     with pytest.raises(ValueError, match="jproj_h_factor > 1"):
         training_claims(runs, jproj_h_factor=1.0)
     # a log without the medians: the median statistic is "not logged", the mean still counted
-    _claims_log(tmp_path / "old.csv", j=h, h=h, phi=h * 0.01, columns=training.BASE_LOG_COLUMNS)
+    _claims_log(tmp_path / "old.csv", j=h, h=h, phi=h * 0.01, columns=BASE_LOG_COLUMNS)
     old = training_claims([(tmp_path / "old.csv", "deit_tiny", "small", 17, 0)])
     assert get("jproj_close_to_h", "every epoch", frame=old) == (6, 6) and get("jproj_close_to_h", "every epoch", "median", frame=old) == (0, 0)
     assert old[old["statistic"] == "median"]["fraction"].isna().all()
@@ -607,7 +623,7 @@ def test_token_ablation_end_to_end_with_inherited_scales_and_resumption(tmp_path
         logs = []
         for seed in seeds:
             run = tmp_path / "results" / "training" / f"vit_tiny_{scale}" / f"seed{seed}"
-            state = training.load_checkpoint(run / "checkpoint.pt")
+            state = load_checkpoint(run / "checkpoint.pt")
             assert state["model"]["pos_embed"].shape == (1, tokens, 48)  # the inherited 8x8 images in this scale's patches
             logs.append(pd.read_csv(run / "log.csv"))
         row = table[(table["scale"] == scale) & (table["split"] == "test")].iloc[0]

@@ -2,7 +2,7 @@
 
 from kpca_repro.inputs.resources import DownloadPolicy, download_fashion_mnist
 from kpca_repro.smk import fail_cleanly, setup_logging
-from kpca_repro.training.train import FASHION_MNIST_FILES
+from kpca_repro.training.data import FASHION_MNIST_FILES
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "download_fashion_mnist")

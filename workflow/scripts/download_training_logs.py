@@ -2,7 +2,7 @@
 
 from kpca_repro.inputs.resources import DownloadPolicy, download_wandb_logs
 from kpca_repro.smk import fail_cleanly, setup_logging
-from kpca_repro.training.train import WANDB_FILES
+from kpca_repro.training.logs import WANDB_FILES
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "download_training_logs")

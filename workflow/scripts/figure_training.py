@@ -5,8 +5,8 @@ import pandas as pd
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
 from kpca_repro.training.figures import TRAINING_MODEL_NAMES, plot_figure1, plot_figure4
+from kpca_repro.training.logs import training_curves
 from kpca_repro.training.summary import AUTHORS_SETTING, claims_note
-from kpca_repro.training.train import training_curves
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "figure_training")

@@ -7,7 +7,10 @@ import torch
 from kpca_repro.check_cache import sha256_file
 from kpca_repro.smk import setup_logging
 from kpca_repro.threads import resolve_device
-from kpca_repro.training.train import build_datasets, build_model, config_fingerprint, train_run
+from kpca_repro.training.checkpoint import config_fingerprint
+from kpca_repro.training.data import build_datasets
+from kpca_repro.training.loop import train_run
+from kpca_repro.training.model import build_model
 
 #: Library modules that change no number of a training run (logging, error classes, HDF5/atomic files,
 #: resource paths, the package marker): left out of the checkpoint's fingerprint.
@@ -44,8 +47,9 @@ train_run(
     seed=seed,
     device=device,
     # the code that computes the numbers is part of the run's identity: when Snakemake reruns
-    # this job because training.py, projection.py or vision.py changed, an old checkpoint is
-    # not resumed; an edit to logging, file or resource helpers (INFRASTRUCTURE) resumes it
+    # this job because a module of training/ or a shared one such as projection.py changed, an
+    # old checkpoint is not resumed; an edit to logging, file or resource helpers
+    # (INFRASTRUCTURE) resumes it
     fingerprint=config_fingerprint(model_cfg, scale, seed, str(device), sorted(sha256_file(p) for p in smk.input.code if Path(p).name not in INFRASTRUCTURE)),
     num_workers=smk.params.num_workers,
 )

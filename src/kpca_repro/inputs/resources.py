@@ -350,7 +350,7 @@ def download_fashion_mnist(
     Args:
         base_url: ``downloads.fashion_mnist_url``.
         out_dir: ``<resources>/datasets/fashion-mnist``.
-        files: the file names (:data:`kpca_repro.training.train.FASHION_MNIST_FILES`).
+        files: the file names (:data:`kpca_repro.training.data.FASHION_MNIST_FILES`).
         hashes: ``{file name: "<algorithm>:<hex>"}`` (``downloads.fashion_mnist_hashes``); a
             file without an entry is not checked.
         policy, log: see :func:`fetch_url`.
@@ -380,7 +380,7 @@ def download_wandb_logs(
     Args:
         base_url: ``figure1.reference_url`` (``scripts/wandb_data`` at a pinned commit).
         out_dir: ``<resources>/training_logs``.
-        files: ``{model: [file, ...]}`` (:data:`kpca_repro.training.train.WANDB_FILES`).
+        files: ``{model: [file, ...]}`` (:data:`kpca_repro.training.logs.WANDB_FILES`).
         hashes: ``{"<model>/<file>": sha256}`` (``downloads.reference_sha256``).
         policy, log: see :func:`fetch_url`.
 

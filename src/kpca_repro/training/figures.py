@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
@@ -83,8 +84,8 @@ def plot_figure1(
     legend for the whole figure, below it.
 
     Args:
-        curves: tidy frame of :func:`kpca_repro.training.train.read_wandb_logs` /
-            :func:`kpca_repro.training.train.read_training_log` rows (one per seed).
+        curves: tidy frame of :func:`kpca_repro.training.logs.read_wandb_logs` /
+            :func:`kpca_repro.training.logs.read_training_log` rows (one per seed).
         skip_epochs: per source, the first x kept.
         settings: per source, one line saying what it trained on
             (:func:`kpca_repro.training.summary.scale_setting`); sources without one get none.
@@ -99,8 +100,6 @@ def plot_figure1(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
 
     from kpca_repro.training.summary import over_seeds
 
@@ -110,42 +109,75 @@ def plot_figure1(
     sources = list(dict.fromkeys(data["source"]))
     wandb = set(curves.loc[curves["step"].notna(), "source"])  # W&B exports have a Step; this pipeline's logs none
     fig, axes = plt.subplots(len(FIGURE1_ROWS), len(sources), figsize=(5.5 * len(sources), 12.0), squeeze=False, constrained_layout=True)
-    colours = {}
+    colours = {}  # display name -> (train, test) colour, in the order the models first appear
     for c, source in enumerate(sources):
         sd = data[data["source"] == source]
         for row, (metrics, log_y) in enumerate(FIGURE1_ROWS):
             ax = axes[row, c]
             rd = sd[sd["metric"].isin(metrics)]
-            for model in dict.fromkeys(sd["model"]):
-                md = rd[rd["model"] == model]
-                name = TRAINING_MODEL_NAMES.get(model, model)
-                pair = colours.setdefault(name, _colours(model, len(colours)))
-                for split, colour in zip(("train", "test"), pair):
-                    s = md[md["split"] == split]
-                    every = max(1, round(s["epoch"].nunique() / 40))
-                    for metric in metrics:
-                        _draw_series(ax, s[s["metric"] == metric], metric, colour, every)
-            if rd.empty:
-                why = "the authors' logs hold means only" if source in wandb else "these logs were written before\nthe medians were logged"
-                ax.text(0.5, 0.5, f"no medians over tokens:\n{why}", transform=ax.transAxes, ha="center", va="center", fontsize=9, color="0.35")
-                ax.set_xticks([])
-                ax.set_yticks([])
-            elif log_y:
-                ax.set_yscale("log")
-            else:
-                v = rd[["value", "value_min", "value_max"]].to_numpy(float).ravel()
-                v = v[np.isfinite(v)]
-                if len(v):
-                    ax.set_ylim(-0.5, v.max() + 0.1 * (v.max() - v.min()))
-            if row == 0:
-                title = source if source not in settings else f"{source}\n{_wrap(settings[source])}"
-                ax.set_title(title, fontsize=10)
-            if row == len(FIGURE1_ROWS) - 1:
-                ax.set_xlabel("epoch" + (f"\n\n{notes[source]}" if source in notes else ""), fontsize=10 if source not in notes else 8)
-            ylabel = r"$J_{proj}$ and squared norms" if row < 2 else "medians over tokens"
-            ax.set_ylabel(ylabel + (" (log)" if log_y else ""), fontsize=10)
-            ax.tick_params(labelsize=9)
-            ax.grid(alpha=0.3)
+            _draw_figure1_panel(ax, rd, dict.fromkeys(sd["model"]), metrics, colours)
+            _scale_figure1_panel(ax, rd, log_y, from_wandb=source in wandb)
+            _label_figure1_panel(ax, row, log_y, source, settings, notes)
+    narrow = len(sources) <= 2  # the legend must fit the figure's width (5.5 in per column)
+    fig.legend(handles=_figure1_legend(colours, drawn), loc="outside lower center", ncol=2 if len(sources) == 1 else 3 if narrow else 4, fontsize=8 if narrow else 9, frameon=False)
+    fig.savefig(pdf, metadata=PDF_METADATA)
+    fig.savefig(png, dpi=150)
+    plt.close(fig)
+    return data.reset_index(drop=True)
+
+
+def _draw_figure1_panel(ax, rd: pd.DataFrame, models: Iterable[str], metrics: tuple[str, ...], colours: dict[str, tuple[str, str]]) -> None:
+    """The ``metrics`` of one panel (``rd``: one source, over seeds) for each of ``models``, train
+    light and test dark; a model's colour pair is added to ``colours`` (display name -> pair)
+    when it first appears, even in a panel with nothing to draw, so every column agrees."""
+    for model in models:
+        md = rd[rd["model"] == model]
+        name = TRAINING_MODEL_NAMES.get(model, model)
+        pair = colours.setdefault(name, _colours(model, len(colours)))
+        for split, colour in zip(("train", "test"), pair):
+            s = md[md["split"] == split]
+            every = max(1, round(s["epoch"].nunique() / 40))  # about 40 markers per series
+            for metric in metrics:
+                _draw_series(ax, s[s["metric"] == metric], metric, colour, every)
+
+
+def _scale_figure1_panel(ax, rd: pd.DataFrame, log_y: bool, from_wandb: bool) -> None:
+    """A log y-axis, or the authors' linear limits ``(-0.5, ymax + 0.1 (ymax - ymin))``; a panel
+    without data says why (the authors' W&B logs hold means only, or an older log lacks medians)."""
+    if rd.empty:
+        why = "the authors' logs hold means only" if from_wandb else "these logs were written before\nthe medians were logged"
+        ax.text(0.5, 0.5, f"no medians over tokens:\n{why}", transform=ax.transAxes, ha="center", va="center", fontsize=9, color="0.35")
+        ax.set_xticks([])
+        ax.set_yticks([])
+    elif log_y:
+        ax.set_yscale("log")
+    else:
+        v = rd[["value", "value_min", "value_max"]].to_numpy(float).ravel()
+        v = v[np.isfinite(v)]
+        if len(v):
+            ax.set_ylim(-0.5, v.max() + 0.1 * (v.max() - v.min()))
+
+
+def _label_figure1_panel(ax, row: int, log_y: bool, source: str, settings: dict[str, str], notes: dict[str, str]) -> None:
+    """Panel ``row`` of ``source``'s column: the source and its setting above the top row, the
+    epoch axis and the source's note under the bottom row, the y-label, ticks and grid."""
+    if row == 0:
+        title = source if source not in settings else f"{source}\n{_wrap(settings[source])}"
+        ax.set_title(title, fontsize=10)
+    if row == len(FIGURE1_ROWS) - 1:
+        ax.set_xlabel("epoch" + (f"\n\n{notes[source]}" if source in notes else ""), fontsize=10 if source not in notes else 8)
+    ylabel = r"$J_{proj}$ and squared norms" if row < 2 else "medians over tokens"
+    ax.set_ylabel(ylabel + (" (log)" if log_y else ""), fontsize=10)
+    ax.tick_params(labelsize=9)
+    ax.grid(alpha=0.3)
+
+
+def _figure1_legend(colours: dict[str, tuple[str, str]], drawn: list[str]) -> list:
+    """The legend handles of Figure 1: one line per (model, batch), one per metric as drawn
+    (:data:`FIGURE1_STYLE`), and the band over seeds."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     handles = [Line2D([], [], color=colour, lw=2.5, label=f"{name} {split}") for name, pair in colours.items() for split, colour in zip(("train batch", "test batch"), pair)]
     for metric in drawn:
         style = FIGURE1_STYLE[metric]
@@ -154,12 +186,7 @@ def plot_figure1(
         else:
             handles.append(Line2D([], [], color="0.3", lw=1.5, ls=style["ls"], label=style["label"]))
     handles.append(Patch(color="0.3", alpha=0.25, lw=0, label="median over seeds; shaded: min–max over seeds"))
-    narrow = len(sources) <= 2  # the legend must fit the figure's width (5.5 in per column)
-    fig.legend(handles=handles, loc="outside lower center", ncol=2 if len(sources) == 1 else 3 if narrow else 4, fontsize=8 if narrow else 9, frameon=False)
-    fig.savefig(pdf, metadata=PDF_METADATA)
-    fig.savefig(png, dpi=150)
-    plt.close(fig)
-    return data.reset_index(drop=True)
+    return handles
 
 
 def _wrap(text: str, width: int = 60) -> str:

@@ -19,7 +19,7 @@ This module reads finished logs only (no torch); it is not an input of the train
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pandas is imported where a table is built: the workflow imports this module at parse time
@@ -158,7 +158,7 @@ def over_seeds(curves: "pd.DataFrame") -> "pd.DataFrame":
     """Per ``(source, model, split, metric, epoch)``: the median over seeds and its range.
 
     Args:
-        curves: the tidy frame of :func:`kpca_repro.training.train.training_curves` (column ``seed``;
+        curves: the tidy frame of :func:`kpca_repro.training.logs.training_curves` (column ``seed``;
             one row per seed).
 
     Returns:
@@ -180,7 +180,7 @@ def over_seeds(curves: "pd.DataFrame") -> "pd.DataFrame":
 #: The quantities of the ablation table: ``(name in results/token_ablation.csv, log column
 #: without its split prefix)``. The means are the authors' logged values (averaged over layers,
 #: heads and tokens), the medians and 0.99 quantiles are over all tokens of the batch
-#: (:data:`kpca_repro.training.train.TOKEN_STATS`; NaN for a log written before they were logged).
+#: (:data:`kpca_repro.training.logs.TOKEN_STATS`; NaN for a log written before they were logged).
 ABLATION_QUANTITIES = (
     ("j_proj", "error"),
     ("j_proj_median", "error_median"),
@@ -243,7 +243,7 @@ def token_ablation_table(runs: Sequence[tuple]) -> "pd.DataFrame":
     Args:
         runs: ``(log_csv, model, scale, tokens, seed)`` per run and seed (a 4-tuple is seed 0);
             ``log_csv`` is a ``results/training/<model>_<scale>/seed<seed>/log.csv`` (columns
-            :data:`kpca_repro.training.train.LOG_COLUMNS`, or only its ``BASE_LOG_COLUMNS`` for a log
+            :data:`kpca_repro.training.logs.LOG_COLUMNS`, or only its ``BASE_LOG_COLUMNS`` for a log
             written before the token statistics were logged, one row per epoch).
 
     Returns:
@@ -343,7 +343,7 @@ def token_ablation_markdown(table: "pd.DataFrame", split: str = "test", names: d
 #: The two statistics each claim is judged on: ``statistic -> (J_proj, ||h||^2, ||phi(q)||^2)``
 #: log columns without the split prefix. ``mean``: what the authors log and plot (means over
 #: layers, heads and tokens; J_proj is the mean of ``|phi_i - ||h_i||^2|``). ``median``: the
-#: medians over all tokens of the batch (:data:`kpca_repro.training.train.TOKEN_STATS`), which no
+#: medians over all tokens of the batch (:data:`kpca_repro.training.logs.TOKEN_STATS`), which no
 #: single token dominates; J_proj's counterpart is the median of ``|phi_i - ||h_i||^2|``.
 CLAIM_STATISTICS = {
     "mean": ("error", "h_norms_ave", "phiq_norms_ave"),
@@ -408,7 +408,6 @@ def training_claims(runs: Sequence[tuple], skip_epochs: float = 0, phiq_ratio_be
     Raises:
         ValueError: a threshold out of range, a log without rows, or a seed given twice.
     """
-    import numpy as np
     import pandas as pd
 
     if not phiq_ratio_below > 0 or not jproj_h_factor > 1:
@@ -417,50 +416,49 @@ def training_claims(runs: Sequence[tuple], skip_epochs: float = 0, phiq_ratio_be
     rows = []
     for (model, scale, tokens), logs in _read_seed_logs(runs).items():
         for split in ("test", "train"):
-            counts: dict = {}
+            counts = {}
             for statistic, names in CLAIM_STATISTICS.items():
                 cols = [f"{split}_{n}" for n in names]
-                for claim, scope in CLAIMS:
-                    counts[(claim, scope, statistic)] = [0, 0]
-                for log in logs.values():
-                    if not all(c in log.columns for c in cols):
-                        continue
-                    kept = log[log["epoch"] >= skip_epochs]
-                    if kept.empty:
-                        continue
-                    j, h, phi = (kept[c].to_numpy(float) for c in cols)
-                    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-                        # each claim needs only its own two values to be finite
-                        small = np.isfinite(phi) & np.isfinite(h) & (phi < phiq_ratio_below * h)
-                        close = np.isfinite(j) & np.isfinite(h) & (j > h / jproj_h_factor) & (j < h * jproj_h_factor)
-                    for claim, holds in (("phiq_much_smaller_than_h", small), ("jproj_close_to_h", close)):
-                        every, last = counts[(claim, "every epoch", statistic)], counts[(claim, "last epoch", statistic)]
-                        every[0], every[1] = every[0] + int(holds.sum()), every[1] + len(holds)
-                        last[0], last[1] = last[0] + int(holds[-1]), last[1] + 1
-                    if len(j) >= 2:
-                        for claim, ref in (("jproj_falls", j[0]), ("jproj_falls_second_half", j[len(j) // 2])):
-                            c = counts[(claim, "whole run", statistic)]
-                            c[0], c[1] = c[0] + int(bool(np.isfinite(j[-1]) and np.isfinite(ref) and j[-1] < ref)), c[1] + 1
+                for (claim, scope), count in _claim_counts(logs.values(), cols, skip_epochs, phiq_ratio_below, jproj_h_factor).items():
+                    counts[(claim, scope, statistic)] = count
             for claim, scope in CLAIMS:
                 for statistic in CLAIM_STATISTICS:
                     holds, total = counts[(claim, scope, statistic)]
-                    rows.append(
-                        {
-                            "model": model,
-                            "scale": scale,
-                            "tokens": tokens,
-                            "split": split,
-                            "claim": claim,
-                            "statistic": statistic,
-                            "scope": scope,
-                            "holds": holds,
-                            "total": total,
-                            "fraction": holds / total if total else np.nan,
-                            "n_seeds": len(logs),
-                            "definition": definitions[claim],
-                        }
-                    )
+                    row = {"model": model, "scale": scale, "tokens": tokens, "split": split, "claim": claim, "statistic": statistic, "scope": scope}
+                    row.update(holds=holds, total=total, fraction=holds / total if total else float("nan"), n_seeds=len(logs), definition=definitions[claim])
+                    rows.append(row)
     return pd.DataFrame(rows, columns=list(CLAIMS_COLUMNS))
+
+
+def _claim_counts(logs: Iterable["pd.DataFrame"], cols: list[str], skip_epochs: float, phiq_ratio_below: float, jproj_h_factor: float) -> dict[tuple[str, str], list[int]]:
+    """``{(claim, scope): [holds, total]}`` over the seeds' ``logs`` of one run, for every
+    :data:`CLAIMS` entry, judged on the columns ``cols`` = (J_proj, ``||h||^2``,
+    ``||phi(q)||^2``) of one split and statistic, at epochs ``>= skip_epochs``
+    (:func:`training_claims`). A log without those columns, or without an epoch drawn, counts
+    nowhere."""
+    import numpy as np
+
+    counts = {(claim, scope): [0, 0] for claim, scope in CLAIMS}
+    for log in logs:
+        if not all(c in log.columns for c in cols):
+            continue
+        kept = log[log["epoch"] >= skip_epochs]
+        if kept.empty:
+            continue
+        j, h, phi = (kept[c].to_numpy(float) for c in cols)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            # each claim needs only its own two values to be finite
+            small = np.isfinite(phi) & np.isfinite(h) & (phi < phiq_ratio_below * h)
+            close = np.isfinite(j) & np.isfinite(h) & (j > h / jproj_h_factor) & (j < h * jproj_h_factor)
+        for claim, holds in (("phiq_much_smaller_than_h", small), ("jproj_close_to_h", close)):
+            every, last = counts[(claim, "every epoch")], counts[(claim, "last epoch")]
+            every[0], every[1] = every[0] + int(holds.sum()), every[1] + len(holds)
+            last[0], last[1] = last[0] + int(holds[-1]), last[1] + 1
+        if len(j) >= 2:
+            for claim, ref in (("jproj_falls", j[0]), ("jproj_falls_second_half", j[len(j) // 2])):
+                c = counts[(claim, "whole run")]
+                c[0], c[1] = c[0] + int(bool(np.isfinite(j[-1]) and np.isfinite(ref) and j[-1] < ref)), c[1] + 1
+    return counts
 
 
 #: Short names of the claims in the Markdown table and Figure 1.
