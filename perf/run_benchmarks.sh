@@ -23,14 +23,14 @@ kind=${1:-}
 
 chain_and_authors() {  # two alternating pairs: the authors' structure, then the paper chain
   for run in 1 2; do
-    python perf/bench_kpca.py authors --out "$OUT/authors_deit_tiny_100_$1_run$run.json"
-    python perf/bench_kpca.py chain --cores 2 --targets results/table1.csv --out "$OUT/chain_table1_deit_tiny_$1_run$run.json"
+    python perf/bench_authors.py --out "$OUT/authors_deit_tiny_100_$1_run$run.json"
+    python perf/bench_chain.py --cores 2 --targets results/table1.csv --out "$OUT/chain_table1_deit_tiny_$1_run$run.json"
   done
 }
 
 breakdown() {  # per head, one worker, the rule's eigh threads: eigh, assignments and everything else
   for run in 1 2; do
-    python perf/bench_kpca.py stage "$H5" --variants paper corrected --threads 1 --chunk 64 --eigh-threads auto --skip-baseline --breakdown --out "$OUT/stage_deit_tiny_100_$1_breakdown_run$run.json"
+    python perf/bench_stage.py "$H5" --variants paper corrected --threads 1 --chunk 64 --eigh-threads auto --skip-baseline --breakdown --out "$OUT/stage_deit_tiny_100_$1_breakdown_run$run.json"
   done
 }
 
@@ -38,7 +38,7 @@ uptime
 case "$kind" in
   intel3)
     chain_and_authors intel3
-    python perf/bench_kpca.py chain --cores 2 --targets results/table1_corrected.csv --out "$OUT/chain_table1_corrected_deit_tiny_intel3.json"
+    python perf/bench_chain.py --cores 2 --targets results/table1_corrected.csv --out "$OUT/chain_table1_corrected_deit_tiny_intel3.json"
     breakdown intel3
     # dry run of the default target: three with the check cache filled, three without it
     for cache in filled empty; do
@@ -51,10 +51,10 @@ case "$kind" in
     ;;
   amd)
     chain_and_authors amd
-    python perf/bench_kpca.py chain --cores 2 --targets results/table1_corrected.csv --out "$OUT/chain_table1_corrected_deit_tiny_amd.json"
+    python perf/bench_chain.py --cores 2 --targets results/table1_corrected.csv --out "$OUT/chain_table1_corrected_deit_tiny_amd.json"
     # the two-worker stage as the rule runs it: the authors' eigh threads against one thread
-    GOMP_SPINCOUNT=3000 python perf/bench_kpca.py stage "$H5" --variants paper --threads 2 --chunk 16 --eigh-threads auto --skip-baseline --out "$OUT/stage_deit_tiny_100_amd_2workers_eigh_auto.json"
-    GOMP_SPINCOUNT=3000 python perf/bench_kpca.py stage "$H5" --variants paper --threads 2 --chunk 16 --eigh-threads 1 --skip-baseline --out "$OUT/stage_deit_tiny_100_amd_2workers_eigh_1.json"
+    GOMP_SPINCOUNT=3000 python perf/bench_stage.py "$H5" --variants paper --threads 2 --chunk 16 --eigh-threads auto --skip-baseline --out "$OUT/stage_deit_tiny_100_amd_2workers_eigh_auto.json"
+    GOMP_SPINCOUNT=3000 python perf/bench_stage.py "$H5" --variants paper --threads 2 --chunk 16 --eigh-threads 1 --skip-baseline --out "$OUT/stage_deit_tiny_100_amd_2workers_eigh_1.json"
     breakdown amd
     ;;
   milan)
@@ -62,15 +62,15 @@ case "$kind" in
     python perf/fidelity_check.py "$H5" --layers 0,5,9,11 --inputs 25 > "$OUT/fidelity_deit_tiny_milan.txt" 2>&1
     ;;
   extras)
-    python perf/bench_kpca.py extract --repeats 5 --out "$OUT/extract_deit_tiny_100.json"
-    python perf/bench_kpca.py concurrent "$H5" --layers 0 1 --spincounts 3000 default --out "$OUT/concurrent_kpca_deit_tiny_100.json"
+    python perf/bench_extract.py --repeats 5 --out "$OUT/extract_deit_tiny_100.json"
+    python perf/bench_concurrent.py "$H5" --layers 0 1 --spincounts 3000 default --out "$OUT/concurrent_kpca_deit_tiny_100.json"
     python perf/fidelity_check.py "$H5" --layers 0,5,9,11 --inputs 25 > "$OUT/fidelity_deit_tiny_after_issue18.txt" 2>&1
     python perf/fidelity_check.py results/activations/sentence-transformers--all-MiniLM-L6-v2/text_100_0of1.h5 --layers 0,3,5 --inputs 20 > "$OUT/fidelity_minilm_after_issue18.txt" 2>&1
     ;;
   memory)
-    python perf/bench_kpca.py memory --model vit_large_patch16_224 --images 4 100 --kpca-layers 0 1 2 3 --threads 2 --out "$OUT/memory_vit_large.json"
-    python perf/bench_kpca.py memory --model vit_large_patch16_224 --images 100 --threads 2 --out "$OUT/memory_vit_large_100_all_layers.json"
-    python perf/bench_kpca.py allocator "$H5" --layers 1 12 --threads 2 --out "$OUT/allocator_deit_tiny_100.json"
+    python perf/bench_memory.py --model vit_large_patch16_224 --images 4 100 --kpca-layers 0 1 2 3 --threads 2 --out "$OUT/memory_vit_large.json"
+    python perf/bench_memory.py --model vit_large_patch16_224 --images 100 --threads 2 --out "$OUT/memory_vit_large_100_all_layers.json"
+    python perf/bench_allocator.py "$H5" --layers 1 12 --threads 2 --out "$OUT/allocator_deit_tiny_100.json"
     ;;
   *)
     echo "usage: bash perf/run_benchmarks.sh intel3|amd|milan|extras|memory" >&2

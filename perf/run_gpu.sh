@@ -24,9 +24,9 @@ for variant in ("paper", "corrected"):
     print(variant, "flags equal:", all(np.array_equal(cpu[c], gpu[c]) for c in cpu if cpu[c].dtype == bool),
           "max |cuda - cpu|:", {c: float(np.nanmax(np.abs(cpu[c] - gpu[c]))) for c in cols if c.endswith("cka") or variant == "corrected"})
 PY
-python perf/bench_kpca.py shapes --device cuda --threads "$THREADS" --chunk 384 --baseline-heads 48 --out "$OUT/shapes_cuda.json"
+python perf/bench_shapes.py --device cuda --threads "$THREADS" --chunk 384 --baseline-heads 48 --out "$OUT/shapes_cuda.json"
 # Table 1's workload: first 10 images per model (11,400 heads), then all 100 (114,000) if that was quick
-python perf/bench_kpca.py table1 --device cuda --images 10 --threads "$THREADS" --chunk ${CHUNK:-512} --out "$OUT/table1_workload_10images_cuda.json"
+python perf/bench_table1.py --device cuda --images 10 --threads "$THREADS" --chunk ${CHUNK:-512} --out "$OUT/table1_workload_10images_cuda.json"
 if python -c "import json,sys; sys.exit(0 if json.load(open('$OUT/table1_workload_10images_cuda.json'))['total_seconds'] < 40 else 1)"; then
-  python perf/bench_kpca.py table1 --device cuda --images 100 --threads "$THREADS" --chunk ${CHUNK:-512} --out "$OUT/table1_workload_100images_cuda.json"
+  python perf/bench_table1.py --device cuda --images 100 --threads "$THREADS" --chunk ${CHUNK:-512} --out "$OUT/table1_workload_100images_cuda.json"
 fi

@@ -1,4 +1,4 @@
-"""The benchmark harness itself (perf/bench_kpca.py): it runs, it compares, and its timers count right.
+"""The benchmark harness itself (perf/bench_*.py): it runs, it compares, and its timers count right.
 
 No time is asserted: the numbers it measures go into docs/performance.md. These tests check
 what the harness reports besides times: that the batched and per-head methods agree, that
@@ -9,6 +9,7 @@ and that the ``allocator`` runs cover the layers they claim.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,13 +18,27 @@ import pytest
 from test_batching_and_sharding import _activation_file
 
 REPO = Path(__file__).resolve().parents[1]
-BENCH = REPO / "perf" / "bench_kpca.py"
+#: One script per benchmark, ``perf/bench_<name>.py``.
+BENCHMARKS = sorted(p.stem.removeprefix("bench_") for p in (REPO / "perf").glob("bench_*.py"))
 
 
-def _bench(*args: str, out: Path) -> dict:
-    proc = subprocess.run([sys.executable, str(BENCH), *args, "--out", str(out)], capture_output=True, text=True, cwd=REPO)
+def _bench(benchmark: str, *args: str, out: Path) -> dict:
+    """Run ``perf/bench_<benchmark>.py ARGS --out OUT`` and return the result file it wrote."""
+    proc = subprocess.run([sys.executable, str(REPO / "perf" / f"bench_{benchmark}.py"), *args, "--out", str(out)], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_every_benchmark_parses_its_command_line_and_has_a_report_table(name):
+    """``perf/bench_<name>.py --help`` shows the command line of its docstring and ``--out``; the
+    result it writes has ``command`` ``name``, which perf/report.py prints with its function ``name``."""
+    script = REPO / "perf" / f"bench_{name}.py"
+    proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"python perf/bench_{name}.py" in proc.stdout and "--out OUT" in proc.stdout
+    assert re.search(rf'^    (return|out =) {{"command": "{name}",', script.read_text(), re.MULTILINE)  # its measurement's result
+    assert re.search(rf"^def {name}\(r\):", (REPO / "perf" / "report.py").read_text(), re.MULTILINE)
 
 
 def test_stage_benchmark_compares_methods_and_times_every_eigh_and_assignment(tmp_path):
