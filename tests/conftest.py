@@ -30,7 +30,7 @@ def real_deit_tiny() -> tuple[Path, Path, Path]:
 
 
 # The test files that take longest (a serial run's `--durations=0`, summed per file, longest
-# first), run first: with `-n 2` (the README's command; `--dist loadfile --no-loadscope-reorder` from
+# first: `python tests/durations.py`, docs/tests.md), run first: with `-n 2` (the README's command; `--dist loadfile --no-loadscope-reorder` from
 # pyproject.toml) the two workers then finish together instead of one waiting on a long file picked up last. Files not
 # listed follow in their usual order; the order inside a file is kept.
 SLOW_FILES_FIRST = (

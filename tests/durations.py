@@ -1,6 +1,6 @@
 """Per-file test durations, as a Markdown table (docs/tests.md, "Per-file durations").
 
-    python tests/durations.py --run                 # runs: python -m pytest --durations=0 -q -n 2
+    python tests/durations.py --run                 # runs: python -m pytest --durations=0 --durations-min=0 -q -n 2
     python tests/durations.py --run -- tests/test_kpca.py tests/test_paths.py
     python tests/durations.py pytest-output.txt     # parses a saved run (or - for stdin)
 
@@ -8,7 +8,8 @@ Reads pytest's ``--durations=0`` report (lines ``12.34s call     tests/test_x.py
 and sums, per test file, the seconds of its tests' setup, call and teardown phases. A file's
 module and session fixtures count in the setup of the test that first asks for them (a session
 fixture such as ``hub`` in the first file to use it, on each pytest-xdist worker that does).
-Phases pytest hides (under 0.005 s) are not counted. With ``-n 2`` the sum over the files is
+``--durations-min=0`` lists every phase (pytest hides those under 0.005 s by default; a saved
+report run without it counts only the tests it lists). With ``-n 2`` the sum over the files is
 about twice the wall time: the two workers run files side by side. The file order of
 ``SLOW_FILES_FIRST`` in tests/conftest.py follows the "total" column.
 """
@@ -53,13 +54,13 @@ def markdown(totals: dict[str, dict[str, float]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run", action="store_true", help="run python -m pytest --durations=0 -q -n 2 first (its output is echoed to stderr)")
+    parser.add_argument("--run", action="store_true", help="run python -m pytest --durations=0 --durations-min=0 -q -n 2 first (its output is echoed to stderr)")
     parser.add_argument("--save", type=Path, help="with --run: also write pytest's output to this file")
     parser.add_argument("args", nargs="*", help="a saved pytest --durations=0 output ('-': stdin); with --run, after --: more pytest arguments (files, -k, -n 4)")
     args = parser.parse_args(argv)
     status = 0
     if args.run:
-        cmd = [sys.executable, "-m", "pytest", "--durations=0", "-q", "-n", "2", *args.args]
+        cmd = [sys.executable, "-m", "pytest", "--durations=0", "--durations-min=0", "-q", "-n", "2", *args.args]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         report, status = proc.stdout + proc.stderr, proc.returncode
         sys.stderr.write(report)
