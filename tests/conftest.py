@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -29,7 +30,7 @@ def real_deit_tiny() -> tuple[Path, Path, Path]:
 
 
 # The test files that take longest (a serial run's `--durations=0`, summed per file, longest
-# first), run first: with `-n 2` (the README's command; `--dist loadfile --no-loadscope-reorder` from
+# first: `python tests/durations.py`, docs/tests.md), run first: with `-n 2` (the README's command; `--dist loadfile --no-loadscope-reorder` from
 # pyproject.toml) the two workers then finish together instead of one waiting on a long file picked up last. Files not
 # listed follow in their usual order; the order inside a file is kept.
 SLOW_FILES_FIRST = (
@@ -90,6 +91,48 @@ def run_snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.C
     return proc
 
 
+def workflow_config(*configfiles: Path) -> dict:
+    """The configuration of ``snakemake --configfile <configfiles>`` as ``workflow/rules/common.smk``
+    receives it: ``config/config.yaml`` updated by each file in turn (``snakemake.utils.update_config``,
+    as Snakemake merges them), not yet validated."""
+    import yaml
+    from snakemake.utils import update_config
+
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    for path in configfiles:
+        update_config(config, yaml.safe_load(Path(path).read_text()))
+    return config
+
+
+def parse_stop(config: dict, cache_dir: Path | None = None) -> str | None:
+    """The message with which the workflow's parse stops on ``config`` (``_checked_config`` of
+    ``workflow/rules/common.smk`` in Snakemake's main process: the schema, with the message of
+    :func:`~kpca_repro.workflow.config_checks.schema_error_message`, then the training scales and
+    :func:`~kpca_repro.workflow.config_checks.check_config`), or None when it passes; ``config``
+    then holds the schema's defaults and the resolved scales. The calls Snakemake makes, without
+    Snakemake; tests/test_reliability.py runs one case of each kind through Snakemake."""
+    import yaml
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    from kpca_repro.workflow import config_checks
+
+    schema = REPO / "workflow" / "schemas" / "config.schema.yaml"
+    try:
+        try:
+            validate(config, str(schema))
+        except WorkflowError:
+            message = config_checks.schema_error_message(config, yaml.safe_load(schema.read_text()), "workflow/schemas/config.schema.yaml")
+            if message is None:
+                raise
+            raise config_checks.ConfigError(message) from None
+        config["training"]["scales"] = config_checks.resolve_scales(config["training"]["scales"])
+        config_checks.check_config(config, main_process=True, cache_dir=cache_dir)
+    except config_checks.ConfigError as exc:
+        return str(exc)
+    return None
+
+
 @pytest.fixture(scope="session")
 def photos_dir(tmp_path_factory) -> Path:
     """Five real photographs shipped by scikit-image, as a flat ImageNet-sample-like folder."""
@@ -134,11 +177,16 @@ def hub(tmp_path_factory):
     Yields a :class:`kpca_tools.hub.fixture.HubFixture`: ``endpoint`` (the ``HF_ENDPOINT``),
     ``static_url``, ``repos[repo_id].commit`` / ``.files`` (sha256), ``static_files`` (sha256),
     ``url(path)``, ``env(hf_home)`` (an environment with ``HF_ENDPOINT`` set and ``HF_HOME`` at
-    ``hf_home``, never the user's cache), ``config_overlay()``. Built once per session into a
-    temporary directory, or into ``$KPCA_HUB_FIXTURE_DIR`` (outside the project tree; reused while
-    the sources are unchanged; one subdirectory per pytest-xdist worker). Skips when the real inputs (``../shared``) are absent.
+    ``hf_home``, never the user's cache), ``config_overlay()``, ``add_stand_ins(ids)``. Built once
+    per session, also with pytest-xdist: the workers share one build directory (the first builds
+    it under a file lock, the others wait and reuse it) and each serves it on its own ports, with
+    its own olah directory. The directory is a temporary one (beside the workers' own), or
+    ``$KPCA_HUB_FIXTURE_DIR`` (outside the project tree; reused across sessions while the sources
+    are unchanged). Skips when the real inputs (``../shared``) are absent.
     """
     import importlib.util
+
+    from filelock import FileLock
 
     from kpca_tools.hub import fixture as hub_fixture
 
@@ -148,8 +196,24 @@ def hub(tmp_path_factory):
         pytest.skip(f"hub fixture inputs not available: {', '.join(map(str, missing))} (set KPCA_RESOURCES to a resources directory)")
     if importlib.util.find_spec("olah") is None:
         pytest.fail("olah is not installed: python -m pip install -e '.[test]'")
-    # one build per pytest-xdist worker: two workers building one directory would race
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    root = Path(os.environ["KPCA_HUB_FIXTURE_DIR"], worker) if os.environ.get("KPCA_HUB_FIXTURE_DIR") else tmp_path_factory.mktemp("hub")
-    with hub_fixture.serve(hub_fixture.build(root, sources)) as server:
-        yield server
+    if os.environ.get("KPCA_HUB_FIXTURE_DIR"):
+        root = Path(os.environ["KPCA_HUB_FIXTURE_DIR"])
+    elif os.environ.get("PYTEST_XDIST_WORKER"):  # the session's directory, above each worker's basetemp
+        root = tmp_path_factory.getbasetemp().parent / "hub"
+    else:
+        root = tmp_path_factory.mktemp("hub")
+    lock = FileLock(f"{root}.lock")
+    with lock:  # one builder; build() reuses a complete build with the same sources
+        manifest = hub_fixture.build(root, sources)
+
+    @dataclasses.dataclass(frozen=True)
+    class SharedHub(hub_fixture.HubFixture):
+        """Stand-ins are built lazily into the shared build: under its lock
+        (:func:`kpca_tools.hub.stand_ins.ensure` is not safe against two builders of one model)."""
+
+        def add_stand_ins(self, ids, log=print):
+            with lock:
+                return super().add_stand_ins(ids, log)
+
+    with hub_fixture.serve(manifest, run_dir=tmp_path_factory.mktemp("hub-run")) as server:
+        yield SharedHub(server.manifest, server.endpoint, server.static_url)

@@ -22,8 +22,6 @@ from kpca_repro.capture import extraction, hf_capture
 from kpca_repro.capture.vision import UnsupportedArchitectureError
 from kpca_repro.inputs import model_info, text
 
-from conftest import run_snakemake
-
 ROWS = [
     " the cat sat on the mat and looked at the dog .\n",
     " a dog ran across the long green field , and the cat watched it from the old wall .\n",
@@ -399,10 +397,13 @@ def test_extraction_equals_the_authors_one_forward_pass(tmp_path, max_length):
                 np.testing.assert_array_equal(stored[name], split_heads_reference_nlp(captured[name], model.config.num_attention_heads).numpy(), err_msg=f"layer {layer} {name}")
 
 
-@pytest.mark.integration
 def test_refused_model_fails_before_any_job(tmp_path):
-    """snakemake -n stops while building the DAG, naming the config key, the model and the reason."""
+    """The workflow's parse stops (conftest.parse_stop: the calls of workflow/rules/common.smk, whose
+    message Snakemake prints before any job: tests/test_reliability.py), naming the config key,
+    the model and the reason."""
     from transformers import AutoConfig
+
+    from conftest import parse_stop, workflow_config
 
     model_dir = tmp_path / "deberta"
     AutoConfig.for_model("deberta").save_pretrained(model_dir)
@@ -411,10 +412,8 @@ def test_refused_model_fails_before_any_job(tmp_path):
     (res / "wiki.test.raw").write_text("".join(ROWS) * 3)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"resources_dir": str(tmp_path / "res"), "offline": True, "text": {"models": ["me/deberta"], "n_rows": 2, "local_models": {"me/deberta": str(model_dir)}}}))
-    proc = run_snakemake(tmp_path, "-n", "results/table4.csv", "--configfile", str(cfg), check=False)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and "config key text.models[0]: me/deberta: Hugging Face model type 'deberta' is refused: relative-position" in out, out[-3000:]
-    assert not (tmp_path / "results").exists() and not (tmp_path / "logs").exists()
+    message = parse_stop(workflow_config(cfg))
+    assert message is not None and "config key text.models[0]: me/deberta: Hugging Face model type 'deberta' is refused: relative-position" in message, message
 
 
 # --------------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """The configuration checks a JSON schema cannot express (kpca_repro.workflow.config_checks), called
-directly; tests/test_workflow.py and tests/test_reliability.py check that Snakemake stops on
-them before any job."""
+directly, and every bad configuration through the calls the workflow makes before its first job
+(the schema, config_checks, the image count, the missing-input block), without Snakemake;
+tests/test_reliability.py and tests/test_first_hour.py run one of each kind through Snakemake,
+which stops before any job with the message."""
 
 from __future__ import annotations
 
@@ -356,3 +358,96 @@ def test_a_cached_check_imports_no_torch(tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env={**__import__("os").environ, "PYTHONPATH": str(REPO / "src")})
     # the reason pandas is allowed: Snakemake's command line has imported it before any Snakefile is read
     subprocess.run([sys.executable, "-c", "import sys, snakemake.cli\nassert 'pandas' in sys.modules"], check=True)
+
+
+# --------------------------------------------------------------------------------------
+# What stops the workflow before any job, called directly: the configurations that
+# tests/test_workflow.py and tests/test_reliability.py ran through Snakemake (target
+# results/table1.csv), each with the message the user reads. One case of each kind still
+# runs through Snakemake: tests/test_reliability.py (the schema, config_checks, a sample
+# larger than the image set) and tests/test_first_hour.py (the missing-input block).
+# --------------------------------------------------------------------------------------
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+TINY_WEIGHTS = "weights/timm/vit_tiny_patch16_224.safetensors"
+BAD_CONFIGURATIONS = [
+    # the schema (kpca_repro.workflow.config_checks.schema_error_message)
+    pytest.param({"sed": 0}, "unknown config key sed (did you mean 'seed'?)", id="misspelt-top-level-key"),
+    pytest.param({"vision": {"batch_sise": 3}}, "unknown config key vision.batch_sise (did you mean 'batch_size'?)", id="misspelt-nested-key"),
+    pytest.param({"vision": {"n_imagse": 3}}, "n_imagse", id="misspelt-nested-key-2"),
+    pytest.param({"vision": {"n_images": "3"}}, "config key vision.n_images: '3' is not of type 'integer'", id="wrong-type"),
+    pytest.param({"seed": "zero"}, "seed", id="wrong-type-seed"),
+    pytest.param({"vision": {"batch_size": "3"}}, "config key vision.batch_size: '3' is not an integer >= 1 or 'auto'", id="wrong-alternative"),
+    pytest.param({"offline": "yes"}, "config key offline: 'yes' is not of type 'boolean'", id="wrong-type-bool"),
+    pytest.param({"vision": {"n_images": 0}}, "n_images", id="no-images"),
+    pytest.param({"spectra": {"n_images": 1}}, "config key spectra.n_images: 1 is less than the minimum of 2", id="too-few-spectra-images"),
+    pytest.param({"figure5": {"sentences": []}}, "sentences", id="no-figure5-sentences"),
+    pytest.param({"text": {"models": [MINILM], "n_rows": 0}}, "config key text.n_rows: 0 is less than the minimum of 1", id="text-rows-out-of-range"),
+    # config_checks.check_config
+    pytest.param({"vision": {"models": ["vit_tiny_patch16_224", "not_a_model_xyz"]}}, "vision.models[1]", id="unknown-timm-id"),
+    pytest.param({"checksums": {"vit_tiny_patch16_224": "0" * 64}}, "config key checksums.vit_tiny_patch16_224: ", id="checksum-mismatch"),
+    pytest.param({"figure3": {"block": 2}}, "config key figure3.block: 2 is out of range for vit_tiny_patch16_224, which has 2 blocks (0 to 1)", id="figure3-block-out-of-range"),
+    pytest.param({"vision": {"imagenet_val_dir": "PHOTOS"}}, "class folders", id="imagenet-val-dir-without-class-folders"),
+    pytest.param({"text": {"models": [MINILM], "n_rows": 3, "shards": 5}}, "config key text.shards: 5 shards for 3 rows", id="text-more-shards-than-rows"),
+    pytest.param(
+        {"text": {"models": [MINILM], "local_models": {MINILM: "/nonexistent/minilm"}}},
+        "config key text.local_models[sentence-transformers/all-MiniLM-L6-v2]: ",
+        id="text-local-model-missing",
+    ),
+    # the input function of rule sample_images (config_checks.image_count_error)
+    pytest.param({"vision": {"n_images": 6}}, "config key vision.n_images: 6 images requested, but", id="more-images-than-the-set"),
+    # the missing-input block before the first job (kpca_repro.workflow.preflight, offline)
+    pytest.param("NO_IMAGES", "missing ImageNet sample images: ", id="resources-without-images"),
+    pytest.param({"resources_dir": "/nonexistent/resources"}, "/nonexistent/resources/weights/timm/", id="no-resources"),
+]
+
+
+def _table1_stop(cfg_file: Path) -> str | None:
+    """What stops ``snakemake results/table1.csv --configfile cfg_file`` before its first job, in the
+    order Snakemake meets it: the parse (conftest.parse_stop), the input function of rule
+    sample_images for Table 1's sample, then the Snakefile's onstart handler with the inputs that
+    the download rules (workflow/rules/resources.smk: one for each input missing at parse time)
+    register for Table 1: its models' weights and the image set."""
+    from kpca_repro.workflow.preflight import Preflight
+
+    from conftest import parse_stop, workflow_config
+
+    config = workflow_config(cfg_file)
+    if (message := parse_stop(config)) is not None:
+        return message
+    if (message := image_count_error(config, config["vision"]["n_images"])) is not None:
+        return message
+    preflight = Preflight(config, REPO / "config")
+    for model in config["vision"]["models"]:
+        if not Path(weights_path(config, model)).exists():
+            preflight.need("weights", model)
+    if not Path(image_source(config)[0]).exists():
+        preflight.need("images")
+    try:
+        preflight.stop_if_missing()
+    except SystemExit as stop:
+        return str(stop.code)
+    return None
+
+
+@pytest.mark.parametrize("overrides, needle", BAD_CONFIGURATIONS)
+def test_each_bad_configuration_stops_the_workflow_naming_its_key(overrides, needle, tmp_path, tiny_resources, photos_dir):
+    """Each configuration stops Table 1's run before any job with a message naming the key or the
+    file (tests/test_workflow.py's configuration: two tiny ViTs, 4 images in 2 shards, offline)."""
+    from test_workflow import _write_config
+
+    resources = tiny_resources
+    if overrides == "NO_IMAGES":  # weights present, images absent, offline
+        resources = tmp_path / "resources"
+        (resources / "weights").mkdir(parents=True)
+        (resources / "weights" / "timm").symlink_to(tiny_resources / "weights" / "timm")
+        overrides = {}
+    overrides = copy.deepcopy(overrides)
+    overrides.setdefault("resources_dir", str(resources))
+    if overrides.get("vision", {}).get("imagenet_val_dir") == "PHOTOS":  # a flat folder of images
+        overrides["vision"]["imagenet_val_dir"] = str(photos_dir)
+    message = _table1_stop(_write_config(tmp_path / "bad.yaml", **overrides))
+    assert message is not None and needle in message, message
+    if "checksums.vit_tiny" in needle:  # names the file, the digests and what to do
+        assert str(tiny_resources / TINY_WEIGHTS) in message
+        assert "Replace the file" in message and "update the checksum" in message

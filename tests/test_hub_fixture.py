@@ -228,7 +228,7 @@ def test_overlay_urls_serve_what_the_pipeline_fetches(hub, tmp_path):
         assert (tmp_path / "fmnist" / name).read_bytes() == (source / name).read_bytes()
 
 
-def test_start_fails_clearly(hub):
+def test_start_fails_clearly(hub, tmp_path):
     """A taken port and a start that overruns its time limit both raise HubStartError naming the cause."""
     from kpca_tools.hub.fixture import HubStartError, serve
 
@@ -237,7 +237,7 @@ def test_start_fails_clearly(hub):
         with serve(hub.manifest, port=port):
             pass
     with pytest.raises(HubStartError, match=r"did not answer .* within 0 s"):
-        with serve(hub.manifest, timeout=0.0):
+        with serve(hub.manifest, timeout=0.0, run_dir=tmp_path):  # not the shared build's directory
             pass
     # The running hub is untouched.
     assert json.loads(_get(f"{hub.endpoint}/api/models/{DEIT_TINY_REPO}/revision/main"))["sha"] == hub.commit(DEIT_TINY_REPO)

@@ -725,7 +725,7 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=10)
 
 
-def _start_olah(manifest: Manifest, port: int, timeout: float) -> tuple[subprocess.Popen, str, Path]:
+def _start_olah(manifest: Manifest, port: int, timeout: float, run: Path) -> tuple[subprocess.Popen, str, Path]:
     import importlib.util
 
     if importlib.util.find_spec("olah") is None:
@@ -735,8 +735,7 @@ def _start_olah(manifest: Manifest, port: int, timeout: float) -> tuple[subproce
             s.bind(("127.0.0.1", port))  # else the probe below could be answered by whatever holds the port
         except OSError as exc:
             raise HubStartError(f"hub port 127.0.0.1:{port} is already in use ({exc})") from exc
-    run = manifest.root / "run"
-    run.mkdir(exist_ok=True)
+    run.mkdir(parents=True, exist_ok=True)
     # A fresh olah cache per start: offline it only caches what the mirrors hold.
     shutil.rmtree(run / "olah-cache", ignore_errors=True)
     config = _olah_config(run, manifest.mirrors, port)
@@ -784,7 +783,7 @@ def _start_olah(manifest: Manifest, port: int, timeout: float) -> tuple[subproce
 
 
 @contextlib.contextmanager
-def serve(manifest: Manifest, port: int = 0, static_port: int = 0, timeout: float = 60.0) -> Iterator[HubFixture]:
+def serve(manifest: Manifest, port: int = 0, static_port: int = 0, timeout: float = 60.0, run_dir: str | os.PathLike | None = None) -> Iterator[HubFixture]:
     """Serve a build: olah on 127.0.0.1:``port`` and the static files on 127.0.0.1:``static_port``.
 
     Both are stopped when the context exits, also on errors. ``0`` picks free ports (olah's is
@@ -794,6 +793,9 @@ def serve(manifest: Manifest, port: int = 0, static_port: int = 0, timeout: floa
         manifest: from :func:`build`.
         port, static_port: TCP ports (0: free ones).
         timeout: seconds olah may take to answer its first request (s).
+        run_dir: olah's configuration, cache (emptied at each start) and logs; default
+            ``<build>/run``. Servers of one build in several processes at once (pytest-xdist
+            workers) each need their own, or a start empties the cache another olah serves from.
 
     Yields:
         The :class:`HubFixture`.
@@ -806,7 +808,7 @@ def serve(manifest: Manifest, port: int = 0, static_port: int = 0, timeout: floa
         attempts = 3 if port == 0 else 1
         for attempt in range(attempts):
             try:
-                proc, endpoint, _ = _start_olah(manifest, port or _free_port(), timeout)
+                proc, endpoint, _ = _start_olah(manifest, port or _free_port(), timeout, Path(run_dir) if run_dir is not None else manifest.root / "run")
                 break
             except HubStartError as exc:
                 if attempt == attempts - 1 or "already in use" not in str(exc).lower():
