@@ -525,6 +525,8 @@ def validate(path: str | os.PathLike, *, kind: str | None = None, check_invarian
         max |h - softmax(s q k^T + mask) v| / max |v|  <=  tolerance  (default 1e-4)
 
     with ``mask`` = -inf on padded keys and padded queries not compared.
+    One helper a step: :func:`_check_attrs`, :func:`_check_inputs`, :func:`_check_layout`,
+    :func:`_check_mask` (with ``kind``), :func:`_check_values` (finite values, the invariant).
 
     Args:
         path: the HDF5 file.
@@ -554,83 +556,156 @@ def validate(path: str | os.PathLike, *, kind: str | None = None, check_invarian
     with f:
         # numpy scalars as Python values, so messages read "is 2", not "is np.int64(2)"
         attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in f.attrs.items()}
-        version = attrs.get("format_version", FORMAT_VERSION)
-        if _as_int(version) != FORMAT_VERSION:
-            raise ActivationFormatError(
-                path, f"format_version is {version!r}, this pipeline reads version {FORMAT_VERSION}", f"write the layout of version {FORMAT_VERSION} and set format_version = {FORMAT_VERSION}"
-            )
-        for name, typ in REQUIRED_ATTRS.items():
-            if name not in attrs:
-                raise ActivationFormatError(path, f"root attribute {name!r} is missing", f"set f.attrs[{name!r}] ({typ.__name__})")
-            value = attrs[name]
-            ok = isinstance(value, str) and bool(value) if typ is str else (_as_int(value) is not None and _as_int(value) > 0)
-            if not ok:
-                want = "a non-empty string" if typ is str else "a positive integer"
-                raise ActivationFormatError(path, f"root attribute {name!r} is {value!r}, not {want}", f"store {name} as {want}")
-        n_layers, n_heads, n_tokens, d = (int(attrs[k]) for k in ("n_layers", "n_heads", "n_tokens", "head_dim"))
-        scale = float(attrs.get("attention_scale", 1.0 / math.sqrt(d)))
-        if not abs(scale * math.sqrt(d) - 1.0) <= _SCALE_RTOL:
-            raise ActivationFormatError(
-                path,
-                f"attention_scale is {scale:g}, not 1/sqrt(head_dim) = {1 / math.sqrt(d):g} (the KPCA kernels use s = 1/sqrt(d))",
-                f"store q multiplied by attention_scale * sqrt(head_dim) = {scale * math.sqrt(d):g} and set attention_scale = 1/sqrt(head_dim)",
-            )
-        for name in ("sample_rank", "dataset_index"):
-            if name not in f or not isinstance(f[name], h5py.Dataset):
-                raise ActivationFormatError(path, f"dataset /{name} is missing", f"store /{name} as a (B,) integer array (0..B-1 if you have no other numbering)")
-        ranks, index = f["sample_rank"], f["dataset_index"]
-        if ranks.ndim != 1 or not np.issubdtype(ranks.dtype, np.integer):
-            raise ActivationFormatError(path, f"/sample_rank has shape {ranks.shape} and dtype {ranks.dtype}", "store a (B,) integer array")
-        n_in = ranks.shape[0]
-        if n_in == 0:
-            raise ActivationFormatError(path, "/sample_rank is empty (no inputs)", "store at least one input")
-        if index.shape != (n_in,) or not np.issubdtype(index.dtype, np.integer):
-            raise ActivationFormatError(path, f"/dataset_index has shape {index.shape} and dtype {index.dtype}, /sample_rank has {n_in} inputs", f"store a ({n_in},) integer array")
-        if len(np.unique(ranks[:])) != n_in:
-            raise ActivationFormatError(path, "/sample_rank has repeated values", "number the inputs 0..B-1 (ranks identify the rows of the per-head records)")
-        shape = (n_in, n_heads, n_tokens, d)
-        for layer in range(n_layers):
-            for t in TENSORS:
-                key = f"{layer_key(layer)}/{t}"
-                if key not in f or not isinstance(f[key], h5py.Dataset):
-                    raise ActivationFormatError(path, f"dataset /{key} is missing (n_layers = {n_layers})", f"store /{key} as {shape} float32, or correct n_layers")
-                ds = f[key]
-                if ds.shape != shape:
-                    raise ActivationFormatError(
-                        path, f"/{key} has shape {ds.shape}, expected (B, n_heads, n_tokens, head_dim) = {shape}", "store per-head tensors batch-first, heads before tokens, or correct the attributes"
-                    )
-                if ds.dtype != np.float32:
-                    raise ActivationFormatError(path, f"/{key} has dtype {ds.dtype}", "store float32 (e.g. arr.astype(np.float32))")
-        mask = None
-        if "attention_mask" in f:
-            m = f["attention_mask"]
-            if m.shape != (n_in, n_tokens) or not (np.issubdtype(m.dtype, np.integer) or m.dtype == np.bool_):
-                raise ActivationFormatError(path, f"/attention_mask has shape {m.shape} and dtype {m.dtype}", f"store a ({n_in}, {n_tokens}) integer array, 1 = real token, 0 = padding")
-            mask = m[:]
-            if not np.isin(mask, (0, 1)).all():
-                raise ActivationFormatError(path, "/attention_mask holds values other than 0 and 1", "store 1 for real tokens and 0 for padding")
-            if (mask.sum(axis=1) == 0).any():
-                raise ActivationFormatError(path, f"/attention_mask has an input without real tokens (input {int(np.flatnonzero(mask.sum(axis=1) == 0)[0])})", "drop that input")
+        n_layers, n_heads, n_tokens, d, scale = _check_attrs(path, attrs)
+        n_in = _check_inputs(path, f)
+        _check_layout(path, f, n_layers, (n_in, n_heads, n_tokens, d))
+        mask = _check_mask(path, f, n_in, n_tokens, kind)
+        worst = _check_values(path, f, attrs["model_id"], n_layers, scale, mask, check_invariant, tolerance)
         found = "text" if mask is not None else "vision"
-        if kind == "text" and mask is None:
-            raise ActivationFormatError(path, "kind text but /attention_mask is missing", f"store /attention_mask ({n_in}, {n_tokens}) (all ones when nothing is padded), or declare kind: vision")
-        if kind == "vision" and mask is not None:
-            raise ActivationFormatError(path, "kind vision but the file has /attention_mask", "declare kind: text (the Table 4 form), or remove /attention_mask when every token is real")
-        worst = None
-        for layer in range(n_layers):
-            t = {name: f[f"{layer_key(layer)}/{name}"][:] for name in TENSORS}
-            for name, arr in t.items():
-                if not np.isfinite(arr).all():
-                    bad = np.argwhere(~np.isfinite(arr))[0]
-                    raise ActivationFormatError(
-                        path,
-                        f"/{layer_key(layer)}/{name} has a non-finite value at input {bad[0]}, head {bad[1]}, token {bad[2]}",
-                        "store finite values (a NaN or inf from the model cannot be analysed)",
-                    )
-            if check_invariant:
-                err = _check_layer(path, attrs["model_id"], layer, t, scale, mask, tolerance)
-                worst = err if worst is None else max(worst, err)
-    return Summary(FORMAT_VERSION, str(attrs["model_id"]), found, n_in, n_layers, n_heads, n_tokens, d, scale, worst, attrs)
+        return Summary(FORMAT_VERSION, str(attrs["model_id"]), found, n_in, n_layers, n_heads, n_tokens, d, scale, worst, attrs)
+
+
+def _check_attrs(path: Path, attrs: dict) -> tuple[int, int, int, int, float]:
+    """The root attributes (docs/activations.md Section 1): ``format_version``, the required ones, ``attention_scale``.
+
+    ``format_version`` absent reads as 1; every :data:`REQUIRED_ATTRS` entry present, a
+    non-empty string or a positive integer; ``attention_scale`` (default ``1/sqrt(head_dim)``)
+    within :data:`_SCALE_RTOL` of ``1/sqrt(head_dim)``, the KPCA kernels' ``s``.
+
+    Returns:
+        ``(n_layers, n_heads, n_tokens, head_dim, attention_scale)``.
+
+    Raises:
+        ActivationFormatError: the first violation, with its fix.
+    """
+    version = attrs.get("format_version", FORMAT_VERSION)
+    if _as_int(version) != FORMAT_VERSION:
+        raise ActivationFormatError(
+            path, f"format_version is {version!r}, this pipeline reads version {FORMAT_VERSION}", f"write the layout of version {FORMAT_VERSION} and set format_version = {FORMAT_VERSION}"
+        )
+    for name, typ in REQUIRED_ATTRS.items():
+        if name not in attrs:
+            raise ActivationFormatError(path, f"root attribute {name!r} is missing", f"set f.attrs[{name!r}] ({typ.__name__})")
+        value = attrs[name]
+        ok = isinstance(value, str) and bool(value) if typ is str else (_as_int(value) is not None and _as_int(value) > 0)
+        if not ok:
+            want = "a non-empty string" if typ is str else "a positive integer"
+            raise ActivationFormatError(path, f"root attribute {name!r} is {value!r}, not {want}", f"store {name} as {want}")
+    n_layers, n_heads, n_tokens, d = (int(attrs[k]) for k in ("n_layers", "n_heads", "n_tokens", "head_dim"))
+    scale = float(attrs.get("attention_scale", 1.0 / math.sqrt(d)))
+    if not abs(scale * math.sqrt(d) - 1.0) <= _SCALE_RTOL:
+        raise ActivationFormatError(
+            path,
+            f"attention_scale is {scale:g}, not 1/sqrt(head_dim) = {1 / math.sqrt(d):g} (the KPCA kernels use s = 1/sqrt(d))",
+            f"store q multiplied by attention_scale * sqrt(head_dim) = {scale * math.sqrt(d):g} and set attention_scale = 1/sqrt(head_dim)",
+        )
+    return n_layers, n_heads, n_tokens, d, scale
+
+
+def _check_inputs(path: Path, f: h5py.File) -> int:
+    """``/sample_rank`` and ``/dataset_index``: ``(B,)`` integer datasets, ``B >= 1``, ranks distinct.
+
+    Returns:
+        ``B``, the number of inputs.
+
+    Raises:
+        ActivationFormatError: the first violation, with its fix.
+    """
+    for name in ("sample_rank", "dataset_index"):
+        if name not in f or not isinstance(f[name], h5py.Dataset):
+            raise ActivationFormatError(path, f"dataset /{name} is missing", f"store /{name} as a (B,) integer array (0..B-1 if you have no other numbering)")
+    ranks, index = f["sample_rank"], f["dataset_index"]
+    if ranks.ndim != 1 or not np.issubdtype(ranks.dtype, np.integer):
+        raise ActivationFormatError(path, f"/sample_rank has shape {ranks.shape} and dtype {ranks.dtype}", "store a (B,) integer array")
+    n_in = ranks.shape[0]
+    if n_in == 0:
+        raise ActivationFormatError(path, "/sample_rank is empty (no inputs)", "store at least one input")
+    if index.shape != (n_in,) or not np.issubdtype(index.dtype, np.integer):
+        raise ActivationFormatError(path, f"/dataset_index has shape {index.shape} and dtype {index.dtype}, /sample_rank has {n_in} inputs", f"store a ({n_in},) integer array")
+    if len(np.unique(ranks[:])) != n_in:
+        raise ActivationFormatError(path, "/sample_rank has repeated values", "number the inputs 0..B-1 (ranks identify the rows of the per-head records)")
+    return n_in
+
+
+def _check_layout(path: Path, f: h5py.File, n_layers: int, shape: tuple[int, int, int, int]) -> None:
+    """Every layer's ``q, k, v, h`` (:data:`TENSORS`): a dataset of ``shape`` ``(B, n_heads, n_tokens, head_dim)``, float32.
+
+    Only the metadata is read (no tensor values).
+
+    Raises:
+        ActivationFormatError: the first violation, with its fix.
+    """
+    for layer in range(n_layers):
+        for t in TENSORS:
+            key = f"{layer_key(layer)}/{t}"
+            if key not in f or not isinstance(f[key], h5py.Dataset):
+                raise ActivationFormatError(path, f"dataset /{key} is missing (n_layers = {n_layers})", f"store /{key} as {shape} float32, or correct n_layers")
+            ds = f[key]
+            if ds.shape != shape:
+                raise ActivationFormatError(
+                    path, f"/{key} has shape {ds.shape}, expected (B, n_heads, n_tokens, head_dim) = {shape}", "store per-head tensors batch-first, heads before tokens, or correct the attributes"
+                )
+            if ds.dtype != np.float32:
+                raise ActivationFormatError(path, f"/{key} has dtype {ds.dtype}", "store float32 (e.g. arr.astype(np.float32))")
+
+
+def _check_mask(path: Path, f: h5py.File, n_in: int, n_tokens: int, kind: str | None) -> np.ndarray | None:
+    """``/attention_mask``, when present: ``(B, n_tokens)`` integer or bool, 0/1, a real token in every input; and the declared ``kind``.
+
+    ``kind="text"`` requires the mask (Table 4 form), ``kind="vision"`` forbids it (Table 1
+    form), None accepts either.
+
+    Returns:
+        The mask ``(B, n_tokens)`` as stored, or None (a vision file).
+
+    Raises:
+        ActivationFormatError: the first violation, with its fix.
+    """
+    mask = None
+    if "attention_mask" in f:
+        m = f["attention_mask"]
+        if m.shape != (n_in, n_tokens) or not (np.issubdtype(m.dtype, np.integer) or m.dtype == np.bool_):
+            raise ActivationFormatError(path, f"/attention_mask has shape {m.shape} and dtype {m.dtype}", f"store a ({n_in}, {n_tokens}) integer array, 1 = real token, 0 = padding")
+        mask = m[:]
+        if not np.isin(mask, (0, 1)).all():
+            raise ActivationFormatError(path, "/attention_mask holds values other than 0 and 1", "store 1 for real tokens and 0 for padding")
+        if (mask.sum(axis=1) == 0).any():
+            raise ActivationFormatError(path, f"/attention_mask has an input without real tokens (input {int(np.flatnonzero(mask.sum(axis=1) == 0)[0])})", "drop that input")
+    if kind == "text" and mask is None:
+        raise ActivationFormatError(path, "kind text but /attention_mask is missing", f"store /attention_mask ({n_in}, {n_tokens}) (all ones when nothing is padded), or declare kind: vision")
+    if kind == "vision" and mask is not None:
+        raise ActivationFormatError(path, "kind vision but the file has /attention_mask", "declare kind: text (the Table 4 form), or remove /attention_mask when every token is real")
+    return mask
+
+
+def _check_values(path: Path, f: h5py.File, model_id, n_layers: int, scale: float, mask: np.ndarray | None, check_invariant: bool, tolerance: float | None) -> float | None:
+    """Every tensor finite and, with ``check_invariant``, the capture invariant on every layer (:func:`_check_layer`).
+
+    Reads one layer's ``q, k, v, h`` ``(B, H, N, d)`` float32 at a time.
+
+    Returns:
+        The largest relative invariant error ``max |h - h_hat| / max |v|`` over the layers, or
+        None when not checked.
+
+    Raises:
+        ActivationFormatError: a non-finite value (input, head and token named).
+        ActivationFileMismatchError: the invariant fails.
+    """
+    worst = None
+    for layer in range(n_layers):
+        t = {name: f[f"{layer_key(layer)}/{name}"][:] for name in TENSORS}
+        for name, arr in t.items():
+            if not np.isfinite(arr).all():
+                bad = np.argwhere(~np.isfinite(arr))[0]
+                raise ActivationFormatError(
+                    path,
+                    f"/{layer_key(layer)}/{name} has a non-finite value at input {bad[0]}, head {bad[1]}, token {bad[2]}",
+                    "store finite values (a NaN or inf from the model cannot be analysed)",
+                )
+        if check_invariant:
+            err = _check_layer(path, model_id, layer, t, scale, mask, tolerance)
+            worst = err if worst is None else max(worst, err)
+    return worst
 
 
 def _check_layer(path, model_id, layer, t, scale, mask, tolerance) -> float:

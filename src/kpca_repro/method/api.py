@@ -32,6 +32,55 @@ def _four_d(x, name: str) -> np.ndarray:
     return np.ascontiguousarray(a.reshape((1,) * (4 - a.ndim) + a.shape).astype(np.float32, copy=False))
 
 
+def _padding_mask(attention_mask, n_in: int, n_tokens: int) -> np.ndarray:
+    """A language model's ``attention_mask`` (numpy or torch, ``B * N`` entries, 1 = real token) as int64 ``(B, N)``.
+
+    Raises:
+        ValueError: it does not hold ``B * N`` entries.
+    """
+    mask = np.asarray(attention_mask.detach().cpu() if hasattr(attention_mask, "detach") else attention_mask).reshape(-1, n_tokens) if np.size(attention_mask) == n_in * n_tokens else None
+    if mask is None:
+        raise ValueError(f"attention_mask must be (B, N) = ({n_in}, {n_tokens}), got shape {np.shape(attention_mask)}")
+    return mask.astype(np.int64)
+
+
+def _check_capture(q, k4: np.ndarray, v4: np.ndarray, h, mask: np.ndarray | None, layer: int, tolerance: float | None) -> None:
+    """The capture invariant (docs/method.md 0.1) on in-memory tensors: ``h`` must equal ``softmax(s q k^T + mask) v``.
+
+    ``k4``, ``v4``: float32 ``(B, H, N, d)``; ``q``, ``h`` in any form :func:`_four_d` reads;
+    ``mask``: int64 ``(B, N)`` or None; ``s = 1/sqrt(d)``; relative error
+    ``max |h - h_hat| / max |v|`` at most ``tolerance`` (default
+    :data:`kpca_repro.activations.INVARIANT_RTOL`), recomputed in float64.
+
+    Raises:
+        ValueError: ``q`` is None, or the shapes of q, k, v, h disagree.
+        kpca_repro.activations.CaptureMismatchError: the invariant fails.
+    """
+    from kpca_repro.activations import INVARIANT_RTOL, attention_mask_matrix, check_attention_invariant
+
+    if q is None:
+        raise ValueError("h is given but q is None: the invariant needs q")
+    q4, h4 = _four_d(q, "q"), _four_d(h, "h")
+    if q4.shape != k4.shape or h4.shape != k4.shape:
+        raise ValueError(f"q, k, v, h must have one shape; got {q4.shape}, {k4.shape}, {v4.shape}, {h4.shape}")
+    n_tokens, d = k4.shape[2:]
+    allowed = attention_mask_matrix(n_tokens, key_mask=mask) if mask is not None else None
+    check_attention_invariant("analyze_heads", layer, q4, k4, v4, h4, scale=1.0 / math.sqrt(d), allowed=allowed, query_mask=mask, tolerance=INVARIANT_RTOL if tolerance is None else tolerance)
+
+
+def _input_numbers(sample_rank, dataset_index, n_in: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(sample_rank, dataset_index)`` of the ``B`` inputs as ``(B,)`` arrays (default ``0 .. B-1`` each).
+
+    Raises:
+        ValueError: either is given with a shape other than ``(B,)``.
+    """
+    ranks = np.arange(n_in) if sample_rank is None else np.asarray(sample_rank, dtype=np.int64)
+    index = np.arange(n_in) if dataset_index is None else np.asarray(dataset_index, dtype=np.int64)
+    if ranks.shape != (n_in,) or index.shape != (n_in,):
+        raise ValueError(f"sample_rank and dataset_index must be ({n_in},)")
+    return ranks, index
+
+
 def analyze_heads(
     q,
     k,
@@ -113,7 +162,6 @@ def analyze_heads(
             (the message gives the measured error, input and head).
     """
 
-    from kpca_repro.activations import INVARIANT_RTOL, attention_mask_matrix, check_attention_invariant
     from kpca_repro.method.placement import plan
     from kpca_repro.method.records import _chunked, _head_groups, chunk_records
     from kpca_repro.method.solver_variation import BOUND_NAMES, RANGE_NAMES
@@ -124,25 +172,11 @@ def analyze_heads(
     k4, v4 = _four_d(k, "k"), _four_d(v, "v")
     if k4.shape != v4.shape:
         raise ValueError(f"k and v must have one shape (B, H, N, d); got {k4.shape} and {v4.shape}")
-    n_in, n_heads, n_tokens, d = k4.shape
-    mask = None
-    if attention_mask is not None:
-        mask = np.asarray(attention_mask.detach().cpu() if hasattr(attention_mask, "detach") else attention_mask).reshape(-1, n_tokens) if np.size(attention_mask) == n_in * n_tokens else None
-        if mask is None:
-            raise ValueError(f"attention_mask must be (B, N) = ({n_in}, {n_tokens}), got shape {np.shape(attention_mask)}")
-        mask = mask.astype(np.int64)
+    n_in, _, n_tokens, _ = k4.shape
+    mask = None if attention_mask is None else _padding_mask(attention_mask, n_in, n_tokens)
     if h is not None:
-        if q is None:
-            raise ValueError("h is given but q is None: the invariant needs q")
-        q4, h4 = _four_d(q, "q"), _four_d(h, "h")
-        if q4.shape != k4.shape or h4.shape != k4.shape:
-            raise ValueError(f"q, k, v, h must have one shape; got {q4.shape}, {k4.shape}, {v4.shape}, {h4.shape}")
-        allowed = attention_mask_matrix(n_tokens, key_mask=mask) if mask is not None else None
-        check_attention_invariant("analyze_heads", layer, q4, k4, v4, h4, scale=1.0 / math.sqrt(d), allowed=allowed, query_mask=mask, tolerance=INVARIANT_RTOL if tolerance is None else tolerance)
-    ranks = np.arange(n_in) if sample_rank is None else np.asarray(sample_rank, dtype=np.int64)
-    index = np.arange(n_in) if dataset_index is None else np.asarray(dataset_index, dtype=np.int64)
-    if ranks.shape != (n_in,) or index.shape != (n_in,):
-        raise ValueError(f"sample_rank and dataset_index must be ({n_in},)")
+        _check_capture(q, k4, v4, h, mask, layer, tolerance)
+    ranks, index = _input_numbers(sample_rank, dataset_index, n_in)
     var = var.reading(text=mask is not None)
     placement = plan(var, device=device, cores=1, eigh_threads=eigh_threads)
     # the records stage's own grouping of heads (padding kept or dropped, baselines per input)

@@ -207,6 +207,90 @@ def chunk_records(
     return draws, frame
 
 
+def _file_chunks(af: ActivationFile, variant: Variant, layer_list: list[int], heads_per_chunk: int, seed: int, transposed: bool, interleave: bool) -> Iterator[tuple[tuple, tuple]]:
+    """``(position, (layer, k, v, sample_rank, dataset_index, head, baseline or None))`` per chunk of an activation file.
+
+    ``position`` orders the records (layer by layer) whatever order the chunks come in.
+    Vision files (no ``attention_mask``): :func:`layer_chunks` (``interleave``: every layer
+    early), the corrected variant's baselines drawn per image (:func:`baseline_noise`,
+    ``(heads, N, d)`` float64), position ``(place of the layer in layer_list, first flat head)``.
+    Text files: each layer read whole and grouped by :func:`_head_groups` in ``variant``'s
+    reading (``transposed``: Longformer as the reference reads it), in chunks of
+    ``heads_per_chunk`` (:func:`_chunked`), position a running count.
+    """
+    n_heads = int(af.attrs["n_heads"])
+    if af.attention_mask is None:
+        for layer, flat, t in layer_chunks(af, layer_list, heads_per_chunk, interleave=interleave):
+            images = flat // n_heads
+            base = None
+            if variant.baselines:
+                noise = {int(i): baseline_noise(seed, af.dataset_index[i], layer, (n_heads, *t["v"].shape[1:])) for i in np.unique(images)}
+                base = torch.stack([noise[int(f // n_heads)][f % n_heads] for f in flat])
+            yield (layer_list.index(layer), int(flat[0])), (layer, t["k"], t["v"], af.sample_rank[images], af.dataset_index[images], flat % n_heads, base)
+        return
+    position = 0
+    for layer in layer_list:
+        for chunk in _chunked(_head_groups(af, af.read(layer, ("k", "v")), variant, layer, seed, transposed), layer, heads_per_chunk):
+            position += 1
+            yield (position,), chunk
+
+
+def _solved_chunks(chunks: Iterator[tuple[tuple, tuple]], variant: Variant, placement: Placement) -> Iterator[tuple[tuple, tuple, dict | None]]:
+    """``(position, chunk, solved)``: each chunk's eigenpairs solved here, on the calling thread, where the placement says.
+
+    ``solved`` is :func:`kpca_repro.method.kpca.solve_heads` of the chunk's keys on
+    ``placement.device`` when ``placement.solve_on_main`` and the variant's Gram matrix is
+    ``exp`` (the comparison then runs on the workers), else None (the workers solve).
+    """
+    for position, chunk in chunks:
+        solved = None
+        if placement.solve_on_main and variant.gram == "exp":
+            solved = solve_heads(chunk[1].to(placement.device), chunk[2].shape[-1], variant, placement)
+        yield position, chunk, solved
+
+
+def _records_meta(af: ActivationFile, variant: Variant, placement: Placement, transposed: bool, caller_threads: int) -> dict:
+    """The metadata of one file's records: model id, weights SHA-256, number of inputs, variant, shard, placement.
+
+    ``eigh_threads`` is the placement's thread count of a CPU ``eigh`` where it sets one, else
+    ``caller_threads`` (torch's intra-op threads of the caller).
+    Text files add the padding treatment and whether Longformer was read transposed.
+    """
+    text = af.attention_mask is not None
+    meta = {
+        "model_id": str(af.attrs["model_id"]),
+        "weights_sha256": str(af.attrs["weights_sha256"]),
+        "n_sentences" if text else "n_images": len(af.sample_rank),
+        "variant": variant.name,
+        "shard": int(af.attrs["shard"]),
+        "n_shards": int(af.attrs["n_shards"]),
+        "eigh_threads": placement.eigh_threads if placement.eigh_threads is not None and placement.eigh_device.type == "cpu" else caller_threads,
+        "eigh_device": placement.eigh_device.type,
+        "placement": placement.describe(),
+    }
+    if text:
+        meta["padding"] = variant.text_padding
+        meta["longformer_transposed"] = bool(transposed)
+    return meta
+
+
+def _gathered_draws(draw_parts: list[dict[str, np.ndarray]], floor: RunningFloor | None) -> dict:
+    """The chunks' solver draws concatenated in record order (name -> float32 ``(heads, R)``), for ``meta``.
+
+    Names: :data:`~kpca_repro.method.uncertainty.SIGN_DRAW_NAMES`, the mean vector,
+    :data:`~kpca_repro.method.solver_variation.BOUND_NAMES`, ``RANGE_NAMES`` and, with ``floor``,
+    ``BOUND_NAME``. With ``floor``, matched draws below its final value are set to NaN
+    (:func:`~kpca_repro.method.solver_variation.prune_below_floor`: the stored draws do not depend
+    on the workers' order) and the floor and the number of matched draws computed are added.
+    """
+    names = (*SIGN_DRAW_NAMES, MEAN_VECTOR, *BOUND_NAMES, *RANGE_NAMES, *((BOUND_NAME,) if floor is not None else ()))
+    out = {"sign_draws": prune_below_floor({name: np.concatenate([p[name] for p in draw_parts]) for name in names}, floor.value if floor is not None else np.nan)}
+    if floor is not None:
+        out["matched_draws_floor"] = float(floor.value)
+        out["matched_draws_computed"] = int(np.isfinite(out["sign_draws"]["optimal_cos_mean"]).sum())
+    return out
+
+
 def kpca_records(
     activations: str | os.PathLike,
     variant: str | Variant,
@@ -250,6 +334,9 @@ def kpca_records(
     maximum can use is left NaN (:class:`kpca_repro.method.solver_variation.RunningFloor`); the
     intervals are those of every draw computed (docs/uncertainty.md).
     ``prune_matched_draws=False`` computes every one (to check that claim, and for benchmarks).
+    Steps: :func:`_file_chunks` (the file's chunks with their record positions),
+    :func:`_solved_chunks`, :func:`chunk_records` on the workers, then :func:`_records_meta`
+    and, with ``sign_draws``, :func:`_gathered_draws`.
 
     Returns:
         ``(records, meta)``: a DataFrame with one row per head (``sample_rank``,
@@ -276,72 +363,26 @@ def kpca_records(
         variant = variant.reading(text)
         transposed = text and variant.text_padding == "included" and str(af.attrs.get("hooked_layout", "")) == SEQUENCE_FIRST
         layer_list = list(layers if layers is not None else range(af.n_layers))
-
         # Table 1 takes the maximum over heads: draws below the floor cannot matter (Table 4 takes means)
         floor = RunningFloor() if sign_draws and sign_draws[1] and not text and prune_matched_draws else None
-
-        def chunks():
-            """``(position, (layer, k, v, sample_rank, dataset_index, head, baseline or None))`` per chunk;
-            ``position`` orders the records (layer by layer) whatever order the chunks come in."""
-            if not text:
-                for layer, flat, t in layer_chunks(af, layer_list, heads_per_chunk, interleave=floor is not None):
-                    images = flat // n_heads
-                    base = None
-                    if variant.baselines:
-                        noise = {int(i): baseline_noise(seed, af.dataset_index[i], layer, (n_heads, *t["v"].shape[1:])) for i in np.unique(images)}
-                        base = torch.stack([noise[int(f // n_heads)][f % n_heads] for f in flat])
-                    yield (layer_list.index(layer), int(flat[0])), (layer, t["k"], t["v"], af.sample_rank[images], af.dataset_index[images], flat % n_heads, base)
-                return
-            position = 0
-            for layer in layer_list:
-                for chunk in _chunked(_head_groups(af, af.read(layer, ("k", "v")), variant, layer, seed, transposed), layer, heads_per_chunk):
-                    position += 1
-                    yield (position,), chunk
-
+        chunks = _solved_chunks(_file_chunks(af, variant, layer_list, heads_per_chunk, seed, transposed, interleave=floor is not None), variant, placement)
         caller_threads = torch.get_num_threads()
 
         def work(item):
             position, chunk, solved = item
             return position, *chunk_records(*chunk, variant=variant, placement=placement, sign_draws=sign_draws, seed=seed, floor=floor, solved=solved)
 
-        def solved_chunks():
-            """``(position, chunk, solved)``: each chunk solved here on the main thread where the placement says (then compared on the workers)."""
-            for position, chunk in chunks():
-                solved = None
-                if placement.solve_on_main and variant.gram == "exp":
-                    solved = solve_heads(chunk[1].to(placement.device), chunk[2].shape[-1], variant, placement)
-                yield position, chunk, solved
-
         total = (af.attention_mask.shape[1] if transposed else n_in) * n_heads * len(layer_list)
         with progress_bar(total=total, desc=f"kpca {variant.name} {model_id}", unit="head", disable=not progress, mininterval=5) as bar:
             parts = []
-            for position, draws, frame in ordered_map(work, solved_chunks(), workers=placement.workers, budget=placement.budget):
+            for position, draws, frame in ordered_map(work, chunks, workers=placement.workers, budget=placement.budget):
                 parts.append((position, draws, frame))
                 bar.update(len(frame))
         parts.sort(key=lambda part: part[0])
-        frames = [frame for _, _, frame in parts]
-        draw_parts = [draws for _, draws, _ in parts]
-        meta = {
-            "model_id": model_id,
-            "weights_sha256": str(af.attrs["weights_sha256"]),
-            "n_sentences" if text else "n_images": n_in,
-            "variant": variant.name,
-            "shard": int(af.attrs["shard"]),
-            "n_shards": int(af.attrs["n_shards"]),
-            "eigh_threads": placement.eigh_threads if placement.eigh_threads is not None and placement.eigh_device.type == "cpu" else caller_threads,
-            "eigh_device": placement.eigh_device.type,
-            "placement": placement.describe(),
-        }
-        if text:
-            meta["padding"] = variant.text_padding
-            meta["longformer_transposed"] = bool(transposed)
+        meta = _records_meta(af, variant, placement, transposed, caller_threads)
         if sign_draws:
-            names = (*SIGN_DRAW_NAMES, MEAN_VECTOR, *BOUND_NAMES, *RANGE_NAMES, *((BOUND_NAME,) if floor is not None else ()))
-            meta["sign_draws"] = prune_below_floor({name: np.concatenate([p[name] for p in draw_parts]) for name in names}, floor.value if floor is not None else np.nan)
-            if floor is not None:
-                meta["matched_draws_floor"] = float(floor.value)
-                meta["matched_draws_computed"] = int(np.isfinite(meta["sign_draws"]["optimal_cos_mean"]).sum())
-    records = pd.concat(frames, ignore_index=True)
+            meta.update(_gathered_draws([draws for _, draws, _ in parts], floor))
+    records = pd.concat([frame for _, _, frame in parts], ignore_index=True)
     records.insert(0, "model", model_id)
     records.insert(1, "variant", variant.name)
     return records, meta

@@ -58,6 +58,7 @@ A head without a near-degenerate group gets exactly the sign-only treatment of
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -367,6 +368,208 @@ def _head_groups(
     return eigen_groups(ev, sel, tol), ev, relative_eigengap(ev, sel), sel
 
 
+@dataclass
+class _ChunkDraws:
+    """The state of one :func:`head_solver_draws` call: a chunk's rows on the CPU and the arrays its heads fill.
+
+    Attributes:
+        rows: :func:`kpca_repro.method.kpca.head_metrics`' ``rows`` as given (the float32
+            ``v``, ``v_kpca`` for the bounds of :func:`assignment_upper_bound`).
+        n_direct, n_optimal, token_max: as :func:`head_solver_draws`.
+        vn, vkn: row-normalised ``V`` and ``V_KPCA``, ``(heads, N, d_v)`` float64.
+        kc: centered Gram matrices ``(heads, N, N)``, the solver's dtype.
+        a: selected eigenvectors in column order ``(heads, N, d)``, the solver's dtype.
+        inv_g: the diagonal of ``G = diag(1/g)`` (Eq. 5), ``(heads, N)`` float64.
+        out: name -> ``(heads, R)`` float64 draws and bounds (NaN until filled; float32 when returned).
+        cols: :data:`HEAD_COLUMNS` -> ``(heads,)`` per-head record columns.
+        matched: ``(head, normalised V_KPCA configurations (R, N, d_v) float64)`` awaiting the
+            matched cosine (:func:`_matched_draws`).
+        conf32: the sign-only heads' configurations in the rows' dtype, for the bounds.
+    """
+
+    rows: dict
+    n_direct: int
+    n_optimal: int
+    token_max: bool
+    vn: torch.Tensor
+    vkn: torch.Tensor
+    kc: torch.Tensor
+    a: torch.Tensor
+    inv_g: torch.Tensor
+    out: dict[str, np.ndarray] = field(default_factory=dict)
+    cols: dict[str, np.ndarray] = field(default_factory=dict)
+    matched: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    conf32: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+def _start_chunk(rows: dict, *, n_direct: int, n_optimal: int, token_max: bool, bounded: bool) -> _ChunkDraws:
+    """The chunk's rows copied to the CPU (``V``, ``V_KPCA``, ``1/g`` as float64) and its arrays, NaN-filled.
+
+    ``out``: :data:`kpca_repro.method.uncertainty.SIGN_DRAW_NAMES` (``(heads, n_optimal)`` for the matched
+    cosine, ``(heads, n_direct)`` for the direct one, ``direct_cos_max`` ``(heads, 0)`` without
+    ``token_max``), :data:`~kpca_repro.method.uncertainty.MEAN_VECTOR` (the solver's own per-column token
+    means ``(heads, d_v)``), :data:`BOUND_NAMES`, :data:`RANGE_NAMES` and, ``bounded``,
+    :data:`BOUND_NAME`. ``cols``: no group (0 groups, largest group 1, no boundary group).
+    """
+    st = _ChunkDraws(
+        rows=rows,
+        n_direct=n_direct,
+        n_optimal=n_optimal,
+        token_max=token_max,
+        vn=rows["v"].detach().to("cpu", torch.float64),
+        vkn=rows["v_kpca"].detach().to("cpu", torch.float64),
+        kc=rows["kc"].detach().cpu(),
+        a=rows["a"].detach().cpu(),
+        inv_g=rows["inv_g"].detach().to("cpu", torch.float64),
+    )
+    h = st.vn.shape[0]
+    names = ("direct_cos_mean", "direct_cos_max", "optimal_cos_mean", "optimal_cos_max")
+    st.out = {name: np.full((h, n_optimal if name.startswith("optimal") else (n_direct if (token_max or name == "direct_cos_mean") else 0)), np.nan) for name in names}
+    st.out[MEAN_VECTOR] = (st.vn * st.vkn).mean(-2).numpy()
+    st.out["direct_cos_mean_lower"] = np.full((h, n_direct), np.nan)
+    st.out["direct_cos_mean_upper"] = np.full((h, n_direct), np.nan)
+    st.out["direct_cos_mean_own_lower"] = np.full((h, 1), np.nan)
+    st.out["direct_cos_mean_own_upper"] = np.full((h, 1), np.nan)
+    for name in RANGE_NAMES:
+        st.out[name] = np.full((h, 1), np.nan)
+    if bounded:
+        st.out[BOUND_NAME] = np.full((h, n_optimal), np.nan)
+    st.cols = {name: np.full(h, np.nan) for name in HEAD_COLUMNS}
+    st.cols["solver_groups"] = np.zeros(h)
+    st.cols["solver_group_max"] = np.ones(h)
+    st.cols["solver_boundary_group"] = np.zeros(h, bool)
+    return st
+
+
+def _sign_only_head(st: _ChunkDraws, i: int, own: float, s_direct: np.ndarray, s_opt: np.ndarray, bounded: bool) -> None:
+    """Head ``i`` without a near-degenerate group: the sign treatment of :mod:`kpca_repro.method.uncertainty`, the same numbers.
+
+    ``s_direct`` ``(n_direct, d_v)``, ``s_opt`` ``(n_optimal, d_v)``: float64 sign patterns.
+    The direct cosine's draws in closed form (:func:`~kpca_repro.method.uncertainty.direct_sign_statistics`);
+    its bounds collapse to the draws (no rotation to bound), the own bounds to ``own``, and its
+    range over every sign to ``+-sum_c |p_c|`` (``p_c`` the own per-column token means). The
+    matched draws' sign-flipped ``V_KPCA`` rows are queued on ``st.matched`` (and, ``bounded``,
+    their float32 copies on ``st.conf32``).
+    """
+    out, vn, vkn = st.out, st.vn[i], st.vkn[i]
+    t = direct_sign_statistics(vn[None], vkn[None], torch.from_numpy(s_direct)[None], token_max=st.token_max)
+    out["direct_cos_mean"][i] = t["direct_cos_mean"][0].numpy()
+    out["direct_cos_mean_lower"][i] = out["direct_cos_mean_upper"][i] = out["direct_cos_mean"][i]
+    out["direct_cos_mean_own_lower"][i] = out["direct_cos_mean_own_upper"][i] = own
+    m_abs = float(np.abs(out[MEAN_VECTOR][i]).sum())
+    out["direct_cos_mean_range_lower"][i], out["direct_cos_mean_range_upper"][i] = -m_abs, m_abs
+    if st.token_max:
+        out["direct_cos_max"][i] = t["direct_cos_max"][0].numpy()
+    if st.n_optimal:
+        st.matched.append((i, vkn[None] * torch.from_numpy(s_opt)[:, None, :]))
+        if bounded:  # bounds from the float32 rows: no float64 product for a pruned draw
+            v_kpca32 = st.rows["v_kpca"]
+            st.conf32[i] = v_kpca32[i].detach().cpu()[None] * torch.from_numpy(s_opt).to(v_kpca32.dtype)[:, None, :]
+
+
+def _normalised_v_kpca(conf: np.ndarray, inv_g: torch.Tensor, dv: int) -> np.ndarray:
+    """Row-normalised ``V_KPCA = G A - G 1_N A`` (Eq. 5, corrected form) of eigenvector matrices ``conf`` ``(R, N, d)`` float64.
+
+    ``inv_g`` ``(N,)`` float64 is the diagonal of ``G``; columns are zero-padded to ``d_v``
+    where ``d < d_v``; rows normalised with :data:`kpca_repro.projection.ROW_NORM_EPS`.
+    Returns ``(R, N, d_v)`` float64.
+    """
+    vk = v_kpca(torch.from_numpy(conf), inv_g[None].expand(conf.shape[0], -1), paper=False)
+    if vk.shape[-1] < dv:
+        vk = torch.nn.functional.pad(vk, (0, dv - vk.shape[-1]))
+    return row_normalize(vk, ROW_NORM_EPS).numpy()
+
+
+def _rotated_head(st: _ChunkDraws, i: int, key: tuple, own: float, sel: np.ndarray, groups: list[np.ndarray], s_direct: np.ndarray, s_opt: np.ndarray) -> None:
+    """Head ``i`` with near-degenerate ``groups``: signs and Haar rotations inside the groups (module docstring).
+
+    The first ``min(n_direct, ROTATION_DRAWS)`` direct patterns with Haar draws of stream 2
+    (repeated to ``n_direct`` columns), their exact bounds over rotations inside the selection
+    (:func:`_bounded_direct_means`); the bounds at the solver's own configuration
+    (:func:`_own_bounds`); the matched draws' configurations (stream 3) queued on
+    ``st.matched``. Rotations inside the selection transform the solver's own normalised rows
+    (:func:`_rotated_rows`); a group straddling the boundary rebuilds ``V_KPCA``.
+    """
+    gens = {stream: head_generator(*key, stream) for stream in (2, 3)}
+    kc = st.kc[i].double().numpy()
+    a64 = st.a[i].double().numpy()
+    bases = _group_bases(kc, a64, sel, groups)
+    st.cols["solver_groups"][i] = len(groups)
+    st.cols["solver_group_max"][i] = max(len(g) for g in groups)
+    st.cols["solver_boundary_group"][i] = any(b["boundary"] for b in bases)
+    d, dv = a64.shape[-1], st.vn.shape[-1]
+    n_rot = min(st.n_direct, ROTATION_DRAWS)
+    reps = np.arange(st.n_direct) % max(n_rot, 1)
+    own_conf = _normalised_v_kpca(a64[None].copy(), st.inv_g[i], dv)
+    interior = not st.cols["solver_boundary_group"][i]
+    if interior:  # rotations inside the selection keep the row norms: no V_KPCA to rebuild
+        vkn_r = _rotated_rows(own_conf[0], s_direct[:n_rot], bases, gens[2])
+    else:
+        vkn_r = _normalised_v_kpca(_configurations(a64, s_direct[:n_rot, :d], bases, gens[2]), st.inv_g[i], dv)
+    vn = st.vn[i].numpy()
+    value, lo, hi, full_lo, full_hi = _bounded_direct_means(vn, vkn_r, bases)
+    st.out["direct_cos_mean"][i], st.out["direct_cos_mean_lower"][i], st.out["direct_cos_mean_upper"][i] = value[reps], lo[reps], hi[reps]
+    if st.token_max:
+        st.out["direct_cos_max"][i] = (vn[None] * vkn_r).sum(-1).max(-1)[reps]
+    _own_bounds(st, i, own, vn, own_conf, bases, full_lo, full_hi)
+    if st.n_optimal:
+        if interior:
+            conf = _rotated_rows(own_conf[0], s_opt, bases, gens[3])
+        else:
+            conf = _normalised_v_kpca(_configurations(a64, s_opt[:, :d], bases, gens[3]), st.inv_g[i], dv)
+        st.matched.append((i, torch.from_numpy(conf)))
+
+
+def _own_bounds(st: _ChunkDraws, i: int, own: float, vn: np.ndarray, own_conf: np.ndarray, bases: list[dict], full_lo: np.ndarray, full_hi: np.ndarray) -> None:
+    """Head ``i``'s bounds at the solver's own signs and subspaces, and its range over every draw.
+
+    ``own`` is the point estimate (the rows' float32 ``V_KPCA``); ``own_conf`` ``(1, N, d_v)``
+    float64 its rebuild from ``A``, whose bounds over the interior groups
+    (:func:`_bounded_direct_means`) are widened by the difference ``delta`` of the two, so the
+    interval holds the point estimate. ``full_lo``, ``full_hi`` ``(R,)``: the draws' bounds over
+    every sign and rotation (:data:`RANGE_NAMES` is their hull with the own configuration's).
+    """
+    _, olo, ohi, ofull_lo, ofull_hi = _bounded_direct_means(vn, own_conf, bases)
+    delta = own - float((vn * own_conf[0]).sum(-1).mean())  # float32 point estimate vs float64 rebuild
+    st.out["direct_cos_mean_own_lower"][i], st.out["direct_cos_mean_own_upper"][i] = olo[0] + min(delta, 0.0), ohi[0] + max(delta, 0.0)
+    st.out["direct_cos_mean_range_lower"][i] = min(float(full_lo.min()), float(ofull_lo[0]) + min(delta, 0.0))
+    st.out["direct_cos_mean_range_upper"][i] = max(float(full_hi.max()), float(ofull_hi[0]) + max(delta, 0.0))
+
+
+def _matched_draws(st: _ChunkDraws, valid: torch.Tensor | None, nan_to_zero: bool, own_optimal: np.ndarray | None, floor: RunningFloor | None) -> None:
+    """The matched (Hungarian) cosine of every configuration on ``st.matched`` (Table 1's MOC, Table 4).
+
+    ``sim = Vn C^T`` ``(R, N, N)`` float64 per head, assigned by
+    :func:`kpca_repro.method.numerics.assignment_similarities`; ``optimal_cos_mean`` /
+    ``_max`` are the token mean and maximum of the matched similarities. With ``floor``
+    (and ``own_optimal`` ``(heads,)``): heads with the largest own values first; a draw
+    whose float32 upper bound (:func:`assignment_upper_bound` + :data:`BOUND_MARGIN`) lies
+    below the floor stays NaN, and a head computed in full offers ``min(own, draws)`` to it
+    (:class:`RunningFloor`).
+    """
+    n_optimal = st.n_optimal
+    if floor is not None and own_optimal is not None:  # the heads most likely to set the floor first
+        key_of = {i: -own_optimal[i] if np.isfinite(own_optimal[i]) else np.inf for i, _ in st.matched}
+        st.matched.sort(key=lambda item: key_of[item[0]])
+    for i, conf in st.matched:
+        vn = st.vn[i]
+        ok = None if valid is None else valid[i : i + 1].expand(n_optimal)
+        todo = np.ones(n_optimal, bool)
+        if floor is not None:
+            vn32 = st.rows["v"][i].detach().cpu().float()
+            c32 = st.conf32.get(i)
+            c32 = conf.float() if c32 is None else c32.float()
+            bound = assignment_upper_bound(vn32[None] @ c32.transpose(-1, -2)).double().numpy() + BOUND_MARGIN
+            st.out[BOUND_NAME][i] = bound
+            todo = ~(bound < floor.value)  # NaN bounds (a dropped head) are computed: their draws are NaN anyway
+        if todo.any():
+            sim = vn[None] @ conf[torch.from_numpy(todo)].transpose(-1, -2)
+            matched = assignment_similarities(sim, None if ok is None else ok[: int(todo.sum())], nan_to_zero=nan_to_zero)
+            st.out["optimal_cos_mean"][i, todo], st.out["optimal_cos_max"][i, todo] = matched.mean(-1).numpy(), matched.amax(-1).numpy()
+        if floor is not None and own_optimal is not None and todo.all():
+            floor.offer(float(np.min([own_optimal[i], *st.out["optimal_cos_mean"][i]])))
+
+
 def head_solver_draws(
     rows: dict,
     ids: dict[str, np.ndarray],
@@ -407,115 +610,30 @@ def head_solver_draws(
         :data:`BOUND_NAMES` (``(heads, n_direct)`` and ``(heads, 1)``, float32) and, with
         ``floor``, ``optimal_cos_mean_bound`` (``(heads, n_optimal)``: each draw's upper
         bound); ``columns``: :data:`HEAD_COLUMNS` -> ``(heads,)`` arrays for the per-head records.
+
+    Steps: :func:`_start_chunk`; per head its sign patterns (streams 0, 1), its groups
+    (:func:`_head_groups`) and either :func:`_sign_only_head` or :func:`_rotated_head`; then
+    :func:`_matched_draws` over the queued configurations.
     """
-    vn_all = rows["v"].detach().to("cpu", torch.float64)
-    vkn_all = rows["v_kpca"].detach().to("cpu", torch.float64)
-    kc_all, a_all = rows["kc"].detach().cpu(), rows["a"].detach().cpu()
-    inv_g_all = rows["inv_g"].detach().to("cpu", torch.float64)
+    st = _start_chunk(rows, n_direct=n_direct, n_optimal=n_optimal, token_max=token_max, bounded=floor is not None)
     spectra = rows.get("spectrum")
-    h, n_tok, dv = vn_all.shape
-    d = a_all.shape[-1]
-    solver_dtype = kc_all.dtype
+    h, _, dv = st.vn.shape
     ident = {k: np.broadcast_to(np.asarray(ids[k]), (h,)) for k in ("layer", "sample_rank", "dataset_index", "head")}
-    names = ("direct_cos_mean", "direct_cos_max", "optimal_cos_mean", "optimal_cos_max")
-    out = {name: np.full((h, n_optimal if name.startswith("optimal") else (n_direct if (token_max or name == "direct_cos_mean") else 0)), np.nan) for name in names}
-    out[MEAN_VECTOR] = (vn_all * vkn_all).mean(-2).numpy()
-    out["direct_cos_mean_lower"] = np.full((h, n_direct), np.nan)
-    out["direct_cos_mean_upper"] = np.full((h, n_direct), np.nan)
-    out["direct_cos_mean_own_lower"] = np.full((h, 1), np.nan)
-    out["direct_cos_mean_own_upper"] = np.full((h, 1), np.nan)
-    for name in RANGE_NAMES:
-        out[name] = np.full((h, 1), np.nan)
-    if floor is not None:
-        out[BOUND_NAME] = np.full((h, n_optimal), np.nan)
-    cols = {name: np.full(h, np.nan) for name in HEAD_COLUMNS}
-    cols["solver_groups"] = np.zeros(h)
-    cols["solver_group_max"] = np.ones(h)
-    cols["solver_boundary_group"] = np.zeros(h, bool)
-    eps = ROW_NORM_EPS
-    matched_confs: list[tuple[int, torch.Tensor]] = []  # (head, normalised configurations (R, N, d)) for the matched draws
-    conf32: dict[int, torch.Tensor] = {}  # the same in the rows' dtype, for the bounds
     for i in range(h):
         checkpoint()
         key = (seed, ident["layer"][i], ident["sample_rank"][i], ident["dataset_index"][i], ident["head"][i])
         s_direct = sign_patterns(head_generator(*key, 0), n_direct, dv)
         s_opt = sign_patterns(head_generator(*key, 1), n_optimal, dv) if n_optimal else np.empty((0, dv))
-        vn, vkn = vn_all[i], vkn_all[i]
-        own = float((vn * vkn).mean(-2).sum())
-        groups, _, gap, sel = _head_groups(kc_all[i], None if spectra is None else spectra[i], d, order, solver_dtype, factor)
-        cols["eigengap_min"][i] = gap
-        if not groups:  # the sign treatment of kpca_repro.method.uncertainty, the same numbers
-            t = direct_sign_statistics(vn[None], vkn[None], torch.from_numpy(s_direct)[None], token_max=token_max)
-            out["direct_cos_mean"][i] = t["direct_cos_mean"][0].numpy()
-            out["direct_cos_mean_lower"][i] = out["direct_cos_mean_upper"][i] = out["direct_cos_mean"][i]
-            out["direct_cos_mean_own_lower"][i] = out["direct_cos_mean_own_upper"][i] = own
-            m_abs = float(np.abs(out[MEAN_VECTOR][i]).sum())
-            out["direct_cos_mean_range_lower"][i], out["direct_cos_mean_range_upper"][i] = -m_abs, m_abs
-            if token_max:
-                out["direct_cos_max"][i] = t["direct_cos_max"][0].numpy()
-            if n_optimal:
-                matched_confs.append((i, vkn[None] * torch.from_numpy(s_opt)[:, None, :]))
-                if floor is not None:  # bounds from the float32 rows: no float64 product for a pruned draw
-                    conf32[i] = rows["v_kpca"][i].detach().cpu()[None] * torch.from_numpy(s_opt).to(rows["v_kpca"].dtype)[:, None, :]
-            continue
-        gens = {stream: head_generator(*key, stream) for stream in (2, 3)}
-        kc = kc_all[i].double().numpy()
-        a64 = a_all[i].double().numpy()
-        bases = _group_bases(kc, a64, sel, groups)
-        cols["solver_groups"][i] = len(groups)
-        cols["solver_group_max"][i] = max(len(g) for g in groups)
-        cols["solver_boundary_group"][i] = any(b["boundary"] for b in bases)
-        inv_g = inv_g_all[i]
-
-        def normalised(conf: np.ndarray) -> np.ndarray:
-            vk = v_kpca(torch.from_numpy(conf), inv_g[None].expand(conf.shape[0], -1), paper=False)
-            if vk.shape[-1] < dv:
-                vk = torch.nn.functional.pad(vk, (0, dv - vk.shape[-1]))
-            return row_normalize(vk, eps).numpy()
-
-        n_rot = min(n_direct, ROTATION_DRAWS)
-        reps = np.arange(n_direct) % max(n_rot, 1)
-        own_conf = normalised(a64[None].copy())
-        interior = not cols["solver_boundary_group"][i]
-        if interior:  # rotations inside the selection keep the row norms: no V_KPCA to rebuild
-            vkn_r = _rotated_rows(own_conf[0], s_direct[:n_rot], bases, gens[2])
+        own = float((st.vn[i] * st.vkn[i]).mean(-2).sum())
+        groups, _, gap, sel = _head_groups(st.kc[i], None if spectra is None else spectra[i], st.a.shape[-1], order, st.kc.dtype, factor)
+        st.cols["eigengap_min"][i] = gap
+        if groups:
+            _rotated_head(st, i, key, own, sel, groups, s_direct, s_opt)
         else:
-            vkn_r = normalised(_configurations(a64, s_direct[:n_rot, :d], bases, gens[2]))
-        value, lo, hi, full_lo, full_hi = _bounded_direct_means(vn.numpy(), vkn_r, bases)
-        out["direct_cos_mean"][i], out["direct_cos_mean_lower"][i], out["direct_cos_mean_upper"][i] = value[reps], lo[reps], hi[reps]
-        if token_max:
-            out["direct_cos_max"][i] = (vn.numpy()[None] * vkn_r).sum(-1).max(-1)[reps]
-        # the solver's own configuration: its value is the point estimate; bounds over interior groups
-        _, olo, ohi, ofull_lo, ofull_hi = _bounded_direct_means(vn.numpy(), own_conf, bases)
-        delta = own - float((vn.numpy() * own_conf[0]).sum(-1).mean())  # float32 point estimate vs float64 rebuild
-        out["direct_cos_mean_own_lower"][i], out["direct_cos_mean_own_upper"][i] = olo[0] + min(delta, 0.0), ohi[0] + max(delta, 0.0)
-        out["direct_cos_mean_range_lower"][i] = min(float(full_lo.min()), float(ofull_lo[0]) + min(delta, 0.0))
-        out["direct_cos_mean_range_upper"][i] = max(float(full_hi.max()), float(ofull_hi[0]) + max(delta, 0.0))
-        if n_optimal:
-            conf = _rotated_rows(own_conf[0], s_opt, bases, gens[3]) if interior else normalised(_configurations(a64, s_opt[:, :d], bases, gens[3]))
-            matched_confs.append((i, torch.from_numpy(conf)))
-    if floor is not None and own_optimal is not None:  # the heads most likely to set the floor first
-        key_of = {i: -own_optimal[i] if np.isfinite(own_optimal[i]) else np.inf for i, _ in matched_confs}
-        matched_confs.sort(key=lambda item: key_of[item[0]])
-    for i, conf in matched_confs:
-        vn = vn_all[i]
-        ok = None if valid is None else valid[i : i + 1].expand(n_optimal)
-        todo = np.ones(n_optimal, bool)
-        if floor is not None:
-            vn32 = rows["v"][i].detach().cpu().float()
-            c32 = conf32.get(i)
-            c32 = conf.float() if c32 is None else c32.float()
-            bound = assignment_upper_bound(vn32[None] @ c32.transpose(-1, -2)).double().numpy() + BOUND_MARGIN
-            out[BOUND_NAME][i] = bound
-            todo = ~(bound < floor.value)  # NaN bounds (a dropped head) are computed: their draws are NaN anyway
-        if todo.any():
-            sim = vn[None] @ conf[torch.from_numpy(todo)].transpose(-1, -2)
-            matched = assignment_similarities(sim, None if ok is None else ok[: int(todo.sum())], nan_to_zero=nan_to_zero)
-            out["optimal_cos_mean"][i, todo], out["optimal_cos_max"][i, todo] = matched.mean(-1).numpy(), matched.amax(-1).numpy()
-        if floor is not None and own_optimal is not None and todo.all():
-            floor.offer(float(np.min([own_optimal[i], *out["optimal_cos_mean"][i]])))
-    draws = {k: np.asarray(x, dtype=np.float32) for k, x in out.items()}
-    return draws, cols
+            _sign_only_head(st, i, own, s_direct, s_opt, bounded=floor is not None)
+    _matched_draws(st, valid, nan_to_zero, own_optimal, floor)
+    draws = {k: np.asarray(x, dtype=np.float32) for k, x in st.out.items()}
+    return draws, st.cols
 
 
 def prune_below_floor(draws: dict[str, np.ndarray], floor: float) -> dict[str, np.ndarray]:
