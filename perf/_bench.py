@@ -85,6 +85,15 @@ def parser(doc: str) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def input_arguments(p: argparse.ArgumentParser, images: int = 100) -> None:
+    """The options of the benchmarks that read real inputs: ``--model``, ``--weights``,
+    ``--image-dir`` (defaults: the offline DeiT-Tiny and ImageNet sample) and ``--images``."""
+    p.add_argument("--model", default="deit_tiny_patch16_224")
+    p.add_argument("--weights", default=str(DEIT_TINY_WEIGHTS))
+    p.add_argument("--image-dir", default=str(IMAGE_DIR))
+    p.add_argument("--images", type=int, default=images)
+
+
 def main(p: argparse.ArgumentParser, measure: Callable[[argparse.Namespace], dict], argv: list[str] | None = None) -> dict:
     """Parse ``argv`` (with ``--out``), run ``measure(args)`` and write the result file (module docstring)."""
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")

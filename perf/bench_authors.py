@@ -102,10 +102,7 @@ def measure(args) -> dict:
 
 def main(argv=None) -> dict:
     p = _bench.parser(__doc__)
-    p.add_argument("--model", default="deit_tiny_patch16_224")
-    p.add_argument("--weights", default=str(_bench.DEIT_TINY_WEIGHTS))
-    p.add_argument("--image-dir", default=str(_bench.IMAGE_DIR))
-    p.add_argument("--images", type=int, default=100)
+    _bench.input_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="the configuration seed of the image draw")
     return _bench.main(p, measure, argv)
 

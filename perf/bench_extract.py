@@ -51,10 +51,7 @@ def measure(args) -> dict:
 
 def main(argv=None) -> dict:
     p = _bench.parser(__doc__)
-    p.add_argument("--model", default="deit_tiny_patch16_224")
-    p.add_argument("--weights", default=str(_bench.DEIT_TINY_WEIGHTS))
-    p.add_argument("--image-dir", default=str(_bench.IMAGE_DIR))
-    p.add_argument("--images", type=int, default=100)
+    _bench.input_arguments(p)
     p.add_argument("--batch-size", type=int, default=25)
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads of the forward pass")
     p.add_argument("--repeats", type=int, default=2)

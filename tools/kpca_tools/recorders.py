@@ -10,7 +10,7 @@ test_training.py's attention module). No rule imports it, so it lives in tools/ 
 
 from __future__ import annotations
 
-from kpca_repro.capture.vision import HeadRecorder, split_heads
+from kpca_repro.capture.vision import CaptureRecorder, HeadRecorder
 
 __all__ = ["AttentionRecorder"]
 
@@ -35,13 +35,8 @@ class AttentionRecorder(HeadRecorder):
 
         return hook
 
-    def _proj_pre_hook(self, layer: int):
-        attn = self.attns[layer]
-
-        def hook(_mod, args):
-            self.captured[layer]["h"] = split_heads(args[0], attn.num_heads, attn.head_dim)
-
-        return hook
+    #: h = the per-head input of ``attn.proj``: the pipeline recorder's h hook, registered on ``proj``.
+    _proj_pre_hook = CaptureRecorder._h_pre_hook
 
     def _register(self) -> list:
         handles = []
