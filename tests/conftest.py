@@ -108,26 +108,14 @@ def parse_stop(config: dict, cache_dir: Path | None = None) -> str | None:
     """The message with which the workflow's parse stops on ``config`` (``_checked_config`` of
     ``workflow/rules/common.smk`` in Snakemake's main process: the schema, with the message of
     :func:`~kpca_repro.workflow.config_checks.schema_error_message`, then the training scales and
-    :func:`~kpca_repro.workflow.config_checks.check_config`), or None when it passes; ``config``
-    then holds the schema's defaults and the resolved scales. The calls Snakemake makes, without
-    Snakemake; tests/test_reliability.py runs one case of each kind through Snakemake."""
-    import yaml
-    from snakemake.exceptions import WorkflowError
-    from snakemake.utils import validate
-
+    :func:`~kpca_repro.workflow.config_checks.check_config`: the one function common.smk calls,
+    :func:`~kpca_repro.workflow.config_checks.checked_config`), or None when it passes; ``config``
+    then holds the schema's defaults and the resolved scales. tests/test_reliability.py runs one
+    case of each kind through Snakemake."""
     from kpca_repro.workflow import config_checks
 
-    schema = REPO / "workflow" / "schemas" / "config.schema.yaml"
     try:
-        try:
-            validate(config, str(schema))
-        except WorkflowError:
-            message = config_checks.schema_error_message(config, yaml.safe_load(schema.read_text()), "workflow/schemas/config.schema.yaml")
-            if message is None:
-                raise
-            raise config_checks.ConfigError(message) from None
-        config["training"]["scales"] = config_checks.resolve_scales(config["training"]["scales"])
-        config_checks.check_config(config, main_process=True, cache_dir=cache_dir)
+        config_checks.checked_config(config, REPO / "workflow" / "schemas" / "config.schema.yaml", cache_dir=cache_dir)
     except config_checks.ConfigError as exc:
         return str(exc)
     return None

@@ -6,9 +6,7 @@ import warnings
 from functools import partial
 from pathlib import Path
 
-import yaml
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
 
 
 def _check_package_checkout():
@@ -53,17 +51,8 @@ def _checked_config():
     """Validate ``config`` against the schema (filling defaults; one short message per error), resolve
     the training scales, then every check a schema cannot express (config_checks; cluster jobs skip the
     costly ones). A failure ends Snakemake with its message alone, no Snakefile lines (docs/running.md)."""
-    schema = REPO / "workflow" / "schemas" / "config.schema.yaml"
     try:
-        try:
-            validate(config, str(schema))
-        except WorkflowError:
-            message = config_checks.schema_error_message(config, yaml.safe_load(schema.read_text()), "workflow/schemas/config.schema.yaml")
-            if message is None:
-                raise
-            raise ConfigError(message) from None
-        config["training"]["scales"] = config_checks.resolve_scales(config["training"]["scales"])
-        config_checks.check_config(config, main_process=workflow.is_main_process, cache_dir=CHECK_CACHE)
+        config_checks.checked_config(config, REPO / "workflow" / "schemas" / "config.schema.yaml", main_process=workflow.is_main_process, cache_dir=CHECK_CACHE)
     except ConfigError as exc:
         sys.exit(str(exc))  # the message alone on stderr, status 1
 

@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import os
 import typing
+from pathlib import Path
 
 from kpca_repro.check_cache import CheckCache, library_fingerprint, package_version, sha256_file
 from kpca_repro.inputs.model_info import LOCAL_MODELS_KEY, MissingModelError, VisionModelCheck, model_source, resolve_local_dir
@@ -223,6 +224,32 @@ def _check_resources(config: dict, checked: dict[str, str]) -> None:
             checked[path] = check_checksum(path, expected)
         except ChecksumMismatchError as exc:
             raise ConfigError(f"config key checksums.{model}: {exc}") from None
+
+
+def checked_config(config: dict, schema_path: str | os.PathLike, *, main_process: bool = True, cache_dir: str | os.PathLike | None = None) -> None:
+    """The workflow's configuration check, in the order workflow/rules/common.smk runs it while
+    Snakemake parses: validate ``config`` against the JSON schema at ``schema_path`` (Snakemake's
+    ``validate``, which fills the defaults in place), resolve ``training.scales``
+    (:func:`resolve_scales`), then :func:`check_config`.
+
+    Raises:
+        ConfigError: the first failure, in one short message (a schema error as
+            :func:`schema_error_message` words it).
+        snakemake.exceptions.WorkflowError: a schema error that message cannot word.
+    """
+    import yaml
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    try:
+        validate(config, str(schema_path))
+    except WorkflowError:
+        message = schema_error_message(config, yaml.safe_load(Path(schema_path).read_text()), "workflow/schemas/config.schema.yaml")
+        if message is None:
+            raise
+        raise ConfigError(message) from None
+    config["training"]["scales"] = resolve_scales(config["training"]["scales"])
+    check_config(config, main_process=main_process, cache_dir=cache_dir)
 
 
 def check_config(config: dict, *, main_process: bool = True, checksums_done: dict[str, str] | None = None, cache_dir: str | os.PathLike | None = None) -> None:
