@@ -6,7 +6,7 @@ count) and solver draws, and times, summed over threads: the solve on the main t
 matrices, ``eigh``, V_KPCA; the workers pause meanwhile), the comparisons of V with V_KPCA
 (``head_metrics`` on the workers, the head's own assignment included), and the solver draws
 (``head_solver_draws``), with inside them the assignments (own and drawn, counted) and the
-bounds of the matched-cosine draws. Prints a table and writes JSON.
+two bounds of the matched-cosine draws. Prints a table and writes JSON.
 
     python perf/kpca_stage.py results/activations/deit_tiny_patch16_224/vision_100_0of1.h5 --cores 2 --out stage.json
     python perf/kpca_stage.py ... --no-prune          # every matched-cosine draw computed (issue 34's cost)
@@ -63,6 +63,7 @@ def main(argv=None) -> None:
     records.head_metrics = timed("compare (workers)", kpca.head_metrics)
     records.head_solver_draws = timed("solver draws (workers)", solver_variation.head_solver_draws)
     solver_variation.assignment_upper_bound = timed("  bounds of matched draws", solver_variation.assignment_upper_bound)
+    solver_variation.assignment_collision_bound = timed("  collision bounds of matched draws", solver_variation.assignment_collision_bound)
     numerics.linear_sum_assignment = timed("  assignments (all)", numerics.linear_sum_assignment)
     torch.set_num_threads(1)
     place = plan(args.variant, device="cpu", cores=args.cores, eigh_threads=args.eigh_threads if args.eigh_threads == "auto" else int(args.eigh_threads))

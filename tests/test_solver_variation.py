@@ -267,6 +267,26 @@ def test_assignment_upper_bound_bounds_the_optimum_and_is_tight_on_a_permutation
     assert sv.assignment_upper_bound(torch.from_numpy(s)[None]).item() == pytest.approx(s[np.arange(23), perm].mean(), abs=1e-12)
 
 
+def test_collision_bound_lies_between_the_optimum_and_the_reduction_bound():
+    """The reduced costs' collision bound is a valid upper bound of the assignment's optimum
+    (scipy), never above the row-and-column reduction bound, and strictly tighter where many
+    rows prefer the same columns (low-rank similarities, as V Vkpca^T of a head); NaN in, NaN out."""
+    from scipy.optimize import linear_sum_assignment
+
+    rng = np.random.default_rng(3)
+    uniform = rng.uniform(-1, 1, size=(40, 23, 23))
+    x, y = rng.standard_normal((2, 40, 31, 4))
+    low_rank = x @ np.swapaxes(y, -1, -2) / 4 + 0.05 * rng.standard_normal((40, 31, 31))
+    for sims in (uniform, low_rank):
+        sim = torch.from_numpy(sims)
+        tight, cheap = sv.assignment_collision_bound(sim).numpy(), sv.assignment_upper_bound(sim).numpy()
+        optimum = np.array([s[linear_sum_assignment(-s)].mean() for s in sims])
+        assert (tight >= optimum - 1e-12).all() and (tight <= cheap + 1e-12).all()
+    assert (tight < cheap - 1e-3).mean() > 0.5  # the collisions bite on low-rank similarities
+    sims[0, 3, 5] = np.nan
+    assert np.isnan(sv.assignment_collision_bound(torch.from_numpy(sims)).numpy()[0])
+
+
 def test_running_floor_only_rises():
     f = sv.RunningFloor()
     assert f.value == -np.inf

@@ -18,7 +18,7 @@ import torch
 from kpca_repro.activations import ActivationFile
 from kpca_repro.method.kpca import gamma_test, head_metrics, solve_heads, top_eigenvalues
 from kpca_repro.method.placement import Placement, plan
-from kpca_repro.method.solver_variation import BOUND_NAME, BOUND_NAMES, RANGE_NAMES, RunningFloor, head_solver_draws, prune_below_floor
+from kpca_repro.method.solver_variation import BOUND_NAME, BOUND_NAMES, COLLISION_BOUND_NAME, RANGE_NAMES, RunningFloor, head_solver_draws, prune_below_floor
 from kpca_repro.method.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES
 from kpca_repro.method.variant import Variant
 from kpca_repro.method.variant import get as get_variant
@@ -283,7 +283,7 @@ def _gathered_draws(draw_parts: list[dict[str, np.ndarray]], floor: RunningFloor
     (:func:`~kpca_repro.method.solver_variation.prune_below_floor`: the stored draws do not depend
     on the workers' order) and the floor and the number of matched draws computed are added.
     """
-    names = (*SIGN_DRAW_NAMES, MEAN_VECTOR, *BOUND_NAMES, *RANGE_NAMES, *((BOUND_NAME,) if floor is not None else ()))
+    names = (*SIGN_DRAW_NAMES, MEAN_VECTOR, *BOUND_NAMES, *RANGE_NAMES, *((BOUND_NAME, COLLISION_BOUND_NAME) if floor is not None else ()))
     out = {"sign_draws": prune_below_floor({name: np.concatenate([p[name] for p in draw_parts]) for name in names}, floor.value if floor is not None else np.nan)}
     if floor is not None:
         out["matched_draws_floor"] = float(floor.value)
