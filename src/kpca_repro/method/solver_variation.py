@@ -242,7 +242,7 @@ def _configurations(a64: np.ndarray, signs: np.ndarray, groups: list[dict], gen:
             out[:, :, cols] = a64[None][:, :, cols]
             continue
         q = haar_orthogonal(gen, basis.shape[1], r, k=len(cols))
-        out[:, :, cols] = np.einsum("nm,rmk->rnk", basis, q)
+        out[:, :, cols] = basis @ q  # (N, m) @ (R, m, k): BLAS
     return out
 
 
@@ -259,7 +259,7 @@ def _rotated_rows(own: np.ndarray, signs: np.ndarray, groups: list[dict], gen: n
     for grp in groups:
         cols = grp["cols"]
         q = haar_orthogonal(gen, grp["basis"].shape[1], signs.shape[0], k=len(cols))
-        out[:, :, cols] = np.einsum("nm,rmk->rnk", own[:, cols], q)
+        out[:, :, cols] = own[:, cols] @ q
     return out
 
 
@@ -282,7 +282,7 @@ def _bounded_direct_means(vn: np.ndarray, vkn: np.ndarray, groups: list[dict]) -
         if grp["boundary"]:
             continue  # its subspace is drawn, not bounded
         cols = grp["cols"]
-        m = np.einsum("nc,rnb->rcb", vn[:, cols], vkn[:, :, cols]) / n
+        m = vn[:, cols].T @ vkn[:, :, cols] / n  # (R, k, k)
         free -= np.trace(m, axis1=-2, axis2=-1)
         width += group_trace_bound(m)
     singles = per_col[:, ~in_group]
