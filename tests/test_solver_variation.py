@@ -335,6 +335,40 @@ def test_pruned_matched_draws_give_the_intervals_of_every_draw(tmp_path):
     pd.testing.assert_frame_equal(t_pruned, t_full, check_exact=True)
 
 
+def test_pruned_draws_and_their_bounds_do_not_depend_on_workers_or_chunks(tmp_path):
+    """The floor rises in whatever order the workers finish, and the collision bound is computed
+    only where the first bound reaches the floor as it stood: the stored draws and bounds are
+    still the same, bit for bit, for one worker or two and any chunk size (prune_below_floor)."""
+    from kpca_repro.method.records import kpca_records
+
+    path = _toy_file(tmp_path / "a.h5", n_images=10)
+    runs = [kpca_records(path, "paper", workers=w, eigh_threads=1, heads_per_chunk=c, sign_draws=(16, 6), progress=False)[1] for w, c in ((1, 30), (2, 4), (2, 7))]
+    ref = runs[0]["sign_draws"]
+    assert sv.COLLISION_BOUND_NAME not in ref and 0 < np.isfinite(ref["optimal_cos_mean"]).sum() < ref["optimal_cos_mean"].size
+    for meta in runs[1:]:
+        assert meta["matched_draws_floor"] == runs[0]["matched_draws_floor"]
+        assert meta["sign_draws"].keys() == ref.keys()
+        for name, x in ref.items():
+            np.testing.assert_array_equal(meta["sign_draws"][name], x, err_msg=name)
+
+
+def test_prune_below_floor_takes_the_collision_bound_where_the_first_reaches_the_floor():
+    """A draw's stored bound is its collision bound where its first bound reaches the final
+    floor (always computed there), its first bound elsewhere; a draw computed while the floor
+    was lower is set to NaN when that bound lies below the final floor."""
+    draws = {
+        sv.BOUND_NAME: np.array([[0.5, 0.5, 0.2, np.nan]], np.float32),
+        sv.COLLISION_BOUND_NAME: np.array([[0.45, 0.3, 0.25, np.nan]], np.float32),  # the third: computed when the floor was lower
+        "optimal_cos_mean": np.array([[0.44, 0.29, 0.19, np.nan]], np.float32),
+        "optimal_cos_max": np.array([[0.9, 0.8, 0.7, np.nan]], np.float32),
+    }
+    out = sv.prune_below_floor(draws, 0.4)
+    assert sv.COLLISION_BOUND_NAME not in out
+    np.testing.assert_array_equal(out[sv.BOUND_NAME], np.array([[0.45, 0.3, 0.2, np.nan]], np.float32))
+    np.testing.assert_array_equal(out["optimal_cos_mean"], np.array([[0.44, np.nan, np.nan, np.nan]], np.float32))
+    np.testing.assert_array_equal(out["optimal_cos_max"], np.array([[0.9, np.nan, np.nan, np.nan]], np.float32))
+
+
 def test_the_float32_screen_finds_every_group_the_float64_spectrum_finds():
     """The float64 spectrum is computed only where the solver's own gaps come within
     SCREEN_FACTOR tolerances: heads with and without near-degenerate pairs get the groups of
