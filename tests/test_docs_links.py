@@ -114,10 +114,10 @@ def test_links_into_performance_md_name_its_headings():
 
 def test_readme_headline_is_the_recorded_run():
     """README's headline numbers are generated from a recorded run (docs/runs/*/paper_comparison.csv
-    and run.json, kpca_repro.analysis.headline), never typed by hand: README holds exactly the block."""
+    and run.json, tools/kpca_tools/headline.py), never typed by hand: README holds exactly the block."""
     import re
 
-    from kpca_repro.analysis.headline import END, START, headline_block
+    from kpca_tools.headline import END, START, headline_block
 
     runs = sorted((ROOT / "docs" / "runs").glob("*/run.json"))
     assert runs, "no recorded run in docs/runs"

@@ -4,9 +4,11 @@ README's headline numbers are never typed by hand: this module writes them, betw
 markers ``<!-- headline:start -->`` and ``<!-- headline:end -->``, from the comparison table of
 a recorded run (``docs/runs/<name>/paper_comparison.csv``, with ``run.json`` naming the machine,
 the commit, the date and the command), and ``tests/test_docs_links.py`` checks that README holds
-exactly what it writes. After a new recorded run::
+exactly what it writes. After a new recorded run, from the repository root::
 
-    python -m kpca_repro.analysis.headline docs/runs/<name> --readme README.md
+    python tools/headline.py docs/runs/<name> --readme README.md
+
+A maintainer's tool, not part of the pipeline: it lives in ``tools/`` (tools/README.md).
 """
 
 from __future__ import annotations
