@@ -18,6 +18,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,6 +30,23 @@ ASSETS = REPO / ".." / "shared" / "assets"
 #: The real DeiT-Tiny weights and the 1000-image sample, the defaults of the benchmarks that read them.
 DEIT_TINY_WEIGHTS = ASSETS / "weights" / "timm" / "deit_tiny_patch16_224.safetensors"
 IMAGE_DIR = ASSETS / "images" / "imagenet-sample"
+
+
+def timed(fn: Callable, record: Callable[[float], None]) -> Callable:
+    """``fn`` wrapped so that the wall seconds of every call go to ``record`` (also when it raises).
+
+    The breakdowns of ``perf/`` (``_methods``, ``bench_ab``, ``kpca_stage``) wrap the engine's
+    functions with it; ``record`` decides where the seconds go (a lock for worker threads, a tree).
+    """
+
+    def wrapper(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            record(time.perf_counter() - t0)
+
+    return wrapper
 
 
 def environment() -> dict:

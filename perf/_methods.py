@@ -168,17 +168,12 @@ class _Timers:
         self.calls = {name: 0 for name in self.seconds}
 
     def wrap(self, name, fn):
-        def timed(*a, **kw):
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                dt = time.perf_counter() - t0
-                with self.lock:
-                    self.seconds[name] += dt
-                    self.calls[name] += 1
+        def record(dt):
+            with self.lock:
+                self.seconds[name] += dt
+                self.calls[name] += 1
 
-        return timed
+        return _bench.timed(fn, record)
 
     def install(self):
         import torch

@@ -22,6 +22,8 @@ import resource
 import threading
 import time
 
+import _bench
+
 from kpca_repro.method.variant import PAPER, VARIANTS
 
 
@@ -48,16 +50,12 @@ def main(argv=None) -> None:
     calls: dict[str, int] = {}
 
     def timed(name, fn):
-        def wrapper(*a, **kw):
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                with lock:
-                    seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
-                    calls[name] = calls.get(name, 0) + 1
+        def record(dt):
+            with lock:
+                seconds[name] = seconds.get(name, 0.0) + dt
+                calls[name] = calls.get(name, 0) + 1
 
-        return wrapper
+        return _bench.timed(fn, record)
 
     records.solve_heads = timed("solve (main thread, exclusive)", kpca.solve_heads)
     records.head_metrics = timed("compare (workers)", kpca.head_metrics)
