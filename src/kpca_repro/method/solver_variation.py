@@ -340,11 +340,15 @@ def assignment_upper_bound(sim: torch.Tensor) -> torch.Tensor:
         Shape ``(...)``, in ``sim``'s dtype; NaN where ``sim`` has NaN.
     """
     n = sim.shape[-1]
-    rmax = sim.amax(-1)
-    by_rows = (rmax.sum(-1) - (rmax[..., :, None] - sim).amin(-2).sum(-1)) / n
-    cmax = sim.amax(-2)
-    by_cols = (cmax.sum(-1) - (cmax[..., None, :] - sim).amin(-1).sum(-1)) / n
-    return torch.minimum(by_rows, by_cols)
+    totals = [u.sum(-1) + v.sum(-1) for u, v in (_row_column_reduction(sim), _row_column_reduction(sim.transpose(-1, -2)))]
+    return torch.minimum(*totals) / n
+
+
+def _row_column_reduction(sim: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dual pair ``(u, v)`` of the row-then-column reduction of ``sim`` ``(..., N, N)``:
+    ``u_i = max_j S_ij``, ``v_j = max_i (S_ij - u_i) <= 0``, so ``u_i + v_j >= S_ij``."""
+    u = sim.amax(-1)
+    return u, (sim - u[..., :, None]).amax(-2)
 
 
 def _collision_lower_bound(cost: torch.Tensor, dim: int) -> torch.Tensor:
@@ -364,8 +368,7 @@ def _collision_lower_bound(cost: torch.Tensor, dim: int) -> torch.Tensor:
 
 def _collision_side(sim: torch.Tensor) -> torch.Tensor:
     """``sum u + sum v`` of the row-then-column reduction of ``sim`` minus the reduced costs' collision bound."""
-    u = sim.amax(-1)
-    v = (sim - u[..., :, None]).amax(-2)
+    u, v = _row_column_reduction(sim)
     reduced = u[..., :, None] + v[..., None, :] - sim  # >= 0: (u, v) is dual feasible
     return u.sum(-1) + v.sum(-1) - _collision_lower_bound(reduced, -1)
 
