@@ -99,6 +99,25 @@ def test_core_budget_never_exceeds_two_cores():
     assert max(state["waits"]) < 0.05  # well below an item (10 segments of 2 ms plus the widened 10 ms)
 
 
+def test_workers_run_numpy_blas_on_one_thread_each():
+    """Each worker holds one core, so numpy's BLAS (OpenBLAS reads OMP_NUM_THREADS, which Snakemake
+    sets to the job's cores) runs one thread inside a budgeted map, and gets its count back after."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas_threads():
+        return {lib["filepath"]: lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+
+    np.ones((2, 2)) @ np.ones((2, 2))  # numpy's BLAS loaded
+    with threadpool_limits(limits=2, user_api="blas"):
+        before = blas_threads()
+        assert before and set(before.values()) == {2}
+        for workers in (1, 2):
+            inside = list(ordered_map(lambda _: blas_threads(), range(3), workers=workers, budget=CoreBudget(2)))
+            assert all(seen == dict.fromkeys(before, 1) for seen in inside)
+            assert blas_threads() == before
+        assert list(ordered_map(lambda _: blas_threads(), range(2), workers=2)) == [before, before]  # no budget: untouched
+
+
 def test_widening_beyond_the_budget_holds_the_whole_budget():
     budget = CoreBudget(2)
     with budget.hold():

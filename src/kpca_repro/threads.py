@@ -415,7 +415,10 @@ def ordered_map(fn: Callable, items: Iterable, *, workers: int = 1, max_pending:
     (:func:`pin_intra_op_threads`), so an item's result does not depend on which thread
     computes it or on what ran there before. With ``budget`` each item runs holding one of
     its cores (:class:`CoreBudget`), so that parallel regions inside ``fn`` can widen to
-    more without the threads outnumbering the cores.
+    more without the threads outnumbering the cores, and numpy's and scipy's BLAS run on one
+    thread for the whole map (``threadpoolctl``; torch's threads are set apart): OpenBLAS
+    otherwise reads ``OMP_NUM_THREADS``, which Snakemake sets to the job's cores, and every
+    worker's product would start a team of that many spinning threads.
 
     Args:
         fn: called as ``fn(item)`` on a worker thread.
@@ -428,6 +431,17 @@ def ordered_map(fn: Callable, items: Iterable, *, workers: int = 1, max_pending:
         ``fn(item)`` in the order of ``items``. An exception in ``fn`` is raised here.
     """
     held = budget.hold if budget is not None else contextlib.nullcontext
+    if budget is None:
+        yield from _ordered_map(fn, items, workers, max_pending, held)
+        return
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield from _ordered_map(fn, items, workers, max_pending, held)
+
+
+def _ordered_map(fn: Callable, items: Iterable, workers: int, max_pending: int | None, held: Callable) -> Iterator:
+    """:func:`ordered_map` inside its BLAS limit: ``held()`` is the context each item runs in."""
     if workers <= 1:
         for item in items:
             with held():
