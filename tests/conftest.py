@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# The workflow keeps passed checks in the user's cache directory (kpca_repro.check_cache); the tests,
+# and every Snakemake run they start (which inherits the environment), keep theirs in a directory of
+# their own, removed at the end, so that they leave the machine as they found it.
+_CHECK_CACHE = tempfile.mkdtemp(prefix="kpca-repro-test-checks-")
+os.environ["KPCA_REPRO_CACHE_DIR"] = _CHECK_CACHE
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_CHECK_CACHE, ignore_errors=True)
 
 
 def resources_dir_for_real_weights() -> Path:

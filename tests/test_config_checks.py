@@ -223,6 +223,21 @@ def _minilm_dir(tmp_path) -> Path:
     return local
 
 
+def test_the_check_cache_is_the_users_unless_one_is_named(tmp_path, monkeypatch):
+    """KPCA_REPRO_CACHE_DIR names the directory; without it the XDG cache directory, and
+    without that ~/.cache (the XDG default), each with kpca_repro/checks below it."""
+    from kpca_repro.check_cache import check_cache_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("KPCA_REPRO_CACHE_DIR", str(tmp_path / "named"))
+    assert check_cache_dir() == str(tmp_path / "named")
+    monkeypatch.delenv("KPCA_REPRO_CACHE_DIR")
+    assert check_cache_dir() == str(tmp_path / "xdg" / "kpca_repro" / "checks")
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    assert check_cache_dir() == str(tmp_path / "home" / ".cache" / "kpca_repro" / "checks")
+
+
 def test_a_second_check_builds_no_model(tmp_path, monkeypatch):
     """The second check of the same configuration is answered from the cache: no meta-device
     build, no timm look-up, no config.json read by transformers; a changed model_kwargs or

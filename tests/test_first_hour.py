@@ -336,3 +336,22 @@ def test_dry_run_warns_about_an_oversized_model(tiny_resources, tmp_path):
     warning = next(ln for ln in out.splitlines() if ln.startswith("WARNING: vit_tiny_patch16_224"))
     assert f"N = {n_tokens}" in warning and "vision.model_kwargs.vit_tiny_patch16_224.img_size" in warning
     assert "WARNING: deit_tiny_distilled" not in out  # the other model (17 tokens) is small
+
+
+@pytest.mark.integration
+def test_a_second_working_directory_repeats_no_check(tiny_resources, tmp_path, monkeypatch):
+    """Passed checks live in the user's check cache, not in a working directory: a dry run in a
+    new directory finds the model checks and torch's default thread count there and writes no
+    entry again (a repeated check would rewrite its entry), and no directory gets a cache of its own."""
+    cache = tmp_path / "checks"
+    monkeypatch.setenv("KPCA_REPRO_CACHE_DIR", str(cache))
+    cfg = _tiny_config(tmp_path / "tiny.yaml", tiny_resources)
+    first, second = tmp_path / "first", tmp_path / "second"
+    for study in (first, second):
+        study.mkdir()
+    run_snakemake(first, "-n", "results/table1.csv", "--configfile", str(cfg))
+    entries = {p.name: p.stat().st_mtime_ns for p in cache.glob("*.json")}
+    assert len(entries) >= 3  # timm.is_model and a meta-device build per model, at least
+    run_snakemake(second, "-n", "results/table1.csv", "--configfile", str(cfg))
+    assert {p.name: p.stat().st_mtime_ns for p in cache.glob("*.json")} == entries
+    assert not (first / ".snakemake" / "kpca_repro").exists() and not (second / ".snakemake" / "kpca_repro").exists()

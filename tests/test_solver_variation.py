@@ -287,6 +287,35 @@ def test_collision_bound_lies_between_the_optimum_and_the_reduction_bound():
     assert np.isnan(sv.assignment_collision_bound(torch.from_numpy(sims)).numpy()[0])
 
 
+def _collision_lower_bound_by_definition(cost: np.ndarray, axis: int) -> np.ndarray:
+    """The collision bound of each matrix, line by line in plain Python: every line pays its
+    smallest entry, every line but the one with the largest penalty in each group of lines
+    whose (first) argmin is the same place also pays its penalty (second smallest - smallest)."""
+    out = []
+    for c in cost:
+        lines = c if axis == -1 else c.T
+        total, groups = 0.0, {}
+        for line in lines:
+            order = np.argsort(line, kind="stable")
+            m1, m2 = line[order[0]], line[order[1]]
+            total += m1 + (m2 - m1)
+            groups.setdefault(int(order[0]), []).append(m2 - m1)
+        out.append(total - sum(max(g) for g in groups.values()))
+    return np.array(out)
+
+
+def test_collision_lower_bound_is_its_definition_whatever_the_ties():
+    """The lower bound of the reduced costs' assignment equals its definition computed line by
+    line, on costs with many exact ties (small integers), along rows and along columns: a tied
+    line's penalty is 0, so which of its minima is taken does not matter."""
+    rng = np.random.default_rng(11)
+    for shape, high in (((30, 9, 9), 4), ((10, 25, 25), 50)):
+        cost = rng.integers(0, high, size=shape).astype(np.float32)
+        for axis in (-1, -2):
+            got = sv._collision_lower_bound(torch.from_numpy(cost), axis).double().numpy()
+            np.testing.assert_allclose(got, _collision_lower_bound_by_definition(cost.astype(np.float64), axis), rtol=0, atol=1e-4)
+
+
 def test_running_floor_only_rises():
     f = sv.RunningFloor()
     assert f.value == -np.inf

@@ -2,7 +2,8 @@
 transformers alone cost seconds), and file hashes; standard library only. A pass is stored under
 a key holding everything its answer depends on (model, ``config.json`` content, installed
 versions, this package's source), as ``<directory>/<sha256 of key>.json``; a missing or corrupt
-entry is ignored. The workflow keeps them in ``.snakemake/kpca_repro/checks``.
+entry is ignored. The workflow keeps them in the user's cache directory (:data:`CHECK_CACHE_DIR`),
+so that every working directory and clone on the machine shares them.
 """
 
 from __future__ import annotations
@@ -14,13 +15,31 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["FORMAT", "WORKFLOW_CACHE_DIR", "CheckCache", "package_version", "library_fingerprint", "sha256_file"]
+__all__ = ["CACHE_DIR_ENV", "CHECK_CACHE_DIR", "FORMAT", "check_cache_dir", "CheckCache", "package_version", "library_fingerprint", "sha256_file"]
 
 #: Stored with every key; changing the layout of the entries changes it.
 FORMAT = 1
 
-#: Where the workflow keeps its entries, relative to the working directory.
-WORKFLOW_CACHE_DIR = os.path.join(".snakemake", "kpca_repro", "checks")
+#: The environment variable that names the directory of the passed checks.
+CACHE_DIR_ENV = "KPCA_REPRO_CACHE_DIR"
+
+
+def check_cache_dir() -> str:
+    """Where the workflow keeps passed checks: ``$KPCA_REPRO_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/kpca_repro/checks``, else ``~/.cache/kpca_repro/checks`` (the XDG default).
+
+    Per user, not per working directory: an entry's key holds everything its answer depends on
+    (machine-dependent answers such as torch's default thread count include the host name), so
+    a new working directory or clone need not import torch and timm again to repeat them.
+    """
+    if os.environ.get(CACHE_DIR_ENV):
+        return os.environ[CACHE_DIR_ENV]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "kpca_repro", "checks")
+
+
+#: :func:`check_cache_dir` when this module was imported (jobs inherit the environment, so they agree).
+CHECK_CACHE_DIR = check_cache_dir()
 
 
 @functools.cache

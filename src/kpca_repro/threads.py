@@ -142,7 +142,7 @@ def torch_default_threads(cache_dir: str | os.PathLike | None = None) -> int:
     With ``cache_dir`` the answer is kept there (:class:`kpca_repro.check_cache.CheckCache`)
     under a key of the host name, the CPU count and affinity, the interpreter, torch's
     version and the other OpenMP/MKL variables, so that the jobs of a run (the rule scripts
-    pass :data:`kpca_repro.check_cache.WORKFLOW_CACHE_DIR`) start the child process once per
+    pass :data:`kpca_repro.check_cache.CHECK_CACHE_DIR`) start the child process once per
     machine instead of once each.
 
     Args:

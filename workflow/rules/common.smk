@@ -28,7 +28,7 @@ def _check_package_checkout():
 
 _check_package_checkout()
 
-from kpca_repro.check_cache import WORKFLOW_CACHE_DIR as CHECK_CACHE
+from kpca_repro.check_cache import CHECK_CACHE_DIR as CHECK_CACHE
 from kpca_repro.inputs.model_info import MissingModelError, model_source
 from kpca_repro.inputs.resources import export_hub_timeouts
 from kpca_repro.method.variant import VARIANTS

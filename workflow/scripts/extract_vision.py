@@ -4,14 +4,14 @@ import pandas as pd
 import torch
 
 from kpca_repro.capture.extraction import extract_vision
-from kpca_repro.check_cache import WORKFLOW_CACHE_DIR
+from kpca_repro.check_cache import CHECK_CACHE_DIR
 from kpca_repro.inputs.resources import check_checksum
 from kpca_repro.smk import setup_logging
 from kpca_repro.threads import forward_batch_size, resolve_device, resolve_threads
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "extract_vision")
-torch.set_num_threads(resolve_threads(smk.params.intra_op_threads, "kpca.intra_op_threads", WORKFLOW_CACHE_DIR))
+torch.set_num_threads(resolve_threads(smk.params.intra_op_threads, "kpca.intra_op_threads", CHECK_CACHE_DIR))
 log.info("torch intra-op threads: %d", torch.get_num_threads())
 sha = check_checksum(smk.input.weights, smk.params.checksum)
 shard, n_shards = (int(x) for x in smk.wildcards.shard.split("of"))

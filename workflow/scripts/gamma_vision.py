@@ -2,7 +2,7 @@
 
 import torch
 
-from kpca_repro.check_cache import WORKFLOW_CACHE_DIR
+from kpca_repro.check_cache import CHECK_CACHE_DIR
 from kpca_repro.h5io import atomic_output
 from kpca_repro.method.placement import plan
 from kpca_repro.method.records import gamma_records
@@ -11,7 +11,7 @@ from kpca_repro.threads import resolve_threads
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "gamma_vision")
-torch.set_num_threads(resolve_threads(smk.params.intra_op_threads, "kpca.intra_op_threads", WORKFLOW_CACHE_DIR))
+torch.set_num_threads(resolve_threads(smk.params.intra_op_threads, "kpca.intra_op_threads", CHECK_CACHE_DIR))
 log.info("torch intra-op threads: %d", torch.get_num_threads())
 records = gamma_records(
     smk.input.activations[0],

@@ -327,21 +327,28 @@ class RunningFloor:
                 self._value = max(self._value, float(value))
 
 
-def assignment_upper_bound(sim: torch.Tensor) -> torch.Tensor:
+def assignment_upper_bound(sim: torch.Tensor, pairs: tuple | None = None) -> torch.Tensor:
     """Upper bound of ``max_pi mean_i S[i, pi(i)]`` for each matrix of ``sim`` ``(..., N, N)``: LP duality.
 
     For the maximum-weight assignment, any ``u_i + v_j >= S_ij`` gives
     ``sum_i S[i, pi(i)] <= sum u + sum v``. Row reduction (``u_i = max_j S_ij``) then column
     reduction (``v_j = max_i (S_ij - u_i) <= 0``) is such a pair, as is the same with rows and
     columns swapped; the smaller of the two totals, divided by ``N``. The first step of the
-    Hungarian method; ``O(N^2)`` against the assignment's ``O(N^3)``.
+    Hungarian method; ``O(N^2)`` against the assignment's ``O(N^3)``. ``pairs``: the two dual
+    pairs of :func:`dual_pairs` when already computed.
 
     Returns:
         Shape ``(...)``, in ``sim``'s dtype; NaN where ``sim`` has NaN.
     """
     n = sim.shape[-1]
-    totals = [u.sum(-1) + v.sum(-1) for u, v in (_row_column_reduction(sim), _row_column_reduction(sim.transpose(-1, -2)))]
+    totals = [u.sum(-1) + v.sum(-1) for u, v in (pairs or dual_pairs(sim))]
     return torch.minimum(*totals) / n
+
+
+def dual_pairs(sim: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """The dual pairs of :func:`assignment_upper_bound` for ``sim`` ``(..., N, N)``: the row-then-column
+    reduction of ``sim`` and of its transpose (:func:`_row_column_reduction`), each ``(u, v)`` of shape ``(..., N)``."""
+    return _row_column_reduction(sim), _row_column_reduction(sim.transpose(-1, -2))
 
 
 def _row_column_reduction(sim: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -358,22 +365,32 @@ def _collision_lower_bound(cost: torch.Tensor, dim: int) -> torch.Tensor:
     ``m1`` at its argmin and at least its second smallest ``m2`` anywhere else; of the lines
     whose argmin falls on the same place at most one gets it, so each such set pays at least
     ``sum m1 + sum (m2 - m1) - max (m2 - m1)``. Returns shape ``(...)``.
+
+    The line minima and their places are found with numpy (several times faster than
+    ``torch.min`` with indices on a CPU); a line whose minimum is tied has ``m2 = m1`` whichever
+    place is taken, so its penalty is 0 in every group and the bound does not depend on the
+    tie-break. The sums are torch's, as before.
     """
-    m1, arg = cost.min(dim, keepdim=True)
-    m2 = cost.scatter(dim, arg, float("inf")).amin(dim, keepdim=True)
-    penalty, arg = (m2 - m1).squeeze(dim), arg.squeeze(dim)
-    kept = torch.zeros_like(penalty).scatter_reduce_(-1, arg, penalty, "amax")  # penalties are >= 0
-    return m1.squeeze(dim).sum(-1) + penalty.sum(-1) - kept.sum(-1)
+    c = cost.detach().cpu().numpy()
+    arg = np.expand_dims(c.argmin(axis=dim), dim)
+    m1 = np.take_along_axis(c, arg, axis=dim)
+    rest = c.copy()
+    np.put_along_axis(rest, arg, np.inf, axis=dim)
+    m2 = rest.min(axis=dim, keepdims=True)
+    m1_t, arg_t = torch.from_numpy(m1.squeeze(dim)), torch.from_numpy(arg.squeeze(dim))
+    penalty = torch.from_numpy((m2 - m1).squeeze(dim))
+    kept = torch.zeros_like(penalty).scatter_reduce_(-1, arg_t, penalty, "amax")  # penalties are >= 0
+    return (m1_t.sum(-1) + penalty.sum(-1) - kept.sum(-1)).to(cost.device)
 
 
-def _collision_side(sim: torch.Tensor) -> torch.Tensor:
-    """``sum u + sum v`` of the row-then-column reduction of ``sim`` minus the reduced costs' collision bound."""
-    u, v = _row_column_reduction(sim)
+def _collision_side(sim: torch.Tensor, pair: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """``sum u + sum v`` of the dual pair ``(u, v)`` of ``sim`` (:func:`_row_column_reduction`) minus the reduced costs' collision bound."""
+    u, v = pair
     reduced = u[..., :, None] + v[..., None, :] - sim  # >= 0: (u, v) is dual feasible
     return u.sum(-1) + v.sum(-1) - _collision_lower_bound(reduced, -1)
 
 
-def assignment_collision_bound(sim: torch.Tensor) -> torch.Tensor:
+def assignment_collision_bound(sim: torch.Tensor, pairs: tuple | None = None) -> torch.Tensor:
     """A tighter upper bound of ``max_pi mean_i S[i, pi(i)]`` than :func:`assignment_upper_bound`, at several times its cost.
 
     With the dual pair ``(u, v)`` of the row-then-column reduction and the reduced costs
@@ -389,13 +406,15 @@ def assignment_collision_bound(sim: torch.Tensor) -> torch.Tensor:
 
     Args:
         sim: ``(..., N, N)`` float tensor.
+        pairs: its :func:`dual_pairs` when already computed.
 
     Returns:
         Shape ``(...)``, in ``sim``'s dtype; NaN where ``sim`` has NaN.
     """
     n = sim.shape[-1]
-    bound = torch.minimum(_collision_side(sim), _collision_side(sim.transpose(-1, -2))) / n
-    return bound.masked_fill(sim.isnan().any(-1).any(-1), float("nan"))
+    rows, cols = pairs or dual_pairs(sim)
+    bound = torch.minimum(_collision_side(sim, rows), _collision_side(sim.transpose(-1, -2), cols)) / n
+    return bound.masked_fill(rows[0].isnan().any(-1), float("nan"))  # a row maximum is NaN iff its row holds a NaN
 
 
 def _head_groups(
@@ -620,13 +639,15 @@ def _matched_draws(st: _ChunkDraws, valid: torch.Tensor | None, nan_to_zero: boo
             c32 = st.conf32.get(i)
             c32 = conf.float() if c32 is None else c32.float()
             sim32 = vn32[None] @ c32.transpose(-1, -2)
-            bound = assignment_upper_bound(sim32).double().numpy() + BOUND_MARGIN
+            pairs = dual_pairs(sim32)
+            bound = assignment_upper_bound(sim32, pairs).double().numpy() + BOUND_MARGIN
             st.out[BOUND_NAME][i] = bound
             at = floor.value
             todo = ~(bound < at)  # NaN bounds (a dropped head) are computed: their draws are NaN anyway
             if todo.any():  # the tighter bound only where the cheap one reaches the floor
                 tight = np.full(n_optimal, np.nan)
-                tight[todo] = assignment_collision_bound(sim32[torch.from_numpy(todo)]).double().numpy() + BOUND_MARGIN
+                pick = torch.from_numpy(todo)
+                tight[todo] = assignment_collision_bound(sim32[pick], tuple((u[pick], v[pick]) for u, v in pairs)).double().numpy() + BOUND_MARGIN
                 st.out[COLLISION_BOUND_NAME][i] = tight
                 todo &= ~(tight < at)
         if todo.any():
