@@ -231,8 +231,10 @@ def main(argv=None) -> None:
         if not args.skip_authors:
             a = run_authors(authors_dir, args.authors_python)
         c = run_chain(configs, extra, args.cores, args.targets, work / "chain", shlex.split(args.snakemake_args), args.empty_check_cache)
-        runs.append({"authors_seconds": a["seconds"], "chain_seconds": c["seconds"], "chain_jobs": c["jobs"], "snakemake_itself": c["snakemake_itself"], "check_cache_entries": c["check_cache_entries"]})
-        print(json.dumps({"repeat": r + 1, "authors_s": round(a["seconds"], 1), "chain_s": round(c["seconds"], 1), "ratio": round(a["seconds"] / c["seconds"], 2), "check_cache_entries": c["check_cache_entries"]}), flush=True)
+        entries = c["check_cache_entries"]
+        runs.append({"authors_seconds": a["seconds"], "chain_seconds": c["seconds"], "chain_jobs": c["jobs"], "snakemake_itself": c["snakemake_itself"], "check_cache_entries": entries})
+        ratio = round(a["seconds"] / c["seconds"], 2)
+        print(json.dumps({"repeat": r + 1, "authors_s": round(a["seconds"], 1), "chain_s": round(c["seconds"], 1), "ratio": ratio, "check_cache_entries": entries}), flush=True)
     slug = args.model.replace("/", "--")
     records = sorted((work / "chain" / "results" / "heads" / "paper" / slug).glob("vision_*.csv"))
     n_images = extra.get("vision", {}).get("n_images", 100)
