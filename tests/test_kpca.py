@@ -341,9 +341,10 @@ def test_cka_centering_by_means_equals_the_explicit_h_products():
 
 
 def test_reduced_costs_give_the_plain_assignment():
-    """Row and column reduction before scipy's solver returns exactly the matched values of
-    ``linear_sum_assignment(-S)`` on the same matrices (square: a constant per row or column
-    does not change the optimum), and a NaN in a matrix that counts still raises."""
+    """Scipy's solver on the row- and column-reduced cost of the transpose returns exactly the
+    matched values of ``linear_sum_assignment(-S)`` on the same matrices (square: a constant per
+    row or column does not change the optimum, and the transpose's optimal matching is the
+    inverse), and a NaN in a matrix that counts still raises."""
     from scipy.optimize import linear_sum_assignment
 
     gen = torch.Generator().manual_seed(2)
