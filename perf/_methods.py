@@ -12,7 +12,7 @@ Methods compared (each measurement runs in its own subprocess, so peak RSS is it
     :func:`kpca_repro.method.kpca.head_metrics` called on one head at a time.
 ``batched``
     What the ``kpca_heads`` rule runs: chunks of ``--chunk`` heads through ``head_metrics``,
-    ``--threads`` chunks at a time on worker threads (:func:`kpca_repro.threads.ordered_map`),
+    ``--threads`` chunks at a time on worker threads (:func:`kpca_repro.workers.ordered_map`),
     one intra-op torch thread on the CPU.
 
 Every comparison also checks that the methods produce the same numbers (``max_abs_diff``:
@@ -110,7 +110,7 @@ def _batched(k, v, base, variant, device, chunk, workers, eigh_device=None, stre
 
     from kpca_repro.method import kpca
     from kpca_repro.method.placement import plan
-    from kpca_repro.threads import device_stream, ordered_map
+    from kpca_repro.workers import device_stream, ordered_map
 
     # the job's placement, with the solver's device as asked (eigh_device "cpu": LAPACK per matrix beside a GPU)
     place = plan(variant, device=str(device), cores=workers, eigh_threads=eigh_threads)
@@ -124,7 +124,7 @@ def _batched(k, v, base, variant, device, chunk, workers, eigh_device=None, stre
             b = base[lo:hi].to(device) if get_variant(variant).baselines else None
             return kpca.head_metrics(k[lo:hi].to(device), v[lo:hi].to(device), variant, baseline=b, placement=place)
 
-    parts = list(ordered_map(work, range(0, k.shape[0], chunk), workers=workers, budget=place.budget))
+    parts = list(ordered_map(work, range(0, k.shape[0], chunk), workers=workers, blas_threads=place.blas_threads))
     return {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
 
 

@@ -18,7 +18,7 @@ from kpca_repro.method import kpca, numerics
 from kpca_repro.method.placement import Placement
 from kpca_repro.method.records import kpca_records, layer_chunks
 from kpca_repro.method.variant import PAPER
-from kpca_repro.threads import ordered_map
+from kpca_repro.workers import ordered_map
 
 from conftest import TINY_KWARGS, run_snakemake
 

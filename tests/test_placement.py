@@ -1,4 +1,4 @@
-"""Where the KPCA engine runs each kind of work (kpca_repro.method.placement), and the job's core budget.
+"""Where the KPCA engine runs each kind of work (kpca_repro.method.placement), and the thread arithmetic of a job.
 
 These run on the CPU. The CUDA placement is tested as a decision (no CUDA call is made to
 decide it), and the GPU's batched solver call as what it is on the CPU: one ``eigh`` call
@@ -20,7 +20,8 @@ from kpca_repro.method import equations as method
 from kpca_repro.method import kpca
 from kpca_repro.method.placement import EIGENSOLVERS, Placement, batched_eigensolver, plan
 from kpca_repro.method.variant import get as get_variant
-from kpca_repro.threads import CoreBudget, checkpoint, gpu_resource, intra_op_threads, ordered_map
+from kpca_repro.threads import gpu_resource, intra_op_threads
+from kpca_repro.workers import ordered_map
 
 CPU = torch.device("cpu")
 
@@ -30,7 +31,7 @@ def test_plan_decides_where_each_kind_of_work_runs():
     cpu = plan("paper", device="cpu", cores=2, eigh_threads=2)
     assert (cpu.device.type, cpu.eigh_device.type, cpu.eigh_batched, cpu.eigh_threads) == ("cpu", "cpu", False, 2)
     assert cpu.per_head_products and cpu.solve_on_main and not cpu.streams
-    assert (cpu.workers, cpu.budget.cores) == (2, 2)
+    assert (cpu.workers, cpu.blas_threads) == (2, 1)
     corrected = plan("corrected", device="cpu", cores=2, eigh_threads=2)
     assert corrected.eigh_threads is None and not corrected.per_head_products and not corrected.solve_on_main and not corrected.eigh_batched
     spectra = plan("paper", device="cpu", cores=2, eigh_threads=2, sign_invariant=True)
@@ -40,7 +41,7 @@ def test_plan_decides_where_each_kind_of_work_runs():
     gpu = plan("paper", device="cuda", cores=16, eigh_threads="auto")
     assert (gpu.device.type, gpu.eigh_device.type, gpu.eigh_batched, gpu.eigensolver) == ("cuda", "cuda", True, "torch")
     assert gpu.eigh_threads is None and gpu.per_head_products and gpu.streams and not gpu.solve_on_main
-    assert (gpu.workers, gpu.budget.cores) == (16, 16)
+    assert (gpu.workers, gpu.blas_threads) == (16, 1)
     # sign-invariant work takes the batched solver of kpca.gpu_eigensolver
     for variant, invariant in (("corrected", False), ("paper", True)):
         place = plan(variant, device="cuda", cores=16, gpu_eigensolver="torch", sign_invariant=invariant)
@@ -68,40 +69,9 @@ def test_gpu_resource_follows_the_device(tmp_path):
     assert gpu_resource("auto", tmp_path) == int(torch.cuda.is_available())  # from the cache
 
 
-def test_core_budget_never_exceeds_two_cores():
-    """Two workers on a 2-core budget; one widens to 2 threads now and then: the cores in use,
-    counted at every segment between checkpoints, never exceed 2, and a widening worker waits
-    for milliseconds (the other's next checkpoint), not for the other's whole item."""
-    budget = CoreBudget(2)
-    lock, state = threading.Lock(), {"in_use": 0, "peak": 0, "waits": []}
-
-    def use(n, seconds):
-        with lock:
-            state["in_use"] += n
-            state["peak"] = max(state["peak"], state["in_use"])
-        time.sleep(seconds)
-        with lock:
-            state["in_use"] -= n
-
-    def item(i):
-        for step in range(10):
-            use(1, 0.002)
-            checkpoint()
-            if i % 2 == 0 and step == 5:
-                t = time.perf_counter()
-                with budget.widen(2):
-                    state["waits"].append(time.perf_counter() - t)
-                    use(2, 0.01)
-        return i
-
-    assert list(ordered_map(item, range(8), workers=2, budget=budget)) == list(range(8))
-    assert state["peak"] <= 2 and budget.peak == 2
-    assert max(state["waits"]) < 0.05  # well below an item (10 segments of 2 ms plus the widened 10 ms)
-
-
 def test_workers_run_numpy_blas_on_one_thread_each():
-    """Each worker holds one core, so numpy's BLAS (OpenBLAS reads OMP_NUM_THREADS, which Snakemake
-    sets to the job's cores) runs one thread inside a budgeted map, and gets its count back after."""
+    """A job's map caps numpy's BLAS at one thread per worker (OpenBLAS reads OMP_NUM_THREADS, which
+    Snakemake sets to the job's cores), and the count comes back after it."""
     from threadpoolctl import threadpool_info, threadpool_limits
 
     def blas_threads():
@@ -112,20 +82,10 @@ def test_workers_run_numpy_blas_on_one_thread_each():
         before = blas_threads()
         assert before and set(before.values()) == {2}
         for workers in (1, 2):
-            inside = list(ordered_map(lambda _: blas_threads(), range(3), workers=workers, budget=CoreBudget(2)))
+            inside = list(ordered_map(lambda _: blas_threads(), range(3), workers=workers, blas_threads=1))
             assert all(seen == dict.fromkeys(before, 1) for seen in inside)
             assert blas_threads() == before
-        assert list(ordered_map(lambda _: blas_threads(), range(2), workers=2)) == [before, before]  # no budget: untouched
-
-
-def test_widening_beyond_the_budget_holds_the_whole_budget():
-    budget = CoreBudget(2)
-    with budget.hold():
-        with budget.widen(16):
-            assert budget.peak == 2
-        with budget.widen(None), budget.widen(1):
-            pass
-    assert budget._free == 2
+        assert list(ordered_map(lambda _: blas_threads(), range(2), workers=2)) == [before, before]  # no cap: untouched
 
 
 def test_a_two_core_job_solves_on_two_threads_and_compares_on_one(monkeypatch, tmp_path):
@@ -134,22 +94,37 @@ def test_a_two_core_job_solves_on_two_threads_and_compares_on_one(monkeypatch, t
     the comparisons on 2 workers with 1 thread each; the records do not depend on it."""
     from test_batching_and_sharding import _activation_file
 
+    from kpca_repro.method import records as records_module
     from kpca_repro.method.records import kpca_records
 
     path = _activation_file(tmp_path / "a.h5", n_images=4, n_heads=3, n_layers=2)
     place = plan("paper", device="cpu", cores=2, eigh_threads=2)
-    seen, real_eigh = [], torch.linalg.eigh
+    seen, compared, active, lock = [], [], [0], threading.Lock()
+    real_eigh, real_chunk_records = torch.linalg.eigh, records_module.chunk_records
 
     def eigh(m, *a, **k):
-        seen.append((threading.current_thread() is threading.main_thread(), torch.get_num_threads(), place.budget.cores - place.budget._free))
+        seen.append((threading.current_thread() is threading.main_thread(), torch.get_num_threads(), active[0]))
         return real_eigh(m, *a, **k)
 
+    def chunk_records(*a, **k):
+        with lock:
+            active[0] += 1
+        try:
+            compared.append((threading.current_thread() is threading.main_thread(), torch.get_num_threads()))
+            time.sleep(0.01)  # a worker still at work when the main thread could go on
+            return real_chunk_records(*a, **k)
+        finally:
+            with lock:
+                active[0] -= 1
+
     monkeypatch.setattr(torch.linalg, "eigh", eigh)
+    monkeypatch.setattr(records_module, "chunk_records", chunk_records)
     with intra_op_threads(1):
         records, meta = kpca_records(path, "paper", placement=place, heads_per_chunk=4, progress=False)
-    monkeypatch.setattr(torch.linalg, "eigh", real_eigh)
-    assert seen and all(main and threads == 2 and held == 2 for main, threads, held in seen)
-    assert place.budget.peak == 2 and meta["eigh_threads"] == 2
+    monkeypatch.undo()
+    assert seen and all(main and threads == 2 and workers_at_work == 0 for main, threads, workers_at_work in seen)
+    assert compared and all(not main and threads == 1 for main, threads in compared)
+    assert meta["eigh_threads"] == 2
     with intra_op_threads(1):
         alone, _ = kpca_records(path, "paper", placement=plan("paper", device="cpu", cores=1, eigh_threads=2), heads_per_chunk=24, progress=False)
     np.testing.assert_array_equal(records.select_dtypes("number").to_numpy(), alone.select_dtypes("number").to_numpy())

@@ -353,7 +353,7 @@ def test_pruned_matched_draws_give_the_intervals_of_every_draw(tmp_path):
     kept = np.isfinite(d["optimal_cos_mean"])
     assert 0 < kept.sum() < kept.size, "the toy heads should leave some draws below the floor"
     np.testing.assert_array_equal(d["optimal_cos_mean"][kept], d_full["optimal_cos_mean"][kept])
-    np.testing.assert_array_equal(~kept, d[sv.BOUND_NAME] < meta["matched_draws_floor"])
+    np.testing.assert_array_equal(~kept, d[unc.MATCHED_BOUND] < meta["matched_draws_floor"])
     own = full["optimal_cos_mean"].to_numpy()
     floor = np.max(np.minimum(own, np.nanmin(d_full["optimal_cos_mean"], axis=1)))
     assert meta["matched_draws_floor"] == pytest.approx(floor, abs=1e-7)  # max over heads of min(own, draws)
@@ -373,7 +373,7 @@ def test_pruned_draws_and_their_bounds_do_not_depend_on_workers_or_chunks(tmp_pa
     path = _toy_file(tmp_path / "a.h5", n_images=10)
     runs = [kpca_records(path, "paper", workers=w, eigh_threads=1, heads_per_chunk=c, sign_draws=(16, 6), progress=False)[1] for w, c in ((1, 30), (2, 4), (2, 7))]
     ref = runs[0]["sign_draws"]
-    assert sv.COLLISION_BOUND_NAME not in ref and 0 < np.isfinite(ref["optimal_cos_mean"]).sum() < ref["optimal_cos_mean"].size
+    assert unc.COLLISION_BOUND not in ref and 0 < np.isfinite(ref["optimal_cos_mean"]).sum() < ref["optimal_cos_mean"].size
     for meta in runs[1:]:
         assert meta["matched_draws_floor"] == runs[0]["matched_draws_floor"]
         assert meta["sign_draws"].keys() == ref.keys()
@@ -386,14 +386,14 @@ def test_prune_below_floor_takes_the_collision_bound_where_the_first_reaches_the
     floor (always computed there), its first bound elsewhere; a draw computed while the floor
     was lower is set to NaN when that bound lies below the final floor."""
     draws = {
-        sv.BOUND_NAME: np.array([[0.5, 0.5, 0.2, np.nan]], np.float32),
-        sv.COLLISION_BOUND_NAME: np.array([[0.45, 0.3, 0.25, np.nan]], np.float32),  # the third: computed when the floor was lower
+        unc.MATCHED_BOUND: np.array([[0.5, 0.5, 0.2, np.nan]], np.float32),
+        unc.COLLISION_BOUND: np.array([[0.45, 0.3, 0.25, np.nan]], np.float32),  # the third: computed when the floor was lower
         "optimal_cos_mean": np.array([[0.44, 0.29, 0.19, np.nan]], np.float32),
         "optimal_cos_max": np.array([[0.9, 0.8, 0.7, np.nan]], np.float32),
     }
     out = sv.prune_below_floor(draws, 0.4)
-    assert sv.COLLISION_BOUND_NAME not in out
-    np.testing.assert_array_equal(out[sv.BOUND_NAME], np.array([[0.45, 0.3, 0.2, np.nan]], np.float32))
+    assert unc.COLLISION_BOUND not in out
+    np.testing.assert_array_equal(out[unc.MATCHED_BOUND], np.array([[0.45, 0.3, 0.2, np.nan]], np.float32))
     np.testing.assert_array_equal(out["optimal_cos_mean"], np.array([[0.44, np.nan, np.nan, np.nan]], np.float32))
     np.testing.assert_array_equal(out["optimal_cos_max"], np.array([[0.9, np.nan, np.nan, np.nan]], np.float32))
 
@@ -408,8 +408,8 @@ def test_the_float32_screen_finds_every_group_the_float64_spectrum_finds():
         ev = np.sort(np.concatenate([rng.uniform(-0.1, 0.1, n - 6), [1.0, 0.9, 0.8, 0.7, 0.6, 0.6 + close]]))
         kc = torch.from_numpy(_matrix(ev, seed=4))
         w = torch.linalg.eigvalsh(kc)
-        screened = sv._head_groups(kc, w, 5, "abs_desc", torch.float32, sv.RESOLUTION_FACTOR)
-        full = sv._head_groups(kc, None, 5, "abs_desc", torch.float32, sv.RESOLUTION_FACTOR)
+        screened = sv._degenerate_groups(kc, w, 5, "abs_desc", torch.float32, sv.RESOLUTION_FACTOR)
+        full = sv._degenerate_groups(kc, None, 5, "abs_desc", torch.float32, sv.RESOLUTION_FACTOR)
         assert [list(g) for g in screened[0]] == [list(g) for g in full[0]]
         assert bool(full[0]) == (close == 1e-7)
         assert (screened[1] is None) == (close == 1e-3)  # the float64 spectrum only where a gap is close

@@ -21,7 +21,7 @@ from kpca_repro.check_cache import sha256_file
 from kpca_repro.inputs import model_info, text
 from kpca_repro.method import equations as method
 from kpca_repro.method import kpca
-from kpca_repro.method.records import _head_groups, kpca_records
+from kpca_repro.method.records import _equal_length_groups, kpca_records
 from kpca_repro.method.variant import PAPER
 
 from conftest import REPO, resources_dir_for_real_weights, run_snakemake
@@ -315,7 +315,7 @@ def test_longformer_misreading_in_the_paper_variant(tmp_path):
     layers = [{"q": k, "k": k, "v": v, "h": v}]
     write_activations(path, layers, model_id="x", attention_mask=np.ones((b, n)), dataset_index=np.arange(b) + 10, attrs={"hooked_layout": "sequence_first"}, check_invariant=False)
     with ActivationFile(path) as af:
-        groups = list(_head_groups(af, {"k": k, "v": v}, "paper", 0, 0, transposed=True))
+        groups = list(_equal_length_groups(af, {"k": k, "v": v}, "paper", 0, 0, transposed=True))
     kk, vv, ranks, index, heads, base = groups[0]
     assert kk.shape == (n * h, b, d) and base is None and (index == -1).all()
     i = 2 * h + 1  # position 2, head 1

@@ -15,9 +15,8 @@ from kpca_repro.smk import setup_logging
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "kpca_heads")
-# One intra-op thread per worker, each worker on its own chunk of heads and holding one of the
-# job's cores; the paper variant's eigh and per-head products widen to kpca.eigh_threads (the
-# authors' thread count) inside that budget (kpca_repro.method.placement).
+# One intra-op thread per worker, each worker on its own chunk of heads; the paper variant's eigh
+# and per-head products run before them on kpca.eigh_threads (the authors' thread count).
 torch.set_num_threads(1)
 placement = plan(
     smk.wildcards.variant,
@@ -39,13 +38,11 @@ records, meta = kpca_records(
 # per-head solver draws (signs and rotations), rows as the records CSV (the corrected variant's signs are fixed: none)
 draws = meta.pop("sign_draws", None) or {name: np.empty((len(records), 0), np.float32) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR)}
 log.info(
-    "%d heads, %d dropped, eigh on %s%s, at most %d of %d cores at once, OpenMP spin count %s",
+    "%d heads, %d dropped, eigh on %s%s, OpenMP spin count %s",
     len(records),
     int(records["dropped"].sum()),
     meta["eigh_device"],
     f" ({meta['eigh_threads']} threads)" if meta["eigh_device"] == "cpu" else "",
-    placement.budget.peak,
-    placement.budget.cores,
     os.environ.get("GOMP_SPINCOUNT", "libgomp's default"),
 )
 if "matched_draws_computed" in meta:

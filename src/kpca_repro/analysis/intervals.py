@@ -173,7 +173,7 @@ def _solver_intervals(
     if draws is None:
         return None, None
     sc, cov = cfg["sign_coverage"], cfg["coverage"]
-    if col == "direct_cos_mean" and all(k in draws and draws[k].shape[1] > 0 for k in unc.OPTIONAL_DRAW_NAMES):
+    if col == "direct_cos_mean" and all(k in draws and draws[k].shape[1] > 0 for k in unc.BOUND_NAMES):
         return _rotation_bound_intervals(draws, rows, point, rep, how, sc, cov)
     mean_vector = draws.get(unc.MEAN_VECTOR) if col == "direct_cos_mean" else None
     if mean_vector is not None and len(mean_vector) and mean_vector.shape[1] > 0:
@@ -312,7 +312,7 @@ def with_intervals(row: dict, intervals: dict[str, float], settings: dict, draws
         "sign_coverage": float(cfg["sign_coverage"]),
         "sign_draws": int(draws["direct_cos_mean"].shape[1]) if draws is not None else 0,
         "sign_draws_optimal": int(draws["optimal_cos_mean"].shape[1]) if draws is not None else 0,
-        "solver_rotations": bool(draws is not None and all(k in draws for k in unc.OPTIONAL_DRAW_NAMES)),
+        "solver_rotations": bool(draws is not None and all(k in draws for k in unc.BOUND_NAMES)),
     }
     out = {**{k: row[k] for k in keys[:at]}, **intervals, **{k: row[k] for k in keys[at:]}, **tail}
     out["interval_note"] = outside_note(out, statistics)

@@ -3,7 +3,7 @@
 ``kpca_repro.analyze_heads`` is the function; ``kpca_repro.analyze_file`` runs the pipeline's
 own stage (:func:`kpca_repro.method.records.kpca_records`) on an activation file
 (docs/activations.md). Both reach the same engine, :func:`kpca_repro.method.kpca.head_metrics`, with
-the same per-head grouping (:func:`kpca_repro.method.records._head_groups`), the same options and the
+the same per-head grouping (:func:`kpca_repro.method.records._equal_length_groups`), the same options and the
 same random baselines, so a head's numbers are the same from either (tests/test_activations.py
 checks equality on real DeiT-Tiny and MiniLM activations).
 """
@@ -163,9 +163,8 @@ def analyze_heads(
     """
 
     from kpca_repro.method.placement import plan
-    from kpca_repro.method.records import _chunked, _head_groups, chunk_records
-    from kpca_repro.method.solver_variation import BOUND_NAMES, RANGE_NAMES
-    from kpca_repro.method.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES
+    from kpca_repro.method.records import _chunked, _equal_length_groups, chunk_records
+    from kpca_repro.method.uncertainty import BOUND_NAMES, MEAN_VECTOR, RANGE_NAMES, SIGN_DRAW_NAMES
     from kpca_repro.method.variant import get as get_variant
 
     var = get_variant(variant)
@@ -182,7 +181,7 @@ def analyze_heads(
     # the records stage's own grouping of heads (padding kept or dropped, baselines per input)
     source = SimpleNamespace(attention_mask=mask, sample_rank=ranks, dataset_index=index)
     frames, draw_parts = [], []
-    for chunk in _chunked(_head_groups(source, {"k": k4, "v": v4}, var, layer, seed, transposed=False), layer, heads_per_chunk):
+    for chunk in _chunked(_equal_length_groups(source, {"k": k4, "v": v4}, var, layer, seed, transposed=False), layer, heads_per_chunk):
         draws, frame = chunk_records(*chunk, variant=var, placement=placement, sign_draws=sign_draws, seed=seed)
         draw_parts.append(draws)
         frame.insert(0, "variant", var.name)

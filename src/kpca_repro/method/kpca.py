@@ -12,8 +12,8 @@ engineering that keeps each head's numbers those of a per-head loop:
   call on a GPU, torch's or JAX's solver), non-finite matrices kept from the solver, a
   fallback when one matrix does not converge;
 * the authors' thread count for the paper variant's per-head products and ``eigh``
-  (:meth:`Placement.solver_threads <kpca_repro.method.placement.Placement.solver_threads>`:
-  widened in the job's core budget, docs/fidelity.md);
+  (:meth:`Placement.solver_threads <kpca_repro.method.placement.Placement.solver_threads>`,
+  docs/fidelity.md);
 * the paper variant's Gram matrix, centering and V_KPCA per head
   (:func:`_paper_centered_gram`, :func:`_paper_v_kpca`), the corrected variant's in place
   (:func:`_corrected_centered_gram`);
@@ -56,7 +56,6 @@ from kpca_repro.projection import (
     ROW_NORM_EPS,
     standardize_tokens,
 )
-from kpca_repro.threads import checkpoint
 
 __all__ = [
     "VARIANTS",
@@ -178,9 +177,9 @@ def eigenpairs(
       different round-off, and at near-degenerate eigenvalues a different eigenvector sign,
       depending on its position in the batch. One matrix at a time, every head gets the
       result a per-head loop gives, whatever the batch size or sharding
-      (docs/performance.md). Each call runs on ``placement.eigh_threads`` intra-op threads,
-      widened in the job's core budget (MKL's ``syevd`` takes another code path for another
-      thread count: the paper variant passes the authors', docs/fidelity.md);
+      (docs/performance.md). Each call runs on ``placement.eigh_threads`` intra-op threads
+      (MKL's ``syevd`` takes another code path for another thread count: the paper variant
+      passes the authors', docs/fidelity.md);
     * on a GPU one batched call (``placement.eigensolver``: torch's, which for the paper
       variant is the authors' call, or JAX's).
 
@@ -424,8 +423,8 @@ def head_metrics(
         raise ValueError(f"baseline must have V_KPCA's shape {tuple(v.shape)}, got {tuple(baseline.shape)}")
     placement = placement or Placement.local(k.device, per_head_products=variant.authors_threads)
     block = CPU_BLOCK_HEADS if k.device.type == "cpu" else max(1, k.shape[0])
-    # The paper variant's per-head products and eigh run in one widened section for the whole
-    # chunk (the authors' thread count, in the job's core budget); the rest in cache-sized blocks.
+    # The paper variant's per-head products and eigh for the whole chunk at once (on the
+    # authors' thread count); the comparisons in cache-sized blocks.
     if solved is None and variant.gram == "exp":
         solved = solve_heads(k, v.shape[-1], variant, placement)
     blocks = []
@@ -434,7 +433,6 @@ def head_metrics(
         heads = solved_part(solved, part) if solved is not None else solve_heads(k[part], v.shape[-1], variant, placement)
         block_rows = {} if rows is not None else None
         blocks.append((_compare_heads(v[part], heads, variant, None if baseline is None else baseline[part], block_rows), block_rows))
-        checkpoint()
     if rows is not None:
         rows.update({name: torch.cat([r[name] for _, r in blocks]) for name in ("v", "v_kpca", "kc", "a", "inv_g", "spectrum")})
     return {name: np.concatenate([c[name] for c, _ in blocks]) for name in blocks[0][0]}

@@ -14,8 +14,6 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from kpca_repro.threads import checkpoint
-
 __all__ = ["assignment_similarities", "frobenius_dot", "median_nonzero"]
 
 
@@ -59,7 +57,6 @@ def assignment_similarities(sim: torch.Tensor, valid: torch.Tensor | None = None
     out = np.full(flat.shape[:2], np.nan)
     square = flat.shape[1] == flat.shape[2]
     for i in np.flatnonzero(ok):
-        checkpoint()  # a long loop of the KPCA workers: let a widening worker in (kpca_repro.threads.CoreBudget)
         if square:  # NaN or inf spreads to its row and column: scipy still raises on it
             s_t = flat[i].T
             with np.errstate(invalid="ignore"):

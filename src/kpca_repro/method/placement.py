@@ -2,8 +2,8 @@
 
 A :class:`Placement` says, for one job (a ``kpca_heads``, ``eigenvalues`` or ``gamma`` job, or a
 notebook call), where the heads' tensors live, where and how ``eigh`` runs (device, one matrix
-or one batch per call, thread count, which solver), how many worker threads share the job's
-cores (:class:`kpca_repro.threads.CoreBudget`) and whether each worker gets its own CUDA stream.
+or one batch per call, thread count, which solver), how many worker threads analyse the heads
+and whether each worker gets its own CUDA stream.
 The assignments (scipy, float64) and the solver draws always run on the worker threads' CPU
 cores. :func:`plan` makes the decision from the variant, the device and the job's cores (the
 extraction jobs' one decision, how many inputs a forward pass takes, is
@@ -15,8 +15,8 @@ only read it. The rules and the reasons (docs/performance.md, docs/fidelity.md):
 work                     CPU                                   CUDA
 =======================  ===================================  ======================================
 paper variant ``eigh``   LAPACK, one matrix per call, the      ``torch.linalg.eigh`` on the CUDA
-                         authors' thread count, widened in     tensor (the authors' call), one
-                         the core budget                       batched call per block
+                         authors' thread count, on the job's   tensor (the authors' call), one
+                         main thread                           batched call per block
 paper Gram matrix,       one head at a time, authors'          one head at a time on the GPU
 centering, V_KPCA        thread count                          (the authors' per-head products)
 sign-invariant ``eigh``  LAPACK, one matrix per call, one      one batched call of the batched
@@ -40,7 +40,7 @@ import torch
 
 from kpca_repro.method.variant import Variant
 from kpca_repro.method.variant import get as get_variant
-from kpca_repro.threads import CoreBudget, intra_op_threads, resolve_device, resolve_eigh_threads
+from kpca_repro.threads import intra_op_threads, resolve_device, resolve_eigh_threads
 
 __all__ = ["EIGENSOLVERS", "Placement", "plan", "batched_eigensolver"]
 
@@ -68,15 +68,12 @@ class Placement:
             some CPUs, docs/fidelity.md).
         eigensolver: ``"torch"`` or ``"jax"`` (:data:`EIGENSOLVERS`) for batched calls.
         workers: worker threads, each on its own chunk of heads.
-        budget: the job's cores; None outside a job (no accounting).
+        blas_threads: numpy's and scipy's BLAS threads while the workers run (None: unchanged).
         streams: one CUDA stream per worker thread.
         solve_on_main: the Gram matrices, ``eigh`` and V_KPCA of each chunk on the job's main
-            thread, the comparisons on the workers. On the CPU, for the paper variant: its
-            ``eigh`` runs on several threads, and libgomp throttles its threads' spinning once
-            more OpenMP threads exist than cores, which several worker threads each leading a
-            team would make them (each ``eigh`` then waited on sleeping threads:
-            docs/performance.md, "Thread budgets"); one leading thread, as in the authors'
-            script, keeps one team.
+            thread on :attr:`eigh_threads` threads, before the workers compare (the paper
+            variant on the CPU: its ``eigh`` runs on several threads, and one team of OpenMP
+            threads at a time never outnumbers the cores, docs/performance.md).
     """
 
     device: torch.device
@@ -86,37 +83,31 @@ class Placement:
     per_head_products: bool = False
     eigensolver: str = "torch"
     workers: int = 1
-    budget: CoreBudget | None = dataclasses.field(default=None, compare=False)
+    blas_threads: int | None = None
     streams: bool = False
     solve_on_main: bool = False
 
     @classmethod
     def local(cls, device: str | torch.device = "cpu", eigh_threads: int | None = None, per_head_products: bool = False) -> Placement:
         """The placement of a single-threaded call on ``device``: ``eigh`` per matrix on the CPU,
-        batched (torch) on a GPU; no workers, no budget. What :func:`kpca_repro.method.kpca.head_metrics`
+        batched (torch) on a GPU; no workers. What :func:`kpca_repro.method.kpca.head_metrics`
         uses when it is given none."""
         dev = torch.device(device)
         return cls(device=dev, eigh_device=dev, eigh_batched=dev.type != "cpu", eigh_threads=eigh_threads, per_head_products=per_head_products)
 
     def solver_threads(self):
-        """Context of a CPU region on :attr:`eigh_threads` threads: the budget widened to them
-        (:meth:`kpca_repro.threads.CoreBudget.widen`), then the calling thread's intra-op
-        count set (:func:`kpca_repro.threads.intra_op_threads`). A no-op on a GPU."""
+        """Context of a CPU region on :attr:`eigh_threads` intra-op threads of the calling thread
+        (:func:`kpca_repro.threads.intra_op_threads`). A no-op on a GPU."""
         if self.eigh_device.type != "cpu" or self.eigh_threads is None:
             return contextlib.nullcontext()
-        stack = contextlib.ExitStack()
-        if self.budget is not None:
-            stack.enter_context(self.budget.widen(self.eigh_threads))
-        stack.enter_context(intra_op_threads(self.eigh_threads))
-        return stack
+        return intra_op_threads(self.eigh_threads)
 
     def describe(self) -> str:
         """One line for a job's log."""
         solver = f"eigh on {self.eigh_device.type}" + (f", batched ({self.eigensolver})" if self.eigh_batched else ", one matrix per call")
         threads = f" on {self.eigh_threads} threads" if self.eigh_threads is not None and self.eigh_device.type == "cpu" else ""
-        cores = f"{self.budget.cores} cores, " if self.budget is not None else ""
         main = "; solved on the main thread" if self.solve_on_main else ""
-        return f"{self.device.type}: {solver}{threads}; {cores}{self.workers} workers{main}" + ("; a CUDA stream per worker" if self.streams else "")
+        return f"{self.device.type}: {solver}{threads}; {self.workers} workers{main}" + ("; a CUDA stream per worker" if self.streams else "")
 
 
 def batched_eigensolver(setting: str = "auto") -> str:
@@ -159,7 +150,7 @@ def plan(
     Args:
         variant: the variant the job computes (its ``authors_threads`` decides the paper rules).
         device: ``config["device"]``: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
-        cores: the job's cores (Snakemake's ``threads``): the core budget and the worker count.
+        cores: the job's cores (Snakemake's ``threads``): the worker count.
         eigh_threads: ``kpca.eigh_threads`` (``"auto"``: torch's default in a fresh process, the
             authors' count; or a positive int); used by the paper variant on the CPU only.
         gpu_eigensolver: ``kpca.gpu_eigensolver`` (:func:`batched_eigensolver`).
@@ -168,18 +159,20 @@ def plan(
             Figure 3): on a GPU it takes the batched solver whatever the variant.
 
     Returns:
-        A :class:`Placement` with a fresh :class:`kpca_repro.threads.CoreBudget` of ``cores``.
+        A :class:`Placement` with ``cores`` workers and numpy's BLAS on one thread each.
 
     Raises:
         ValueError: ``cores`` below 1, an invalid thread setting or solver.
     """
     v = get_variant(variant)
     dev = resolve_device(device) if isinstance(device, str) else torch.device(device)
-    budget = CoreBudget(cores)
+    if int(cores) < 1:
+        raise ValueError(f"a job needs at least 1 core, got {cores}")
+    workers = int(cores)
     if dev.type == "cpu":
         threads = resolve_eigh_threads(eigh_threads, cache_dir) if v.authors_threads and not sign_invariant else None
         authors = v.authors_threads and not sign_invariant
-        return Placement(device=dev, eigh_device=dev, eigh_batched=False, eigh_threads=threads, per_head_products=authors, workers=budget.cores, budget=budget, solve_on_main=authors)
+        return Placement(device=dev, eigh_device=dev, eigh_batched=False, eigh_threads=threads, per_head_products=authors, workers=workers, blas_threads=1, solve_on_main=authors)
     # the authors' script calls torch.linalg.eigh on the CUDA tensor; sign-invariant work may take any batched solver
     solver = "torch" if v.authors_threads and not sign_invariant else batched_eigensolver(gpu_eigensolver)
-    return Placement(device=dev, eigh_device=dev, eigh_batched=True, eigh_threads=None, per_head_products=v.authors_threads, eigensolver=solver, workers=budget.cores, budget=budget, streams=True)
+    return Placement(device=dev, eigh_device=dev, eigh_batched=True, eigh_threads=None, per_head_products=v.authors_threads, eigensolver=solver, workers=workers, blas_threads=1, streams=True)

@@ -18,11 +18,11 @@ import torch
 from kpca_repro.activations import ActivationFile
 from kpca_repro.method.kpca import gamma_test, head_metrics, solve_heads, top_eigenvalues
 from kpca_repro.method.placement import Placement, plan
-from kpca_repro.method.solver_variation import BOUND_NAME, BOUND_NAMES, COLLISION_BOUND_NAME, RANGE_NAMES, RunningFloor, head_solver_draws, prune_below_floor
-from kpca_repro.method.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES
+from kpca_repro.method.solver_variation import RunningFloor, head_solver_draws, prune_below_floor
+from kpca_repro.method.uncertainty import BOUND_NAMES, COLLISION_BOUND, MATCHED_BOUND, MEAN_VECTOR, RANGE_NAMES, SIGN_DRAW_NAMES
 from kpca_repro.method.variant import Variant
 from kpca_repro.method.variant import get as get_variant
-from kpca_repro.threads import device_stream, ordered_map
+from kpca_repro.workers import WorkerPool, device_stream, ordered_map
 
 __all__ = ["kpca_records", "baseline_noise", "eigenvalue_records", "gamma_records", "layer_chunks", "clamp_components"]
 
@@ -51,7 +51,7 @@ def baseline_noise(seed: int, dataset_index: int, layer: int, shape: tuple[int, 
     return torch.randn(shape, generator=gen, dtype=torch.float64)
 
 
-def _head_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str | Variant, layer: int, seed: int, transposed: bool):
+def _equal_length_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str | Variant, layer: int, seed: int, transposed: bool):
     """Heads of one layer in groups with a common token count ``N``.
 
     Yields ``(k, v, sample_rank, dataset_index, head, baseline)``: ``k, v`` float32 tensors
@@ -114,7 +114,7 @@ def _head_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str | Va
 
 
 def _chunked(groups: Iterator[tuple], layer: int, heads_per_chunk: int) -> Iterator[tuple]:
-    """:func:`_head_groups`' groups in chunks of at most ``heads_per_chunk`` heads, each
+    """:func:`_equal_length_groups`' groups in chunks of at most ``heads_per_chunk`` heads, each
     ``(layer, k, v, sample_rank, dataset_index, head, baseline or None)``: :func:`chunk_records`' first arguments."""
     for group in groups:
         for lo in range(0, group[0].shape[0], heads_per_chunk):
@@ -214,7 +214,7 @@ def _file_chunks(af: ActivationFile, variant: Variant, layer_list: list[int], he
     Vision files (no ``attention_mask``): :func:`layer_chunks` (``interleave``: every layer
     early), the corrected variant's baselines drawn per image (:func:`baseline_noise`,
     ``(heads, N, d)`` float64), position ``(place of the layer in layer_list, first flat head)``.
-    Text files: each layer read whole and grouped by :func:`_head_groups` in ``variant``'s
+    Text files: each layer read whole and grouped by :func:`_equal_length_groups` in ``variant``'s
     reading (``transposed``: Longformer as the reference reads it), in chunks of
     ``heads_per_chunk`` (:func:`_chunked`), position a running count.
     """
@@ -230,23 +230,21 @@ def _file_chunks(af: ActivationFile, variant: Variant, layer_list: list[int], he
         return
     position = 0
     for layer in layer_list:
-        for chunk in _chunked(_head_groups(af, af.read(layer, ("k", "v")), variant, layer, seed, transposed), layer, heads_per_chunk):
+        for chunk in _chunked(_equal_length_groups(af, af.read(layer, ("k", "v")), variant, layer, seed, transposed), layer, heads_per_chunk):
             position += 1
             yield (position,), chunk
 
 
-def _solved_chunks(chunks: Iterator[tuple[tuple, tuple]], variant: Variant, placement: Placement) -> Iterator[tuple[tuple, tuple, dict | None]]:
-    """``(position, chunk, solved)``: each chunk's eigenpairs solved here, on the calling thread, where the placement says.
-
-    ``solved`` is :func:`kpca_repro.method.kpca.solve_heads` of the chunk's keys on
-    ``placement.device`` when ``placement.solve_on_main`` and the variant's Gram matrix is
-    ``exp`` (the comparison then runs on the workers), else None (the workers solve).
-    """
-    for position, chunk in chunks:
-        solved = None
-        if placement.solve_on_main and variant.gram == "exp":
-            solved = solve_heads(chunk[1].to(placement.device), chunk[2].shape[-1], variant, placement)
-        yield position, chunk, solved
+def _batches(chunks: Iterator, size: int) -> Iterator[list]:
+    """``chunks`` in lists of ``size`` (the last one shorter)."""
+    batch: list = []
+    for chunk in chunks:
+        batch.append(chunk)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _records_meta(af: ActivationFile, variant: Variant, placement: Placement, transposed: bool, caller_threads: int) -> dict:
@@ -278,12 +276,12 @@ def _gathered_draws(draw_parts: list[dict[str, np.ndarray]], floor: RunningFloor
     """The chunks' solver draws concatenated in record order (name -> float32 ``(heads, R)``), for ``meta``.
 
     Names: :data:`~kpca_repro.method.uncertainty.SIGN_DRAW_NAMES`, the mean vector,
-    :data:`~kpca_repro.method.solver_variation.BOUND_NAMES`, ``RANGE_NAMES`` and, with ``floor``,
-    ``BOUND_NAME``. With ``floor``, matched draws below its final value are set to NaN
+    :data:`~kpca_repro.method.uncertainty.BOUND_NAMES`, ``RANGE_NAMES`` and, with ``floor``,
+    ``MATCHED_BOUND``. With ``floor``, matched draws below its final value are set to NaN
     (:func:`~kpca_repro.method.solver_variation.prune_below_floor`: the stored draws do not depend
     on the workers' order) and the floor and the number of matched draws computed are added.
     """
-    names = (*SIGN_DRAW_NAMES, MEAN_VECTOR, *BOUND_NAMES, *RANGE_NAMES, *((BOUND_NAME, COLLISION_BOUND_NAME) if floor is not None else ()))
+    names = (*SIGN_DRAW_NAMES, MEAN_VECTOR, *BOUND_NAMES, *RANGE_NAMES, *((MATCHED_BOUND, COLLISION_BOUND) if floor is not None else ()))
     out = {"sign_draws": prune_below_floor({name: np.concatenate([p[name] for p in draw_parts]) for name in names}, floor.value if floor is not None else np.nan)}
     if floor is not None:
         out["matched_draws_floor"] = float(floor.value)
@@ -311,16 +309,17 @@ def kpca_records(
     Vision files (Table 1, docs/method.md 2) are streamed by layer and image block
     (:func:`layer_chunks`; memory grows with neither depth nor the number of images).
     Language-model files (Table 4, docs/method.md 3; recognised by their ``attention_mask``) are
-    read a layer at a time and grouped by :func:`_head_groups`, in the variant's
+    read a layer at a time and grouped by :func:`_equal_length_groups`, in the variant's
     :meth:`~kpca_repro.method.variant.Variant.reading` of text: the paper variant's has
     ``nlp_value_vectors.py``'s options and all padded positions (Longformer read transposed, as
     the reference reads it); the corrected variant drops padding per sequence (docs/method.md 15).
-    Chunks of ``heads_per_chunk`` heads go through :func:`kpca_repro.method.kpca.head_metrics`,
-    ``placement.workers`` chunks at a time (:func:`ordered_map`), each worker holding one of
-    the job's cores (``placement.budget``) and widening to ``placement.eigh_threads`` for the
-    paper variant's ``eigh`` and per-head products (the authors' thread count: each head's
-    eigenvectors are then those of the authors' per-head loop on the same machine,
-    docs/fidelity.md). ``placement`` is :func:`kpca_repro.method.placement.plan`'s decision
+    Chunks of ``heads_per_chunk`` heads go through :func:`kpca_repro.method.kpca.head_metrics`
+    in a plain loop over batches of ``placement.workers`` chunks: with
+    ``placement.solve_on_main`` (the paper variant on the CPU) the batch's Gram matrices,
+    ``eigh`` and V_KPCA are solved first on this thread with ``placement.eigh_threads`` threads
+    (the authors' thread count: each head's eigenvectors are then those of the authors'
+    per-head loop on the same machine, docs/fidelity.md); then the workers analyse the chunks
+    (:func:`chunk_records`: comparisons, assignments, draws), one thread each. ``placement`` is :func:`kpca_repro.method.placement.plan`'s decision
     for the job (the rule passes it); without one, ``plan(variant, device=device,
     cores=workers, eigh_threads=eigh_threads)``. Each head's numbers depend on the device and
     on ``eigh_threads``, on nothing of the workers, the chunking or the sharding; for
@@ -334,9 +333,9 @@ def kpca_records(
     maximum can use is left NaN (:class:`kpca_repro.method.solver_variation.RunningFloor`); the
     intervals are those of every draw computed (docs/uncertainty.md).
     ``prune_matched_draws=False`` computes every one (to check that claim, and for benchmarks).
-    Steps: :func:`_file_chunks` (the file's chunks with their record positions),
-    :func:`_solved_chunks`, :func:`chunk_records` on the workers, then :func:`_records_meta`
-    and, with ``sign_draws``, :func:`_gathered_draws`.
+    Steps: :func:`_file_chunks` (the file's chunks with their record positions), per batch
+    the solve and :func:`chunk_records` on the workers, then :func:`_records_meta` and, with
+    ``sign_draws``, :func:`_gathered_draws`.
 
     Returns:
         ``(records, meta)``: a DataFrame with one row per head (``sample_rank``,
@@ -365,19 +364,22 @@ def kpca_records(
         layer_list = list(layers if layers is not None else range(af.n_layers))
         # Table 1 takes the maximum over heads: draws below the floor cannot matter (Table 4 takes means)
         floor = RunningFloor() if sign_draws and sign_draws[1] and not text and prune_matched_draws else None
-        chunks = _solved_chunks(_file_chunks(af, variant, layer_list, heads_per_chunk, seed, transposed, interleave=floor is not None), variant, placement)
+        chunks = _file_chunks(af, variant, layer_list, heads_per_chunk, seed, transposed, interleave=floor is not None)
+        solve_first = placement.solve_on_main and variant.gram == "exp"
         caller_threads = torch.get_num_threads()
 
         def work(item):
-            position, chunk, solved = item
+            (position, chunk), solved = item
             return position, *chunk_records(*chunk, variant=variant, placement=placement, sign_draws=sign_draws, seed=seed, floor=floor, solved=solved)
 
         total = (af.attention_mask.shape[1] if transposed else n_in) * n_heads * len(layer_list)
-        with progress_bar(total=total, desc=f"kpca {variant.name} {model_id}", unit="head", disable=not progress, mininterval=5) as bar:
-            parts = []
-            for position, draws, frame in ordered_map(work, chunks, workers=placement.workers, budget=placement.budget):
-                parts.append((position, draws, frame))
-                bar.update(len(frame))
+        parts = []
+        with progress_bar(total=total, desc=f"kpca {variant.name} {model_id}", unit="head", disable=not progress, mininterval=5) as bar, WorkerPool(placement.workers, placement.blas_threads) as pool:
+            for batch in _batches(chunks, placement.workers):
+                solved = [solve_heads(c[1].to(placement.device), c[2].shape[-1], variant, placement) if solve_first else None for _, c in batch]
+                for position, draws, frame in pool.imap(work, zip(batch, solved)):
+                    parts.append((position, draws, frame))
+                    bar.update(len(frame))
         parts.sort(key=lambda part: part[0])
         meta = _records_meta(af, variant, placement, transposed, caller_threads)
         if sign_draws:
@@ -431,7 +433,7 @@ def eigenvalue_records(
             frame.insert(0, "sample_rank", af.sample_rank[flat // n_heads])
             return frame
 
-        frames = list(ordered_map(work, layer_chunks(af, range(af.n_layers), heads_per_chunk, ("k",)), workers=placement.workers, budget=placement.budget))
+        frames = list(ordered_map(work, layer_chunks(af, range(af.n_layers), heads_per_chunk, ("k",)), workers=placement.workers, blas_threads=placement.blas_threads))
         model_id = str(af.attrs["model_id"])
     out = pd.concat(frames, ignore_index=True)
     out.insert(0, "keys", "standardized" if standardize else "raw")

@@ -65,15 +65,12 @@ import torch
 
 from kpca_repro.method.equations import row_normalize, v_kpca
 from kpca_repro.method.numerics import assignment_similarities
-from kpca_repro.method.uncertainty import MEAN_VECTOR, direct_sign_statistics, head_generator, sign_patterns
+from kpca_repro.method.uncertainty import COLLISION_BOUND, MATCHED_BOUND, MEAN_VECTOR, RANGE_NAMES, direct_sign_statistics, head_generator, sign_patterns
 from kpca_repro.projection import ROW_NORM_EPS
-from kpca_repro.threads import checkpoint
 
 __all__ = [
     "RESOLUTION_FACTOR",
     "ROTATION_DRAWS",
-    "BOUND_NAMES",
-    "RANGE_NAMES",
     "HEAD_COLUMNS",
     "unit_roundoff",
     "resolution_tolerance",
@@ -85,8 +82,6 @@ __all__ = [
     "group_trace_bound",
     "SCREEN_FACTOR",
     "BOUND_MARGIN",
-    "BOUND_NAME",
-    "COLLISION_BOUND_NAME",
     "RunningFloor",
     "assignment_upper_bound",
     "assignment_collision_bound",
@@ -100,26 +95,10 @@ RESOLUTION_FACTOR = 1.0
 #: Distinct sign-and-rotation draws per head with a near-degenerate group (the stored
 #: ``n_direct`` columns repeat them; heads without groups keep all ``n_direct`` sign draws).
 ROTATION_DRAWS = 32
-#: Per-head arrays written beside :data:`kpca_repro.method.uncertainty.SIGN_DRAW_NAMES`: exact
-#: bounds of the token-mean direct cosine over rotations inside groups, per draw and at the
-#: solver's own signs and subspaces.
-BOUND_NAMES = ("direct_cos_mean_lower", "direct_cos_mean_upper", "direct_cos_mean_own_lower", "direct_cos_mean_own_upper")
-#: Per-head exact range of the token-mean direct cosine over every sign and every rotation
-#: inside groups within the selection (for a group straddling the selection boundary: over
-#: its drawn subspaces and the solver's own). The per-head check of perf/solver_paths.py.
-RANGE_NAMES = ("direct_cos_mean_range_lower", "direct_cos_mean_range_upper")
 #: Per-head record columns: smallest relative eigengap among the selected pairs and at the
 #: selection boundary, number of near-degenerate groups, largest group, and whether a group
 #: straddles the selection boundary.
 HEAD_COLUMNS = ("eigengap_min", "solver_groups", "solver_group_max", "solver_boundary_group")
-#: Per-head upper bounds of the matched-cosine draws, written where a table maximum pruned them
-#: (Table 1): :func:`assignment_collision_bound` where :func:`assignment_upper_bound` reaches
-#: the job's final floor, :func:`assignment_upper_bound` elsewhere. A NaN draw has a bound
-#: below the floor.
-BOUND_NAME = "optimal_cos_mean_bound"
-#: The chunks' :func:`assignment_collision_bound` of each matched draw, where it was computed
-#: (NaN elsewhere); :func:`prune_below_floor` folds it into :data:`BOUND_NAME`.
-COLLISION_BOUND_NAME = "optimal_cos_mean_collision_bound"
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:
@@ -417,7 +396,7 @@ def assignment_collision_bound(sim: torch.Tensor, pairs: tuple | None = None) ->
     return bound.masked_fill(rows[0].isnan().any(-1), float("nan"))  # a row maximum is NaN iff its row holds a NaN
 
 
-def _head_groups(
+def _degenerate_groups(
     kc: torch.Tensor, spectrum32: torch.Tensor | None, d: int, order: str, solver_dtype: torch.dtype, factor: float
 ) -> tuple[list[np.ndarray], np.ndarray | None, float, np.ndarray | None]:
     """``(groups, ascending float64 spectrum or None, eigengap_min, selected indices)`` of one head.
@@ -485,8 +464,8 @@ def _start_chunk(rows: dict, *, n_direct: int, n_optimal: int, token_max: bool, 
     ``out``: :data:`kpca_repro.method.uncertainty.SIGN_DRAW_NAMES` (``(heads, n_optimal)`` for the matched
     cosine, ``(heads, n_direct)`` for the direct one, ``direct_cos_max`` ``(heads, 0)`` without
     ``token_max``), :data:`~kpca_repro.method.uncertainty.MEAN_VECTOR` (the solver's own per-column token
-    means ``(heads, d_v)``), :data:`BOUND_NAMES`, :data:`RANGE_NAMES` and, ``bounded``,
-    :data:`BOUND_NAME`. ``cols``: no group (0 groups, largest group 1, no boundary group).
+    means ``(heads, d_v)``), :data:`~kpca_repro.method.uncertainty.BOUND_NAMES`, :data:`~kpca_repro.method.uncertainty.RANGE_NAMES` and, ``bounded``,
+    :data:`~kpca_repro.method.uncertainty.MATCHED_BOUND`. ``cols``: no group (0 groups, largest group 1, no boundary group).
     """
     st = _ChunkDraws(
         rows=rows,
@@ -510,8 +489,8 @@ def _start_chunk(rows: dict, *, n_direct: int, n_optimal: int, token_max: bool, 
     for name in RANGE_NAMES:
         st.out[name] = np.full((h, 1), np.nan)
     if bounded:
-        st.out[BOUND_NAME] = np.full((h, n_optimal), np.nan)
-        st.out[COLLISION_BOUND_NAME] = np.full((h, n_optimal), np.nan)
+        st.out[MATCHED_BOUND] = np.full((h, n_optimal), np.nan)
+        st.out[COLLISION_BOUND] = np.full((h, n_optimal), np.nan)
     st.cols = {name: np.full(h, np.nan) for name in HEAD_COLUMNS}
     st.cols["solver_groups"] = np.zeros(h)
     st.cols["solver_group_max"] = np.ones(h)
@@ -605,7 +584,7 @@ def _own_bounds(st: _ChunkDraws, i: int, own: float, vn: np.ndarray, own_conf: n
     float64 its rebuild from ``A``, whose bounds over the interior groups
     (:func:`_bounded_direct_means`) are widened by the difference ``delta`` of the two, so the
     interval holds the point estimate. ``full_lo``, ``full_hi`` ``(R,)``: the draws' bounds over
-    every sign and rotation (:data:`RANGE_NAMES` is their hull with the own configuration's).
+    every sign and rotation (:data:`~kpca_repro.method.uncertainty.RANGE_NAMES` is their hull with the own configuration's).
     """
     _, olo, ohi, ofull_lo, ofull_hi = _bounded_direct_means(vn, own_conf, bases)
     delta = own - float((vn * own_conf[0]).sum(-1).mean())  # float32 point estimate vs float64 rebuild
@@ -641,14 +620,14 @@ def _matched_draws(st: _ChunkDraws, valid: torch.Tensor | None, nan_to_zero: boo
             sim32 = vn32[None] @ c32.transpose(-1, -2)
             pairs = dual_pairs(sim32)
             bound = assignment_upper_bound(sim32, pairs).double().numpy() + BOUND_MARGIN
-            st.out[BOUND_NAME][i] = bound
+            st.out[MATCHED_BOUND][i] = bound
             at = floor.value
             todo = ~(bound < at)  # NaN bounds (a dropped head) are computed: their draws are NaN anyway
             if todo.any():  # the tighter bound only where the cheap one reaches the floor
                 tight = np.full(n_optimal, np.nan)
                 pick = torch.from_numpy(todo)
                 tight[todo] = assignment_collision_bound(sim32[pick], tuple((u[pick], v[pick]) for u, v in pairs)).double().numpy() + BOUND_MARGIN
-                st.out[COLLISION_BOUND_NAME][i] = tight
+                st.out[COLLISION_BOUND][i] = tight
                 todo &= ~(tight < at)
         if todo.any():
             sim = vn[None] @ conf[torch.from_numpy(todo)].transpose(-1, -2)
@@ -695,12 +674,12 @@ def head_solver_draws(
 
     Returns:
         ``(draws, columns)``: ``draws`` as :func:`kpca_repro.method.uncertainty.head_sign_draws` plus
-        :data:`BOUND_NAMES` (``(heads, n_direct)`` and ``(heads, 1)``, float32) and, with
+        :data:`~kpca_repro.method.uncertainty.BOUND_NAMES` (``(heads, n_direct)`` and ``(heads, 1)``, float32) and, with
         ``floor``, ``optimal_cos_mean_bound`` (``(heads, n_optimal)``: each draw's upper
         bound); ``columns``: :data:`HEAD_COLUMNS` -> ``(heads,)`` arrays for the per-head records.
 
     Steps: :func:`_start_chunk`; per head its sign patterns (streams 0, 1), its groups
-    (:func:`_head_groups`) and either :func:`_sign_only_head` or :func:`_rotated_head`; then
+    (:func:`_degenerate_groups`) and either :func:`_sign_only_head` or :func:`_rotated_head`; then
     :func:`_matched_draws` over the queued configurations.
     """
     st = _start_chunk(rows, n_direct=n_direct, n_optimal=n_optimal, token_max=token_max, bounded=floor is not None)
@@ -708,12 +687,11 @@ def head_solver_draws(
     h, _, dv = st.vn.shape
     ident = {k: np.broadcast_to(np.asarray(ids[k]), (h,)) for k in ("layer", "sample_rank", "dataset_index", "head")}
     for i in range(h):
-        checkpoint()
         key = (seed, ident["layer"][i], ident["sample_rank"][i], ident["dataset_index"][i], ident["head"][i])
         s_direct = sign_patterns(head_generator(*key, 0), n_direct, dv)
         s_opt = sign_patterns(head_generator(*key, 1), n_optimal, dv) if n_optimal else np.empty((0, dv))
         own = float((st.vn[i] * st.vkn[i]).mean(-2).sum())
-        groups, _, gap, sel = _head_groups(st.kc[i], None if spectra is None else spectra[i], st.a.shape[-1], order, st.kc.dtype, factor)
+        groups, _, gap, sel = _degenerate_groups(st.kc[i], None if spectra is None else spectra[i], st.a.shape[-1], order, st.kc.dtype, factor)
         st.cols["eigengap_min"][i] = gap
         if groups:
             _rotated_head(st, i, key, own, sel, groups, s_direct, s_opt)
@@ -729,18 +707,18 @@ def prune_below_floor(draws: dict[str, np.ndarray], floor: float) -> dict[str, n
 
     After every chunk of a job: the final floor of :class:`RunningFloor` decides which draws a
     table maximum can use, so the stored draws are the same whatever order the worker
-    threads computed them in. A draw's bound is its :data:`COLLISION_BOUND_NAME` where its
-    :data:`BOUND_NAME` reaches ``floor`` (there the tighter bound was always computed, because
-    the floor only rises), its :data:`BOUND_NAME` elsewhere; every draw whose bound reaches
-    ``floor`` was computed. :data:`BOUND_NAME` becomes that bound and
-    :data:`COLLISION_BOUND_NAME` is removed.
+    threads computed them in. A draw's bound is its :data:`~kpca_repro.method.uncertainty.COLLISION_BOUND` where its
+    :data:`~kpca_repro.method.uncertainty.MATCHED_BOUND` reaches ``floor`` (there the tighter bound was always computed, because
+    the floor only rises), its :data:`~kpca_repro.method.uncertainty.MATCHED_BOUND` elsewhere; every draw whose bound reaches
+    ``floor`` was computed. :data:`~kpca_repro.method.uncertainty.MATCHED_BOUND` becomes that bound and
+    :data:`~kpca_repro.method.uncertainty.COLLISION_BOUND` is removed.
     """
-    tight = draws.pop(COLLISION_BOUND_NAME, None)
-    if BOUND_NAME in draws and np.isfinite(floor):
+    tight = draws.pop(COLLISION_BOUND, None)
+    if MATCHED_BOUND in draws and np.isfinite(floor):
         if tight is not None:
-            reach = draws[BOUND_NAME] >= floor
-            draws[BOUND_NAME] = np.where(reach, tight, draws[BOUND_NAME]).astype(draws[BOUND_NAME].dtype)
-        below = draws[BOUND_NAME] < floor
+            reach = draws[MATCHED_BOUND] >= floor
+            draws[MATCHED_BOUND] = np.where(reach, tight, draws[MATCHED_BOUND]).astype(draws[MATCHED_BOUND].dtype)
+        below = draws[MATCHED_BOUND] < floor
         for name in ("optimal_cos_mean", "optimal_cos_max"):
             draws[name][below] = np.nan
     return draws

@@ -39,7 +39,10 @@ if TYPE_CHECKING:  # torch and the KPCA module load only where sign draws are co
 __all__ = [
     "SIGN_DRAW_NAMES",
     "MEAN_VECTOR",
-    "OPTIONAL_DRAW_NAMES",
+    "BOUND_NAMES",
+    "RANGE_NAMES",
+    "MATCHED_BOUND",
+    "COLLISION_BOUND",
     "fresh_direct_means",
     "head_generator",
     "sign_patterns",
@@ -57,19 +60,29 @@ __all__ = [
     "replicate_statistics",
 ]
 
-#: Per-head sign-draw arrays: direct/optimal cosine, token mean (Table 1) / token max (Table 4).
+# The names of the per-head arrays of a sign-draws file (the one table of them; written by the
+# kpca_heads job, read by the tables):
+#: Sign draws: direct/optimal cosine, token mean (Table 1) / token max (Table 4).
 SIGN_DRAW_NAMES = ("direct_cos_mean", "direct_cos_max", "optimal_cos_mean", "optimal_cos_max")
-#: Optional per-head arrays (:data:`kpca_repro.method.solver_variation.BOUND_NAMES`): exact bounds
-#: of the token-mean direct cosine over rotations inside near-degenerate eigenspaces.
-OPTIONAL_DRAW_NAMES = ("direct_cos_mean_lower", "direct_cos_mean_upper", "direct_cos_mean_own_lower", "direct_cos_mean_own_upper")
-#: Optional per-head ranges (:data:`kpca_repro.method.solver_variation.RANGE_NAMES`), written and read when present.
-OPTIONAL_RANGE_NAMES = ("direct_cos_mean_range_lower", "direct_cos_mean_range_upper")
-#: Optional per-head upper bounds of the matched-cosine draws (Table 1, where a draw below the
-#: job's floor is NaN: :data:`kpca_repro.method.solver_variation.BOUND_NAME`).
-MATCHED_BOUND = "optimal_cos_mean_bound"
 #: Per-head ``m = mean_i P_i`` ``(heads, d)``: the direct token mean under signs ``sigma`` is
 #: ``m . sigma``, so the tables draw fresh patterns from it (exact, no stored-draw tails).
 MEAN_VECTOR = "direct_cos_mean_vector"
+#: Exact bounds of the token-mean direct cosine over rotations inside near-degenerate
+#: eigenspaces, per draw and at the solver's own signs and subspaces
+#: (:func:`kpca_repro.method.solver_variation.head_solver_draws`; optional when read).
+BOUND_NAMES = ("direct_cos_mean_lower", "direct_cos_mean_upper", "direct_cos_mean_own_lower", "direct_cos_mean_own_upper")
+#: Exact range of the token-mean direct cosine over every sign and every rotation inside groups
+#: within the selection (for a group straddling the selection boundary: over its drawn
+#: subspaces and the solver's own); optional when read.
+RANGE_NAMES = ("direct_cos_mean_range_lower", "direct_cos_mean_range_upper")
+#: Upper bounds of the matched-cosine draws, written where a table maximum pruned them (Table 1):
+#: the collision bound where the cheap bound reaches the job's final floor, the cheap bound
+#: elsewhere (:func:`kpca_repro.method.solver_variation.prune_below_floor`). A NaN draw has a
+#: bound below the floor.
+MATCHED_BOUND = "optimal_cos_mean_bound"
+#: The chunks' collision bound of each matched draw where it was computed (NaN elsewhere); never
+#: written: :func:`kpca_repro.method.solver_variation.prune_below_floor` folds it into :data:`MATCHED_BOUND`.
+COLLISION_BOUND = "optimal_cos_mean_collision_bound"
 
 
 def head_generator(seed: int, layer: int, sample_rank: int, dataset_index: int, head: int, stream: int) -> np.random.Generator:
@@ -210,7 +223,7 @@ def write_sign_draws(path: str | os.PathLike, draws: dict[str, np.ndarray], attr
     import h5py
 
     with h5py.File(path, "w", track_order=False) as f:
-        for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *(n for n in (*OPTIONAL_DRAW_NAMES, *OPTIONAL_RANGE_NAMES, MATCHED_BOUND) if n in draws)):
+        for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *(n for n in (*BOUND_NAMES, *RANGE_NAMES, MATCHED_BOUND) if n in draws)):
             f.create_dataset(name, data=np.asarray(draws[name], dtype=np.float32), track_times=False)
         for key, value in attrs.items():
             f.attrs[key] = value
@@ -228,13 +241,13 @@ def read_sign_draws(paths: list[str | os.PathLike]) -> dict[str, np.ndarray]:
     """
     import h5py
 
-    parts: dict[str, list[np.ndarray]] = {name: [] for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *OPTIONAL_DRAW_NAMES, *OPTIONAL_RANGE_NAMES)}
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *BOUND_NAMES, *RANGE_NAMES)}
     for p in paths:
         with h5py.File(p, "r") as f:
             for name in parts:
                 if name in f:
                     parts[name].append(f[name][()])
-    for name in (*OPTIONAL_DRAW_NAMES, *OPTIONAL_RANGE_NAMES):  # only where every file has them (older files: signs only)
+    for name in (*BOUND_NAMES, *RANGE_NAMES):  # only where every file has them (older files: signs only)
         if len(parts[name]) != len(paths):
             del parts[name]
     out = {}
