@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "perf"))
+sys.path.insert(0, str(REPO / "tools"))  # tools/fidelity_check.py: the per-head join
 
 #: The one line of value_vectors.py that downloads: the weights come from a local file instead.
 DOWNLOAD_LINE = "model = timm.create_model(model_name, pretrained=True)"

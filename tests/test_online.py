@@ -182,11 +182,11 @@ def test_default_target_online_with_stand_ins(hub, tmp_path):
     second = _run(online_dir, env, *online_cfg)
     assert "Nothing to be done" in second.stdout + second.stderr
 
-    # perf/full_run.py (docs/hub_fixture.md's per-model time and memory) gives each model its
+    # perf/memory.py run (docs/hub_fixture.md's per-model time and memory) gives each model its
     # extraction and KPCA jobs, the shared row none of a model's rules.
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("full_run", REPO / "perf" / "full_run.py")
+    spec = importlib.util.spec_from_file_location("perf_memory", REPO / "perf" / "memory.py")
     full_run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(full_run)
     models = ["deit_tiny_patch16_224", "vit_tiny_patch16_224", "sentence-transformers/all-MiniLM-L6-v2", "google/electra-small-discriminator"]
