@@ -26,7 +26,7 @@ the chain's ``vision.imagenet_val_dir`` too).
     python perf/side_by_side.py --authors-script ~/kpca/scripts/value_vectors.py \\
         --weights ../shared/assets/weights/timm/deit_tiny_patch16_224.safetensors \\
         --make-image-folder ../shared/assets/images/imagenet-sample --configfile config/offline_deit_tiny.yaml \\
-        --cores 2 --repeats 2 --out perf/results/side_by_side_deit_tiny_cpu.json
+        --cores 2 --repeats 2 --out side_by_side.json
 """
 
 from __future__ import annotations
