@@ -24,7 +24,7 @@ import os, torch
 print("torch", torch.__version__, "cuda", torch.version.cuda, "|", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU", "|", os.cpu_count(), "cores")
 PY
 # (d) 1,024 Table 1-shaped matrices through every solver that runs here
-timeout 180 python3 perf/eigensolvers.py --heads "$EIG_HEADS" --cpu-threads "$(nproc)" --out "$OUT/eigensolvers.json" 2>&1 | tee "$OUT/eigensolvers.txt" || echo "eigensolvers: stopped ($?)" | tee -a "$OUT/eigensolvers.txt"
+timeout 180 python3 perf/bench.py eigensolvers --heads "$EIG_HEADS" --cpu-threads "$(nproc)" --out "$OUT/eigensolvers.json" 2>&1 | tee "$OUT/eigensolvers.txt" || echo "eigensolvers: stopped ($?)" | tee -a "$OUT/eigensolvers.txt"
 # (a)-(c): the chain from scratch and the authors' script, side by side, and the per-head join
 python3 perf/side_by_side.py --authors-script "$G/value_vectors.py" --authors-python "$AUTHORS_PYTHON" \
   --weights "$G/assets/weights/timm/deit_tiny_patch16_224.safetensors" --resources-dir "$G/assets" \

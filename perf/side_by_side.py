@@ -26,7 +26,7 @@ the chain's ``vision.imagenet_val_dir`` too).
     python perf/side_by_side.py --authors-script ~/kpca/scripts/value_vectors.py \\
         --weights ../shared/assets/weights/timm/deit_tiny_patch16_224.safetensors \\
         --make-image-folder ../shared/assets/images/imagenet-sample --configfile config/offline_deit_tiny.yaml \\
-        --cores 2 --repeats 2 --out perf/results/side_by_side_deit_tiny_cpu.json
+        --cores 2 --repeats 2 --out side_by_side.json
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "perf"))
+sys.path.insert(0, str(REPO / "tools"))  # tools/fidelity_check.py: the per-head join
 
 #: The one line of value_vectors.py that downloads: the weights come from a local file instead.
 DOWNLOAD_LINE = "model = timm.create_model(model_name, pretrained=True)"

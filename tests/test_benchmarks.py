@@ -1,9 +1,10 @@
-"""The benchmark harness itself (perf/bench_*.py): it runs, it compares, and its timers count right.
+"""The benchmarks themselves (perf/bench.py, perf/memory.py): they run, they compare, and their timers count right.
 
-No time is asserted: the numbers it measures go into docs/performance.md. These tests check
-what the harness reports besides times: that the batched and per-head methods agree, that
+No time is asserted: the numbers they measure go into docs/performance.md. These tests check
+what the benchmarks report besides times: that the batched and per-head methods agree, that
 the ``--breakdown`` timers see one ``eigh`` per head and the expected number of assignments,
-and that the ``allocator`` runs cover the layers they claim.
+that the eigensolvers' errors are measured against float64, and that the memory benchmark
+sees every extraction batch.
 """
 
 from __future__ import annotations
@@ -18,27 +19,30 @@ import pytest
 from test_batching_and_sharding import _activation_file
 
 REPO = Path(__file__).resolve().parents[1]
-#: One script per benchmark, ``perf/bench_<name>.py``.
-BENCHMARKS = sorted(p.stem.removeprefix("bench_") for p in (REPO / "perf").glob("bench_*.py"))
+BENCH = REPO / "perf" / "bench.py"
+#: The subcommands of perf/bench.py that measure (``report`` prints their tables).
+SUBCOMMANDS = ("stage", "shapes", "eigensolvers", "job", "ab")
 
 
-def _bench(benchmark: str, *args: str, out: Path) -> dict:
-    """Run ``perf/bench_<benchmark>.py ARGS --out OUT`` and return the result file it wrote."""
-    proc = subprocess.run([sys.executable, str(REPO / "perf" / f"bench_{benchmark}.py"), *args, "--out", str(out)], capture_output=True, text=True, cwd=REPO)
+def _bench(*args: str, out: Path) -> dict:
+    """Run ``perf/bench.py ARGS --out OUT`` and return the result file it wrote."""
+    proc = subprocess.run([sys.executable, str(BENCH), *args, "--out", str(out)], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("name", BENCHMARKS)
-def test_every_benchmark_parses_its_command_line_and_has_a_report_table(name):
-    """``perf/bench_<name>.py --help`` shows the command line of its docstring and ``--out``; the
-    result it writes has ``command`` ``name``, which perf/report.py prints with its function ``name``."""
-    script = REPO / "perf" / f"bench_{name}.py"
-    proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=REPO)
+def _report(*results: Path) -> str:
+    return subprocess.run([sys.executable, str(BENCH), "report", *map(str, results)], capture_output=True, text=True, check=True, cwd=REPO).stdout
+
+
+@pytest.mark.parametrize("name", SUBCOMMANDS)
+def test_every_subcommand_is_in_the_usage_and_parses_its_command_line(name):
+    """``perf/bench.py NAME --help`` parses, takes ``--out``, and the module docstring shows its command line."""
+    proc = subprocess.run([sys.executable, str(BENCH), name, "--help"], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"python perf/bench_{name}.py" in proc.stdout and "--out OUT" in proc.stdout
-    assert re.search(rf'^    (return|out =) {{"command": "{name}",', script.read_text(), re.MULTILINE)  # its measurement's result
-    assert re.search(rf"^def {name}\(r\):", (REPO / "perf" / "report.py").read_text(), re.MULTILINE)
+    assert "--out OUT" in proc.stdout
+    top = subprocess.run([sys.executable, str(BENCH), "--help"], capture_output=True, text=True, cwd=REPO, check=True).stdout
+    assert f"python perf/bench.py {name} " in top
 
 
 def test_stage_benchmark_compares_methods_and_times_every_eigh_and_assignment(tmp_path):
@@ -57,51 +61,28 @@ def test_stage_benchmark_compares_methods_and_times_every_eigh_and_assignment(tm
         assert b["assignment_calls"] == (30 if name == "paper" else 120)
         assert b["head_metrics_calls"] == 8  # ceil(30 / 4) chunks
         assert 0 < b["eigh_seconds"] + b["assignment_seconds"] <= b["head_metrics_seconds"] <= b["thread_seconds_available"] * 1.01
-    report = subprocess.run([sys.executable, str(REPO / "perf" / "report.py"), str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    report = _report(tmp_path / "s.json")
     assert "| batched, paper |" in report and "| batched, corrected |" in report
 
 
-def test_allocator_benchmark_covers_the_layers_it_names(tmp_path):
+def test_eigensolvers_measure_the_error_against_float64(tmp_path):
+    """The CPU solver's float32 eigenvalues are within float32 rounding of float64's (relative to
+    ``||K||``), and not exactly equal to them: the error is measured, not zero by construction."""
+    res = _bench("eigensolvers", "--heads", "4", "--tokens", "20", "--cpu-threads", "1", out=tmp_path / "e.json")
+    cpu = next(row for row in res["rows"] if row["solver"] == "torch-cpu-per-matrix")
+    assert cpu["heads"] == 4 and cpu["heads_per_s"] > 0
+    assert 0 < cpu["eigenvalue_error"] < 1e-5
+    assert "torch-cpu-per-matrix" in _report(tmp_path / "e.json")
+
+
+def test_job_benchmark_times_each_part_of_the_kpca_heads_job(tmp_path):
+    """``job`` on 30 heads in chunks of at most 4: each chunk is solved once and compared once, so
+    both timers count the same calls, at least ceil(30 / 4) of them."""
     h5 = _activation_file(tmp_path / "a.h5")
-    res = _bench("allocator", str(h5), "--layers", "1", "2", "--threads", "2", "--chunk", "4", out=tmp_path / "m.json")
-    seen = {(row["mode"], row["layers"]): row["heads"] for row in res["rows"]}
-    assert len(seen) == 6  # three glibc settings x two depths
-    assert all(heads == 15 * layers for (_, layers), heads in seen.items())
-    assert all(row["peak_rss_mb"] > 0 for row in res["rows"])
-
-
-@pytest.mark.realweights
-def test_authors_structure_baseline_gives_the_pipelines_table1_row(tmp_path):
-    """The chain's baseline (the authors' value_vectors.py structure: a full forward pass per
-    layer, a Python loop over images and heads) and the pipeline (one forward pass per batch,
-    batched heads on worker threads, the rule's eigh threads) give the same Table 1 row for
-    the same two real images: the speed-up compares like with like."""
-    import numpy as np
-    import torch
-
-    from kpca_repro.capture.extraction import extract_vision
-    from kpca_repro.inputs import images
-    from kpca_repro.method.records import kpca_records
-    from kpca_repro.threads import torch_default_threads
-
-    from conftest import real_deit_tiny
-
-    _, weights, image_dir = real_deit_tiny()
-    res = _bench("authors", "--images", "2", "--weights", str(weights), "--image-dir", str(image_dir), out=tmp_path / "authors.json")
-    assert res["heads"] == 2 * 12 * 3 and res["wall_seconds"] > 0
-    samples = images.sample_images(images.list_images(image_dir, "flat"), 2, seed=0)
-    extract_vision("deit_tiny_patch16_224", weights, "x", samples, tmp_path / "a.h5", batch_size=2, device=torch.device("cpu"), progress=False)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the kpca_heads rule runs
-    try:
-        rec, _ = kpca_records(tmp_path / "a.h5", "paper", device=torch.device("cpu"), heads_per_chunk=5, workers=2, eigh_threads=torch_default_threads(), progress=False)
-    finally:
-        torch.set_num_threads(before)
-    ours = {"MDC": rec["direct_cos_mean"].max(), "MOC": rec["optimal_cos_mean"].max(), "LCKA": np.mean(rec["linear_cka"]), "KCKA": np.mean(rec["rbf_cka"])}
-    for name, value in res["table1"].items():
-        assert abs(ours[name] - value) <= (1e-4 if name == "KCKA" else 1e-5), (name, ours[name], value)
-    report = subprocess.run([sys.executable, str(REPO / "perf" / "report.py"), str(tmp_path)], capture_output=True, text=True, check=True).stdout
-    assert "authors' structure" in report
+    res = _bench("job", str(h5), "--cores", "2", "--heads-per-chunk", "4", "--sign-draws", "0", "0", out=tmp_path / "j.json")
+    assert res["heads"] == 30
+    assert 8 <= res["calls"]["solve (main thread, exclusive)"] == res["calls"]["compare (workers)"] <= 30
+    assert 0 < res["seconds"]["compare (workers)"] and res["wall_seconds"] > 0
 
 
 def test_ab_benchmark_times_both_trees_on_the_same_heads(tmp_path):
@@ -114,20 +95,19 @@ def test_ab_benchmark_times_both_trees_on_the_same_heads(tmp_path):
         assert res["max_abs_diff"] and all(d == 0.0 for d in res["max_abs_diff"].values())
         for ms in res["ms_per_head"].values():
             assert 0 < ms["eigh"] + ms["assignment"] <= ms["total"]
-    report = subprocess.run([sys.executable, str(REPO / "perf" / "report.py"), str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    report = _report(tmp_path / "ab_paper.json")
     assert "| this |" in report and "| other |" in report
 
 
+@pytest.mark.realweights
 def test_extract_memory_reports_one_line_per_batch_and_the_peak():
-    """perf/extract_memory.py (docs/hub_fixture.md's extraction memory): one RSS line per forward
+    """``perf/memory.py extract`` (docs/hub_fixture.md's extraction memory): one RSS line per forward
     batch, at the batch's first image, and a peak no lower than any of them."""
-    import re
-
     from conftest import real_deit_tiny
 
     _, weights, image_dir = real_deit_tiny()
     proc = subprocess.run(
-        [sys.executable, str(REPO / "perf" / "extract_memory.py"), str(weights), str(image_dir), "deit_tiny_patch16_224", "5", "--batch-size", "2", "--threads", "1"],
+        [sys.executable, str(REPO / "perf" / "memory.py"), "extract", str(weights), str(image_dir), "deit_tiny_patch16_224", "5", "--batch-size", "2", "--threads", "1"],
         capture_output=True,
         text=True,
         cwd=REPO,

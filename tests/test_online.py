@@ -182,15 +182,15 @@ def test_default_target_online_with_stand_ins(hub, tmp_path):
     second = _run(online_dir, env, *online_cfg)
     assert "Nothing to be done" in second.stdout + second.stderr
 
-    # perf/full_run.py (docs/hub_fixture.md's per-model time and memory) gives each model its
+    # perf/memory.py run (docs/hub_fixture.md's per-model time and memory) gives each model its
     # extraction and KPCA jobs, the shared row none of a model's rules.
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("full_run", REPO / "perf" / "full_run.py")
-    full_run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(full_run)
+    spec = importlib.util.spec_from_file_location("perf_memory", REPO / "perf" / "memory.py")
+    memory = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(memory)
     models = ["deit_tiny_patch16_224", "vit_tiny_patch16_224", "sentence-transformers/all-MiniLM-L6-v2", "google/electra-small-discriminator"]
-    jobs = full_run.per_model(full_run.read_benchmarks(online_dir / "benchmarks"), models)
+    jobs = memory.per_model(memory.read_benchmarks(online_dir / "benchmarks"), models)
     per_model_rules = {"download_timm_weights", "extract_vision", "extract_text", "kpca_heads", "eigenvalues_vision", "norms_vision", "norms_text"}
     for m in models:
         rules = set(jobs.loc[jobs["model"] == m, "rule"])

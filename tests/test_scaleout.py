@@ -1,7 +1,7 @@
 """profiles/slurm through Snakemake's real SLURM executor plugin, with a stand-in sbatch.
 
-perf/slurm_submissions.sh runs the paper's full workload, cut to one vision model, with
-perf/slurm_standin/ first on PATH. The stand-in records every sbatch call and touches the
+tools/slurm_submissions.sh runs the paper's full workload, cut to one vision model, with
+tools/slurm_standin/ first on PATH. The stand-in records every sbatch call and touches the
 job's outputs, so nothing is computed. The test checks that every job planned for the
 cluster was submitted, that each submission carries its rule's resources from
 profiles/slurm/config.yaml, and that no local rule (tables, figures, sampling) was submitted.
@@ -44,7 +44,7 @@ def submissions(tmp_path_factory):
             pytest.skip(f"needs {SHARED / sub} (the offline image sample and WikiText-103)")
     tmp = tmp_path_factory.mktemp("slurm")
     env = dict(os.environ, MODELS="deit_tiny_patch16_224", WORK=str(tmp / "work"), KEEP="1")
-    proc = subprocess.run(["bash", str(REPO / "perf" / "slurm_submissions.sh"), "2", str(tmp / "out")], env=env, capture_output=True, text=True)
+    proc = subprocess.run(["bash", str(REPO / "tools" / "slurm_submissions.sh"), "2", str(tmp / "out")], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     calls = [line for line in (tmp / "out" / "sbatch_calls.txt").read_text().splitlines() if line.startswith("sbatch")]
     planned = dict(re.findall(r"^(\w+)\s+(\d+)$", (tmp / "out" / "dryrun_jobs.txt").read_text(), re.M))

@@ -7,7 +7,7 @@ the caller's single thread; then the transcription of ``value_vectors.py`` (visi
 head with torch's default threads. Prints, per setting, the heads beyond tolerance (1e-5;
 RBF CKA 1e-4) and the largest difference per metric.
 
-    python perf/fidelity_check.py results/activations/deit_tiny_patch16_224/vision_100_0of1.h5 --layers 9 --inputs 40
+    python tools/fidelity_check.py results/activations/deit_tiny_patch16_224/vision_100_0of1.h5 --layers 9 --inputs 40
 
 With ``--authors``, joins instead a pipeline run's per-head records (``results/heads/paper/<model>/*.csv``)
 with the ``head_level_stats.csv`` that the authors' script wrote for the same seed on the same
@@ -15,19 +15,14 @@ machine (``nlp_value_vectors.py``: rows by ``(layer, sample, head)``; ``value_ve
 ``sample`` is the loader's batch row, mapped to the pipeline's ``sample_rank`` through the
 ``SubsetRandomSampler`` order of ``--seed``), and prints the same summary per metric:
 
-    python perf/fidelity_check.py --authors nlp_value_vectors_outputs/<model>/statistics/head_level_stats.csv results/heads/paper/<model>/text_100_0of1.csv
-    python perf/fidelity_check.py --authors value_vectors_outputs/<model>/statistics/head_level_stats.csv --seed 1 results/heads/paper/<model>/vision_100_0of1.csv
+    python tools/fidelity_check.py --authors nlp_value_vectors_outputs/<model>/statistics/head_level_stats.csv results/heads/paper/<model>/text_100_0of1.csv
+    python tools/fidelity_check.py --authors value_vectors_outputs/<model>/statistics/head_level_stats.csv --seed 1 results/heads/paper/<model>/vision_100_0of1.csv
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
-
-# the per-head oracles (kpca_tools.reference) are a test tool, never installed (tools/README.md)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 import numpy as np
 import torch

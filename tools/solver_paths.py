@@ -16,7 +16,7 @@ to float32), and MKL's code paths through the environment: ``mkl-avx2``
 ``cbwr-compatible`` (``MKL_CBWR=COMPATIBLE``), ``cbwr-avx2-strict`` (``MKL_CBWR=AVX2,STRICT``);
 these change MKL's float32 products (the Gram matrix) as well as its ``syevd``.
 
-    PYTHONPATH=src python perf/solver_paths.py ACTIVATIONS.h5 RECORDS.csv RECORDS_signs.h5 --table 1 --out DIR
+    PYTHONPATH=src python tools/solver_paths.py ACTIVATIONS.h5 RECORDS.csv RECORDS_signs.h5 --table 1 --out DIR
 
 Writes ``DIR/<path>.csv`` (per-head cosines of each path) and ``DIR/summary.md`` (path, MDC,
 MOC, inside the solver interval or not, heads whose per-head direct cosine lies outside its

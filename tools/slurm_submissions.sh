@@ -4,11 +4,11 @@
 # 100 images in SHARDS shards (25 for Tables 2-3), the 9 language models x 100 WikiText rows,
 # and the two paper-scale training runs of Figures 1 and 4.
 #
-#   bash perf/slurm_submissions.sh [SHARDS] [OUT_DIR]
-#   WORKLOAD=vision bash perf/slurm_submissions.sh ...   # Tables 1-3 and Figures 2-3 only
+#   bash tools/slurm_submissions.sh [SHARDS] [OUT_DIR]
+#   WORKLOAD=vision bash tools/slurm_submissions.sh ...   # Tables 1-3 and Figures 2-3 only
 #
 # 1. a dry run with profiles/slurm lists every job;
-# 2. a run with the stand-in sbatch/sacct of perf/slurm_standin on PATH records every sbatch
+# 2. a run with the stand-in sbatch/sacct of tools/slurm_standin on PATH records every sbatch
 #    call Snakemake's SLURM executor makes. The stand-in runs each wrapped job with --touch,
 #    so outputs appear empty and the dependent jobs are submitted in turn: nothing is computed.
 # Nothing is read from the placeholders: timm weights are empty files, each language model is
@@ -81,7 +81,7 @@ PY
 export STANDIN_LOG="$WORK/sbatch_calls.txt" STANDIN_OUTPUTS="$WORK/outputs.json"
 # --keep-going: the local rules (tables, figures) then run here on the empty files and fail,
 # which is expected; every job for SLURM has been submitted by then.
-PATH="$REPO/perf/slurm_standin:$PATH" "${SMK[@]}" --keep-going --latency-wait 5 --slurm-init-seconds-before-status-checks 1 --seconds-between-status-checks 1 ${EXTRA:-} > "$WORK/run.log" 2>&1 || true
+PATH="$REPO/tools/slurm_standin:$PATH" "${SMK[@]}" --keep-going --latency-wait 5 --slurm-init-seconds-before-status-checks 1 --seconds-between-status-checks 1 ${EXTRA:-} > "$WORK/run.log" 2>&1 || true
 sed "s#$WORK#<workdir>#g" "$STANDIN_LOG" > "$OUT/sbatch_calls.txt"
 sed "s#$WORK#<workdir>#g; s#$REPO#<repo>#g" "$STANDIN_LOG.example_wrap" > "$OUT/example_job_command.txt"
 python - "$OUT/sbatch_calls.txt" "$OUT/dryrun_jobs.txt" <<'PY' | tee "$OUT/summary.txt"
