@@ -218,7 +218,10 @@ def main(argv=None) -> None:
     if args.val_dir:
         extra["vision"] = {"imagenet_val_dir": str(args.image_folder.resolve()), "n_images": min(100, sum(1 for _ in args.image_folder.glob("*/*")))}
     if args.resources_dir:
+        # every input from that directory: also the training logs a configuration may name
+        # beside it (config/offline_deit_tiny.yaml: ../shared/...), which Table 1 does not read
         extra["resources_dir"] = str(args.resources_dir.resolve())
+        extra["figure1"] = {"reference_logs": None}
     if args.device:
         extra["device"] = args.device
     configs = [work / f"config{i}.yaml" for i in range(len(args.configfile))]
