@@ -10,8 +10,21 @@ exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-__all__ = ["InputFileError"]
+__all__ = ["JobStop", "InputFileError", "OutputNotWritable", "JobInterrupted"]
 
 
-class InputFileError(Exception):
+class JobStop(Exception):
+    """An error a rule script ends on with its message as one line, no traceback."""
+
+
+class InputFileError(JobStop):
     """A bad input file; the message names it, says what is wrong and how to fix it."""
+
+
+class OutputNotWritable(JobStop, OSError):
+    """A job's output (or the folder of its kept parts) cannot be written; raised before the work starts."""
+
+
+class JobInterrupted(JobStop):
+    """The job was stopped (SIGINT, SIGTERM) after keeping what it had finished
+    (:class:`kpca_repro.resume.PartStore`); the message says how much and how to resume."""

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import logging
+import os
 import platform
+import signal
 import sys
+import tempfile
 from importlib import metadata
+from pathlib import Path
 
-from kpca_repro.errors import InputFileError
+from kpca_repro.errors import JobStop, OutputNotWritable
 
-__all__ = ["end_on_input_file_errors", "fail_cleanly", "library_versions", "quiet_hub_logging", "setup_logging"]
+__all__ = ["check_writable", "end_on_input_file_errors", "fail_cleanly", "library_versions", "quiet_hub_logging", "setup_logging"]
 
 
 class _Tee:
@@ -97,8 +101,10 @@ def setup_logging(snakemake, name: str) -> logging.Logger:
     The log file is ``snakemake.log[0]``; stderr is also kept on the terminal. Progress: a
     bar on the terminal only when it is one, plain periodic lines in the log file
     (:mod:`kpca_repro.progress`); Hugging Face retries take one line each
-    (:func:`quiet_hub_logging`). A bad input file ends the script with one line, no
-    traceback (:func:`end_on_input_file_errors`).
+    (:func:`quiet_hub_logging`). A bad input file, an unwritable output and an interrupt
+    (SIGINT, or SIGTERM as a scheduler sends it) end the script with one line, no traceback
+    (:func:`end_on_input_file_errors`); every output's folder is checked first
+    (:func:`check_writable`), so a job that could not write its result fails before its work.
 
     Args:
         snakemake: the ``snakemake`` object of a rule script (``log[0]`` is used).
@@ -106,6 +112,9 @@ def setup_logging(snakemake, name: str) -> logging.Logger:
 
     Returns:
         A logger named ``name``.
+
+    Raises:
+        kpca_repro.errors.OutputNotWritable: an output's folder is not writable.
     """
     from kpca_repro.progress import set_log_stream
 
@@ -117,16 +126,44 @@ def setup_logging(snakemake, name: str) -> logging.Logger:
     quiet_hub_logging(progress_bars=_isatty(sys.__stderr__))
     log = logging.getLogger(name)
     end_on_input_file_errors(log)
+    signal.signal(signal.SIGTERM, _interrupt)
+    check_writable(list(getattr(snakemake, "output", [])))
     return log
+
+
+def _interrupt(signum, frame):
+    """SIGTERM (a scheduler's time limit or preemption) as Ctrl-C: the job keeps what it finished and ends in one line."""
+    raise KeyboardInterrupt
+
+
+def check_writable(paths: list[str | os.PathLike]) -> None:
+    """Fail before any work when a file cannot be created in the folder of one of ``paths``.
+
+    Creates and deletes a temporary file in each folder (created if missing), which is what
+    writing the output will need: a permission bit, a read-only mount or a full quota all
+    show here.
+
+    Raises:
+        kpca_repro.errors.OutputNotWritable: one line naming the path and the reason.
+    """
+    for path in paths:
+        folder = Path(path).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as exc:
+            raise OutputNotWritable(f"{path}: cannot write here ({exc.strerror or exc}); make {folder} writable and rerun") from None
 
 
 def end_on_input_file_errors(log: logging.Logger) -> None:
     """Make a rule script that stops on a bad input file end with one ERROR line, no traceback.
 
-    Installs a ``sys.excepthook``: an uncaught :class:`kpca_repro.errors.InputFileError` (the
-    message names the file, what is wrong and the fix) is logged as one line, and the script
-    exits with status 1 as for any uncaught exception; every other exception is a bug and
-    keeps its traceback. The hook runs once the exception has left every ``with`` block, so
+    Installs a ``sys.excepthook``: an uncaught :class:`kpca_repro.errors.JobStop` (a bad input
+    file: the message names the file, what is wrong and the fix; an unwritable output; an
+    interrupt after the job kept its finished parts) or ``KeyboardInterrupt`` is logged as one
+    line, and the script exits with status 1 as for any uncaught exception; every other
+    exception is a bug and keeps its traceback. The hook runs once the exception has left every ``with`` block, so
     :func:`kpca_repro.h5io.atomic_output` has already removed the unfinished output. Snakemake
     then prints the job's log: the line, not a traceback of the library's internals.
 
@@ -136,8 +173,10 @@ def end_on_input_file_errors(log: logging.Logger) -> None:
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
-        if isinstance(exc, InputFileError):
+        if isinstance(exc, JobStop):
             log.error("%s", " ".join(str(exc).split("\n")))
+        elif isinstance(exc, KeyboardInterrupt):
+            log.error("interrupted")
         else:
             previous(exc_type, exc, tb)
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -11,7 +12,8 @@ from kpca_repro.h5io import atomic_output
 from kpca_repro.method.placement import plan
 from kpca_repro.method.records import kpca_records
 from kpca_repro.method.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES, write_sign_draws
-from kpca_repro.smk import setup_logging
+from kpca_repro.resume import PartStore, file_identity
+from kpca_repro.smk import check_writable, setup_logging
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "kpca_heads")
@@ -27,6 +29,13 @@ placement = plan(
     cache_dir=CHECK_CACHE_DIR,
 )
 log.info("placement: %s", placement.describe())
+# Finished batches are kept beside the output until it is written: a rerun after an interrupt, a
+# kill or a preemption goes on from them (kpca_repro.resume); another input, parameter or code starts afresh.
+parts = Path(smk.output.heads).with_suffix(".parts")
+check_writable([parts / "key.json"])
+store = PartStore(parts, {"activations": file_identity(smk.input.activations), "variant": smk.wildcards.variant, "params": dict(smk.params.items()), "placement": placement.describe(), "eigh_threads": placement.eigh_threads})
+if len(store):
+    log.info("resuming from %d kept batches in %s", len(store), parts)
 records, meta = kpca_records(
     smk.input.activations,
     smk.wildcards.variant,
@@ -34,6 +43,7 @@ records, meta = kpca_records(
     heads_per_chunk=smk.params.heads_per_chunk,
     seed=smk.params.seed,
     sign_draws=tuple(smk.params.sign_draws) if any(smk.params.sign_draws) else None,
+    store=store,
 )
 # per-head solver draws (signs and rotations), rows as the records CSV (the corrected variant's signs are fixed: none)
 draws = meta.pop("sign_draws", None) or {name: np.empty((len(records), 0), np.float32) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR)}
@@ -53,3 +63,4 @@ with atomic_output(smk.output.signs) as tmp:
     write_sign_draws(tmp, draws, {"seed": smk.params.seed, "n_heads": len(records), "variant": smk.wildcards.variant})
 with atomic_output(smk.output.meta) as tmp:
     tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+store.remove()

@@ -22,6 +22,7 @@ from kpca_repro.method.solver_variation import RunningFloor, head_solver_draws, 
 from kpca_repro.method.uncertainty import BOUND_NAMES, COLLISION_BOUND, MATCHED_BOUND, MEAN_VECTOR, RANGE_NAMES, SIGN_DRAW_NAMES
 from kpca_repro.method.variant import Variant
 from kpca_repro.method.variant import get as get_variant
+from kpca_repro.resume import JobInterrupted, PartStore
 from kpca_repro.workers import WorkerPool, device_stream, ordered_map
 
 __all__ = ["kpca_records", "baseline_noise", "eigenvalue_records", "gamma_records", "layer_chunks", "clamp_components"]
@@ -247,6 +248,29 @@ def _batches(chunks: Iterator, size: int) -> Iterator[list]:
         yield batch
 
 
+def _part_arrays(parts: list[tuple]) -> dict[str, np.ndarray]:
+    """One batch's ``(position, draws or None, frame)`` parts as plain arrays, for a :class:`~kpca_repro.resume.PartStore`."""
+    out: dict[str, np.ndarray] = {"n": np.array(len(parts))}
+    for j, (position, draws, frame) in enumerate(parts):
+        out[f"p{j}.position"] = np.asarray(position, dtype=np.int64)
+        out[f"p{j}.columns"] = np.asarray(frame.columns, dtype=str)
+        out.update({f"p{j}.col{i}": frame[c].to_numpy() for i, c in enumerate(frame.columns)})
+        if draws is not None:
+            out[f"p{j}.draws"] = np.asarray(list(draws), dtype=str)
+            out.update({f"p{j}.draw{i}": draws[name] for i, name in enumerate(draws)})
+    return out
+
+
+def _parts_from_arrays(arrays: dict[str, np.ndarray]) -> list[tuple]:
+    """The inverse of :func:`_part_arrays`: the same columns, dtypes and values, bit for bit."""
+    parts = []
+    for j in range(int(arrays["n"])):
+        frame = pd.DataFrame({str(c): arrays[f"p{j}.col{i}"] for i, c in enumerate(arrays[f"p{j}.columns"])})
+        draws = {str(name): arrays[f"p{j}.draw{i}"] for i, name in enumerate(arrays[f"p{j}.draws"])} if f"p{j}.draws" in arrays else None
+        parts.append((tuple(int(x) for x in arrays[f"p{j}.position"]), draws, frame))
+    return parts
+
+
 def _records_meta(af: ActivationFile, variant: Variant, placement: Placement, transposed: bool, caller_threads: int) -> dict:
     """The metadata of one file's records: model id, weights SHA-256, number of inputs, variant, shard, placement.
 
@@ -303,6 +327,7 @@ def kpca_records(
     progress: bool = True,
     sign_draws: tuple[int, int] | None = None,
     prune_matched_draws: bool = True,
+    store: PartStore | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """Per-head records of one activation file: every (input, layer, head) through KPCA.
 
@@ -333,6 +358,12 @@ def kpca_records(
     maximum can use is left NaN (:class:`kpca_repro.method.solver_variation.RunningFloor`); the
     intervals are those of every draw computed (docs/uncertainty.md).
     ``prune_matched_draws=False`` computes every one (to check that claim, and for benchmarks).
+    With ``store`` (:class:`kpca_repro.resume.PartStore`, keyed by the job's inputs, parameters
+    and code) each finished batch is kept there and a batch already kept is read back instead
+    of computed: the records and draws are the same bit for bit (a draw the matched-cosine
+    floor would have skipped may be computed, then pruned the same way), and an interrupt
+    (``KeyboardInterrupt``) raises :class:`kpca_repro.resume.JobInterrupted` with the count of
+    heads kept.
     Steps: :func:`_file_chunks` (the file's chunks with their record positions), per batch
     the solve and :func:`chunk_records` on the workers, then :func:`_records_meta` and, with
     ``sign_draws``, :func:`_gathered_draws`.
@@ -348,6 +379,7 @@ def kpca_records(
 
     Raises:
         kpca_repro.activations.CorruptActivationFileError: the file is unreadable (named).
+        kpca_repro.resume.JobInterrupted: interrupted, with ``store`` (its message: heads kept, how to resume).
     """
     from kpca_repro.activations import SEQUENCE_FIRST
     from kpca_repro.progress import progress as progress_bar
@@ -374,12 +406,29 @@ def kpca_records(
 
         total = (af.attention_mask.shape[1] if transposed else n_in) * n_heads * len(layer_list)
         parts = []
-        with progress_bar(total=total, desc=f"kpca {variant.name} {model_id}", unit="head", disable=not progress, mininterval=5) as bar, WorkerPool(placement.workers, placement.blas_threads) as pool:
-            for batch in _batches(chunks, placement.workers):
-                solved = [solve_heads(c[1].to(placement.device), c[2].shape[-1], variant, placement) if solve_first else None for _, c in batch]
-                for position, draws, frame in pool.imap(work, zip(batch, solved)):
-                    parts.append((position, draws, frame))
-                    bar.update(len(frame))
+        try:
+            with (
+                progress_bar(total=total, desc=f"kpca {variant.name} {model_id}", unit="head", disable=not progress, mininterval=5) as bar,
+                WorkerPool(placement.workers, placement.blas_threads) as pool,
+            ):
+                for index, batch in enumerate(_batches(chunks, placement.workers)):
+                    kept = store.load(index) if store is not None else None
+                    if kept is not None:
+                        done = _parts_from_arrays(kept)
+                        if floor is not None:  # the floor as it stood after this batch: the rest is computed as without the interrupt
+                            floor.offer(float(kept["floor"]))
+                    else:
+                        solved = [solve_heads(c[1].to(placement.device), c[2].shape[-1], variant, placement) if solve_first else None for _, c in batch]
+                        done = list(pool.imap(work, zip(batch, solved)))
+                        if store is not None:
+                            store.save(index, {**_part_arrays(done), "floor": np.array(floor.value if floor is not None else np.nan)})
+                    parts.extend(done)
+                    bar.update(sum(len(frame) for _, _, frame in done))
+        except KeyboardInterrupt:
+            if store is None:
+                raise
+            heads = sum(len(frame) for _, _, frame in parts)
+            raise JobInterrupted(f"interrupted after {heads:,} of {total:,} heads; rerun the same command to resume") from None
         parts.sort(key=lambda part: part[0])
         meta = _records_meta(af, variant, placement, transposed, caller_threads)
         if sign_draws:
