@@ -14,6 +14,7 @@ rule table:
     output:
         csv="results/{table}{suffix}.csv",
         md="results/{table}{suffix}.md",
+        meta="results/{table}{suffix}.csv-metadata.json",
     log:
         "logs/table/{table}{suffix}.log",
     benchmark:
