@@ -125,7 +125,12 @@ _HEADS = Schema(
         Column("exp_overflow", "some exp(s k_i·k_j) of the Gram matrix overflows float32", "bool", "paper"),
         Column("outer_overflow", "g_i g_j overflows float32 while g is finite: those Gram entries are zeroed, the head kept", "bool", "paper"),
         Column("finite", "the centered Gram matrix is finite", "bool"),
-        Column("dropped", "the reference would drop the head (non-finite centered Gram matrix or V_KPCA): its statistics are NaN (the paper variant's text reading: matched cosines and the negative share 0, as the reference sets them)", "bool"),
+        Column(
+            "dropped",
+            "the reference would drop the head (non-finite centered Gram matrix or V_KPCA): its statistics are NaN "
+            "(the paper variant's text reading: matched cosines and the negative share 0, as the reference sets them)",
+            "bool",
+        ),
         Column("allclose", "torch.allclose(V, V_KPCA, rtol=1e-3, atol=1e-5) holds", "bool"),
         *(Column(name, text, unit, "corrected" if name in _CORRECTED_ONLY else "") for name, (text, unit) in _HEAD_METRICS.items()),
         Column("baseline_<col>", "<col> with a standard normal matrix in place of V_KPCA, seeded by (seed, input, layer)", "as <col>", "corrected"),
