@@ -109,7 +109,7 @@ def test_the_method_is_no_input_of_extraction_or_training():
         assert "method" not in DECLARED[rule][1], rule
     assert not {f for f in _stage_files(DECLARED["extract_vision"][1]) if Path(f).name in ("kpca.py", "records.py", "uncertainty.py", "tables.py")}
     assert "capture" not in DECLARED["sample_images"][1] and "capture" not in DECLARED["sample_text"][1]
-    assert "analysis" not in DECLARED["kpca_heads"][1] and "figures" not in DECLARED["table"][1] and "analysis" not in DECLARED["figure3"][1]
+    assert "analysis" not in DECLARED["kpca_heads"][1] and "figures" not in DECLARED["table"][1] and "method" not in DECLARED["figure3"][1]
     assert "projection.py" in {Path(p).name for p in _stage_files(DECLARED["train"][1])}
 
 

@@ -65,6 +65,21 @@ TARGETS = (
 )
 
 
+def test_every_results_csv_has_its_column_metadata(tiny_run):
+    """Each CSV the run wrote directly in results/ has ``<name>.csv-metadata.json`` beside it
+    (kpca_repro.analysis.columns): CSVW, naming that CSV and its header's columns in order, each described."""
+    work, _, _ = tiny_run
+    csvs = sorted((work / "results").glob("*.csv"))
+    assert {p.name for p in csvs} >= {"table1.csv", "table1_corrected.csv", "table2.csv", "table3_corrected.csv", "figure2.csv", "figure3_corrected.csv", "paper_comparison.csv"}
+    for csv in csvs:
+        meta = json.loads(csv.with_name(csv.name + "-metadata.json").read_text(encoding="utf-8"))
+        assert meta["url"] == csv.name and meta["@context"] == "http://www.w3.org/ns/csvw"
+        columns = meta["tableSchema"]["columns"]
+        assert [c["name"] for c in columns] == list(pd.read_csv(csv, nrows=0).columns), csv.name
+        assert all(c["dc:description"] and c["schema:unitText"] for c in columns), csv.name
+    assert "title=" in (work / "results" / "html" / "table1.html").read_text()  # the descriptions in the report's page
+
+
 def test_table1_from_tiny_models(tiny_run, tiny_resources):
     work, _, _ = tiny_run
     table = pd.read_csv(work / "results" / "table1.csv")

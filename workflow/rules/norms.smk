@@ -87,6 +87,7 @@ rule figure2:
             labels=norm_figure_labels("Figure 2"),
         ),
         csv="results/figure2{suffix}.csv",
+        meta="results/figure2{suffix}.csv-metadata.json",
     log:
         "logs/figure2/figure2{suffix}.log",
     benchmark:
@@ -124,6 +125,7 @@ rule figure5:
             labels=norm_figure_labels("Figure 5"),
         ),
         csv="results/figure5{suffix}.csv",
+        meta="results/figure5{suffix}.csv-metadata.json",
     log:
         "logs/figure5/figure5{suffix}.log",
     benchmark:

@@ -16,6 +16,7 @@ rule paper_comparison:
             labels={"table": "published vs reproduced"},
         ),
         md="results/paper_comparison.md",
+        meta="results/paper_comparison.csv-metadata.json",
     log:
         "logs/paper_comparison/paper_comparison.log",
     benchmark:
@@ -43,6 +44,7 @@ rule paper_comparison:
 rule table_html:
     input:
         csv="results/{table}.csv",
+        meta="results/{table}.csv-metadata.json",
         code=stage_code("analysis"),
     output:
         report(

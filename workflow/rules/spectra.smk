@@ -67,7 +67,7 @@ default_target("results/figure3{suffix}.pdf", when=has_vision)
 rule figure3:
     input:
         gamma=lambda wc: f"results/figure3/gamma_{variant_of(wc)}.csv",
-        code=stage_code("figures"),
+        code=stage_code("analysis", "figures"),
     output:
         pdf="results/figure3{suffix}.pdf",
         png=report(
@@ -77,6 +77,7 @@ rule figure3:
             labels=lambda wc: {"figure": "Figure 3", "variant": variant_of(wc)},
         ),
         csv="results/figure3{suffix}.csv",
+        meta="results/figure3{suffix}.csv-metadata.json",
     log:
         "logs/figure3/figure3{suffix}.log",
     benchmark:

@@ -1,4 +1,4 @@
-# Stage 3: the paper's tables (CSV + Markdown), one rule for all: {table} is a name of the table
+# Stage 3: the paper's tables (CSV, its column metadata kpca_repro.analysis.columns, Markdown), one rule for all: {table} is a name of the table
 # registry (kpca_repro.analysis.tables.TABLES), {suffix} a variant's output suffix
 # (kpca_repro.method.variant: "" paper, "_corrected" corrected). Tables 1 and 4 aggregate the
 # per-head records, Tables 2 and 3 the eigenvalue records (spectra.smk); only a variant with
@@ -14,6 +14,7 @@ rule table:
     output:
         csv="results/{table}{suffix}.csv",
         md="results/{table}{suffix}.md",
+        meta="results/{table}{suffix}.csv-metadata.json",
     log:
         "logs/table/{table}{suffix}.log",
     benchmark:

@@ -102,7 +102,7 @@ rule train:
 rule training_claims:
     input:
         logs=run_logs(FIGURE1_SEED_RUNS),
-        code=stage_code("training"),
+        code=stage_code("analysis", "training"),
     output:
         csv=report(
             "results/training_claims.csv",
@@ -111,6 +111,7 @@ rule training_claims:
             labels={"table": "training claims (Figure 1)"},
         ),
         md="results/training_claims.md",
+        meta="results/training_claims.csv-metadata.json",
     log:
         "logs/training_claims.log",
     benchmark:
@@ -136,7 +137,7 @@ rule figure_training:
         reference=reference_logs_input(),
         # Figure 1 writes under each scale's column in how many seeds and epochs the claims hold
         claims=lambda wc: ["results/training_claims.csv"] if wc.fig == "1" and FIGURE1["runs"] else [],
-        code=stage_code("training"),
+        code=stage_code("analysis", "training"),
     output:
         pdf="results/figure{fig}.pdf",
         png=report(
@@ -146,6 +147,7 @@ rule figure_training:
             labels=lambda wc: {"figure": f"Figure {wc.fig}", "variant": "training logs"},
         ),
         csv="results/figure{fig}.csv",
+        meta="results/figure{fig}.csv-metadata.json",
     log:
         "logs/figure_training/figure{fig}.log",
     benchmark:
@@ -172,10 +174,11 @@ rule token_ablation:
     input:
         # evaluated only when the table is requested (ablation_runs checks the scales' patches)
         logs=lambda wc: run_logs(with_seeds(TRAINING, ablation_runs())),
-        code=stage_code("training"),
+        code=stage_code("analysis", "training"),
     output:
         csv="results/token_ablation.csv",
         md="results/token_ablation.md",
+        meta="results/token_ablation.csv-metadata.json",
     log:
         "logs/token_ablation.log",
     benchmark:

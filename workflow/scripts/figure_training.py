@@ -1,7 +1,8 @@
-"""Rule figure_training: Figure 1 (J_proj, ||h||^2, ||phi(q)||^2) or Figure 4 (relative errors), over seeds."""
+"""Rule figure_training: Figure 1 (J_proj, ||h||^2, ||phi(q)||^2) or Figure 4 (relative errors), over seeds; the plotted points as CSV with its column metadata."""
 
 import pandas as pd
 
+from kpca_repro.analysis.columns import metadata_json
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
 from kpca_repro.training.figures import TRAINING_MODEL_NAMES, plot_figure1, plot_figure4
@@ -35,6 +36,9 @@ if smk.wildcards.fig == "1":
 else:
     with atomic_output(smk.output.pdf) as pdf, atomic_output(smk.output.png) as png:
         plotted = plot_figure4(curves, pdf, png, skip, settings)
+meta = metadata_json(plotted, "training_curves", f"figure{smk.wildcards.fig}.csv", f"Figure {smk.wildcards.fig}: the plotted points")
 with atomic_output(smk.output.csv) as tmp:
     plotted.to_csv(tmp, index=False)
+with atomic_output(smk.output.meta) as tmp:
+    tmp.write_text(meta)
 log.info("figure %s: %d points from %d run logs%s", smk.wildcards.fig, len(plotted), len(runs), " and the reference logs" if reference else "")

@@ -1,8 +1,8 @@
-"""Rule table: one table of the registry (kpca_repro.analysis.tables.TABLES), one variant, as CSV and Markdown."""
+"""Rule table: one table of the registry (kpca_repro.analysis.tables.TABLES), one variant, as CSV, Markdown and the CSV's column metadata."""
 
 import pandas as pd
 
-from kpca_repro.analysis import rendering, tables
+from kpca_repro.analysis import columns, rendering, tables
 from kpca_repro.h5io import atomic_output
 from kpca_repro.method.uncertainty import read_sign_draws
 from kpca_repro.method.variant import get as get_variant
@@ -32,8 +32,13 @@ if table.keys:
     markdown = rendering.markdown_table(frame, floatfmt=".1f")
 else:
     markdown = rendering.paper_markdown(frame, table) if variant.tables == "paper" else rendering.corrected_markdown(frame, table.corrected)
+# every column described (kpca_repro.analysis.columns), or the job stops before writing
+schema, extra = tables.column_schema(table, variant.tables == "paper")
+meta = columns.metadata_json(frame, schema, f"{smk.wildcards.table}{smk.wildcards.suffix}.csv", f"{table.title}, {variant.name} variant", extra)
 with atomic_output(smk.output.csv) as tmp:
     frame.to_csv(tmp, index=False)
+with atomic_output(smk.output.meta) as tmp:
+    tmp.write_text(meta)
 with atomic_output(smk.output.md) as tmp:
     tmp.write_text(markdown)
 log.info("wrote %s (%d rows)", smk.output.csv, len(frame))

@@ -7,5 +7,5 @@ from kpca_repro.smk import setup_logging
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "table_html")
 with atomic_output(smk.output[0]) as tmp:
-    tmp.write_text(table_html(smk.input.csv, smk.wildcards.table))
+    tmp.write_text(table_html(smk.input.csv, smk.wildcards.table, smk.input.meta))
 log.info("wrote %s", smk.output[0])

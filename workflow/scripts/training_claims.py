@@ -1,5 +1,6 @@
 """Rule training_claims: in how many seeds and epochs each of the authors' Figure 1 observations holds."""
 
+from kpca_repro.analysis.columns import metadata_json
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
 from kpca_repro.training.figures import TRAINING_MODEL_NAMES
@@ -10,8 +11,11 @@ log = setup_logging(smk, "training_claims")
 thresholds = dict(phiq_ratio_below=smk.params.thresholds["phiq_ratio_below"], jproj_h_factor=smk.params.thresholds["jproj_h_factor"])
 # params.runs: (model, scale, tokens, seed), one per log
 claims = training_claims([(path, *run) for path, run in zip(smk.input.logs, smk.params.runs)], smk.params.skip_epochs, **thresholds)
+meta = metadata_json(claims, "training_claims", "training_claims.csv", "In how many seeds and epochs each of the authors' Figure 1 observations holds")
 with atomic_output(smk.output.csv) as tmp:
     claims.to_csv(tmp, index=False, float_format="%.6g")
+with atomic_output(smk.output.meta) as tmp:
+    tmp.write_text(meta)
 defs = claim_definitions(**thresholds)
 text = "Definitions (phi, h, J: the statistic's ||phi(q)||^2, ||h||^2 and J_proj on one fixed batch after one epoch; mean: as the authors log it, median: over all tokens of the batch):\n\n"
 text += "".join(f"* `{name}`: {definition}\n" for name, definition in defs.items())

@@ -3,45 +3,79 @@
 from __future__ import annotations
 
 import html
+import json
 import os
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["table_html"]
+__all__ = ["SIGNIFICANT_DIGITS", "format_number", "table_html"]
 
 _STYLE = (
-    "<style>table{border-collapse:collapse;font:13px sans-serif}th,td{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#eee}td:first-child,th:first-child{text-align:left}</style>"
+    "<style>table{border-collapse:collapse;font:13px sans-serif}th,td{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#eee}"
+    "td:first-child,th:first-child{text-align:left}th[title]{text-decoration:underline dotted}dl{font:13px sans-serif}dt{font-weight:bold;margin-top:4px}</style>"
 )
 
-
-def _format(x) -> str:
-    if isinstance(x, (float, np.floating)):
-        if not np.isfinite(x):
-            return ""
-        return f"{x:.3f}" if abs(x) < 100 else f"{x:.1f}"
-    return str(x)
+#: Significant digits of a float in the HTML tables (an eigengap of 8.4e-7 must not print as 0.000).
+SIGNIFICANT_DIGITS = 3
 
 
-def table_html(csv_path: str | os.PathLike, title: str) -> str:
+def format_number(x) -> str:
+    """A table cell: a float to :data:`SIGNIFICANT_DIGITS` significant digits, anything else as ``str``.
+
+    ``0.14393`` -> ``0.144``, ``0.000212`` -> ``0.000212``, ``8.38e-07`` -> ``8.38e-07``,
+    ``6.4973`` -> ``6.50``, ``326.8`` -> ``327``; a float from 1000 to 1e6 keeps its integer
+    digits (``1104.5`` -> ``1105``, not ``1.10e+03``); 0 is ``0``; NaN and ±inf an empty cell.
+    """
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (float, np.floating)):
+        return str(x)
+    if not np.isfinite(x):
+        return ""
+    if x == 0:
+        return "0"
+    text = f"{x:#.{SIGNIFICANT_DIGITS}g}"
+    if "e+" in text and abs(x) < 1e6:
+        return f"{x:.0f}"
+    return text.removesuffix(".")
+
+
+def _descriptions(metadata_path: str | os.PathLike | None) -> dict[str, str]:
+    """Column name -> ``description (unit)`` from a CSVW metadata file (:mod:`kpca_repro.analysis.columns`), or {}."""
+    if metadata_path is None:
+        return {}
+    with open(metadata_path, encoding="utf-8") as fh:
+        columns = json.load(fh)["tableSchema"]["columns"]
+    return {c["name"]: f"{c['dc:description']} ({c['schema:unitText']})" for c in columns}
+
+
+def table_html(csv_path: str | os.PathLike, title: str, metadata_path: str | os.PathLike | None = None) -> str:
     """A self-contained HTML page with the table of ``csv_path``.
 
-    Floats are shown with 3 decimals (1 above 100), NaN as an empty cell; long hashes
-    (``weights_sha256``) are shortened to their first 12 characters.
+    Floats keep :data:`SIGNIFICANT_DIGITS` significant digits (:func:`format_number`), NaN is an
+    empty cell; long hashes (``weights_sha256``) are shortened to their first 12 characters.
+    With ``metadata_path`` (the CSVW ``<csv>-metadata.json`` beside the CSV), every column's
+    description is its header's tooltip and, under the table, a legend.
 
     Args:
         csv_path: a results table (``results/table1.csv``, ...).
         title: heading of the page.
+        metadata_path: the table's column metadata, or None (no tooltips, no legend).
 
     Returns:
         The HTML text.
 
     Raises:
-        FileNotFoundError: ``csv_path`` does not exist.
+        FileNotFoundError: ``csv_path`` or ``metadata_path`` does not exist.
     """
     frame = pd.read_csv(csv_path)
     for col in frame.columns:
         if col.endswith("sha256"):
             frame[col] = frame[col].astype(str).str[:12] + "…"
-    body = frame.to_html(index=False, na_rep="", formatters={c: _format for c in frame.columns}, border=0)
-    return f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>{_STYLE}</head><body><h3>{html.escape(title)}</h3>{body}</body></html>\n"
+    described = _descriptions(metadata_path)
+    esc = html.escape
+    header = "".join(f'<th title="{esc(described[c])}">{esc(c)}</th>' if c in described else f"<th>{esc(c)}</th>" for c in frame.columns)
+    rows = "".join("<tr>" + "".join(f"<td>{esc(format_number(x))}</td>" for x in row) + "</tr>" for row in frame.itertuples(index=False))
+    body = f"<table><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>"
+    if described:
+        body += "<h4>Columns</h4><dl>" + "".join(f"<dt>{esc(c)}</dt><dd>{esc(described[c])}</dd>" for c in frame.columns if c in described) + "</dl>"
+    return f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{esc(title)}</title>{_STYLE}</head><body><h3>{esc(title)}</h3>{body}</body></html>\n"

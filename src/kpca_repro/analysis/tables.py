@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from kpca_repro.analysis.columns import Column, statistic_columns
 from kpca_repro.analysis.intervals import UNCERTAINTY_DEFAULTS, deciding_head, similarity_intervals, spectrum_intervals, with_intervals
 from kpca_repro.analysis.rendering import display_name
 from kpca_repro.analysis.statistics import SPECTRUM_STATS, eigenvalue_array, exact_mean, exact_std, over_heads, spectrum_statistics
@@ -35,6 +36,7 @@ __all__ = [
     "table4_row",
     "table_corrected",
     "table_spectra",
+    "column_schema",
 ]
 
 #: Corrected-variant metrics: (per-head column, label, the paper's statistic over heads).
@@ -280,6 +282,24 @@ def table_spectra(records: dict[tuple[str, str], pd.DataFrame], uncertainty: dic
             row["coverage"] = float({**UNCERTAINTY_DEFAULTS, **uncertainty}["coverage"])
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def column_schema(table: Table, paper: bool) -> tuple[str, tuple[Column, ...]]:
+    """What describes the columns of ``table``'s CSV (:mod:`kpca_repro.analysis.columns`).
+
+    Args:
+        table: an entry of :data:`TABLES`.
+        paper: the variant builds the paper's tables (``Variant.tables == "paper"``).
+
+    Returns:
+        ``(schema, extra)`` for :func:`~kpca_repro.analysis.columns.describe`: an eigenvalue table
+        ``"spectrum_table"``; a per-head table ``"per_head_table"`` with its statistics'
+        entries (:func:`~kpca_repro.analysis.columns.statistic_columns`) in the paper variant,
+        ``"corrected_table"`` otherwise.
+    """
+    if table.keys:
+        return "spectrum_table", ()
+    return ("per_head_table", statistic_columns(table.statistics)) if paper else ("corrected_table", ())
 
 
 @dataclass(frozen=True)
