@@ -83,6 +83,7 @@ def test_each_submission_carries_its_rules_resources_from_the_profile(submission
         assert f"--cpus-per-task={res['cpus_per_task']}" in call, call
         # the GPU comes from the rules (config `device: cuda`, a GPU cluster), not from the profile
         assert "gpu" not in res and "--gpus=1" in call, call
+        assert " --requeue " in call, call  # a preempted job goes back into the queue and resumes (slurm-requeue)
 
 
 GPU_RULES = {"extract_vision", "kpca_heads", "eigenvalues_vision", "gamma_vision"}
