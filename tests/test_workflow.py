@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -222,7 +223,7 @@ def test_comparison_and_report(tiny_run, tmp_path):
 
 def test_report_reads_cleanly(tiny_run, tmp_path):
     """No docutils message anywhere in the built report; the front page describes this run's config."""
-    from kpca_repro.workflow.report_check import front_page, markdown_problems, report_problems
+    from kpca_tools.report_check import front_page, markdown_problems, report_problems
 
     work, cfg, _ = tiny_run
     for md in sorted((work / "results").glob("*.md")):  # every Markdown table: one cell per column in every row
@@ -312,7 +313,9 @@ def test_a_new_table_is_one_entry_and_one_function(tiny_run, tmp_path):
     assert set(toy_rows.index) == {*TINY_KWARGS, "vit_large_patch16_224"} and (toy_rows["column"] == "MLC").all()
     assert (toy_rows.loc[sorted(TINY_KWARGS), "status"] == "not comparable").all() and toy_rows.loc["vit_large_patch16_224", "status"] == "not run"
     assert toy_rows.loc[sorted(TINY_KWARGS), "corrected"].notna().all()  # the corrected table's linear_cka row
-    lint = subprocess.run([sys.executable, "-m", "kpca_repro.workflow.report_check", "--root", str(copy), str(cfg)], capture_output=True, text=True, env=checkout_env(copy))
+    env = checkout_env(copy)
+    env["PYTHONPATH"] += os.pathsep + str(REPO / "tools")  # kpca_tools: the test tools, not installed
+    lint = subprocess.run([sys.executable, "-m", "kpca_tools.report_check", "--root", str(copy), str(cfg)], capture_output=True, text=True, env=env)
     assert lint.returncode == 0, lint.stderr
 
 

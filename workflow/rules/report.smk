@@ -7,7 +7,6 @@ default_target("results/html/paper_comparison.html", "results/paper_comparison.c
 rule paper_comparison:
     input:
         tables=lambda wc: [p for pair in comparison_tables().values() for p in pair if p],
-        code=stage_code("method", "analysis"),
     output:
         csv=report(
             "results/paper_comparison.csv",
@@ -24,6 +23,7 @@ rule paper_comparison:
     conda:
         ENV
     params:
+        code=code_of("paper_comparison.py"),
         published=config["comparison"]["published_tables"],
         tables=comparison_tables(),
         vision_models=VISION["models"],
@@ -43,7 +43,6 @@ rule paper_comparison:
 rule table_html:
     input:
         csv="results/{table}.csv",
-        code=stage_code("analysis"),
     output:
         report(
             "results/html/{table}.html",
@@ -61,6 +60,7 @@ rule table_html:
     conda:
         ENV
     params:
+        code=code_of("table_html.py"),
         caption=report_caption,
     script:
         "../scripts/table_html.py"

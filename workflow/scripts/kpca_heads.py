@@ -6,7 +6,6 @@ import os
 import numpy as np
 import torch
 
-from kpca_repro.check_cache import CHECK_CACHE_DIR
 from kpca_repro.h5io import atomic_output
 from kpca_repro.method.placement import plan
 from kpca_repro.method.records import kpca_records
@@ -25,7 +24,6 @@ placement = plan(
     cores=smk.threads,
     eigh_threads=smk.params.eigh_threads,
     gpu_eigensolver=smk.params.gpu_eigensolver,
-    cache_dir=CHECK_CACHE_DIR,
 )
 log.info("placement: %s", placement.describe())
 records, meta = kpca_records(

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 
 import torch
 
@@ -151,7 +150,6 @@ def plan(
     cores: int = 1,
     eigh_threads: int | str | None = "auto",
     gpu_eigensolver: str = "auto",
-    cache_dir: str | os.PathLike | None = None,
     sign_invariant: bool = False,
 ) -> Placement:
     """The placement of one job (the module docstring's table).
@@ -163,7 +161,6 @@ def plan(
         eigh_threads: ``kpca.eigh_threads`` (``"auto"``: torch's default in a fresh process, the
             authors' count; or a positive int); used by the paper variant on the CPU only.
         gpu_eigensolver: ``kpca.gpu_eigensolver`` (:func:`batched_eigensolver`).
-        cache_dir: the check cache for ``"auto"`` thread counts.
         sign_invariant: the job's results do not depend on eigenvector signs (Tables 2-3,
             Figure 3): on a GPU it takes the batched solver whatever the variant.
 
@@ -177,7 +174,7 @@ def plan(
     dev = resolve_device(device) if isinstance(device, str) else torch.device(device)
     budget = CoreBudget(cores)
     if dev.type == "cpu":
-        threads = resolve_eigh_threads(eigh_threads, cache_dir) if v.authors_threads and not sign_invariant else None
+        threads = resolve_eigh_threads(eigh_threads) if v.authors_threads and not sign_invariant else None
         authors = v.authors_threads and not sign_invariant
         return Placement(device=dev, eigh_device=dev, eigh_batched=False, eigh_threads=threads, per_head_products=authors, workers=budget.cores, budget=budget, solve_on_main=authors)
     # the authors' script calls torch.linalg.eigh on the CUDA tensor; sign-invariant work may take any batched solver

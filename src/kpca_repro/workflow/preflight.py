@@ -1,28 +1,23 @@
-"""Before the first job: what the jobs Snakemake schedules need, cost and ask of a node.
+"""Before the first job: what the jobs Snakemake scheduled need and cannot get.
 
-While Snakemake builds the DAG, the rules' own functions (``workflow/rules/common.smk``) report to
-one :class:`Preflight`: a download rule exists only for an input missing when the workflow is
-parsed, and its input function registers the input (:meth:`Preflight.need`), as does
-``extract_text``'s for a hub model; the extraction rules' input functions print each model's cost
-line (:meth:`Preflight.cost`, dry runs too); the cluster rules' ``params`` function records what
-each job asks of a node (:meth:`Preflight.request`). The Snakefile's ``onstart`` handler then
-calls :meth:`Preflight.stop_if_missing`: when a registered input is missing and cannot be
-downloaded (``offline: true``, ``HF_HUB_OFFLINE=1`` or the like, or the download hosts do not
-answer within a few seconds), one block (each missing path, how to provide it, the offline
-configurations that run without it) and status 1; nothing is probed when nothing is missing.
-With the SLURM executor (profiles/slurm) it calls :meth:`Preflight.check_requests`: SLURM accepts
-a job no node can hold and leaves it PENDING forever (reason ``PartitionConfig``).
+The Snakefile's ``onstart`` handler (after the DAG is built; not in a dry run) passes the scheduled
+jobs to :func:`stop_message`, a pure function of the configuration and those jobs: a sample larger
+than its image set (one line naming the key); inputs that download jobs would fetch, or a
+language model not in ``text.local_models`` nor the Hugging Face cache, while downloads are
+impossible (``offline: true``, ``HF_HUB_OFFLINE=1`` or the like, or the download hosts do not
+answer within a few seconds): one block (each missing path, how to provide it, the offline
+configurations that run without it), probing nothing when nothing is missing; with the SLURM
+executor (profiles/slurm), a request no node of its partition can hold (SLURM would accept it
+and leave it PENDING forever, reason ``PartitionConfig``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import socket
 import subprocess
-import sys
 import threading
 import urllib.request
 from collections.abc import Callable, Iterable
@@ -31,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-__all__ = ["MissingInputsError", "ModelCost", "Preflight", "PreflightError", "Requirement", "check_missing", "config_json", "parse_sinfo", "problems", "requirements", "text_model_shape"]
+from kpca_repro.inputs.model_info import model_id_from_slug
+
+__all__ = ["MissingInputsError", "PreflightError", "Requirement", "check_missing", "config_json", "parse_sinfo", "problems", "requirements", "scheduled_requirements", "stop_message"]
 
 #: Environment variables that declare the machine offline (Hugging Face's own switches).
 OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
@@ -39,14 +36,6 @@ OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
 PROBE_TIMEOUT_S = 3.0
 FASHION_MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
 
-
-#: The paper's largest vision case per image: (layers x heads, N, d) of ViT-Large/16 at 224 px.
-REFERENCE = {"name": "ViT-Large at 197 tokens", "heads": 24 * 16, "n_tokens": 197, "head_dim": 64}
-#: A model whose eigh work or storage exceeds the reference by more than this factor is warned about.
-WARN_FACTOR = 4.0
-BYTES = 4 * 4  # q, k, v, h in float32
-HEADER = f"Cost estimate (eigh work = heads x N^3; storage = q,k,v,h float32 = 16 B x heads x N x d; x ref = relative to {REFERENCE['name']} on as many inputs):"
-COLUMNS = f"  {'model':<40} {'N':>5} {'heads (L x H x inputs)':>28} {'eigh work':>20} {'storage':>18}"
 
 
 def probe_address(url: str) -> str:
@@ -202,27 +191,6 @@ def check_missing(reqs: Iterable[Requirement], config: dict, config_dir=None, pr
     raise MissingInputsError(failure_block(missing, reason, runs))
 
 
-@dataclass(frozen=True)
-class ModelCost:
-    """Cost of one model (``domain`` ``"vision"`` or ``"text"``) on ``n_inputs`` images or rows:
-    the KPCA's eigh work (``heads x N^3``, N = ``n_tokens``, None when unknown) and the activation
-    storage (``16 B x heads x N x d``), with ratios to :data:`REFERENCE` on as many inputs."""
-
-    model: str
-    domain: str
-    n_tokens: int | None
-    layers: int
-    heads_per_layer: int
-    head_dim: int
-    n_inputs: int
-
-    heads = property(lambda self: self.layers * self.heads_per_layer * self.n_inputs)
-    eigh_work = property(lambda self: None if self.n_tokens is None else float(self.heads) * self.n_tokens**3)
-    storage_bytes = property(lambda self: None if self.n_tokens is None else float(BYTES) * self.heads * self.n_tokens * self.head_dim)
-    eigh_ratio = property(lambda self: None if self.n_tokens is None else self.eigh_work / (float(REFERENCE["heads"]) * self.n_inputs * REFERENCE["n_tokens"] ** 3))
-    storage_ratio = property(lambda self: None if self.n_tokens is None else self.storage_bytes / (float(BYTES) * REFERENCE["heads"] * self.n_inputs * REFERENCE["n_tokens"] * REFERENCE["head_dim"]))
-
-
 def config_json(source: str | os.PathLike) -> str | None:
     """The ``config.json`` of a local model directory, or of a hub id in the Hugging Face cache; None when there is none."""
     if os.path.isdir(source):
@@ -231,43 +199,6 @@ def config_json(source: str | os.PathLike) -> str | None:
 
     cached = try_to_load_from_cache(str(source), "config.json")
     return cached if isinstance(cached, str) else None
-
-
-def text_model_shape(source: str | os.PathLike) -> tuple[int, int, int] | None:
-    """(layers, heads, head dimension) from a language model's :func:`config_json`; None when
-    there is none or it lacks the keys."""
-    try:
-        cfg = json.loads(Path(config_json(source)).read_text())
-        layers, heads, width = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["hidden_size"]
-    except (TypeError, OSError, ValueError, KeyError):
-        return None
-    return int(layers), int(heads), int(width) // int(heads)
-
-
-def _si(x: float, unit: str = "") -> str:
-    factor, prefix = next(((f, p) for f, p in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")) if abs(x) >= f), (1, ""))
-    return f"{x / factor:.3g} {prefix}{unit}".rstrip()
-
-
-def _ratio(x: float) -> str:
-    return f"{x:.2g}" if x < 10 else f"{x:.0f}"
-
-
-def _lines(c: ModelCost) -> tuple[str, str | None]:
-    """The table line of a model, and its warning (None when within :data:`WARN_FACTOR`)."""
-    shape = f"{c.heads} ({c.layers}x{c.heads_per_layer}x{c.n_inputs})"
-    if c.n_tokens is None:
-        return f"  {c.model:<40} {'?':>5} {shape:>28} {'?':>20} {'?':>18}", None
-    work = f"{_si(c.eigh_work)} ({_ratio(c.eigh_ratio)}x ref)"
-    store = f"{_si(c.storage_bytes, 'B')} ({_ratio(c.storage_ratio)}x ref)"
-    line = f"  {c.model:<40} {c.n_tokens:>5} {shape:>28} {work:>20} {store:>18}"
-    if c.eigh_ratio <= WARN_FACTOR and c.storage_ratio <= WARN_FACTOR:
-        return line, None
-    keys = f"vision.model_kwargs.{c.model}.img_size (N) or vision.n_images" if c.domain == "vision" else "text.max_length (N) or text.n_rows"
-    return line, (
-        f"WARNING: {c.model} (N = {c.n_tokens}) needs {_ratio(c.eigh_ratio)}x the eigh work and {_ratio(c.storage_ratio)}x the activation "
-        f"storage ({_si(c.storage_bytes, 'B')}) of {REFERENCE['name']} on {c.n_inputs} inputs; reduce it with {keys}."
-    )
 
 
 class PreflightError(RuntimeError):
@@ -312,77 +243,63 @@ def problems(requests: dict[str, dict], nodes: list[Node]) -> list[str]:
     return out
 
 
-class Preflight:
-    """What the scheduled jobs need, cost and ask of a node (module docstring); ``config_dir``: the repository's
-    ``config/`` (the offline configurations the block names); ``main_process``: False in a cluster job (no cost lines)."""
+#: The download rules (workflow/rules/resources.smk, training.smk) and the kind of input each fetches.
+DOWNLOADS = {"download_timm_weights": "weights", "download_imagenet_sample": "images", "download_wikitext": "wikitext", "download_fashion_mnist": "fashion_mnist", "download_training_logs": "training_logs"}
 
-    def __init__(self, config: dict, config_dir: str | os.PathLike, main_process: bool = True):
-        self.config, self.config_dir, self.main_process = config, config_dir, main_process
-        self.needed: dict[Requirement, None] = {}
-        self.costed: set[str] = set()
-        self.header = [HEADER, COLUMNS]
-        self.requests: dict[str, dict] = {}
-        self.training_total: list[float | None] = []
 
-    def need(self, kind: str, name: str | None = None) -> None:
-        """Register the inputs of one download (:func:`requirements`)."""
-        self.needed.update(dict.fromkeys(requirements(kind, self.config, name)))
+def scheduled_requirements(config: dict, jobs: Iterable[tuple[str, dict]]) -> list[Requirement]:
+    """The external inputs of the scheduled ``jobs`` (``(rule, wildcards)``): what each download job
+    fetches (its ``model`` wildcard: the timm id), and the hub model of an ``extract_text`` job whose
+    model is not in ``text.local_models``."""
+    reqs = []
+    for rule, wildcards in jobs:
+        if rule in DOWNLOADS:
+            reqs += requirements(DOWNLOADS[rule], config, wildcards.get("model"))
+        elif rule == "extract_text" and (model_id := model_id_from_slug(wildcards["slug"])) not in config["text"]["local_models"]:
+            reqs += requirements("text_model", config, model_id)
+    return reqs
 
-    def cost(self, model: str, cost: Callable[[], ModelCost | None]) -> None:
-        """Print the line of ``cost()`` (None: unknown, no line) to stderr the first time ``model`` comes:
-        the header before the first line; beyond :data:`WARN_FACTOR` times the reference, a warning
-        naming the config keys that bring it down right under it."""
-        if self.main_process and model not in self.costed:
-            self.costed.add(model)
-            if (c := cost()) is not None:
-                print("\n".join([*self.header, *filter(None, _lines(c))]), file=sys.stderr)
-                self.header = []
 
-    def training(self, run: str, minutes: float | None, what: str) -> None:
-        """One line per training run Snakemake schedules (stderr, dry runs too): what it trains and
-        about how long it takes, so that a command starting hours of work says so before it starts."""
-        if self.main_process and run not in self.costed:
-            self.costed.add(run)
-            if not self.training_total:
-                print("Training runs scheduled (estimates from the runs measured on 2 cores, docs/training.md):", file=sys.stderr)
-            self.training_total.append(minutes)
-            estimate = f"about {minutes:.0f} min" if minutes is not None else "not estimated (ImageNet: days on a GPU)"
-            total = sum(m for m in self.training_total if m is not None)
-            print(f"  {run}: {what}, {estimate}; {len(self.training_total)} runs so far, about {total / 60:.1f} h in all", file=sys.stderr)
-
-    def request(self, rule: str, threads: int, resources) -> None:
-        """Record what a job of ``rule`` asks of a node from what its ``params`` function receives: its ``resources``
-        (its rule's after ``--set-resources``, else ``--default-resources``; one not known yet, ``<TBD>``, counts
-        as 0) and, without ``cpus_per_task``, its ``threads``. Each distinct request of a rule is checked once."""
+def check_requests(requests: Iterable[tuple[str, int, dict]]) -> None:
+    """Raise :class:`PreflightError` if a cluster job's ``cpus_per_task`` (else its threads), ``mem_mb`` and ``gpu``
+    fit no node ``sinfo`` lists for its partition (the default one when none is set), or if ``sinfo`` lists none.
+    ``requests``: ``(rule, threads, resources)`` per job (a resource not known yet counts as 0);
+    ``KPCA_SLURM_PREFLIGHT=0`` skips it (a ``sinfo`` hiding nodes)."""
+    asks = {}
+    for rule, threads, resources in requests:
         n = {k: v if isinstance(v := resources.get(k), int) else 0 for k in ("cpus_per_task", "mem_mb", "gpu")}
         req = {"cpus": n["cpus_per_task"] or threads, "mem_mb": n["mem_mb"], "gpu": n["gpu"], "partition": resources.get("slurm_partition") or None}
-        self.requests[" ".join(map(str, (rule, *req.values())))] = req
+        asks[" ".join(map(str, (rule, *req.values())))] = req
+    if os.environ.get("KPCA_SLURM_PREFLIGHT", "1") == "0" or not asks:
+        return
+    skip = "set KPCA_SLURM_PREFLIGHT=0 to skip the check"
+    try:
+        nodes = parse_sinfo(subprocess.run(["sinfo", "-h", "-N", "-o", "%N|%P|%c|%m|%G"], capture_output=True, text=True, timeout=30, check=True).stdout)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise PreflightError(f"SLURM pre-flight: could not list the nodes with sinfo ({e}); {skip}") from e
+    if not nodes:
+        raise PreflightError(f"SLURM pre-flight: sinfo lists no nodes; {skip}")
+    if found := problems(asks, nodes):
+        raise PreflightError(
+            "SLURM pre-flight: these requests fit on no node and would stay PENDING forever:\n  "
+            + "\n  ".join(found)
+            + "\nLower them in profiles/slurm/config.yaml (set-resources / set-threads) or pass --set-resources / --set-threads;"
+            " a GPU request comes from `device` (set `device: cpu` on a cluster without GPUs)."
+            " KPCA_SLURM_PREFLIGHT=0 skips this check."
+        )
 
-    def stop_if_missing(self, probe: Callable[[str], bool] = network_reachable) -> None:
-        """Print the block and exit with status 1 when a registered input is missing and cannot be downloaded."""
-        try:
-            check_missing(self.needed, self.config, self.config_dir, probe)
-        except MissingInputsError as exc:
-            sys.exit(str(exc))  # the block alone on stderr: a raised error would add Snakefile lines
 
-    def check_requests(self) -> None:
-        """Raise :class:`PreflightError` if a recorded ``cpus_per_task`` (or threads), ``mem_mb`` and ``gpu`` fit no node
-        ``sinfo`` lists for its partition (the default one when none is set), or if ``sinfo`` lists none;
-        ``KPCA_SLURM_PREFLIGHT=0`` skips it (a ``sinfo`` hiding nodes)."""
-        if os.environ.get("KPCA_SLURM_PREFLIGHT", "1") == "0" or not self.requests:
-            return
-        skip = "set KPCA_SLURM_PREFLIGHT=0 to skip the check"
-        try:
-            nodes = parse_sinfo(subprocess.run(["sinfo", "-h", "-N", "-o", "%N|%P|%c|%m|%G"], capture_output=True, text=True, timeout=30, check=True).stdout)
-        except (OSError, subprocess.SubprocessError) as e:
-            raise PreflightError(f"SLURM pre-flight: could not list the nodes with sinfo ({e}); {skip}") from e
-        if not nodes:
-            raise PreflightError(f"SLURM pre-flight: sinfo lists no nodes; {skip}")
-        if found := problems(self.requests, nodes):
-            raise PreflightError(
-                "SLURM pre-flight: these requests fit on no node and would stay PENDING forever:\n  "
-                + "\n  ".join(found)
-                + "\nLower them in profiles/slurm/config.yaml (set-resources / set-threads) or pass --set-resources / --set-threads;"
-                " a GPU request comes from `device` (set `device: cpu` on a cluster without GPUs)."
-                " KPCA_SLURM_PREFLIGHT=0 skips this check."
-            )
+def stop_message(config: dict, config_dir, jobs: list[tuple[str, dict]], requests: Iterable[tuple[str, int, dict]] = (), probe: Callable[[str], bool] = network_reachable) -> str | None:
+    """What stops the run before its first job (module docstring), or None. ``jobs``: ``(rule, wildcards)``
+    of every scheduled job; ``requests``: those of the cluster jobs under the SLURM executor (:func:`check_requests`);
+    ``config_dir``: the repository's ``config/`` (the offline configurations the block names)."""
+    from kpca_repro.workflow.config_checks import image_count_error
+
+    if counts := sorted({e for rule, wc in jobs if rule == "sample_images" and (e := image_count_error(config, int(wc["n"])))}):
+        return "\n".join(counts)
+    try:
+        check_missing(scheduled_requirements(config, jobs), config, config_dir, probe)
+        check_requests(requests)
+    except (MissingInputsError, PreflightError) as exc:
+        return str(exc)
+    return None
