@@ -1,5 +1,5 @@
 """The first hour of a new user (issue 22): missing inputs fail fast in one block, job logs
-are readable, and the cost of a configuration is stated before any job runs."""
+are readable."""
 
 from __future__ import annotations
 
@@ -289,69 +289,3 @@ def test_job_logs_have_progress_lines_and_no_bar_frames(tiny_resources, tmp_path
     text = kpca_logs[0].read_text()
     n_heads = 4 * 2 * 3  # images x layers x heads of the tiny models
     assert f"/{n_heads} head (" in text and f"{n_heads}/{n_heads} head (100%)" in text
-
-
-# --------------------------------------------------------------------------------------
-# 3. the cost estimate
-# --------------------------------------------------------------------------------------
-
-
-def _cost_report(costs):
-    """``(table, warnings)`` as the cost lines print them: the header and a line per model, a warning per model beyond the reference."""
-    lines = [preflight._lines(c) for c in costs]
-    return "\n".join([preflight.HEADER, preflight.COLUMNS, *(line for line, _ in lines)]), [w for _, w in lines if w]
-
-
-def test_cost_of_the_reference_is_one():
-    c = preflight.ModelCost("vit_large_patch16_224", "vision", 197, 24, 16, 64, 100)
-    assert c.heads == 38400 and c.eigh_work == 38400 * 197**3
-    assert c.storage_bytes == 16 * 38400 * 197 * 64
-    assert c.eigh_ratio == pytest.approx(1) and c.storage_ratio == pytest.approx(1)
-    table, warnings = _cost_report([c])
-    assert "vit_large_patch16_224" in table and not warnings
-
-
-def test_cost_warning_names_the_keys():
-    big = preflight.ModelCost("vit_tiny_patch16_224", "vision", 785, 12, 3, 64, 100)  # img_size 448
-    assert big.eigh_ratio == pytest.approx((36 * 785**3) / (384 * 197**3))
-    _, warnings = _cost_report([big])
-    assert len(warnings) == 1 and "vision.model_kwargs.vit_tiny_patch16_224.img_size" in warnings[0] and "vision.n_images" in warnings[0]
-    long = preflight.ModelCost("bert-base-uncased", "text", 4096, 12, 12, 64, 100)
-    _, warnings = _cost_report([long])
-    assert len(warnings) == 1 and "text.max_length" in warnings[0] and "text.n_rows" in warnings[0]
-
-
-@pytest.mark.integration
-def test_dry_run_warns_about_an_oversized_model(tiny_resources, tmp_path):
-    """A tiny model (2 layers x 3 heads) at img_size 320 in 8-pixel patches, 1601 tokens: 8.4x the
-    eigh work of ViT-Large (384 heads, 197 tokens); the dry run states N and warns, naming the key."""
-    kwargs = {**TINY_KWARGS, "vit_tiny_patch16_224": {**TINY_KWARGS["vit_tiny_patch16_224"], "img_size": 320}}
-    cfg = _tiny_config(tmp_path / "big.yaml", tiny_resources, vision={"model_kwargs": kwargs, "n_images": 4})
-    proc = run_snakemake(tmp_path, "-n", "results/table1.csv", "--configfile", str(cfg))
-    out = proc.stdout + proc.stderr
-    assert "Cost estimate" in out
-    n_tokens = (320 // 8) ** 2 + 1
-    line = next(ln for ln in out.splitlines() if ln.strip().startswith("vit_tiny_patch16_224"))
-    assert f" {n_tokens} " in line and "(2x3x4)" in line
-    warning = next(ln for ln in out.splitlines() if ln.startswith("WARNING: vit_tiny_patch16_224"))
-    assert f"N = {n_tokens}" in warning and "vision.model_kwargs.vit_tiny_patch16_224.img_size" in warning
-    assert "WARNING: deit_tiny_distilled" not in out  # the other model (17 tokens) is small
-
-
-@pytest.mark.integration
-def test_a_second_working_directory_repeats_no_check(tiny_resources, tmp_path, monkeypatch):
-    """Passed checks live in the user's check cache, not in a working directory: a dry run in a
-    new directory finds the model checks and torch's default thread count there and writes no
-    entry again (a repeated check would rewrite its entry), and no directory gets a cache of its own."""
-    cache = tmp_path / "checks"
-    monkeypatch.setenv("KPCA_REPRO_CACHE_DIR", str(cache))
-    cfg = _tiny_config(tmp_path / "tiny.yaml", tiny_resources)
-    first, second = tmp_path / "first", tmp_path / "second"
-    for study in (first, second):
-        study.mkdir()
-    run_snakemake(first, "-n", "results/table1.csv", "--configfile", str(cfg))
-    entries = {p.name: p.stat().st_mtime_ns for p in cache.glob("*.json")}
-    assert len(entries) >= 3  # timm.is_model and a meta-device build per model, at least
-    run_snakemake(second, "-n", "results/table1.csv", "--configfile", str(cfg))
-    assert {p.name: p.stat().st_mtime_ns for p in cache.glob("*.json")} == entries
-    assert not (first / ".snakemake" / "kpca_repro").exists() and not (second / ".snakemake" / "kpca_repro").exists()

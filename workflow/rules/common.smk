@@ -86,9 +86,9 @@ wildcard_constraints:
 
 
 def code_of(script):
-    """`params.code` of a rule running workflow/scripts/<script>: the hash of the package modules the script
-    imports, without docstrings and comments (kpca_repro.workflow.code), so that editing one reruns exactly the
-    jobs that run it. A function: computed only for the rules of scheduled jobs, once per script."""
+    """`params.code` for the script workflow/scripts/<script>, the hash of the package modules it imports
+    without docstrings and comments (kpca_repro.workflow.code), so that editing one reruns exactly the
+    jobs that run it. A function, computed only for the scheduled jobs, once per script."""
     return lambda wildcards: code_hash(REPO / "workflow" / "scripts" / script)
 
 
