@@ -41,7 +41,7 @@ strict_docutils(REPO / "workflow" / "report" / "docutils.conf")
 
 
 # After the DAG is built, before the first job (Snakemake runs no onstart handler in a dry run): the
-# scheduled samples' image counts, the missing-input block, the SLURM fit check (workflow/rules/common.smk).
+# scheduled samples' image counts, the missing-input block (workflow/rules/common.smk).
 onstart:
     stop_before_first_job()
 

@@ -13,6 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+
 def resources_dir_for_real_weights() -> Path:
     """The resources directory of the real-weights tests: $KPCA_RESOURCES or ../shared/assets."""
     return Path(os.environ.get("KPCA_RESOURCES", REPO.parent / "shared" / "assets"))

@@ -66,6 +66,7 @@ def test_the_method_is_no_input_of_sampling_extraction_or_training():
     """Rerun boundaries: editing the KPCA mathematics, per-head records or sign draws reruns
     neither the sampling, the extraction nor the training; editing extraction does not
     resample; editing the tables reruns no KPCA job."""
+
     def stages(script):
         return {p.relative_to(LIB).parts[0] for p in script_modules(SCRIPTS / script) if len(p.relative_to(LIB).parts) > 1}
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import re
 import sys
 import warnings

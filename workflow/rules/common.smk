@@ -4,7 +4,6 @@
 import json
 import os
 import sys
-import warnings
 from functools import partial
 from pathlib import Path
 
@@ -44,9 +43,6 @@ from kpca_repro.workflow.preflight import FASHION_MNIST_FILES
 # libgomp's idle threads spin before they sleep, so jobs sharing cores burn each other's time
 # slices (docs/performance.md, GOMP_SPINCOUNT); a short spin changes no number. Jobs inherit it.
 os.environ.setdefault("GOMP_SPINCOUNT", "3000")
-# The SLURM fit check reads the cluster jobs' resources before the first job; an input-size default
-# (disk_mb) then leaves a coroutine unawaited, harmlessly (snakemake issue 4280).
-warnings.filterwarnings("ignore", "coroutine 'InputFiles._predicated_size_files.<locals>.sizes' was never awaited", RuntimeWarning)
 
 
 def _checked_config():
@@ -143,11 +139,8 @@ def text_model_files(wildcards):
 
 def stop_before_first_job():
     """The Snakefile's onstart handler (after the DAG is built; Snakemake runs none in a dry run): a scheduled
-    sample larger than its image set, inputs missing that cannot be downloaded, and, with the SLURM executor
-    (profiles/slurm), a cluster job no node can hold, end the run in one block (kpca_repro.workflow.preflight)."""
-    jobs = list(workflow.dag.needrun_jobs())
-    slurm = getattr(workflow.executor_plugin, "name", None) == "slurm"
-    requests = [(job.rule.name, job.threads, job.resources) for job in jobs if slurm and not job.is_local]
-    message = preflight.stop_message(config, REPO / "config", [(job.rule.name, dict(job.wildcards_dict)) for job in jobs], requests)
-    if message:
+    sample larger than its image set, or inputs missing that cannot be downloaded, end the run in one block
+    (kpca_repro.workflow.preflight)."""
+    jobs = [(job.rule.name, dict(job.wildcards_dict)) for job in workflow.dag.needrun_jobs()]
+    if message := preflight.stop_message(config, REPO / "config", jobs):
         sys.exit(message)  # the block alone on stderr: a raised error would add Snakefile lines

@@ -31,7 +31,8 @@ def main(argv: list[str]) -> None:
     if kind == "weights":
         fail_cleanly(log, resources.download_timm_weights, arg, output, policy=policy, log=log)
     elif kind == "imagenet":
-        fail_cleanly(log, resources.download_imagenet_sample, arg, output, archive_sha256=dl["imagenet_sample_sha256"], content_sha256_expected=dl["imagenet_sample_content_sha256"], policy=policy, log=log)
+        hashes = {"archive_sha256": dl["imagenet_sample_sha256"], "content_sha256_expected": dl["imagenet_sample_content_sha256"]}
+        fail_cleanly(log, resources.download_imagenet_sample, arg, output, **hashes, policy=policy, log=log)
     elif kind == "wikitext":
         from kpca_repro.inputs.text import download_wikitext
 
