@@ -41,9 +41,9 @@ strict_docutils(REPO / "workflow" / "report" / "docutils.conf")
 
 
 # After the DAG is built, before the first job (Snakemake runs no onstart handler in a dry run): the
-# scheduled samples' image counts, the missing-input block (workflow/rules/common.smk).
+# scheduled samples' image counts, the missing-input block, torch's default thread count (workflow/rules/common.smk).
 onstart:
-    stop_before_first_job()
+    before_first_job()
 
 
 include: "workflow/rules/resources.smk"

@@ -284,7 +284,8 @@ def test_auto_eigh_threads_ignore_the_jobs_thread_variables(monkeypatch):
 
 
 def test_default_thread_count_is_asked_once_per_process(monkeypatch):
-    """The child process that reads torch's default runs once per process (about a second of a job), not per call."""
+    """The child process that reads torch's default runs once per process (about a second of a job), not per call,
+    and not at all where the workflow passed the answer down (KPCA_TORCH_DEFAULT_THREADS)."""
     import subprocess
 
     import kpca_repro.threads as threads
@@ -300,4 +301,7 @@ def test_default_thread_count_is_asked_once_per_process(monkeypatch):
     torch_default_threads.cache_clear()
     first = torch_default_threads()
     assert torch_default_threads() == first >= 1 and len(calls) == 1
+    monkeypatch.setenv(threads.DEFAULT_THREADS_ENV, str(first + 5))
+    torch_default_threads.cache_clear()
+    assert torch_default_threads() == first + 5 and len(calls) == 1
     torch_default_threads.cache_clear()

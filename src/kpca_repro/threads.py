@@ -25,6 +25,7 @@ __all__ = [
     "CPU_FORWARD_BATCH",
     "forward_batch_size",
     "torch_default_threads",
+    "DEFAULT_THREADS_ENV",
     "resolve_threads",
     "resolve_eigh_threads",
     "pin_intra_op_threads",
@@ -105,6 +106,9 @@ def forward_batch_size(setting: int | str, device, n_inputs: int) -> int:
 #: Environment variables that set torch's default intra-op thread count (Snakemake sets them
 #: to a job's ``threads``); left out when asking what a plain ``python`` process gets.
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+#: :func:`torch_default_threads` as the workflow learnt it before its first job (its onstart handler
+#: sets it; the jobs inherit it), so that its jobs need not each ask a child process.
+DEFAULT_THREADS_ENV = "KPCA_TORCH_DEFAULT_THREADS"
 
 
 @functools.cache
@@ -116,7 +120,8 @@ def torch_default_threads() -> int:
     ``MKL_NUM_THREADS`` is set. Asked of a child process (a fresh interpreter that imports
     torch, about a second, once per process) with both variables removed from its environment,
     because this process's own count may already be set (a Snakemake job's ``OMP_NUM_THREADS``,
-    ``torch.set_num_threads``).
+    ``torch.set_num_threads``). A positive integer in :data:`DEFAULT_THREADS_ENV` is that answer,
+    already asked (the workflow's jobs inherit it from Snakemake's process).
 
     Returns:
         A positive int.
@@ -124,7 +129,9 @@ def torch_default_threads() -> int:
     Raises:
         RuntimeError: the child process failed or printed no positive integer.
     """
-    env = {k: v for k, v in os.environ.items() if k not in _THREAD_ENV}
+    if (known := os.environ.get(DEFAULT_THREADS_ENV, "")).isdigit() and int(known) >= 1:
+        return int(known)
+    env = {k: v for k, v in os.environ.items() if k not in _THREAD_ENV and k != DEFAULT_THREADS_ENV}
     proc = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True, text=True, env=env, timeout=300)
     out = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not out or not out[-1].isdigit() or int(out[-1]) < 1:

@@ -32,7 +32,7 @@ _check_package_checkout()
 from kpca_repro.inputs.model_info import MissingModelError, model_source
 from kpca_repro.inputs.resources import export_hub_timeouts
 from kpca_repro.method.variant import VARIANTS
-from kpca_repro.threads import gpu_resource
+from kpca_repro.threads import DEFAULT_THREADS_ENV, gpu_resource, torch_default_threads
 from kpca_repro.training.summary import scale_setting, scale_tokens
 from kpca_repro.workflow import config_checks, paths, preflight
 from kpca_repro.workflow.code import code_hash
@@ -137,10 +137,13 @@ def text_model_files(wildcards):
     return [str(p) for p in sorted(Path(source).iterdir()) if p.name in ("config.json", "model.safetensors", "pytorch_model.bin")]
 
 
-def stop_before_first_job():
+def before_first_job():
     """The Snakefile's onstart handler (after the DAG is built; Snakemake runs none in a dry run): a scheduled
     sample larger than its image set, or inputs missing that cannot be downloaded, end the run in one block
-    (kpca_repro.workflow.preflight)."""
+    (kpca_repro.workflow.preflight). Then, for kpca.*_threads: auto, torch's default thread count is asked of
+    one child process for all local jobs (they inherit the variable), instead of one per job."""
     jobs = [(job.rule.name, dict(job.wildcards_dict)) for job in workflow.dag.needrun_jobs()]
     if message := preflight.stop_message(config, REPO / "config", jobs):
         sys.exit(message)  # the block alone on stderr: a raised error would add Snakefile lines
+    if "auto" in (config["kpca"]["eigh_threads"], config["kpca"]["intra_op_threads"]) and jobs:
+        os.environ[DEFAULT_THREADS_ENV] = str(torch_default_threads())
