@@ -24,8 +24,8 @@ configfile: REPO / "config" / "config.yaml"
 report: "workflow/report/workflow.rst"
 
 
-# Validates the configuration against workflow/schemas/config.schema.yaml, then checks it; the
-# input functions that register what the scheduled jobs need, and the check before the first job.
+# Validates the configuration against workflow/schemas/config.schema.yaml and checks it (one call); the
+# pure input functions, the code hash of each rule's script, and the check before the first job.
 include: "workflow/rules/common.smk"
 # Values and functions several rule files share (GPU resource, variant wildcards).
 include: "workflow/rules/helpers.smk"
@@ -35,16 +35,15 @@ include: "workflow/rules/user_helpers.smk"
 
 # `snakemake --report` fails on any docutils warning or error in a caption instead of showing
 # a "System Message" in the page (workflow/report/docutils.conf: halt_level warning).
-from kpca_repro.workflow.report_check import strict_docutils
+from kpca_repro.workflow import strict_docutils
 
 strict_docutils(REPO / "workflow" / "report" / "docutils.conf")
 
 
-# After the DAG is built, before the first job (Snakemake runs no onstart handler in a dry run):
-# the missing-input block, the SLURM fit check (workflow/rules/common.smk).
+# After the DAG is built, before the first job (Snakemake runs no onstart handler in a dry run): the
+# scheduled samples' image counts, the missing-input block, torch's default thread count (workflow/rules/common.smk).
 onstart:
-    PREFLIGHT.stop_if_missing()
-    slurm_fit_check()
+    before_first_job()
 
 
 include: "workflow/rules/resources.smk"

@@ -10,11 +10,6 @@ with the chain's per-head records (:func:`fidelity_check.compare_with_authors`) 
 one JSON file: the machine, each run's seconds, each job's seconds and peak memory from
 Snakemake's benchmark files, the speed ratio, and the per-head agreement.
 
-The chain's jobs and checks share the user's check cache (:mod:`kpca_repro.check_cache`) as any
-run does; the JSON records how many entries it held before each run. ``--empty-check-cache``
-gives each chain run an empty one instead: the first run on a machine, which imports torch and
-timm in Snakemake's own process to check the model.
-
 The authors' code is not part of this project: pass a copy of their ``scripts/value_vectors.py``
 (KarahanS/Reproduction-Study-KPCA, commit 5379e4b) with ``--authors-script``. Their
 ImageFolder must hold the chain's images: ``--image-folder`` (class folders), made from the
@@ -114,19 +109,8 @@ def run_authors(work: Path, python: str = sys.executable) -> dict:
     return {"seconds": wall, "stats": str(next((work / "value_vectors_outputs").rglob("head_level_stats.csv")))}
 
 
-def run_chain(configs: list[Path], extra: dict, cores: int, targets: list[str], keep: Path, snakemake_args: list[str], empty_check_cache: bool = False) -> dict:
-    """``snakemake --cores N targets`` from scratch in ``keep`` (made fresh), timed; each job's benchmark.
-
-    ``empty_check_cache``: the run's check cache is a new empty directory (removed afterwards),
-    else the user's (``check_cache_entries``: how many entries it held before the run).
-    """
-    from kpca_repro.check_cache import CACHE_DIR_ENV, check_cache_dir
-
-    env = dict(os.environ)
-    if empty_check_cache:
-        env[CACHE_DIR_ENV] = tempfile.mkdtemp(prefix="kpca-checks-")
-    cache = Path(env.get(CACHE_DIR_ENV) or check_cache_dir())
-    entries = len(list(cache.glob("*.json"))) if cache.is_dir() else 0
+def run_chain(configs: list[Path], extra: dict, cores: int, targets: list[str], keep: Path, snakemake_args: list[str]) -> dict:
+    """``snakemake --cores N targets`` from scratch in ``keep`` (made fresh), timed; each job's benchmark."""
     shutil.rmtree(keep, ignore_errors=True)
     keep.mkdir(parents=True)
     (keep / "side_by_side.yaml").write_text(json.dumps(extra))
@@ -147,10 +131,8 @@ def run_chain(configs: list[Path], extra: dict, cores: int, targets: list[str], 
         str(keep / "side_by_side.yaml"),
     ]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=keep, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=keep)
     wall = time.perf_counter() - t0
-    if empty_check_cache:
-        shutil.rmtree(env[CACHE_DIR_ENV], ignore_errors=True)
     if proc.returncode != 0:
         raise RuntimeError(f"the chain failed:\n{proc.stderr[-4000:]}")
     jobs = {}
@@ -158,7 +140,7 @@ def run_chain(configs: list[Path], extra: dict, cores: int, targets: list[str], 
         with open(tsv) as fh:
             rec = next(csv.DictReader(fh, delimiter="\t"))
         jobs[str(tsv.relative_to(keep / "benchmarks"))] = {"seconds": float(rec["s"]), "max_rss_mb": float(rec["max_rss"]), "cpu_seconds": float(rec["cpu_time"])}
-    return {"seconds": wall, "jobs": jobs, "snakemake_itself": wall - sum(j["seconds"] for j in jobs.values()), "check_cache_entries": entries}
+    return {"seconds": wall, "jobs": jobs, "snakemake_itself": wall - sum(j["seconds"] for j in jobs.values())}
 
 
 def absolute_config(path: Path) -> dict:
@@ -197,7 +179,6 @@ def main(argv=None) -> None:
     ap.add_argument("--skip-authors", action="store_true", help="time the chain only (and join with --authors-stats if given)")
     ap.add_argument("--authors-stats", type=Path, help="with --skip-authors: an earlier run's head_level_stats.csv for the per-head join")
     ap.add_argument("--snakemake-args", default="", help='extra snakemake arguments as one string, e.g. --snakemake-args="--scheduler greedy"')
-    ap.add_argument("--empty-check-cache", action="store_true", help="each chain run with an empty check cache (a machine's first run)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the runs here (default: a temporary directory)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -233,11 +214,10 @@ def main(argv=None) -> None:
     for r in range(args.repeats):
         if not args.skip_authors:
             a = run_authors(authors_dir, args.authors_python)
-        c = run_chain(configs, extra, args.cores, args.targets, work / "chain", shlex.split(args.snakemake_args), args.empty_check_cache)
-        entries = c["check_cache_entries"]
-        runs.append({"authors_seconds": a["seconds"], "chain_seconds": c["seconds"], "chain_jobs": c["jobs"], "snakemake_itself": c["snakemake_itself"], "check_cache_entries": entries})
+        c = run_chain(configs, extra, args.cores, args.targets, work / "chain", shlex.split(args.snakemake_args))
+        runs.append({"authors_seconds": a["seconds"], "chain_seconds": c["seconds"], "chain_jobs": c["jobs"], "snakemake_itself": c["snakemake_itself"]})
         ratio = round(a["seconds"] / c["seconds"], 2)
-        print(json.dumps({"repeat": r + 1, "authors_s": round(a["seconds"], 1), "chain_s": round(c["seconds"], 1), "ratio": ratio, "check_cache_entries": entries}), flush=True)
+        print(json.dumps({"repeat": r + 1, "authors_s": round(a["seconds"], 1), "chain_s": round(c["seconds"], 1), "ratio": ratio}), flush=True)
     slug = args.model.replace("/", "--")
     records = sorted((work / "chain" / "results" / "heads" / "paper" / slug).glob("vision_*.csv"))
     n_images = extra.get("vision", {}).get("n_images", 100)

@@ -4,26 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-# The workflow keeps passed checks in the user's cache directory (kpca_repro.check_cache); the tests,
-# and every Snakemake run they start (which inherits the environment), keep theirs in a directory of
-# their own, removed at the end, so that they leave the machine as they found it.
-_CHECK_CACHE = tempfile.mkdtemp(prefix="kpca-repro-test-checks-")
-os.environ["KPCA_REPRO_CACHE_DIR"] = _CHECK_CACHE
-
-
-def pytest_unconfigure(config):
-    shutil.rmtree(_CHECK_CACHE, ignore_errors=True)
 
 
 def resources_dir_for_real_weights() -> Path:
@@ -116,7 +104,7 @@ def workflow_config(*configfiles: Path) -> dict:
     return config
 
 
-def parse_stop(config: dict, cache_dir: Path | None = None) -> str | None:
+def parse_stop(config: dict) -> str | None:
     """The message with which the workflow's parse stops on ``config`` (``_checked_config`` of
     ``workflow/rules/common.smk`` in Snakemake's main process: the schema, with the message of
     :func:`~kpca_repro.workflow.config_checks.schema_error_message`, then the training scales and
@@ -127,7 +115,7 @@ def parse_stop(config: dict, cache_dir: Path | None = None) -> str | None:
     from kpca_repro.workflow import config_checks
 
     try:
-        config_checks.checked_config(config, REPO / "workflow" / "schemas" / "config.schema.yaml", cache_dir=cache_dir)
+        config_checks.checked_config(config, REPO / "workflow" / "schemas" / "config.schema.yaml")
     except config_checks.ConfigError as exc:
         return str(exc)
     return None

@@ -1,50 +1,29 @@
-"""Each rule's `code` input is the source of the pipeline stages its script uses.
+"""Each job reruns when the code its script runs changes, and only then.
 
 Snakemake reruns a job when its script changes but not when an imported module does, so every
-rule lists, as its `code` input, the package's shared modules (``src/kpca_repro/*.py``) and the
-subpackages of the stages it declares (``code=stage_code("method", "analysis")``,
-``workflow/rules/common.smk``). These tests check the declarations against what each script
-really imports (the standard library's :mod:`modulefinder`, which scans byte code, lazy imports
-included), and the rerun boundaries that follow: the method is no input of extraction or
+rule passes, as ``params.code``, the hash of the package modules its script imports
+(``code=code_of("<script>")``, workflow/rules/common.smk; :mod:`kpca_repro.workflow.code`: the
+standard library's :mod:`modulefinder`, which scans byte code, lazy imports included, hashed
+without docstrings and comments). A changed parameter reruns a job (Snakemake's ``params``
+trigger). These tests check that every rule declares its own script's hash, and the rerun
+boundaries that follow: a docstring reruns nothing, the method is no input of extraction or
 training.
 """
 
 from __future__ import annotations
 
 import re
-from modulefinder import ModuleFinder
+import shutil
 from pathlib import Path
 
 import pytest
 
+from kpca_repro.workflow.code import code_hash, script_modules, source_digest
+
 REPO = Path(__file__).resolve().parents[1]
 LIB = REPO / "src" / "kpca_repro"
+SCRIPTS = REPO / "workflow" / "scripts"
 PACKAGE = "kpca_repro"
-#: Subpackages a rule may declare (the stages of the pipeline); workflow/ runs in no job.
-STAGES = {"inputs", "capture", "method", "analysis", "figures", "training"}
-#: Rules whose jobs fetch raw inputs: a library edit must not download them again.
-DOWNLOAD_RULES = {"download_timm_weights", "download_imagenet_sample", "download_wikitext", "download_fashion_mnist", "download_training_logs"}
-
-
-class _PackageFinder(ModuleFinder):
-    """modulefinder restricted to this package (third-party imports are not followed)."""
-
-    def import_hook(self, name, caller=None, fromlist=None, level=-1):
-        if level in (-1, 0) and not (name == PACKAGE or name.startswith(PACKAGE + ".")):
-            return None
-        return super().import_hook(name, caller, fromlist, level)
-
-
-def _imported_files(script: Path) -> set[Path]:
-    """The package's source files ``script`` reaches through imports."""
-    finder = _PackageFinder(path=[str(REPO / "src")])
-    finder.run_script(str(script))
-    return {Path(m.__file__).resolve() for name, m in finder.modules.items() if name.split(".")[0] == PACKAGE and m.__file__}
-
-
-def _stage_files(stages) -> list[str]:
-    """What ``stage_code(*stages)`` lists: the shared modules and the stages' modules."""
-    return sorted(str(p) for d in ("", *stages) for p in (LIB / d).glob("*.py"))
 
 
 def _rules() -> list[tuple[str, str, str]]:
@@ -58,59 +37,84 @@ def _rules() -> list[tuple[str, str, str]]:
     return out
 
 
-def _declared() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """Rule -> (its script, the stages of its ``code=stage_code(...)``), for every rule that runs a script (downloads excepted)."""
-    out = {}
+def test_every_script_rule_passes_the_hash_of_its_own_script():
+    """A rule with ``script:`` has exactly one ``code=code_of(...)`` param, naming that script; the
+    download rules run a shell command (kpca_repro.inputs.download) and have none."""
+    scripts = {}
     for fname, rule, block in _rules():
         script = re.search(r"script:\s*\n\s*\"\.\./scripts/([\w.]+)\"", block)
-        if script is None or rule in DOWNLOAD_RULES:
+        code = re.findall(r'code=code_of\("([\w.]+)"\)', block)
+        if script is None:
+            assert not code and rule.startswith("download_"), (fname, rule)
             continue
-        code = re.findall(r"code=stage_code\(([^)]*)\)", block)
-        assert len(code) == 1, f"{fname}: rule {rule} runs {script.group(1)} but lists code={code}"
-        out[rule] = (script.group(1), tuple(re.findall(r'"(\w+)"', code[0])))
-    return out
+        assert code == [script.group(1)], (fname, rule, code)
+        scripts[rule] = script.group(1)
+    assert len(scripts) >= 20 and {p.name for p in SCRIPTS.glob("*.py")} == set(scripts.values())
 
 
-DECLARED = _declared()
+def test_a_script_depends_on_the_modules_it_imports_transitively():
+    """kpca_heads imports the method (its equations through kpca.py and the package __init__ files),
+    not the extraction; the extraction imports the capture, not the method."""
+    kpca = {p.relative_to(LIB).as_posix() for p in script_modules(SCRIPTS / "kpca_heads.py")}
+    assert {"__init__.py", "method/__init__.py", "method/records.py", "method/kpca.py", "method/equations.py"} <= kpca
+    assert not {m for m in kpca if m.startswith(("capture/", "analysis/", "training/", "workflow/"))}
+    extract = {p.relative_to(LIB).as_posix() for p in script_modules(SCRIPTS / "extract_vision.py")}
+    assert {"capture/extraction.py", "capture/vision.py"} <= extract and not {m for m in extract if m.startswith("method/")}
 
 
-def test_every_rule_declares_stages_of_the_package():
-    assert len(DECLARED) >= 20
-    for rule, (_, stages) in DECLARED.items():
-        assert stages and set(stages) <= STAGES and len(set(stages)) == len(stages), (rule, stages)
-    assert {p.name for p in LIB.iterdir() if p.is_dir() and (p / "__init__.py").is_file()} == STAGES | {"workflow"}
-
-
-@pytest.mark.parametrize("rule", sorted(DECLARED))
-def test_a_script_imports_only_from_the_stages_its_rule_declares(rule):
-    script, stages = DECLARED[rule]
-    allowed = {Path(p) for p in _stage_files(stages)}
-    reached = _imported_files(REPO / "workflow" / "scripts" / script)
-    assert reached and reached <= allowed, (rule, sorted(str(p.relative_to(LIB)) for p in reached - allowed))
-
-
-def test_code_inputs_are_exactly_the_declared_stages(tmp_path):
-    """The dry run's `code` input of a rule is what stage_code gives for its stages: the shared
-    modules and every module of those stages, nothing else."""
-    common = (REPO / "workflow" / "rules" / "common.smk").read_text()
-    source = re.search(r"^def stage_code\(.*?(?=^\S)", common, re.M | re.S).group(0)
-    namespace = {"REPO": REPO}
-    exec(source, namespace)
-    for stages in {s for _, s in DECLARED.values()}:
-        assert namespace["stage_code"](*stages) == _stage_files(stages)
-        assert all(Path(p).parent in {LIB, *(LIB / s for s in stages)} for p in _stage_files(stages))
-
-
-def test_the_method_is_no_input_of_extraction_or_training():
+def test_the_method_is_no_input_of_sampling_extraction_or_training():
     """Rerun boundaries: editing the KPCA mathematics, per-head records or sign draws reruns
     neither the sampling, the extraction nor the training; editing extraction does not
     resample; editing the tables reruns no KPCA job."""
-    for rule in ("sample_images", "sample_text", "extract_vision", "extract_text", "train", "figure_training"):
-        assert "method" not in DECLARED[rule][1], rule
-    assert not {f for f in _stage_files(DECLARED["extract_vision"][1]) if Path(f).name in ("kpca.py", "records.py", "uncertainty.py", "tables.py")}
-    assert "capture" not in DECLARED["sample_images"][1] and "capture" not in DECLARED["sample_text"][1]
-    assert "analysis" not in DECLARED["kpca_heads"][1] and "figures" not in DECLARED["table"][1] and "method" not in DECLARED["figure3"][1]
-    assert "projection.py" in {Path(p).name for p in _stage_files(DECLARED["train"][1])}
+
+    def stages(script):
+        return {p.relative_to(LIB).parts[0] for p in script_modules(SCRIPTS / script) if len(p.relative_to(LIB).parts) > 1}
+
+    for script in ("sample_images.py", "sample_text.py", "extract_vision.py", "extract_text.py", "train.py", "figure_training.py"):
+        assert "method" not in stages(script), script
+    assert "capture" not in stages("sample_images.py") | stages("sample_text.py")
+    assert "analysis" not in stages("kpca_heads.py") and "figures" not in stages("table.py") and "method" not in stages("figure3.py")
+    assert LIB / "projection.py" in script_modules(SCRIPTS / "train.py")
+
+
+def test_docstrings_comments_and_layout_change_no_digest(tmp_path):
+    a, b, c = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
+    a.write_text('"""Module."""\n\n\ndef f(x):\n    """Doc."""\n    return x + 1  # one\n\n\nclass C:\n    """Doc."""\n')
+    b.write_text('"""Another module docstring."""\n# a comment\ndef f(x):\n    """Another doc."""\n\n    return x + 1\nclass C:\n    "changed"\n')
+    c.write_text('"""Module."""\n\n\ndef f(x):\n    """Doc."""\n    return x + 2  # one\n\n\nclass C:\n    """Doc."""\n')
+    assert source_digest(a) == source_digest(b) != source_digest(c)
+
+
+@pytest.fixture()
+def src_copy(tmp_path):
+    """The package and the rule scripts copied, to be edited."""
+    shutil.copytree(LIB, tmp_path / "src" / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(SCRIPTS, tmp_path / "scripts")
+    return tmp_path
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    return {s.name: code_hash(s, root / "src") for s in sorted((root / "scripts").glob("*.py"))}
+
+
+def test_a_docstring_reruns_nothing_and_a_statement_reruns_the_kpca_jobs(src_copy):
+    """Edited in method/equations.py: a docstring and a comment change no job's code hash; a statement
+    changes the hash of every job whose script imports it (the KPCA, eigenvalue and gamma jobs; the
+    table and figure jobs rerun after them, their inputs updated) and not the extraction's or the table's."""
+    equations = src_copy / "src" / PACKAGE / "method" / "equations.py"
+    before = _hashes(src_copy)
+    text = equations.read_text()
+    doc = re.search(r'^def \w+\(.*?\n    """', text, re.M | re.S)
+    assert doc, "method/equations.py has a function with a docstring"
+    equations.write_text(text[: doc.end()] + "Edited by the test. " + text[doc.end() :] + "\n# a comment\n")
+    shutil.copytree(src_copy / "src", src_copy / "doc" / "src")
+    shutil.copytree(src_copy / "scripts", src_copy / "doc" / "scripts")
+    assert _hashes(src_copy / "doc") == before
+    (src_copy / "doc" / "src" / PACKAGE / "method" / "equations.py").write_text(text + "\n_EDITED_BY_THE_TEST = 1\n")
+    after = _hashes(src_copy / "doc")
+    changed = {s for s in before if after[s] != before[s]}
+    assert changed == {"kpca_heads.py", "eigenvalues_vision.py", "gamma_vision.py"}, changed
+    assert after["extract_vision.py"] == before["extract_vision.py"] and after["table.py"] == before["table.py"]
 
 
 # ---------------------------------------------------------------------------------------------

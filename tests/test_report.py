@@ -6,6 +6,7 @@ The end-to-end checks on a built ``snakemake --report`` are in tests/test_workfl
 
 from __future__ import annotations
 
+import os
 import re
 
 import pandas as pd
@@ -14,7 +15,8 @@ import yaml
 
 from kpca_repro.analysis.rendering import corrected_markdown, markdown_table
 from kpca_repro.analysis.tables import CORRECTED_METRICS, TEXT_CORRECTED_METRICS
-from kpca_repro.workflow import report_check as rc
+from kpca_repro.workflow import strict_docutils
+from kpca_tools import report_check as rc
 
 from conftest import REPO, TINY_KWARGS
 
@@ -87,9 +89,9 @@ def test_docutils_conf_makes_snakemakes_rendering_fail(monkeypatch):
     conf = REPO / "workflow" / "report" / "docutils.conf"
     assert 'strict_docutils(REPO / "workflow" / "report" / "docutils.conf")' in (REPO / "Snakefile").read_text()
     monkeypatch.setenv("DOCUTILSCONFIG", "/nonexistent/docutils.conf")
-    rc.strict_docutils(conf)
-    rc.strict_docutils(conf)  # once only
-    assert rc.os.environ["DOCUTILSCONFIG"] == f"/nonexistent/docutils.conf{rc.os.pathsep}{conf}"
+    strict_docutils(conf)
+    strict_docutils(conf)  # once only
+    assert os.environ["DOCUTILSCONFIG"] == f"/nonexistent/docutils.conf{os.pathsep}{conf}"
     with pytest.raises(SystemMessage, match="Undefined substitution"):
         publish_parts("the spread |γᵢ − γⱼ| over token pairs", writer_name="html")
     assert "|γᵢ − γⱼ|" in publish_parts(r"the spread \|γᵢ − γⱼ\| over token pairs", writer_name="html")["body"]

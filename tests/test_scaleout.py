@@ -119,19 +119,3 @@ def test_workstation_profile_holds_one_gpu_and_gpu_jobs_claim_it(tmp_path, tiny_
             for line in lines:
                 fields = line.split(", ")
                 assert (gpu in fields) if rule in GPU_RULES else ("gpu=1" not in fields), (rule, line)
-
-
-def test_preflight_names_each_request_no_node_can_hold():
-    """The SLURM fit check (src/kpca_repro/workflow/preflight.py) on sinfo lines: a GPU node in `gpu`, a CPU node in the default `cpu`."""
-    from kpca_repro.workflow.preflight import parse_sinfo, problems
-
-    nodes = parse_sinfo("g1|gpu|32|256000|gpu:a100:4(S:0-1)\nc1|cpu*|2|21695|(null)\n")
-    assert [(n.name, n.partitions, n.cpus, n.mem_mb, n.gpus) for n in nodes] == [("g1", ("gpu",), 32, 256000, 4), ("c1", ("cpu",), 2, 21695, 0)]
-    req = {"cpus": 8, "mem_mb": 16000, "gpu": 1, "partition": None}
-    found = problems(
-        {"extract_vision": req, "kpca_heads": {**req, "partition": "gpu"}, "table1": {**req, "partition": "nope"}, "gamma_vision": {"cpus": 2, "mem_mb": 8000, "gpu": 0, "partition": None}}, nodes
-    )
-    assert found == [
-        "extract_vision: asks cpus_per_task 8, mem_mb 16000, gpu 1; the largest node of partition 'cpu' has cpus 2, mem_mb 21695, gpus 0",
-        "table1: partition 'nope' has no nodes (sinfo lists partitions ['cpu', 'gpu'])",
-    ]

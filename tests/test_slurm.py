@@ -189,31 +189,3 @@ def test_slurm_outputs_are_byte_identical_to_a_local_run(runs):
             assert other.is_file() and filecmp.cmp(path, other, shallow=False), f"{path.relative_to(local)} differs"
             compared += 1
     assert compared > 20  # activations (HDF5), per-head records, spectra, tables, Figure 3's statistics
-
-
-def test_a_request_no_node_can_hold_fails_before_submission(cluster, tiny_config, tmp_path):
-    """The profile as shipped asks for 8 CPUs per extraction job; the node has fewer: the pre-flight
-    check stops the run at once instead of leaving the job PENDING forever."""
-    cfg = _write_config(tmp_path / "tiny.yaml", **tiny_config)
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
-        "-d",
-        str(tmp_path),
-        "--profile",
-        str(REPO / "profiles" / "slurm"),
-        "--workflow-profile",
-        "none",
-        "--configfile",
-        str(cfg),
-        *FAST_POLL,
-        "results/table1.csv",
-    ]
-    before = _slurm("squeue", "-h", "--states=all", "-o", "%i")
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
-    assert proc.returncode != 0
-    assert "SLURM pre-flight" in proc.stderr and "extract_vision: asks cpus_per_task 8" in proc.stderr, proc.stderr[-4000:]
-    assert _slurm("squeue", "-h", "--states=all", "-o", "%i") == before  # nothing was submitted

@@ -17,8 +17,8 @@ from kpca_repro.activations import ActivationFile
 from kpca_repro.analysis.tables import TABLES, paper_table
 from kpca_repro.capture import extraction, hf_capture
 from kpca_repro.capture.vision import UnsupportedArchitectureError
-from kpca_repro.check_cache import sha256_file
 from kpca_repro.inputs import model_info, text
+from kpca_repro.inputs.resources import sha256_file
 from kpca_repro.method import equations as method
 from kpca_repro.method import kpca
 from kpca_repro.method.records import _equal_length_groups, kpca_records

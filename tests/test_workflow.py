@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -237,7 +238,7 @@ def test_comparison_and_report(tiny_run, tmp_path):
 
 def test_report_reads_cleanly(tiny_run, tmp_path):
     """No docutils message anywhere in the built report; the front page describes this run's config."""
-    from kpca_repro.workflow.report_check import front_page, markdown_problems, report_problems
+    from kpca_tools.report_check import front_page, markdown_problems, report_problems
 
     work, cfg, _ = tiny_run
     for md in sorted((work / "results").glob("*.md")):  # every Markdown table: one cell per column in every row
@@ -327,8 +328,58 @@ def test_a_new_table_is_one_entry_and_one_function(tiny_run, tmp_path):
     assert set(toy_rows.index) == {*TINY_KWARGS, "vit_large_patch16_224"} and (toy_rows["column"] == "MLC").all()
     assert (toy_rows.loc[sorted(TINY_KWARGS), "status"] == "not comparable").all() and toy_rows.loc["vit_large_patch16_224", "status"] == "not run"
     assert toy_rows.loc[sorted(TINY_KWARGS), "corrected"].notna().all()  # the corrected table's linear_cka row
-    lint = subprocess.run([sys.executable, "-m", "kpca_repro.workflow.report_check", "--root", str(copy), str(cfg)], capture_output=True, text=True, env=checkout_env(copy))
+    env = checkout_env(copy)
+    env["PYTHONPATH"] += os.pathsep + str(REPO / "tools")  # kpca_tools: the test tools, not installed
+    lint = subprocess.run([sys.executable, "-m", "kpca_tools.report_check", "--root", str(copy), str(cfg)], capture_output=True, text=True, env=env)
     assert lint.returncode == 0, lint.stderr
+
+
+def test_a_dry_run_imports_no_model_library(tiny_resources, tmp_path):
+    """Building the DAG of Table 1 (configuration check, input, params and resources functions, code
+    hashes) imports none of torch, timm or transformers: the checks that need them run in the jobs."""
+    cfg = _write_config(tmp_path / "tiny.yaml", resources_dir=str(tiny_resources))
+    cmd = [sys.executable, "-X", "importtime", "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "-n", "results/table1.csv", "--configfile", str(cfg)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=checkout_env())
+    assert proc.returncode == 0 and "kpca_heads" in proc.stdout, proc.stderr[-3000:]
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "kpca_repro.workflow.code" in imported
+    assert not {m for m in imported if m.split(".")[0] in ("torch", "timm", "transformers")}
+
+
+def test_input_and_params_functions_have_no_side_effects():
+    """The functions of the rule files print nothing, exit nothing and register nothing: only the
+    parse-time checkout and configuration checks and the onstart handler may end the run or set anything."""
+    import ast
+
+    allowed = {"_check_package_checkout", "_checked_config", "before_first_job"}
+    found = []
+    for smk in sorted((REPO / "workflow" / "rules").glob("*.smk")):
+        lines = smk.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if m := re.match(r"def (\w+)\(", line):
+                end = next((j for j in range(i + 1, len(lines)) if lines[j] and not lines[j].startswith((" ", "#", ")"))), len(lines))
+                body = "\n".join(lines[i:end])
+                calls = {ast.unparse(n.func) for n in ast.walk(ast.parse(body)) if isinstance(n, ast.Call)}
+                if m.group(1) not in allowed and (calls & {"print", "sys.exit", "exit", "os._exit"} or "os.environ[" in body):
+                    found.append(f"{smk.name}: {m.group(1)}")
+    assert not found, found
+    assert not re.search(r"PREFLIGHT|on_cluster|print\(", "".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk")))
+
+
+def test_a_model_timm_does_not_know_fails_its_extraction_job_in_one_line(tiny_resources, tmp_path):
+    """The model check needs timm, so it runs in the job that loads the model: the extraction of a model
+    id timm does not know (weights present, so no download) ends in one ERROR line naming it."""
+    res = tmp_path / "res"
+    (res / "weights" / "timm").mkdir(parents=True)
+    (res / "images").symlink_to(tiny_resources / "images")
+    (res / "weights" / "timm" / "not_a_model_xyz.safetensors").symlink_to(tiny_resources / "weights" / "timm" / "vit_tiny_patch16_224.safetensors")
+    cfg = _write_config(tmp_path / "bad.yaml", resources_dir=str(res), vision={"models": ["not_a_model_xyz"], "model_kwargs": {}, "shards": 1})
+    proc = run_snakemake(tmp_path, "results/activations/not_a_model_xyz/vision_4_0of1.h5", "--configfile", str(cfg), check=False)
+    assert proc.returncode != 0
+    log = (tmp_path / "logs" / "extract_vision" / "not_a_model_xyz" / "vision_4_0of1.log").read_text()
+    errors = [line for line in log.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and errors[0].endswith("'not_a_model_xyz' is not a timm model id (see timm.list_models())"), log
+    assert "Traceback" not in log and not (tmp_path / "results" / "activations" / "not_a_model_xyz").exists()
 
 
 def test_lint_is_clean():

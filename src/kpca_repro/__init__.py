@@ -1,7 +1,7 @@
 """kpca_repro: the library behind the Snakemake pipeline reproducing arXiv:2505.07908.
 
-One subpackage per pipeline stage (docs/internals.md); a rule's ``code`` input is the source of
-the stages its script uses (``stage_code`` in workflow/rules/common.smk):
+One subpackage per pipeline stage (docs/internals.md); a rule's ``params.code`` is a hash of the
+modules its script imports (:mod:`kpca_repro.workflow.code`):
 
 * :mod:`kpca_repro.inputs`: downloads, the image and text samples, where models come from;
 * :mod:`kpca_repro.capture`: forward passes storing q, k, v, h per head;
@@ -9,7 +9,7 @@ the stages its script uses (``stage_code`` in workflow/rules/common.smk):
 * :mod:`kpca_repro.analysis`: tables, norms, the comparison with the paper, HTML tables;
 * :mod:`kpca_repro.figures`: Figures 2, 3 and 5;
 * :mod:`kpca_repro.training`: the training runs of Figures 1 and 4 and their figures;
-* :mod:`kpca_repro.workflow`: what runs before any job (configuration checks, paths).
+* :mod:`kpca_repro.workflow`: what runs before any job (configuration checks, paths, code hashes).
 
 What only the tests and ``perf/`` use (the local Hugging Face hub, the authors' per-head
 transcription) is not part of the package: ``tools/kpca_tools`` (tools/README.md).
@@ -18,8 +18,7 @@ The modules at the top are shared by every stage: :mod:`kpca_repro.activations` 
 file: layout, reader, writer, validator, capture invariant), :mod:`kpca_repro.h5io` (atomic
 outputs), :mod:`kpca_repro.smk` (rule-script helpers, logging), :mod:`kpca_repro.errors` (the base
 class of every bad-input-file error), :mod:`kpca_repro.progress`,
-:mod:`kpca_repro.threads` (thread counts, devices, worker pool), :mod:`kpca_repro.check_cache`
-(hashes, checks kept between runs), :mod:`kpca_repro.projection` (J_proj and squared norms,
+:mod:`kpca_repro.threads` (thread counts, devices, worker pool), :mod:`kpca_repro.projection` (J_proj and squared norms,
 used by the method, the norms and training).
 
 Any attention (docs/activations.md): :mod:`kpca_repro.activations` (the activation file

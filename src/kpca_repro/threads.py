@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import socket
+import shutil
 import subprocess
 import sys
 from typing import TYPE_CHECKING
@@ -16,12 +16,12 @@ if TYPE_CHECKING:  # torch loads where a job uses it: the workflow imports this 
 
 __all__ = [
     "resolve_device",
-    "cuda_available",
+    "nvidia_gpu_visible",
     "gpu_resource",
     "CPU_FORWARD_BATCH",
     "forward_batch_size",
     "torch_default_threads",
-    "record_torch_default_threads",
+    "DEFAULT_THREADS_ENV",
     "resolve_threads",
     "resolve_eigh_threads",
     "intra_op_threads",
@@ -37,39 +37,36 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def cuda_available(cache_dir: str | os.PathLike | None = None) -> bool:
-    """``torch.cuda.is_available()`` of this machine, kept in the check cache of ``cache_dir``.
-
-    The workflow asks it while it builds the DAG (``device: auto`` declares a GPU resource only
-    where there is a GPU), so that a dry run with a filled cache need not import torch: the
-    answer is cached under the host name, ``CUDA_VISIBLE_DEVICES`` and torch's version.
-    """
-    from kpca_repro.check_cache import CheckCache, package_version
-
-    key = {"check": "cuda available", "host": socket.gethostname(), "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "torch": package_version("torch")}
-    cache = CheckCache(cache_dir)
-    hit = cache.get(key) if cache_dir is not None else None
-    if hit is not None and isinstance(hit.get("available"), bool):
-        return hit["available"]
-    import torch
-
-    available = bool(torch.cuda.is_available())
-    if cache_dir is not None:
-        cache.put(key, {"available": available})
-    return available
+def nvidia_gpu_visible() -> bool:
+    """Whether this machine shows this process an NVIDIA GPU, judged without torch (the workflow
+    asks while it builds the DAG): not when ``CUDA_VISIBLE_DEVICES`` is set to ``""`` or ``-1``;
+    else when the NVIDIA driver lists a GPU in ``/proc/driver/nvidia/gpus`` or, where that is
+    absent (some containers), when ``nvidia-smi -L`` lists one."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    with contextlib.suppress(OSError):
+        return any(os.scandir("/proc/driver/nvidia/gpus"))
+    if shutil.which("nvidia-smi") is None:
+        return False
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        return "GPU" in subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+    return False
 
 
-def gpu_resource(device: str, cache_dir: str | os.PathLike | None = None) -> int:
+def gpu_resource(device: str) -> int:
     """The ``gpu`` resource (0 or 1) a job on ``config["device"]`` declares.
 
-    ``"cpu"``: 0. ``"cuda"``, ``"cuda:N"``: 1. ``"auto"``: 1 where :func:`cuda_available` says
-    this machine has a GPU, else 0 (a CPU-only machine then runs the extraction and KPCA jobs of
-    several models side by side, up to ``--cores``; the default profile allows one ``gpu``).
+    ``"cpu"``: 0. ``"cuda"``, ``"cuda:N"``: 1. ``"auto"``: 1 where :func:`nvidia_gpu_visible`, else 0
+    (a CPU-only machine then runs the extraction and KPCA jobs of several models side by side, up
+    to ``--cores``; the default profile allows one ``gpu``). A job on ``"auto"`` itself runs on
+    CUDA where ``torch.cuda.is_available()`` (:func:`resolve_device`): a CPU-only torch on a GPU
+    machine holds the GPU resource without using it, which only serialises those jobs.
     """
     if device == "cpu":
         return 0
     if device == "auto":
-        return int(cuda_available(cache_dir))
+        return int(nvidia_gpu_visible())
     return 1
 
 
@@ -100,44 +97,22 @@ def forward_batch_size(setting: int | str, device, n_inputs: int) -> int:
 #: Environment variables that set torch's default intra-op thread count (Snakemake sets them
 #: to a job's ``threads``); left out when asking what a plain ``python`` process gets.
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+#: :func:`torch_default_threads` as the workflow learnt it before its first job (its onstart handler
+#: sets it; the jobs inherit it), so that its jobs need not each ask a child process.
+DEFAULT_THREADS_ENV = "KPCA_TORCH_DEFAULT_THREADS"
 
 
-def _default_threads_key() -> dict:
-    """Everything a fresh process's default thread count depends on, as a cache key."""
-    from kpca_repro.check_cache import package_version
-
-    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("OMP_", "MKL_", "KMP_", "GOMP_")) and k not in _THREAD_ENV}
-    return {
-        "check": "torch default intra-op threads",
-        "torch": package_version("torch"),
-        "python": sys.executable,
-        "host": socket.gethostname(),
-        "cpu_count": os.cpu_count(),
-        "affinity": affinity,
-        "env": env,
-    }
-
-
-@functools.lru_cache(maxsize=4)
-def torch_default_threads(cache_dir: str | os.PathLike | None = None) -> int:
+@functools.cache
+def torch_default_threads() -> int:
     """``torch.get_num_threads()`` of a fresh Python process without thread variables.
 
     That is the intra-op thread count the authors' scripts ran with (they never set one):
     torch's default, MKL's count of physical cores, unless ``OMP_NUM_THREADS`` or
     ``MKL_NUM_THREADS`` is set. Asked of a child process (a fresh interpreter that imports
-    torch, hence the cache below) with both variables removed from its environment, because
-    this process's own count may already be set (a Snakemake job's ``OMP_NUM_THREADS``,
-    ``torch.set_num_threads``).
-
-    With ``cache_dir`` the answer is kept there (:class:`kpca_repro.check_cache.CheckCache`)
-    under a key of the host name, the CPU count and affinity, the interpreter, torch's
-    version and the other OpenMP/MKL variables, so that the jobs of a run (the rule scripts
-    pass :data:`kpca_repro.check_cache.CHECK_CACHE_DIR`) start the child process once per
-    machine instead of once each.
-
-    Args:
-        cache_dir: directory of the answer's cache entry, or None to always ask.
+    torch, about a second, once per process) with both variables removed from its environment,
+    because this process's own count may already be set (a Snakemake job's ``OMP_NUM_THREADS``,
+    ``torch.set_num_threads``). A positive integer in :data:`DEFAULT_THREADS_ENV` is that answer,
+    already asked (the workflow's jobs inherit it from Snakemake's process).
 
     Returns:
         A positive int.
@@ -145,55 +120,23 @@ def torch_default_threads(cache_dir: str | os.PathLike | None = None) -> int:
     Raises:
         RuntimeError: the child process failed or printed no positive integer.
     """
-    from kpca_repro.check_cache import CheckCache
-
-    cache = CheckCache(cache_dir)
-    key = _default_threads_key() if cache_dir is not None else {}
-    hit = cache.get(key) if cache_dir is not None else None
-    if hit is not None and isinstance(hit.get("threads"), int) and hit["threads"] >= 1:
-        return hit["threads"]
-    env = {k: v for k, v in os.environ.items() if k not in _THREAD_ENV}
+    if (known := os.environ.get(DEFAULT_THREADS_ENV, "")).isdigit() and int(known) >= 1:
+        return int(known)
+    env = {k: v for k, v in os.environ.items() if k not in _THREAD_ENV and k != DEFAULT_THREADS_ENV}
     proc = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True, text=True, env=env, timeout=300)
     out = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not out or not out[-1].isdigit() or int(out[-1]) < 1:
         raise RuntimeError(f"could not read torch's default thread count from a child process (exit {proc.returncode}): {proc.stderr[-2000:]}")
-    if cache_dir is not None:
-        cache.put(key, {"threads": int(out[-1])})
     return int(out[-1])
 
 
-def record_torch_default_threads(cache_dir: str | os.PathLike) -> int | None:
-    """Store this process's ``torch.get_num_threads()`` as :func:`torch_default_threads`'s answer, when it is one.
-
-    The workflow's main process imports torch for its model checks and never sets a thread
-    count; where neither ``OMP_NUM_THREADS`` nor ``MKL_NUM_THREADS`` is set, its count is the
-    default a fresh process gets, so the first job needs no child process to learn it (a few
-    seconds of a short chain). Does nothing (returns None) where torch is not imported, a
-    thread variable is set, or the cache already holds an answer.
-    """
-    if "torch" not in sys.modules or any(k in os.environ for k in _THREAD_ENV):
-        return None
-    from kpca_repro.check_cache import CheckCache
-
-    cache, key = CheckCache(cache_dir), _default_threads_key()
-    if cache.get(key) is not None:
-        return None
-    threads = int(sys.modules["torch"].get_num_threads())
-    if threads >= 1:
-        cache.put(key, {"threads": threads})
-        torch_default_threads.cache_clear()
-        return threads
-    return None
-
-
-def resolve_threads(setting: int | str | None, key: str = "kpca.eigh_threads", cache_dir: str | os.PathLike | None = None) -> int | None:
+def resolve_threads(setting: int | str | None, key: str = "kpca.eigh_threads") -> int | None:
     """A thread setting of the configuration (``kpca.eigh_threads``, ``kpca.intra_op_threads``) as a count.
 
     Args:
         setting: ``"auto"`` (:func:`torch_default_threads`, the authors' thread semantics),
             a positive int, or None (keep the caller's intra-op threads).
         key: the configuration key, named in the error.
-        cache_dir: passed to :func:`torch_default_threads` for ``"auto"``.
 
     Returns:
         A positive int, or None.
@@ -204,15 +147,15 @@ def resolve_threads(setting: int | str | None, key: str = "kpca.eigh_threads", c
     if setting is None:
         return None
     if setting == "auto":
-        return torch_default_threads(cache_dir)
+        return torch_default_threads()
     if isinstance(setting, int) and not isinstance(setting, bool) and setting >= 1:
         return setting
     raise ValueError(f"config key {key}: expected 'auto' or a positive integer, got {setting!r}")
 
 
-def resolve_eigh_threads(setting: int | str | None, cache_dir: str | os.PathLike | None = None) -> int | None:
+def resolve_eigh_threads(setting: int | str | None) -> int | None:
     """The ``kpca.eigh_threads`` setting as a thread count (:func:`resolve_threads`)."""
-    return resolve_threads(setting, "kpca.eigh_threads", cache_dir)
+    return resolve_threads(setting, "kpca.eigh_threads")
 
 
 @contextlib.contextmanager

@@ -8,7 +8,6 @@
 rule user_activations:
     input:
         source=user_source,
-        code=stage_code("capture"),
     output:
         "results/activations/{model}/user_{shard}.h5",
     log:
@@ -21,6 +20,7 @@ rule user_activations:
     conda:
         ENV
     params:
+        code=code_of("user_activations.py"),
         name=lambda wc: USER_BY_SLUG[wc.model],
         kind=lambda wc: USER[USER_BY_SLUG[wc.model]]["kind"],
         shard=lambda wc: int(wc.shard.split("of")[0]),
@@ -33,7 +33,6 @@ rule user_activations:
 rule eigenvalues_user:
     input:
         activations="results/activations/{model}/user_{shard}.h5",
-        code=stage_code("method"),
     output:
         "results/spectra/{variant}/{model}/user_{shard}_{keyset}.csv",
     log:
@@ -47,6 +46,7 @@ rule eigenvalues_user:
         gpu=GPU,
         mem_mb=8000,
     params:
+        code=code_of("eigenvalues_vision.py"),
         device=config["device"],
         n_components=config["spectra"]["n_components"],
         heads_per_chunk=config["kpca"]["heads_per_chunk"],

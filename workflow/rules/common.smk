@@ -1,8 +1,9 @@
-# The configuration (validated, then checked), paths, input functions and the checks before the first
-# job. Paths of this repository are relative to REPO (the Snakefile's directory, also in a module).
+# The configuration (validated, then checked, in one call), paths, pure input functions, the code each rule's
+# script runs and the check before the first job. Paths of this repository are relative to REPO (the
+# Snakefile's directory, also in a module).
+import json
 import os
 import sys
-import warnings
 from functools import partial
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from snakemake.exceptions import WorkflowError
 def _check_package_checkout():
     """Stop, before anything imports it, when the `kpca_repro` Python would import is not this checkout's
     src/kpca_repro (an editable install of another checkout, a PYTHONPATH elsewhere): the jobs would run
-    that code while Snakemake tracks this checkout's src/ for reruns (stage_code). One line, status 1."""
+    that code while Snakemake tracks this checkout's src/ for reruns (params.code). One line, status 1."""
     from importlib.util import find_spec
 
     spec = find_spec("kpca_repro")
@@ -28,40 +29,33 @@ def _check_package_checkout():
 
 _check_package_checkout()
 
-from kpca_repro.check_cache import CHECK_CACHE_DIR as CHECK_CACHE
 from kpca_repro.inputs.model_info import MissingModelError, model_source
 from kpca_repro.inputs.resources import export_hub_timeouts
 from kpca_repro.method.variant import VARIANTS
-from kpca_repro.threads import gpu_resource, record_torch_default_threads
+from kpca_repro.threads import DEFAULT_THREADS_ENV, gpu_resource, torch_default_threads
 from kpca_repro.training.summary import scale_setting, scale_tokens
-from kpca_repro.workflow import config_checks, paths
+from kpca_repro.workflow import config_checks, paths, preflight
+from kpca_repro.workflow.code import code_hash
 from kpca_repro.workflow.config_checks import ConfigError, run_model_scale
 from kpca_repro.workflow.paths import default_target, has_vision, model_id_from_slug, model_slug
-from kpca_repro.workflow.preflight import FASHION_MNIST_FILES, ModelCost, Preflight, text_model_shape
+from kpca_repro.workflow.preflight import FASHION_MNIST_FILES
 
 # libgomp's idle threads spin before they sleep, so jobs sharing cores burn each other's time
 # slices (docs/performance.md, GOMP_SPINCOUNT); a short spin changes no number. Jobs inherit it.
 os.environ.setdefault("GOMP_SPINCOUNT", "3000")
-# The cluster rules' params functions ask for the job's resources while Snakemake builds the DAG; an
-# input-size default (disk_mb) then leaves a coroutine unawaited, harmlessly (snakemake issue 4280).
-warnings.filterwarnings("ignore", "coroutine 'InputFiles._predicated_size_files.<locals>.sizes' was never awaited", RuntimeWarning)
 
 
 def _checked_config():
-    """Validate ``config`` against the schema (filling defaults; one short message per error), resolve
-    the training scales, then every check a schema cannot express (config_checks; cluster jobs skip the
-    costly ones). A failure ends Snakemake with its message alone, no Snakefile lines (docs/running.md)."""
+    """Validate ``config`` against the schema (filling defaults; one short line per error), resolve
+    the training scales, then every check a schema cannot express that needs no model (config_checks;
+    cluster jobs hash no weights). The problems end Snakemake as one block, no Snakefile lines (docs/running.md)."""
     try:
-        config_checks.checked_config(config, REPO / "workflow" / "schemas" / "config.schema.yaml", main_process=workflow.is_main_process, cache_dir=CHECK_CACHE)
+        config_checks.checked_config(config, REPO / "workflow" / "schemas" / "config.schema.yaml", main_process=workflow.is_main_process)
     except ConfigError as exc:
         sys.exit(str(exc))  # the message alone on stderr, status 1
 
 
 _checked_config()
-if workflow.is_main_process:
-    # the model checks imported torch here (a cache miss): its thread count is the default the jobs'
-    # kpca.*_threads: auto asks for, so no job starts a child process to learn it
-    record_torch_default_threads(CHECK_CACHE)
 # Jobs inherit it: huggingface_hub's own 10 s read timeout would otherwise override
 # downloads.timeout_s for hub files (weights, language models, WikiText).
 export_hub_timeouts(config["downloads"]["timeout_s"])
@@ -72,6 +66,8 @@ TRAINING = config["training"]
 FIGURE1 = config["figure1"]
 FIGURE5 = config["figure5"]
 ENV = "../../envs/pipeline.yaml"
+# `params.downloads` of the download rules: the `downloads` section as JSON (their command line reads it)
+DOWNLOADS = json.dumps(config["downloads"], sort_keys=True)
 FASHION_MNIST = [f"{RESOURCES}/datasets/fashion-mnist/{f}" for f in FASHION_MNIST_FILES]
 
 
@@ -85,12 +81,11 @@ wildcard_constraints:
     sample=r"\d+|sentences",
 
 
-def stage_code(*stages):
-    """The `code` input of a rule: the package's shared modules (src/kpca_repro/*.py) and those of
-    the stages its script uses (src/kpca_repro/<stage>/*.py). Snakemake tracks only the script
-    file; this way editing a stage reruns exactly the jobs that use it."""
-    src = REPO / "src" / "kpca_repro"
-    return sorted(str(p) for d in ("", *stages) for p in (src / d).glob("*.py"))
+def code_of(script):
+    """`params.code` for the script workflow/scripts/<script>, the hash of the package modules it imports
+    without docstrings and comments (kpca_repro.workflow.code), so that editing one reruns exactly the
+    jobs that run it. A function, computed only for the scheduled jobs, once per script."""
+    return lambda wildcards: code_hash(REPO / "workflow" / "scripts" / script)
 
 
 def ablation_runs():
@@ -112,14 +107,6 @@ def reference_logs_input():
 image_source, weights_path = partial(config_checks.image_source, config), partial(config_checks.weights_path, config)
 
 
-def sampled_images(wildcards):
-    """Input function of sample_images: the image set. A sample larger than the set stops the run in one
-    line while the DAG is built (dry runs too), so only the requested targets' image counts are checked."""
-    if workflow.is_main_process and (error := config_checks.image_count_error(config, int(wildcards.n))):
-        sys.exit(error)  # the message alone on stderr, status 1
-    return image_source()[0]
-
-
 norm_activations, comparison_tables, all_targets = (partial(f, config) for f in (paths.norm_activations, paths.comparison_tables, paths.all_targets))
 
 
@@ -131,37 +118,10 @@ def figure5_models(wildcards):
     return [model_slug(m) for m in models]
 
 
-# Before the first job: while Snakemake builds the DAG, the rules' own functions register what the scheduled
-# jobs need, cost and ask of a node; the Snakefile's onstart handler checks it (kpca_repro.workflow.preflight).
-
-PREFLIGHT = Preflight(config, REPO / "config", workflow.is_main_process)
-
-
-def missing_input(kind):
-    """The input function of the download rules, which exist only for missing inputs; it registers what its
-    job fetches, so that the check before the first job names it if it cannot be fetched."""
-    return lambda wildcards: PREFLIGHT.need(kind, wildcards.get("model")) or []
-
-
-def on_cluster(rule):
-    """`params.cluster` of the cluster rules: records what each scheduled job asks of a node (Snakemake
-    passes its resources, after --set-resources, else the default resources, and its threads)."""
-    return lambda wildcards, threads, resources: PREFLIGHT.request(rule, threads, resources)
-
-
-def vision_weights(wildcards):
-    """Input function of extract_vision: the model's weights; prints its cost line (from the configuration check's cache)."""
-    m = wildcards.model
-    PREFLIGHT.cost(m, lambda: (c := config_checks.check_vision_model(config, m, m, CHECK_CACHE)) and ModelCost(m, "vision", c.n_tokens, c.depth, c.n_heads, c.head_dim, VISION["n_images"]))
-    return weights_path(m)
-
-
 def text_model_source(wildcards):
-    """A language model's directory (text.local_models) or hub id; a hub id is registered for the
-    check before the first job (offline and not cached, it cannot run)."""
+    """A language model's directory (text.local_models) or hub id (a hub id not in the Hugging Face cache is
+    named in the block before the first job when it cannot be downloaded)."""
     model_id = model_id_from_slug(wildcards.slug)
-    if model_id not in TEXT["local_models"]:
-        PREFLIGHT.need("text_model", model_id)
     try:
         return model_source(model_id, TEXT["local_models"], config["offline"])
     except MissingModelError:
@@ -170,16 +130,20 @@ def text_model_source(wildcards):
 
 def text_model_files(wildcards):
     """Input function of extract_text: a local model's config.json and weights (a change reruns
-    extraction), none for the hub; prints the model's cost line."""
-    source, model_id = text_model_source(wildcards), model_id_from_slug(wildcards.slug)
-    PREFLIGHT.cost(model_id, lambda: (shape := text_model_shape(source)) and ModelCost(model_id, "text", TEXT["max_length"], *shape, TEXT["n_rows"]))
+    extraction), none for the hub."""
+    source = text_model_source(wildcards)
     if not os.path.isdir(source):
         return []
     return [str(p) for p in sorted(Path(source).iterdir()) if p.name in ("config.json", "model.safetensors", "pytorch_model.bin")]
 
 
-def slurm_fit_check():
-    """With the SLURM executor (profiles/slurm), stop before any submission when a scheduled cluster job
-    fits on no node of its partition: SLURM would leave it PENDING forever (KPCA_SLURM_PREFLIGHT=0 skips it)."""
-    if getattr(workflow.executor_plugin, "name", None) == "slurm":
-        PREFLIGHT.check_requests()
+def before_first_job():
+    """The Snakefile's onstart handler (after the DAG is built; Snakemake runs none in a dry run): a scheduled
+    sample larger than its image set, or inputs missing that cannot be downloaded, end the run in one block
+    (kpca_repro.workflow.preflight). Then, for kpca.*_threads: auto, torch's default thread count is asked of
+    one child process for all local jobs (they inherit the variable), instead of one per job."""
+    jobs = [(job.rule.name, dict(job.wildcards_dict)) for job in workflow.dag.needrun_jobs()]
+    if message := preflight.stop_message(config, REPO / "config", jobs):
+        sys.exit(message)  # the block alone on stderr: a raised error would add Snakefile lines
+    if "auto" in (config["kpca"]["eigh_threads"], config["kpca"]["intra_op_threads"]) and jobs:
+        os.environ[DEFAULT_THREADS_ENV] = str(torch_default_threads())

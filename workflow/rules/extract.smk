@@ -3,8 +3,7 @@
 
 rule sample_images:
     input:
-        images=sampled_images,
-        code=stage_code("inputs"),
+        images=image_source()[0],
     output:
         "results/samples/vision_{n}.tsv",
     log:
@@ -15,6 +14,7 @@ rule sample_images:
     conda:
         ENV
     params:
+        code=code_of("sample_images.py"),
         layout=image_source()[1],
         seed=config["seed"],
     script:
@@ -23,9 +23,8 @@ rule sample_images:
 
 rule extract_vision:
     input:
-        weights=vision_weights,
+        weights=lambda wc: weights_path(wc.model),
         samples="results/samples/vision_{n}.tsv",
-        code=stage_code("inputs", "capture"),
     output:
         "results/activations/{model}/vision_{n}_{shard}.h5",
     log:
@@ -40,7 +39,7 @@ rule extract_vision:
         # ViT-Large, batches of 25: two batches held at once, 8,046 MiB peak (docs/hub_fixture.md)
         mem_mb=10000,
     params:
-        cluster=on_cluster("extract_vision"),
+        code=code_of("extract_vision.py"),
         intra_op_threads=config["kpca"]["intra_op_threads"],
         batch_size=VISION["batch_size"],
         device=config["device"],
@@ -57,7 +56,6 @@ rule extract_vision:
 rule sample_text:
     input:
         rows=f"{RESOURCES}/text/wikitext-103/wiki.test.raw",
-        code=stage_code("inputs"),
     output:
         "results/samples/text_{n}.tsv",
     log:
@@ -68,6 +66,7 @@ rule sample_text:
     conda:
         ENV
     params:
+        code=code_of("sample_text.py"),
         seed=config["seed"],
         min_chars=TEXT["min_chars"],
     script:
@@ -78,7 +77,6 @@ rule extract_text:
     input:
         samples="results/samples/text_{sample}.tsv",
         model=text_model_files,
-        code=stage_code("inputs", "capture"),
     output:
         "results/activations/{slug}/text_{sample}_{shard}.h5",
     log:
@@ -92,7 +90,7 @@ rule extract_text:
         gpu=GPU,
         mem_mb=8000,
     params:
-        cluster=on_cluster("extract_text"),
+        code=code_of("extract_text.py"),
         intra_op_threads=config["kpca"]["intra_op_threads"],
         model_id=lambda wc: model_id_from_slug(wc.slug),
         source=text_model_source,

@@ -6,13 +6,12 @@ from kpca_repro.analysis.tables import TABLES
 from kpca_repro.method.variant import from_suffix as variant_from_suffix
 from kpca_repro.method.variant import get as get_variant
 from kpca_repro.method.variant import suffix_pattern
-from kpca_repro.training.summary import estimated_minutes
 
 # `resources: gpu=GPU` of the rules that run on config["device"]: one GPU for "cuda..." and for "auto"
-# where this machine has one (kpca_repro.threads.cuda_available, cached), none for "cpu" or "auto"
-# without a GPU, so that jobs of several models then run side by side up to --cores. On a cluster
-# whose submitting node has no GPU, set device: cuda (docs/scaleout.md).
-GPU = gpu_resource(config["device"], CHECK_CACHE)
+# where this machine shows an NVIDIA GPU (kpca_repro.threads.nvidia_gpu_visible, without torch), none for
+# "cpu" or "auto" without a GPU, so that jobs of several models then run side by side up to --cores. On a
+# cluster whose submitting node has no GPU, set device: cuda (docs/scaleout.md).
+GPU = gpu_resource(config["device"])
 # The `{suffix}` wildcard of the user-facing outputs (results/table1{suffix}.csv): every
 # variant's suffix, from kpca_repro.method.variant ("" paper, "_corrected" corrected).
 SUFFIXES = suffix_pattern()
@@ -54,23 +53,20 @@ def norm_band_label(wildcards):
 def needs_models(kind, what):
     """Input function (no files) of the rules that aggregate the models of one kind: asked for while
     no model of `kind` ("vision": vision.models and activations: of kind vision; "text": text.models and
-    activations: of kind text) is configured, `what` stops the run in one line before any job."""
+    activations: of kind text) is configured, it raises the error that names `what` and the keys."""
 
     def check(wildcards):
         if not (has_vision(config) if kind == "vision" else bool(TEXT["models"] or user_models(config, "text"))):
             keys = "vision.models" if kind == "vision" else "text.models"
-            sys.exit(f"{what} needs a {kind} model, but {keys} is empty and activations: has no entry of kind {kind}; add one, or leave {what} out of the targets")
+            raise WorkflowError(f"{what} needs a {kind} model, but {keys} is empty and activations: has no entry of kind {kind}; add one, or leave {what} out of the targets")
         return []
 
     return check
 
 
 def train_data(wc):
-    """The training data of a run (input function of the rule `train`), after its line in the cost block (kpca_repro.workflow.preflight)."""
-    scale = TRAINING["scales"][wc.scale]
-    what = f"{scale.get('n_train') or 'every'} images x {scale['epochs']} epochs at {scale_tokens(scale)} tokens on {TRAINING['threads']} threads"
-    PREFLIGHT.training(f"{wc.arch}_{wc.scale} seed {wc.seed}", estimated_minutes(scale, TRAINING["threads"]), what)
-    return FASHION_MNIST if scale["dataset"] == "fashion_mnist" else []
+    """The training data of a run (input function of the rule `train`)."""
+    return FASHION_MNIST if TRAINING["scales"][wc.scale]["dataset"] == "fashion_mnist" else []
 
 
 def table_needs_models(wildcards):

@@ -7,7 +7,6 @@
 rule kpca_heads:
     input:
         activations="results/activations/{model}/{stem}.h5",
-        code=stage_code("method"),
     output:
         heads="results/heads/{variant}/{model}/{stem}.csv",
         meta="results/heads/{variant}/{model}/{stem}.json",
@@ -25,7 +24,7 @@ rule kpca_heads:
         gpu=GPU,
         mem_mb=8000,
     params:
-        cluster=on_cluster("kpca_heads"),
+        code=code_of("kpca_heads.py"),
         device=config["device"],
         seed=config["seed"],
         heads_per_chunk=config["kpca"]["heads_per_chunk"],

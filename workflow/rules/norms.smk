@@ -7,8 +7,6 @@
 
 
 rule text_sentences:
-    input:
-        code=stage_code("method", "analysis"),
     output:
         "results/samples/text_sentences.tsv",
     log:
@@ -19,6 +17,7 @@ rule text_sentences:
     conda:
         ENV
     params:
+        code=code_of("text_sentences.py"),
         sentences=FIGURE5["sentences"],
     script:
         "../scripts/text_sentences.py"
@@ -27,7 +26,6 @@ rule text_sentences:
 rule norms_vision:
     input:
         activations=lambda wc: norm_activations("vision", wc.variant, wc.model),
-        code=stage_code("method", "analysis"),
     output:
         "results/norms/{variant}/{model}/vision.csv",
     log:
@@ -41,6 +39,7 @@ rule norms_vision:
     resources:
         mem_mb=4000,
     params:
+        code=code_of("norm_stats.py"),
         intra_op_threads=config["kpca"]["intra_op_threads"],
         language=False,
     script:
@@ -50,7 +49,6 @@ rule norms_vision:
 rule norms_text:
     input:
         activations=lambda wc: norm_activations("text", wc.variant, wc.model),
-        code=stage_code("method", "analysis"),
     output:
         "results/norms/{variant}/{model}/text.csv",
     log:
@@ -64,6 +62,7 @@ rule norms_text:
     resources:
         mem_mb=4000,
     params:
+        code=code_of("norm_stats.py"),
         intra_op_threads=config["kpca"]["intra_op_threads"],
         language=True,
     script:
@@ -77,7 +76,6 @@ rule figure2:
     input:
         models=needs_models("vision", "Figure 2"),
         stats=norm_stats("vision", lambda wc: VISION["models"] + [model_slug(m) for m in user_models(config, "vision")]),
-        code=stage_code("method", "analysis", "figures"),
     output:
         pdf="results/figure2{suffix}.pdf",
         png=report(
@@ -98,6 +96,7 @@ rule figure2:
     conda:
         ENV
     params:
+        code=code_of("figure_norms.py"),
         title=lambda wc: (
             f"Figure 2, corrected: all {VISION['n_images']} images of Table 1, s = 1/sqrt(head_dim), log domain (float64), no trim"
             if wc.suffix
@@ -115,7 +114,6 @@ rule figure5:
     input:
         models=needs_models("text", "Figure 5"),
         stats=norm_stats("text", figure5_models),
-        code=stage_code("method", "analysis", "figures"),
     output:
         pdf="results/figure5{suffix}.pdf",
         png=report(
@@ -136,6 +134,7 @@ rule figure5:
     conda:
         ENV
     params:
+        code=code_of("figure_norms.py"),
         title=lambda wc: (
             f"Figure 5, corrected: all {TEXT['n_rows']} WikiText rows, padding excluded, s = 1/sqrt(head_dim), log domain (float64), no trim"
             if wc.suffix

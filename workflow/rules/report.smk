@@ -7,7 +7,6 @@ default_target("results/html/paper_comparison.html", "results/paper_comparison.c
 rule paper_comparison:
     input:
         tables=lambda wc: [p for pair in comparison_tables().values() for p in pair if p],
-        code=stage_code("method", "analysis"),
     output:
         csv=report(
             "results/paper_comparison.csv",
@@ -25,6 +24,7 @@ rule paper_comparison:
     conda:
         ENV
     params:
+        code=code_of("paper_comparison.py"),
         published=config["comparison"]["published_tables"],
         tables=comparison_tables(),
         vision_models=VISION["models"],
@@ -45,7 +45,6 @@ rule table_html:
     input:
         csv="results/{table}.csv",
         meta="results/{table}.csv-metadata.json",
-        code=stage_code("analysis"),
     output:
         report(
             "results/html/{table}.html",
@@ -63,6 +62,7 @@ rule table_html:
     conda:
         ENV
     params:
+        code=code_of("table_html.py"),
         caption=report_caption,
     script:
         "../scripts/table_html.py"

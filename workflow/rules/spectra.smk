@@ -5,7 +5,6 @@
 rule eigenvalues_vision:
     input:
         activations="results/activations/{model}/vision_{n}_{shard}.h5",
-        code=stage_code("method"),
     output:
         "results/spectra/{variant}/{model}/vision_{n}_{shard}_{keyset}.csv",
     log:
@@ -19,7 +18,7 @@ rule eigenvalues_vision:
         gpu=GPU,
         mem_mb=8000,
     params:
-        cluster=on_cluster("eigenvalues_vision"),
+        code=code_of("eigenvalues_vision.py"),
         device=config["device"],
         n_components=config["spectra"]["n_components"],
         heads_per_chunk=config["kpca"]["heads_per_chunk"],
@@ -35,7 +34,6 @@ rule gamma_vision:
             model=config["figure3"]["model"],
             n=config["figure3"]["n_images"],
         ),
-        code=stage_code("method"),
     output:
         "results/figure3/gamma_{variant}.csv",
     log:
@@ -48,7 +46,7 @@ rule gamma_vision:
     resources:
         gpu=GPU,
     params:
-        cluster=on_cluster("gamma_vision"),
+        code=code_of("gamma_vision.py"),
         intra_op_threads=config["kpca"]["intra_op_threads"],
         device=config["device"],
         block=config["figure3"]["block"],
@@ -67,7 +65,6 @@ default_target("results/figure3{suffix}.pdf", when=has_vision)
 rule figure3:
     input:
         gamma=lambda wc: f"results/figure3/gamma_{variant_of(wc)}.csv",
-        code=stage_code("analysis", "figures"),
     output:
         pdf="results/figure3{suffix}.pdf",
         png=report(
@@ -88,6 +85,7 @@ rule figure3:
     conda:
         ENV
     params:
+        code=code_of("figure3.py"),
         title=lambda wc: (f"{config['figure3']['model']}, block {config['figure3']['block']}, " f"{variant_of(wc)} variant; perturbed = QR(A + {config['figure3']['noise']} N(0, 1))"),
     script:
         "../scripts/figure3.py"

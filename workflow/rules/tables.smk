@@ -10,7 +10,6 @@ rule table:
     input:
         unpack(table_files),
         models=table_needs_models,
-        code=stage_code("method", "analysis"),
     output:
         csv="results/{table}{suffix}.csv",
         md="results/{table}{suffix}.md",
@@ -26,6 +25,7 @@ rule table:
     conda:
         ENV
     params:
+        code=code_of("table.py"),
         variant=variant_of,
         uncertainty={"seed": config["seed"], **config["uncertainty"]},
         # labelled rows: random weights of the exact architecture (docs/hub_fixture.md), a user's activations (docs/activations.md)

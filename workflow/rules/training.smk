@@ -17,58 +17,46 @@ from kpca_repro.training.summary import run_dir, run_logs, run_scale, scale_seed
 FIGURE1_SEED_RUNS = with_seeds(TRAINING, [(model, scale, scale_tokens(TRAINING["scales"][scale])) for model, scale in map(run_model_scale, FIGURE1["runs"])])
 
 
-# Download rules exist only for inputs missing when the workflow is parsed (as in
-# resources.smk), so files placed by hand or a read-only ../shared/assets are never rebuilt.
-FASHION_MNIST_MISSING = not all(os.path.exists(f) for f in FASHION_MNIST)
-TRAINING_LOGS_MISSING = FIGURE1["use_reference"] and FIGURE1["reference_logs"] is None and not os.path.isdir(f"{RESOURCES}/training_logs")
+# The download rules always exist and have no input (as in resources.smk): files placed by hand or a
+# read-only ../shared/assets are never rebuilt.
 
 
-if FASHION_MNIST_MISSING:
-
-    rule download_fashion_mnist:
-        input:
-            missing_input("fashion_mnist"),
-        output:
-            FASHION_MNIST,
-        log:
-            "logs/download_fashion_mnist.log",
-        benchmark:
-            "benchmarks/download_fashion_mnist.tsv"
-        localrule: True
-        conda:
-            ENV
-        params:
-            downloads=config["downloads"],
-            root=lambda wc, output: os.path.dirname(output[0]),
-        script:
-            "../scripts/download_fashion_mnist.py"
+rule download_fashion_mnist:
+    output:
+        FASHION_MNIST,
+    log:
+        "logs/download_fashion_mnist.log",
+    benchmark:
+        "benchmarks/download_fashion_mnist.tsv"
+    localrule: True
+    conda:
+        ENV
+    params:
+        downloads=DOWNLOADS,
+    shell:
+        "python -m kpca_repro.inputs.download fashion_mnist {log:q} {params.downloads:q} - {output:q}"
 
 
-if TRAINING_LOGS_MISSING:
-
-    rule download_training_logs:
-        input:
-            missing_input("training_logs"),
-        output:
-            directory(f"{RESOURCES}/training_logs"),
-        log:
-            "logs/download_training_logs.log",
-        benchmark:
-            "benchmarks/download_training_logs.tsv"
-        localrule: True
-        conda:
-            ENV
-        params:
-            downloads=config["downloads"],
-            url=FIGURE1["reference_url"],
-        script:
-            "../scripts/download_training_logs.py"
+rule download_training_logs:
+    output:
+        directory(f"{RESOURCES}/training_logs"),
+    log:
+        "logs/download_training_logs.log",
+    benchmark:
+        "benchmarks/download_training_logs.tsv"
+    localrule: True
+    conda:
+        ENV
+    params:
+        downloads=DOWNLOADS,
+        url=FIGURE1["reference_url"],
+    shell:
+        "python -m kpca_repro.inputs.download training_logs {log:q} {params.downloads:q} {params.url:q} {output:q}"
 
 
 rule train:
     input:
         data=train_data,
-        code=stage_code("training"),
     output:
         log="results/training/{arch}_{scale}/seed{seed}/log.csv",
     log:
@@ -86,7 +74,7 @@ rule train:
         gpu=GPU,
         mem_mb=8000,
     params:
-        cluster=on_cluster("train"),
+        code=code_of("train.py"),
         model=lambda wc: TRAINING["models"][wc.arch],
         # without its `seeds` list: adding a seed to a scale reruns none of the runs it had
         scale=lambda wc: run_scale(TRAINING["scales"][wc.scale]),
@@ -102,7 +90,6 @@ rule train:
 rule training_claims:
     input:
         logs=run_logs(FIGURE1_SEED_RUNS),
-        code=stage_code("analysis", "training"),
     output:
         csv=report(
             "results/training_claims.csv",
@@ -120,6 +107,7 @@ rule training_claims:
     conda:
         ENV
     params:
+        code=code_of("training_claims.py"),
         runs=FIGURE1_SEED_RUNS,
         thresholds=FIGURE1["claims"],
         skip_epochs=FIGURE1["skip_epochs_runs"],
@@ -137,7 +125,6 @@ rule figure_training:
         reference=reference_logs_input(),
         # Figure 1 writes under each scale's column in how many seeds and epochs the claims hold
         claims=lambda wc: ["results/training_claims.csv"] if wc.fig == "1" and FIGURE1["runs"] else [],
-        code=stage_code("analysis", "training"),
     output:
         pdf="results/figure{fig}.pdf",
         png=report(
@@ -158,6 +145,7 @@ rule figure_training:
     conda:
         ENV
     params:
+        code=code_of("figure_training.py"),
         runs=FIGURE1_SEED_RUNS,
         settings={run_model_scale(run)[1]: scale_setting(TRAINING["scales"][run_model_scale(run)[1]], scale_seeds(TRAINING, run_model_scale(run)[1])) for run in FIGURE1["runs"]},
         epoch_axis=FIGURE1["epoch_axis"],
@@ -174,7 +162,6 @@ rule token_ablation:
     input:
         # evaluated only when the table is requested (ablation_runs checks the scales' patches)
         logs=lambda wc: run_logs(with_seeds(TRAINING, ablation_runs())),
-        code=stage_code("analysis", "training"),
     output:
         csv="results/token_ablation.csv",
         md="results/token_ablation.md",
@@ -187,6 +174,7 @@ rule token_ablation:
     conda:
         ENV
     params:
+        code=code_of("token_ablation.py"),
         runs=lambda wc: with_seeds(TRAINING, ablation_runs()),
     script:
         "../scripts/token_ablation.py"

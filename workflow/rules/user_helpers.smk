@@ -3,18 +3,12 @@
 # functions in separate files); the rules are in activations.smk.
 
 import re
-import sys
 
-from kpca_repro.activations import check_user_config
 from kpca_repro.workflow.paths import user_models
 
+# checked with the rest of the configuration (kpca_repro.workflow.config_checks: check_user_config)
 USER = config["activations"]
 USER_BY_SLUG = {model_slug(name): name for name in USER}
-try:
-    check_user_config(config)
-except ValueError as exc:  # the message alone, status 1, as the other configuration errors
-    print(exc, file=sys.stderr)
-    sys.exit(1)
 
 
 def user_source(wildcards):

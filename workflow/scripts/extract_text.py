@@ -3,14 +3,17 @@
 import torch
 
 from kpca_repro.capture.extraction import extract_text
-from kpca_repro.check_cache import CHECK_CACHE_DIR
+from kpca_repro.capture.hf_capture import check_text_model
 from kpca_repro.inputs.text import read_samples
-from kpca_repro.smk import setup_logging
+from kpca_repro.smk import fail_cleanly, setup_logging
 from kpca_repro.threads import forward_batch_size, resolve_device, resolve_threads
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "extract_text")
-torch.set_num_threads(resolve_threads(smk.params.intra_op_threads, "kpca.intra_op_threads", CHECK_CACHE_DIR))
+# an attention the capture does not reproduce ends the job in one line naming the model (a hub model not yet
+# downloaded is checked by the extraction after its download, before any forward pass)
+fail_cleanly(log, check_text_model, smk.params.model_id, smk.params.source)
+torch.set_num_threads(resolve_threads(smk.params.intra_op_threads, "kpca.intra_op_threads"))
 log.info("torch intra-op threads: %d", torch.get_num_threads())
 shard, n_shards = (int(x) for x in smk.wildcards.shard.split("of"))
 samples = read_samples(smk.input.samples)

@@ -4,14 +4,16 @@ import pandas as pd
 import torch
 
 from kpca_repro.capture.extraction import extract_vision
-from kpca_repro.check_cache import CHECK_CACHE_DIR
+from kpca_repro.capture.vision import check_vision_model
 from kpca_repro.inputs.resources import check_checksum
-from kpca_repro.smk import setup_logging
+from kpca_repro.smk import fail_cleanly, setup_logging
 from kpca_repro.threads import forward_batch_size, resolve_device, resolve_threads
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "extract_vision")
-torch.set_num_threads(resolve_threads(smk.params.intra_op_threads, "kpca.intra_op_threads", CHECK_CACHE_DIR))
+# a model timm does not know, or whose attention the capture does not reproduce, ends the job in one line naming it
+fail_cleanly(log, check_vision_model, smk.wildcards.model, dict(smk.params.model_kwargs))
+torch.set_num_threads(resolve_threads(smk.params.intra_op_threads, "kpca.intra_op_threads"))
 log.info("torch intra-op threads: %d", torch.get_num_threads())
 sha = check_checksum(smk.input.weights, smk.params.checksum)
 shard, n_shards = (int(x) for x in smk.wildcards.shard.split("of"))

@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kpca_repro.check_cache import CHECK_CACHE_DIR
 from kpca_repro.h5io import atomic_output
 from kpca_repro.method.placement import plan
 from kpca_repro.method.records import kpca_records
@@ -26,14 +25,22 @@ placement = plan(
     cores=smk.threads,
     eigh_threads=smk.params.eigh_threads,
     gpu_eigensolver=smk.params.gpu_eigensolver,
-    cache_dir=CHECK_CACHE_DIR,
 )
 log.info("placement: %s", placement.describe())
 # Finished batches are kept beside the output until it is written: a rerun after an interrupt, a
 # kill or a preemption goes on from them (kpca_repro.resume); another input, parameter or code starts afresh.
 parts = Path(smk.output.heads).with_suffix(".parts")
 check_writable([parts / "key.json"])
-store = PartStore(parts, {"activations": file_identity(smk.input.activations), "variant": smk.wildcards.variant, "params": dict(smk.params.items()), "placement": placement.describe(), "eigh_threads": placement.eigh_threads})
+store = PartStore(
+    parts,
+    {
+        "activations": file_identity(smk.input.activations),
+        "variant": smk.wildcards.variant,
+        "params": dict(smk.params.items()),
+        "placement": placement.describe(),
+        "eigh_threads": placement.eigh_threads,
+    },
+)
 if len(store):
     log.info("resuming from %d kept batches in %s", len(store), parts)
 records, meta = kpca_records(

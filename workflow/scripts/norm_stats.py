@@ -3,14 +3,13 @@
 import torch
 
 from kpca_repro.analysis.norms import norm_statistics
-from kpca_repro.check_cache import CHECK_CACHE_DIR
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
 from kpca_repro.threads import resolve_threads
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "norm_stats")
-torch.set_num_threads(resolve_threads(smk.params.intra_op_threads, "kpca.intra_op_threads", CHECK_CACHE_DIR))
+torch.set_num_threads(resolve_threads(smk.params.intra_op_threads, "kpca.intra_op_threads"))
 log.info("torch intra-op threads: %d", torch.get_num_threads())
 stats = norm_statistics(list(smk.input.activations), smk.wildcards.variant, language=smk.params.language)
 log.info("%s: %d layers from %d file(s)", smk.wildcards.model, stats["layer"].nunique(), len(smk.input.activations))

@@ -1,10 +1,10 @@
 """Rule train: train one model at one scale with one seed from scratch, logging J_proj after every epoch."""
 
-from pathlib import Path
+import sys
 
+import timm
 import torch
 
-from kpca_repro.check_cache import sha256_file
 from kpca_repro.smk import setup_logging
 from kpca_repro.threads import resolve_device
 from kpca_repro.training.checkpoint import config_fingerprint
@@ -12,15 +12,14 @@ from kpca_repro.training.data import build_datasets
 from kpca_repro.training.loop import train_run
 from kpca_repro.training.model import build_model
 
-#: Library modules that change no number of a training run (logging, error classes, HDF5/atomic files,
-#: resource paths, the package marker): left out of the checkpoint's fingerprint.
-INFRASTRUCTURE = {"__init__.py", "smk.py", "errors.py", "h5io.py", "resources.py"}
-
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "train")
 torch.set_num_threads(smk.threads)
 # the seed is the run's wildcard (results/training/<model>_<scale>/seed<seed>/), the scale without its seed list
 model_cfg, scale, seed = dict(smk.params.model), dict(smk.params.scale), int(smk.wildcards.seed)
+if not timm.is_model(model_cfg["timm_id"]):
+    log.error("config key training.models.%s.timm_id: %r is not a timm model id (see timm.list_models())", smk.wildcards.arch, model_cfg["timm_id"])
+    sys.exit(1)
 device = resolve_device(smk.params.device)
 train_set, val_set, num_classes, in_chans = build_datasets(scale, smk.params.resources_dir, download=not smk.params.offline)
 torch.manual_seed(seed)
@@ -46,10 +45,9 @@ train_run(
     smk.params.checkpoint,
     seed=seed,
     device=device,
-    # the code that computes the numbers is part of the run's identity: when Snakemake reruns
-    # this job because a module of training/ or a shared one such as projection.py changed, an
-    # old checkpoint is not resumed; an edit to logging, file or resource helpers
-    # (INFRASTRUCTURE) resumes it
-    fingerprint=config_fingerprint(model_cfg, scale, seed, str(device), sorted(sha256_file(p) for p in smk.input.code if Path(p).name not in INFRASTRUCTURE)),
+    # the code that computes the numbers is part of the run's identity (params.code: the modules this
+    # script imports, without docstrings and comments): when Snakemake reruns this job because one of
+    # them changed, an old checkpoint is not resumed
+    fingerprint=config_fingerprint(model_cfg, scale, seed, str(device), [smk.params.code]),
     num_workers=smk.params.num_workers,
 )

@@ -348,9 +348,9 @@ def _n_tokens(net: nn.Module) -> int | None:
 def check_vision_model(model_id: str, model_kwargs: dict | None = None) -> VisionModelCheck:
     """Build ``model_id`` on PyTorch's meta device (no weights, no memory) and check it.
 
-    What the workflow calls for every configured vision model while it builds the DAG
-    (``workflow/rules/common.smk``), so an unsupported model fails before any job. Results
-    are cached per ``(model_id, model_kwargs)`` in the process, since each build costs time.
+    What the extraction job calls first (``workflow/scripts/extract_vision.py``), so that a model
+    timm does not know, or whose attention the capture does not reproduce, ends the job in one
+    line naming it. Results are cached per ``(model_id, model_kwargs)`` in the process.
 
     Args:
         model_id: a timm model id.

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from kpca_repro.check_cache import sha256_file
 from kpca_repro.errors import InputFileError
 
 T = TypeVar("T")
 
 __all__ = [
+    "sha256_file",
     "MissingResourceError",
     "ChecksumMismatchError",
     "WeightsFileError",
@@ -50,6 +50,12 @@ __all__ = [
 ]
 
 IMAGENET_SAMPLE_SUBDIR = "images/imagenet-sample"
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file, read in chunks."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 class MissingResourceError(FileNotFoundError):

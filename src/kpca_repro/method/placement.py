@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 
 import torch
 
@@ -142,7 +141,6 @@ def plan(
     cores: int = 1,
     eigh_threads: int | str | None = "auto",
     gpu_eigensolver: str = "auto",
-    cache_dir: str | os.PathLike | None = None,
     sign_invariant: bool = False,
 ) -> Placement:
     """The placement of one job (the module docstring's table).
@@ -154,7 +152,6 @@ def plan(
         eigh_threads: ``kpca.eigh_threads`` (``"auto"``: torch's default in a fresh process, the
             authors' count; or a positive int); used by the paper variant on the CPU only.
         gpu_eigensolver: ``kpca.gpu_eigensolver`` (:func:`batched_eigensolver`).
-        cache_dir: the check cache for ``"auto"`` thread counts.
         sign_invariant: the job's results do not depend on eigenvector signs (Tables 2-3,
             Figure 3): on a GPU it takes the batched solver whatever the variant.
 
@@ -170,7 +167,7 @@ def plan(
         raise ValueError(f"a job needs at least 1 core, got {cores}")
     workers = int(cores)
     if dev.type == "cpu":
-        threads = resolve_eigh_threads(eigh_threads, cache_dir) if v.authors_threads and not sign_invariant else None
+        threads = resolve_eigh_threads(eigh_threads) if v.authors_threads and not sign_invariant else None
         authors = v.authors_threads and not sign_invariant
         return Placement(device=dev, eigh_device=dev, eigh_batched=False, eigh_threads=threads, per_head_products=authors, workers=workers, blas_threads=1, solve_on_main=authors)
     # the authors' script calls torch.linalg.eigh on the CUDA tensor; sign-invariant work may take any batched solver

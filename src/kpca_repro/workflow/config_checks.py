@@ -1,24 +1,21 @@
-"""Checks of the configuration that its JSON schema cannot express, run while the workflow is
-parsed (``workflow/rules/common.smk``, after the schema). Each failure is a :class:`ConfigError`
-of one line: the key, what is wrong, what to do. Passes of the checks that import timm, torch or
-transformers are kept in ``cache_dir`` (:mod:`kpca_repro.check_cache`).
+"""The configuration check of ``workflow/rules/common.smk``, one call while the workflow is parsed:
+the JSON schema, then what a schema cannot express and needs no torch, timm or transformers. Each
+failure is a :class:`ConfigError` of one line: the key, what is wrong, what to do. Whether timm
+knows a model and the capture supports its attention is checked by the job that loads the model.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import os
-import typing
+from collections.abc import Iterator
 from pathlib import Path
 
-from kpca_repro.check_cache import CheckCache, library_fingerprint, package_version, sha256_file
-from kpca_repro.inputs.model_info import LOCAL_MODELS_KEY, MissingModelError, VisionModelCheck, model_source, resolve_local_dir
+from kpca_repro.inputs.model_info import LOCAL_MODELS_KEY, MissingModelError, resolve_local_dir
 from kpca_repro.inputs.resources import imagenet_sample_dir, timm_weights_path
 from kpca_repro.training.summary import scale_tokens
-from kpca_repro.workflow.preflight import config_json
 
-__all__ = ["ConfigError", "schema_error_message", "check_config", "check_vision_model", "run_model_scale", "resolve_scales", "image_source", "weights_path"]
+__all__ = ["ConfigError", "schema_error_message", "checked_config", "check_config", "image_count_error", "run_model_scale", "resolve_scales", "image_source", "weights_path"]
 
 
 class ConfigError(ValueError):
@@ -26,14 +23,19 @@ class ConfigError(ValueError):
 
 
 def schema_error_message(config: dict, schema: dict, schema_name: str) -> str | None:
-    """One short line for the first JSON-schema violation of ``config``, or None if none."""
+    """The JSON-schema violations of ``config``, one short line each (the shallowest first), or None if none."""
     import jsonschema
 
     errors = list(jsonschema.Draft202012Validator(schema).iter_errors(config))
     errors = [e for e in errors if e.validator != "required"] or errors
     if not errors:
         return None
-    err = min(errors, key=lambda e: len(e.absolute_path))
+    lines = dict.fromkeys(_schema_line(e) for e in sorted(errors, key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path)))))
+    return "\n".join(lines) + f". Fix it in your --configfile / --config; every key, type and range is in {schema_name}."
+
+
+def _schema_line(err) -> str:
+    """One schema violation in words, naming the key."""
     where = ".".join(str(p) for p in err.absolute_path)
     if err.validator == "additionalProperties":
         allowed = list(err.schema.get("properties", {}))
@@ -51,7 +53,7 @@ def schema_error_message(config: dict, schema: dict, schema_name: str) -> str | 
         what = f"config key {where}: {err.instance!r} is not {' or '.join(_describe(b) for b in err.validator_value)}"
     else:
         what = f"config key {where or '(top level)'}: {err.message}"
-    return f"{what}. Fix it in your --configfile / --config; every key, type and range is in {schema_name}."
+    return what
 
 
 def _describe(branch: dict) -> str:
@@ -99,91 +101,32 @@ def run_model_scale(run: str) -> tuple[str, str]:
     return run.rpartition("_")[::2]
 
 
-def _is_timm_model(model: str, cache: CheckCache) -> bool:
-    """``timm.is_model(model)``; a True answer is kept in ``cache`` (per timm version)."""
-    key = {"check": "timm.is_model", "model": model, "timm": package_version("timm")}
-    if cache.get(key) == {"is_model": True}:
-        return True
-    import timm
-
-    if found := bool(timm.is_model(model)):
-        cache.put(key, {"is_model": True})
-    return found
-
-
-def check_vision_model(config: dict, key: str, model: str, cache_dir: str | os.PathLike | None = None) -> VisionModelCheck:
-    """Build ``model`` on the meta device and check that the capture supports it
-    (:func:`kpca_repro.capture.vision.check_vision_model`; cached in ``cache_dir`` when given)."""
-    kwargs = config["vision"]["model_kwargs"].get(model, {})
-    cache = CheckCache(cache_dir)
-    cache_key = {"check": "vision_model", "model": model, "model_kwargs": kwargs, "timm": package_version("timm"), "torch": package_version("torch"), "library": library_fingerprint()}
-    fields = typing.get_type_hints(VisionModelCheck)  # a cached entry with other fields or types is not used
-    if (hit := cache.get(cache_key)) is not None and set(hit) == set(fields) and all(isinstance(hit[k], t) and not isinstance(hit[k], bool) for k, t in fields.items()):
-        return VisionModelCheck(**hit)
-    from kpca_repro.capture.vision import ModelBuildError, UnsupportedArchitectureError
-    from kpca_repro.capture.vision import check_vision_model as build
-
-    try:
-        result = build(model, kwargs)
-    except (UnsupportedArchitectureError, ModelBuildError) as exc:
-        raise ConfigError(f"config key {key}: {exc}") from None
-    cache.put(cache_key, dataclasses.asdict(result))
-    return result
-
-
-def _check_text_models(config: dict, cache: CheckCache) -> None:
-    """Every text.models entry has an attention the capture supports, read from its config.json
-    alone (local directory or Hugging Face cache; no weights). A pass is kept in ``cache``,
-    keyed by the id, the ``config.json`` content, the transformers version and the library."""
-    text = config["text"]
-    for i, model_id in enumerate(text["models"]):
-        try:
-            source = model_source(model_id, text["local_models"], config["offline"])
-        except MissingModelError:
-            continue  # reported by the extract_text input function when a target needs the model
-        path = config_json(source)
-        key = path and {"check": "text_model", "model": model_id, "config_json": sha256_file(path), "transformers": package_version("transformers"), "library": library_fingerprint()}
-        if key and cache.get(key) is not None:
-            continue
-        from kpca_repro.capture.hf_capture import check_text_model
-        from kpca_repro.capture.vision import UnsupportedArchitectureError
-
-        try:
-            family = check_text_model(model_id, source)
-        except UnsupportedArchitectureError as exc:
-            raise ConfigError(f"config key text.models[{i}]: {exc}") from None
-        if key and family is not None:
-            cache.put(key, {"family": family})
-
-
-def _check_training_config(config: dict, cache: CheckCache) -> None:
+def _training_problems(config: dict) -> Iterator[str]:
     """Figure 1/4 runs and the token ablation name configured models and scales; the paper scale needs ImageNet."""
     training, figure1 = config["training"], config["figure1"]
     scales = resolve_scales(training["scales"])
     for i, run in enumerate(figure1["runs"]):
         model, scale = run_model_scale(run)
         if model not in training["models"] or scale not in training["scales"]:
-            raise ConfigError(
+            yield (
                 f"config key figure1.runs[{i}]: {run!r} is not <model>_<scale> with a model of training.models "
                 f"({', '.join(training['models'])}) and a scale of training.scales ({', '.join(training['scales'])})"
             )
+            continue
         sc, root = scales[scale], scales[scale]["imagenet_root"]
         if sc["dataset"] == "imagenet" and (root is None or not all(os.path.isdir(os.path.join(root, s)) for s in ("train", "val"))):
-            raise ConfigError(f"config key training.scales.{scale}.imagenet_root: {root} must hold train/ and val/ class folders (ImageNet-1k) for run {run}")
+            yield f"config key training.scales.{scale}.imagenet_root: {root} must hold train/ and val/ class folders (ImageNet-1k) for run {run}"
         try:
             scale_tokens(sc)
         except ValueError as exc:
-            raise ConfigError(f"config key training.scales.{scale}.patch_size: {exc}") from None
+            yield f"config key training.scales.{scale}.patch_size: {exc}"
     for key, known, where in (("models", training["models"], "training.models"), ("scales", scales, "training.scales")):
         for i, name in enumerate(config.get("token_ablation", {}).get(key, [])):
             if name not in known:
-                raise ConfigError(f"config key token_ablation.{key}[{i}]: {name!r} is not in {where} ({', '.join(known)})")
-    for name, m in training["models"].items():
-        if not _is_timm_model(m["timm_id"], cache):
-            raise ConfigError(f"config key training.models.{name}.timm_id: {m['timm_id']!r} is not a timm model id")
+                yield f"config key token_ablation.{key}[{i}]: {name!r} is not in {where} ({', '.join(known)})"
     ref = figure1["reference_logs"]
     if figure1["use_reference"] and ref is not None and not os.path.isdir(ref):
-        raise ConfigError(f"config key figure1.reference_logs: {ref} is not a directory (the authors' W&B CSV exports)")
+        yield f"config key figure1.reference_logs: {ref} is not a directory (the authors' W&B CSV exports)"
 
 
 #: The keys that ask ``rule sample_images`` for ``results/samples/vision_<n>.tsv``.
@@ -210,9 +153,9 @@ def image_count_error(config: dict, n: int) -> str | None:
     return f"config key {keys}: {n} images requested, but {root} holds {available}; lower {keys} or set vision.imagenet_val_dir to a larger image set"
 
 
-def _check_resources(config: dict, checked: dict[str, str]) -> None:
+def _checksum_problems(config: dict, checked: dict[str, str]) -> Iterator[str]:
     """Existing weights with an entry in ``checksums`` have that SHA-256 (``checked``: path -> digest,
-    already hashed). The image counts are checked per requested sample (:func:`image_count_error`)."""
+    already hashed). The image counts are checked per scheduled sample (:func:`image_count_error`)."""
     from kpca_repro.inputs.resources import ChecksumMismatchError, check_checksum
 
     for model in dict.fromkeys([*config["vision"]["models"], config["figure3"]["model"]]):
@@ -223,10 +166,10 @@ def _check_resources(config: dict, checked: dict[str, str]) -> None:
         try:
             checked[path] = check_checksum(path, expected)
         except ChecksumMismatchError as exc:
-            raise ConfigError(f"config key checksums.{model}: {exc}") from None
+            yield f"config key checksums.{model}: {exc}"
 
 
-def checked_config(config: dict, schema_path: str | os.PathLike, *, main_process: bool = True, cache_dir: str | os.PathLike | None = None) -> None:
+def checked_config(config: dict, schema_path: str | os.PathLike, *, main_process: bool = True) -> None:
     """The workflow's configuration check, in the order workflow/rules/common.smk runs it while
     Snakemake parses: validate ``config`` against the JSON schema at ``schema_path`` (Snakemake's
     ``validate``, which fills the defaults in place), resolve ``training.scales``
@@ -249,57 +192,58 @@ def checked_config(config: dict, schema_path: str | os.PathLike, *, main_process
             raise
         raise ConfigError(message) from None
     config["training"]["scales"] = resolve_scales(config["training"]["scales"])
-    check_config(config, main_process=main_process, cache_dir=cache_dir)
+    check_config(config, main_process=main_process)
 
 
-def check_config(config: dict, *, main_process: bool = True, checksums_done: dict[str, str] | None = None, cache_dir: str | os.PathLike | None = None) -> None:
-    """Every check of the configuration a JSON schema cannot express (module docstring)."""
-    cache = CheckCache(cache_dir)
+def check_config(config: dict, *, main_process: bool = True, checksums_done: dict[str, str] | None = None) -> None:
+    """Every check of the configuration a JSON schema cannot express and no model is needed for
+    (module docstring); ``main_process`` False (a cluster job parsing the workflow): no weights hashed.
+
+    Raises:
+        ConfigError: every problem found, one line each.
+    """
+    if problems := list(dict.fromkeys(_problems(config, main_process, {} if checksums_done is None else checksums_done))):
+        raise ConfigError("\n".join(problems))
+
+
+def _problems(config: dict, main_process: bool, checksums_done: dict[str, str]) -> Iterator[str]:
     vision, text = config["vision"], config["text"]
-    for i, model in enumerate(vision["models"]):
-        if not _is_timm_model(model, cache):
-            raise ConfigError(f"config key vision.models[{i}]: {model!r} is not a timm model id (see timm.list_models()); the paper's ids are listed in config/config.yaml")
-    model, block = config["figure3"]["model"], config["figure3"]["block"]
-    if not _is_timm_model(model, cache):
-        raise ConfigError(f"config key figure3.model: {model!r} is not a timm model id")
-    depth = check_vision_model(config, "figure3.model", model, cache_dir).depth
-    if block >= depth:
-        raise ConfigError(f"config key figure3.block: {block} is out of range for {model}, which has {depth} blocks (0 to {depth - 1})")
-    if main_process:
-        for i, model in enumerate(vision["models"]):
-            check_vision_model(config, f"vision.models[{i}]", model, cache_dir)
     for key in [*vision["model_kwargs"], *config["checksums"]]:
         if key not in vision["models"] and key not in text["models"] and key != config["figure3"]["model"]:
-            raise ConfigError(f"config keys vision.model_kwargs / checksums: {key!r} is not in vision.models, text.models or figure3.model")
+            yield f"config keys vision.model_kwargs / checksums: {key!r} is not in vision.models, text.models or figure3.model"
     if vision["models"] and vision["shards"] > vision["n_images"]:
-        raise ConfigError(f"config key vision.shards: {vision['shards']} shards for {vision['n_images']} images (vision.n_images); use at most one shard per image")
+        yield f"config key vision.shards: {vision['shards']} shards for {vision['n_images']} images (vision.n_images); use at most one shard per image"
     published = config["comparison"]["published_tables"]
     # "builtin" is kpca_repro.analysis.comparison.BUILTIN, the copy shipped in the package (not imported:
     # comparison imports pandas, and these checks run at every parse)
     if published is not None and published != "builtin" and not os.path.isdir(published):
-        raise ConfigError(
+        yield (
             f"config key comparison.published_tables: {published} is not a directory; point it at a directory of the paper's published tables as CSV, "
             "set it to builtin (the copy shipped with kpca_repro, the default) or to null (no comparison)"
         )
     if text["shards"] > text["n_rows"]:
-        raise ConfigError(f"config key text.shards: {text['shards']} shards for {text['n_rows']} rows (text.n_rows); use at most one shard per row")
+        yield f"config key text.shards: {text['shards']} shards for {text['n_rows']} rows (text.n_rows); use at most one shard per row"
     for model_id, spec in text["local_models"].items():
         if model_id in text["models"]:
             try:
                 resolve_local_dir(spec)
             except MissingModelError as exc:
-                raise ConfigError(f"config key {LOCAL_MODELS_KEY}[{model_id}]: {exc}") from None
-    if main_process:
-        _check_text_models(config, cache)
+                yield f"config key {LOCAL_MODELS_KEY}[{model_id}]: {exc}"
     root = vision["imagenet_val_dir"]
-    if root is not None:
-        if not os.path.isdir(root):
-            raise ConfigError(f"config key vision.imagenet_val_dir: {root} is not a directory")
-        if not any(e.is_dir() for e in os.scandir(root)):
-            raise ConfigError(f"config key vision.imagenet_val_dir: {root} has no class folders; expected <dir>/<wnid>/*.JPEG (the ImageNet validation set sorted into class folders)")
+    if root is not None and not os.path.isdir(root):
+        yield f"config key vision.imagenet_val_dir: {root} is not a directory"
+    elif root is not None and not any(e.is_dir() for e in os.scandir(root)):
+        yield f"config key vision.imagenet_val_dir: {root} has no class folders; expected <dir>/<wnid>/*.JPEG (the ImageNet validation set sorted into class folders)"
     if main_process:
-        _check_resources(config, {} if checksums_done is None else checksums_done)
-    _check_training_config(config, cache)
+        yield from _checksum_problems(config, checksums_done)
+    yield from _training_problems(config)
+    if config.get("activations"):  # h5py loads with kpca_repro.activations: only for a configuration that has entries
+        from kpca_repro.activations import check_user_config
+
+        try:
+            check_user_config(config)
+        except ValueError as exc:
+            yield str(exc)
     for i, model in enumerate(config["figure5"]["models"] or []):
         if model not in text["models"]:
-            raise ConfigError(f"config key figure5.models[{i}]: {model!r} is not in text.models (its extraction is configured there)")
+            yield f"config key figure5.models[{i}]: {model!r} is not in text.models (its extraction is configured there)"

@@ -28,27 +28,8 @@ from kpca_repro.inputs.model_info import model_id_from_slug, model_slug
 from kpca_repro.method.variant import CORRECTED, PAPER, REGISTRY
 from kpca_repro.method.variant import get as get_variant
 
-__all__ = [
-    "has_models",
-    "has_vision",
-    "report_tables",
-    "report_caption",
-    "default_target",
-    "table_inputs",
-    "model_slug",
-    "model_id_from_slug",
-    "vision_shards",
-    "text_shards",
-    "heads_files",
-    "spectra_files",
-    "text_stage_files",
-    "norm_activations",
-    "comparison_tables",
-    "all_targets",
-    "user_models",
-    "user_files",
-    "user_spectra_files",
-]
+__all__ = ["has_models", "has_vision", "report_tables", "report_caption", "default_target", "table_inputs", "model_slug", "model_id_from_slug", "vision_shards", "text_shards"]
+__all__ += ["heads_files", "spectra_files", "text_stage_files", "norm_activations", "comparison_tables", "all_targets", "user_models", "user_files", "user_spectra_files"]
 
 #: Patterns -> when of every :func:`default_target` call, in the order of the calls.
 _TARGETS: dict[tuple[str, ...], Callable[[dict], bool] | None] = {}

@@ -70,7 +70,7 @@ import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from kpca_repro.check_cache import sha256_file
+from kpca_repro.inputs.resources import sha256_file
 from kpca_tools.hub.repos import (
     STAND_IN_MARKER,
     STAND_IN_TAG,
@@ -743,7 +743,7 @@ def _start_olah(manifest: Manifest, port: int, timeout: float, run: Path) -> tup
     probe_repo = DEIT_TINY_REPO if DEIT_TINY_REPO in manifest.repos else next(iter(manifest.repos))
     probe = f"http://127.0.0.1:{port}/api/{manifest.repos[probe_repo].repo_type}s/{probe_repo}/revision/main"
     env = dict(os.environ)
-    # The child imports this module (_run_olah), hence kpca_tools (tools/) and kpca_repro (check_cache):
+    # The child imports this module (_run_olah), hence kpca_tools (tools/) and kpca_repro (inputs.resources):
     # make both importable from where this process found them, even when they were put on sys.path by hand.
     import kpca_repro
 

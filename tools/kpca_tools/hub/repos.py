@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from kpca_repro.check_cache import sha256_file
+from kpca_repro.inputs.resources import sha256_file
 
 __all__ = [
     "STAND_IN_MARKER",

@@ -5,7 +5,7 @@ Snakefile's ``report:`` directive) with Jinja2 and then docutils. By default doc
 fail on an error: it prints a red "System Message" box into the page (for example
 "Undefined substitution referenced" when ``|λ|`` is read as a reST substitution). Two guards:
 
-* the build: the Snakefile points ``DOCUTILSCONFIG`` at ``workflow/report/docutils.conf``
+* the build: the Snakefile (:func:`kpca_repro.workflow.strict_docutils`) points ``DOCUTILSCONFIG`` at ``workflow/report/docutils.conf``
   (``halt_level: warning``), so ``snakemake --report`` itself stops at the first docutils
   warning or error, naming the caption file;
 * this module: :func:`lint_captions` renders every caption for every value of the wildcards
@@ -15,14 +15,13 @@ fail on an error: it prints a red "System Message" box into the page (for exampl
 
 Command line (exit status 1 on any problem)::
 
-    python -m kpca_repro.workflow.report_check [my.yaml ...] [results/*.md] [report.html]
+    python -m kpca_tools.report_check [my.yaml ...]    (PYTHONPATH=tools) [results/*.md] [report.html]
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import os
 import re
 import sys
 import warnings
@@ -36,7 +35,6 @@ from kpca_repro.workflow import paths
 __all__ = [
     "WILDCARD_VALUES",
     "PARAMS",
-    "strict_docutils",
     "docutils_messages",
     "caption_files",
     "render_caption",
@@ -49,7 +47,7 @@ __all__ = [
 ]
 
 #: This checkout (its captions are checked by default).
-_REPO = Path(__file__).resolve().parents[3]
+_REPO = Path(__file__).resolve().parents[2]
 
 #: Values of the wildcards the captions branch on, as the rules produce them: ``table`` of
 #: ``table_html`` (``kpca_repro.workflow.paths.report_tables``, from the table registry),
@@ -65,21 +63,6 @@ PARAMS = {"caption": lambda root, wildcards: paths.report_caption(wildcards["tab
 
 #: Text of docutils system messages in HTML and of the ones the warning stream prints.
 _REPORT_PATTERNS = ("System Message", "system-message", "Undefined substitution", "Unknown target name", "(ERROR/", "(WARNING/", "(SEVERE/")
-
-
-def strict_docutils(conf: str | os.PathLike) -> None:
-    """Add ``conf`` (``halt_level: warning``) to ``DOCUTILSCONFIG``, read by every later docutils call.
-
-    Called by the Snakefile, so that ``snakemake --report``'s ``publish_parts`` raises on the
-    first docutils warning or error in a caption. Files already in ``DOCUTILSCONFIG`` are
-    kept, and read before ``conf``, whose settings therefore win; when the variable was unset,
-    docutils' standard configuration files (``/etc/docutils.conf``, ``./docutils.conf``,
-    ``~/.docutils``) are no longer read.
-    """
-    conf = os.fspath(conf)
-    current = [f for f in os.environ.get("DOCUTILSCONFIG", "").split(os.pathsep) if f]
-    if conf not in current:
-        os.environ["DOCUTILSCONFIG"] = os.pathsep.join([*current, conf])
 
 
 def docutils_messages(rst: str) -> list[str]:
@@ -162,7 +145,7 @@ def lint_captions(root: str | Path, config: dict) -> list[str]:
     for path, names in caption_files(root).items():
         unknown = sorted(n for n in names if n not in WILDCARD_VALUES)
         if unknown:
-            problems.append(f"{path.name}: wildcards {unknown} have no values in kpca_repro.workflow.report_check.WILDCARD_VALUES")
+            problems.append(f"{path.name}: wildcards {unknown} have no values in kpca_tools.report_check.WILDCARD_VALUES")
             continue
         keys = sorted(names)
         for values in itertools.product(*(WILDCARD_VALUES[k] for k in keys)):
