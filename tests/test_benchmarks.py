@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from test_batching_and_sharding import _activation_file
 
+pytestmark = pytest.mark.integration  # each test runs a perf/ script in a child interpreter
+
 REPO = Path(__file__).resolve().parents[1]
 #: One script per benchmark, ``perf/bench_<name>.py``.
 BENCHMARKS = sorted(p.stem.removeprefix("bench_") for p in (REPO / "perf").glob("bench_*.py"))
