@@ -59,6 +59,22 @@ SLOW_FILES_FIRST = (
 )
 
 
+def pytest_sessionstart(session):
+    """A pytest-xdist worker runs torch on its share of the cores (``-n 2`` on 2 cores: one
+    intra-op thread each). Two workers of two threads on a 2-core machine make torch's small
+    operations wait on each other's threads: tests/test_training.py's rerun test took 10.5 s on
+    two threads and 0.5 s on one beside another worker (2026-11-28). A test that needs a thread
+    count sets it (kpca_repro.threads.intra_op_threads); child processes keep torch's default."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers < 2:
+        return
+    import torch
+
+    share = max(1, len(os.sched_getaffinity(0)) // workers)
+    if torch.get_num_threads() > share:
+        torch.set_num_threads(share)
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable
