@@ -61,10 +61,10 @@ SLOW_FILES_FIRST = (
 
 def pytest_sessionstart(session):
     """A pytest-xdist worker runs torch on its share of the cores (``-n 2`` on 2 cores: one
-    intra-op thread each). Two workers of two threads on a 2-core machine make torch's small
-    operations wait on each other's threads: tests/test_training.py's rerun test took 10.5 s on
-    two threads and 0.5 s on one beside another worker (2026-11-28). A test that needs a thread
-    count sets it (kpca_repro.threads.intra_op_threads); child processes keep torch's default."""
+    intra-op thread each): two workers of two threads on a 2-core machine make torch's small
+    operations wait on each other's threads (docs/tests.md, "The one-minute loop"). A test that
+    needs a thread count sets it (kpca_repro.threads.intra_op_threads); child processes keep
+    torch's default."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers < 2:
         return
@@ -132,8 +132,8 @@ def _refuse(what: str) -> None:
 def _audit(event: str, args: tuple) -> None:
     if not _UNMARKED:
         return
-    if event == "subprocess.Popen":
-        if why := child_refusal(args[1]):
+    if event in ("subprocess.Popen", "os.posix_spawn", "os.exec", "os.spawn"):  # the command line is argument 1 (2 for os.spawn)
+        if why := child_refusal(args[2 if event == "os.spawn" else 1]):
             _refuse(why)
     elif event == "os.system":
         _refuse(f"the shell command {args[0]!r}")

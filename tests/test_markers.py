@@ -58,6 +58,7 @@ def test_an_unmarked_test_cannot_start_snakemake(tmp_path, request):
     assert message.startswith(f"{request.node.nodeid} starts the process ") and "-m snakemake --version" in message
     assert "integration, slurm or realweights" in message
     _refused(lambda: os.system("true"))
+    _refused(lambda: os.posix_spawn(PYTHON, [PYTHON, "-m", "snakemake", "--version"], os.environ))
     # a light child still runs
     assert subprocess.run([PYTHON, "-c", "print(6 * 7)"], capture_output=True, text=True, check=True).stdout == "42\n"
 
