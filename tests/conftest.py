@@ -47,9 +47,137 @@ SLOW_FILES_FIRST = (
 )
 
 
+def pytest_sessionstart(session):
+    """A pytest-xdist worker runs torch on its share of the cores (``-n 2`` on 2 cores: one
+    intra-op thread each): two workers of two threads on a 2-core machine make torch's small
+    operations wait on each other's threads (docs/tests.md, "The one-minute loop"). A test that
+    needs a thread count sets it (kpca_repro.threads.intra_op_threads); child processes keep
+    torch's default."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers < 2:
+        return
+    import torch
+
+    share = max(1, len(os.sched_getaffinity(0)) // workers)
+    if torch.get_num_threads() > share:
+        torch.set_num_threads(share)
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable
+
+
+# A test that starts Snakemake, a script as a program (a workflow script, a perf/ benchmark, a
+# shell script) or a server (the `hub` fixture's olah) carries one of these markers, so that the
+# contributor's loop, `-m "not integration and not slurm and not realweights"` (docs/tests.md),
+# stays at a minute. The rule is enforced while an unmarked test runs (setup, call, teardown):
+# it may start only the processes `child_refusal` lets through; any other process, Snakemake's
+# API in-process and the `hub` fixture fail it with a message naming the markers.
+HEAVY_MARKERS = ("integration", "slurm", "realweights")
+#: Modules an unmarked test may run as ``python -m``: a linter, the activation format's command line.
+LIGHT_MODULES = ("ruff", "kpca_repro.activations")
+#: Programs an unmarked test may start: they read the checkout and run nothing of the project.
+LIGHT_PROGRAMS = ("git", "ruff", "snakefmt")
+
+
+class UnmarkedTestError(RuntimeError):
+    """An unmarked test started what only a test marked ``integration``, ``slurm`` or ``realweights`` may start."""
+
+
+def child_refusal(args) -> str | None:
+    """Why an unmarked test may not start the process ``args`` (``subprocess.Popen``'s argument:
+    a command line, or a sequence of str or path-like), or None when it may: a program of
+    LIGHT_PROGRAMS, ``python -m`` a module of LIGHT_MODULES, or ``python -c`` (a fresh interpreter
+    for what only a new process shows: which modules an import loads, what a library reads from
+    the environment at start-up). Everything else, e.g. ``snakemake``, ``python -m snakemake``,
+    ``python script.py``, ``bash script.sh``, a shell, is refused."""
+    argv = [os.fsdecode(a) for a in ([args] if isinstance(args, (str, bytes, os.PathLike)) else args)]
+    program = Path(argv[0]).name if argv else ""
+    if program in LIGHT_PROGRAMS:
+        return None
+    if program.startswith("python") and argv[1:2] == ["-c"]:
+        return None
+    if program.startswith("python") and argv[1:2] == ["-m"] and argv[2:3] and argv[2] in LIGHT_MODULES:
+        return None
+    return f"the process {' '.join(argv)[:300]!r}"
+
+
+_UNMARKED: list[str] = []  # the node id of the unmarked test running now, if any
+_REFUSED: list[str] = []  # what it was refused (re-raised after the phase, should the test catch the error)
+
+
+def _refuse(what: str) -> None:
+    message = (
+        f"{_UNMARKED[0]} starts {what}, which only a test marked integration, slurm or realweights may start: "
+        "mark the test (@pytest.mark.integration, or pytestmark = pytest.mark.integration for its file), or start "
+        "nothing (tests/conftest.py, child_refusal; docs/tests.md)"
+    )
+    _REFUSED.append(message)
+    raise UnmarkedTestError(message)
+
+
+def _audit(event: str, args: tuple) -> None:
+    if not _UNMARKED:
+        return
+    if event in ("subprocess.Popen", "os.posix_spawn", "os.exec", "os.spawn"):  # the command line is argument 1 (2 for os.spawn)
+        if why := child_refusal(args[2 if event == "os.spawn" else 1]):
+            _refuse(why)
+    elif event == "os.system":
+        _refuse(f"the shell command {args[0]!r}")
+    elif event == "import" and args[0] == "snakemake.api":
+        _refuse("Snakemake through its API (snakemake.api)")
+
+
+sys.addaudithook(_audit)  # audit hooks stay for the process's life; _audit does nothing outside an unmarked test
+
+
+def _guard_snakemake_api() -> None:
+    """Refuse ``SnakemakeApi.workflow`` too once snakemake.api is loaded (an import then raises no audit event)."""
+    api = sys.modules.get("snakemake.api")
+    if api is None or getattr(api.SnakemakeApi.workflow, "_unmarked_guard", False):
+        return
+    workflow = api.SnakemakeApi.workflow
+
+    def guarded(self, *args, **kwargs):
+        if _UNMARKED:
+            _refuse("Snakemake through its API (snakemake.api.SnakemakeApi)")
+        return workflow(self, *args, **kwargs)
+
+    guarded._unmarked_guard = True
+    api.SnakemakeApi.workflow = guarded
+
+
+def _guarded_phase(item, check_fixtures: bool = False):
+    if any(item.get_closest_marker(name) for name in HEAVY_MARKERS):
+        return (yield)
+    _guard_snakemake_api()
+    _UNMARKED[:] = [item.nodeid]
+    _REFUSED.clear()
+    try:
+        if check_fixtures and "hub" in item.fixturenames:
+            _refuse("the local hub (the hub fixture: olah and a static file server)")
+        result = yield
+    finally:
+        _UNMARKED.clear()
+    if _REFUSED:  # refused, but the test caught the error
+        raise UnmarkedTestError(_REFUSED[0])
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    return (yield from _guarded_phase(item, check_fixtures=True))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from _guarded_phase(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    return (yield from _guarded_phase(item))
 
 
 def checkout_env(root: Path = REPO) -> dict:

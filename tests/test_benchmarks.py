@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from test_batching_and_sharding import _activation_file
 
+pytestmark = pytest.mark.integration  # each test runs a perf/ script in a child interpreter
+
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "perf" / "bench.py"
 #: The subcommands of perf/bench.py that measure (``report`` prints their tables).

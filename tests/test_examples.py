@@ -179,6 +179,7 @@ def _run_python(code: str, cwd: Path, env: dict | None = None) -> subprocess.Com
 OFFLINE_PAGES = sorted({f for f, kind, _, code in PY_EXAMPLES if kind == "example" and not _is_file_block(code)})
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("page", OFFLINE_PAGES)
 def test_python_examples_run_as_written(page, tmp_path):
     """Each offline example of a page, in the page's order, in one empty folder."""

@@ -38,6 +38,7 @@ def _default_config() -> dict:
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("target", ["results/table1.csv", None], ids=["table1", "all"])
 def test_missing_inputs_offline_give_one_block(target, tmp_path, monkeypatch):
     """The default configuration in an empty directory with HF_HUB_OFFLINE=1 (as on a machine
@@ -72,6 +73,7 @@ def test_block_names_paths_relative_to_the_repository(tmp_path, monkeypatch):
     assert alternatives[0][0] == "snakemake --cores 2 results/table1.csv --configfile config/offline_deit_tiny.yaml"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "target, named, not_named",
     [
@@ -124,6 +126,7 @@ def test_present_inputs_are_not_missing(tiny_resources):
     assert preflight.check_missing(_requirements(cfg, sorted(TINY_KWARGS)), cfg) == []
 
 
+@pytest.mark.integration
 def test_a_command_that_runs_no_job_checks_nothing(tmp_path, monkeypatch):
     """--dag builds the DAG (the download jobs included) but runs no job: no block, exit 0."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

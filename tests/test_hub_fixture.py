@@ -24,6 +24,8 @@ from kpca_tools.hub.fixture import DEIT_TINY_REPO, IMAGENET_SAMPLE_COMMIT, MINIL
 
 from conftest import REPO, resources_dir_for_real_weights
 
+pytestmark = pytest.mark.integration  # the hub fixture: olah and a static file server
+
 
 def _client(hub, tmp_path: Path, code: str, *args: str) -> dict:
     """Run ``code`` in a fresh interpreter pointed at the hub; it prints one JSON object on its last line."""
@@ -286,7 +288,6 @@ def _stand_in_ids() -> list[str]:
     return resolve_ids([s.strip() for s in wanted.split(",") if s.strip()] if wanted else list(STAND_INS_CI))
 
 
-@pytest.mark.integration
 def test_stand_ins_load_with_the_exact_architecture(hub, tmp_path):
     """Through the hub, each stand-in loads with timm's pretrained loader or AutoModel/AutoTokenizer:
     parameter shapes equal those of create_model(pretrained=False) / AutoModel.from_config, the
@@ -379,7 +380,6 @@ def test_stand_ins_load_with_the_exact_architecture(hub, tmp_path):
     assert set(ids) <= set(hub.config_overlay()["comparison"]["stand_in_models"])
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("model_id", ["roberta-base", "xlm-roberta-base", "camembert-base", "studio-ousia/luke-base"])
 def test_stand_in_tokenizer_of_each_family(model_id, tmp_path):
     """The stand-in tokenizers CI does not serve (byte-level BPE, Unigram, LUKE's with its entity
@@ -410,7 +410,6 @@ def test_stand_in_tokenizer_of_each_family(model_id, tmp_path):
             assert text == row  # byte-level BPE is lossless
 
 
-@pytest.mark.integration
 def test_stand_ins_are_deterministic_and_lazy(hub, tmp_path):
     """A stand-in built again elsewhere has the same weights, configuration, marker and card bytes
     (fixed seeds); asking the fixture again reuses what it built. The trained tokenizer.json may
@@ -430,7 +429,6 @@ def test_stand_ins_are_deterministic_and_lazy(hub, tmp_path):
     assert {k: v for k, v in other.files.items() if k != "tokenizer.json"} == {k: v for k, v in first.files.items() if k != "tokenizer.json"}
 
 
-@pytest.mark.integration
 @pytest.mark.realweights
 def test_table4_of_a_stand_in_through_the_hub(hub, tmp_path):
     """The pipeline's text path (WikiText through download_wikitext, the model through

@@ -23,10 +23,10 @@ TEST_COMMAND = "python -m pytest -q -n 2"
 
 
 def _readme_quickstart() -> list[str]:
-    """The command lines of the README's first fenced bash block."""
+    """The command lines of the README's first fenced bash block, without their comments."""
     block = re.search(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
     assert block, "README.md has no bash block"
-    return [line.strip() for line in block.group(1).splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return [line.split(" #")[0].strip() for line in block.group(1).splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
 def _requirements(extra: str | None = None) -> list[Requirement]:

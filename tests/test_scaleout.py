@@ -55,6 +55,7 @@ def _rule(call: str) -> str:
     return re.search(r"--comment rule_(\w+?)_wildcards", call).group(1)
 
 
+@pytest.mark.integration
 def test_every_cluster_job_of_the_full_workload_is_submitted_once(submissions):
     calls, planned = submissions
     submitted: dict[str, int] = {}
@@ -70,6 +71,7 @@ def test_every_cluster_job_of_the_full_workload_is_submitted_once(submissions):
     assert len(set(comments)) == len(comments)  # no job submitted twice
 
 
+@pytest.mark.integration
 def test_each_submission_carries_its_rules_resources_from_the_profile(submissions):
     calls, _ = submissions
     defaults = PROFILE["default-resources"]
@@ -101,6 +103,7 @@ def _job_resources(dry_run: str) -> dict[str, set[str]]:
     return out
 
 
+@pytest.mark.integration
 def test_workstation_profile_holds_one_gpu_and_gpu_jobs_claim_it(tmp_path, tiny_resources):
     """profiles/default (read automatically) sets a global gpu=1, and with a CUDA device every GPU
     rule's jobs ask for gpu=1, so Snakemake runs one of them at a time beside the CPU jobs."""

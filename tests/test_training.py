@@ -643,6 +643,7 @@ def test_token_ablation_end_to_end_with_inherited_scales_and_resumption(tmp_path
     assert (run / "log.csv").read_bytes() == before
 
 
+@pytest.mark.integration
 def test_training_docs_state_what_the_kept_logs_give():
     """docs/training.md's claims table and three-seed ablation table are the output of
     docs/training_runs/tables.py on the logs kept beside it (the runs the docs cite): a number
