@@ -15,7 +15,6 @@ import math
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from kpca_repro.activations import INVARIANT_RTOL, ActivationFile, CaptureMismatchError, attention_invariant, attention_mask_matrix, check_attention_invariant
 from kpca_repro.capture import extraction, hf_capture
@@ -397,23 +396,17 @@ def test_extraction_equals_the_authors_one_forward_pass(tmp_path, max_length):
                 np.testing.assert_array_equal(stored[name], split_heads_reference_nlp(captured[name], model.config.num_attention_heads).numpy(), err_msg=f"layer {layer} {name}")
 
 
-def test_refused_model_fails_before_any_job(tmp_path):
-    """The workflow's parse stops (conftest.parse_stop: the calls of workflow/rules/common.smk, whose
-    message Snakemake prints before any job: tests/test_reliability.py), naming the config key,
-    the model and the reason."""
+def test_refused_model_fails_its_extraction_job_in_one_line(tmp_path):
+    """The check the extraction job runs first (workflow/scripts/extract_text.py, through
+    smk.fail_cleanly), from the model's config.json alone: it names the model type and the reason."""
     from transformers import AutoConfig
 
-    from conftest import parse_stop, workflow_config
+    from kpca_repro.capture.hf_capture import check_text_model
 
     model_dir = tmp_path / "deberta"
     AutoConfig.for_model("deberta").save_pretrained(model_dir)
-    res = tmp_path / "res" / "text" / "wikitext-103"
-    res.mkdir(parents=True)
-    (res / "wiki.test.raw").write_text("".join(ROWS) * 3)
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({"resources_dir": str(tmp_path / "res"), "offline": True, "text": {"models": ["me/deberta"], "n_rows": 2, "local_models": {"me/deberta": str(model_dir)}}}))
-    message = parse_stop(workflow_config(cfg))
-    assert message is not None and "config key text.models[0]: me/deberta: Hugging Face model type 'deberta' is refused: relative-position" in message, message
+    with pytest.raises(UnsupportedArchitectureError, match="Hugging Face model type 'deberta' is refused: relative-position"):
+        check_text_model("me/deberta", str(model_dir))
 
 
 # --------------------------------------------------------------------------------------

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import timm
 import torch
-import yaml
 
 from kpca_repro import activations
 from kpca_repro.activations import ActivationFile
 from kpca_repro.capture import vision
 from kpca_repro.capture.extraction import extract_vision
+from kpca_repro.capture.vision import UnsupportedArchitectureError
 from kpca_repro.inputs import images
 from kpca_tools.recorders import AttentionRecorder
 
@@ -221,29 +221,14 @@ def test_real_deit_tiny_capture_is_the_qkv_and_proj_hooks_bit_for_bit(tmp_path, 
                 assert np.array_equal(f[f"layers/{layer:02d}/{t}"][:], old[t]), (layer, t)
 
 
-def test_an_unsupported_model_stops_the_workflow_before_any_job(tmp_path, photos_dir):
-    """A refused model in vision.models stops the workflow's parse (conftest.parse_stop: the calls
-    of workflow/rules/common.smk, whose message Snakemake prints before any job:
-    tests/test_reliability.py) in one line naming it, its key and the reason; the supported
-    EVA-02 (figure3.model and vision.models[0]) passes the same check."""
-    from conftest import parse_stop, workflow_config
-
+def test_an_unsupported_model_fails_its_extraction_job_in_one_line():
+    """The check the extraction job runs first (workflow/scripts/extract_vision.py, through
+    smk.fail_cleanly: the message is the job's one ERROR line): a refused model names itself and
+    the reason, with the supported families; the supported EVA-02 passes the same check."""
     eva, relpos = "eva02_tiny_patch14_224", "vit_relpos_small_patch16_224"
-    res = tmp_path / "resources"
-    (res / "images").mkdir(parents=True)
-    (res / "images" / "imagenet-sample").symlink_to(photos_dir)
-    (res / "weights" / "timm").mkdir(parents=True)
-    _perturbed_weights(eva, SMALL, res / "weights" / "timm" / f"{eva}.safetensors")
-    cfg = {
-        "offline": True,
-        "resources_dir": str(res),
-        "vision": {"models": [eva, relpos], "n_images": 2, "batch_size": 2, "shards": 1, "model_kwargs": {eva: SMALL, relpos: SMALL}},
-        "spectra": {"n_images": 2, "n_components": 4},
-        "figure3": {"model": eva, "block": 1, "n_images": 1, "n_components": 4},
-        "text": {"models": []},
-    }
-    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(cfg))
-    line = parse_stop(workflow_config(tmp_path / "bad.yaml"))
-    assert line is not None and "\n" not in line
-    assert line.startswith(f"config key vision.models[1]: {relpos}: unsupported for the attention capture: relative position bias"), line
-    assert vision.SUPPORTED_FAMILIES in line and "vision.models[0]" not in line
+    assert vision.check_vision_model(eva, SMALL).depth == SMALL["depth"]
+    with pytest.raises(UnsupportedArchitectureError) as info:
+        vision.check_vision_model(relpos, SMALL)
+    line = str(info.value)
+    assert "\n" not in line and line.startswith(f"{relpos}: unsupported for the attention capture: relative position bias"), line
+    assert vision.SUPPORTED_FAMILIES in line
