@@ -103,6 +103,23 @@ def test_table1_from_tiny_models(tiny_run, tiny_resources):
     assert sorted(first["sample_rank"].unique()) == [0, 1, 2, 3]
 
 
+def test_temporary_activations_go_after_their_last_reader(tiny_resources, tmp_path):
+    """keep_activations: false marks the activation files temp(): Table 1 is built from them and
+    they are gone at the end of the run; the same run with the default keeps them."""
+    for keep in (False, True):
+        work = tmp_path / f"keep_{keep}"
+        work.mkdir()
+        cfg = _write_config(
+            work / "test.yaml",
+            resources_dir=str(tiny_resources),
+            keep_activations=keep,
+            vision={"models": ["vit_tiny_patch16_224"], "model_kwargs": {"vit_tiny_patch16_224": TINY_KWARGS["vit_tiny_patch16_224"]}},
+        )
+        run_snakemake(work, "results/table1.csv", "--configfile", str(cfg))
+        assert len(pd.read_csv(work / "results" / "table1.csv")) == 1
+        assert len(list((work / "results" / "activations").rglob("*.h5"))) == (2 if keep else 0)  # two shards
+
+
 def test_device_auto_without_a_gpu_runs_models_side_by_side(tiny_run):
     """``device: auto`` (the default) declares the ``gpu`` resource only where there is a GPU: on
     this CPU machine the extraction jobs of the two tiny models (one core each) run at once on

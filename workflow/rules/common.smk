@@ -97,6 +97,11 @@ def ablation_runs():
         raise WorkflowError(f"config key token_ablation.scales: {exc} in one of {', '.join(ablation['scales'])} (training.scales)") from None
 
 
+def activations_output(path):
+    """An extraction job's activation file: temp() with keep_activations: false (deleted after its last reader of the run)."""
+    return path if config["keep_activations"] else temp(path)
+
+
 def reference_logs_input():
     """The authors' W&B logs folder of Figures 1 and 4 ([] when figure1.use_reference is false)."""
     return [FIGURE1["reference_logs"] or f"{RESOURCES}/training_logs"] if FIGURE1["use_reference"] else []

@@ -26,7 +26,7 @@ rule extract_vision:
         weights=lambda wc: weights_path(wc.model),
         samples="results/samples/vision_{n}.tsv",
     output:
-        "results/activations/{model}/vision_{n}_{shard}.h5",
+        activations_output("results/activations/{model}/vision_{n}_{shard}.h5"),
     log:
         "logs/extract_vision/{model}/vision_{n}_{shard}.log",
     benchmark:
@@ -78,7 +78,7 @@ rule extract_text:
         samples="results/samples/text_{sample}.tsv",
         model=text_model_files,
     output:
-        "results/activations/{slug}/text_{sample}_{shard}.h5",
+        activations_output("results/activations/{slug}/text_{sample}_{shard}.h5"),
     log:
         "logs/extract_text/{slug}/text_{sample}_{shard}.log",
     benchmark:
