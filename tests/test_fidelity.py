@@ -269,18 +269,18 @@ def test_eigh_threads_are_set_per_calling_thread_and_restored():
 
 def test_auto_eigh_threads_ignore_the_jobs_thread_variables(monkeypatch):
     """``auto`` is torch's default of a plain process, not the OMP_NUM_THREADS Snakemake sets."""
-    from kpca_repro.threads import resolve_eigh_threads
+    from kpca_repro.threads import resolve_threads
 
     torch_default_threads.cache_clear()
     plain = torch_default_threads()
     monkeypatch.setenv("OMP_NUM_THREADS", str(plain + 3))
     monkeypatch.setenv("MKL_NUM_THREADS", str(plain + 3))
     torch_default_threads.cache_clear()
-    assert resolve_eigh_threads("auto") == plain >= 1
-    assert resolve_eigh_threads(3) == 3 and resolve_eigh_threads(None) is None
+    assert resolve_threads("auto") == plain >= 1
+    assert resolve_threads(3) == 3 and resolve_threads(None) is None
     for bad in (0, "two", True, 1.5):
         with pytest.raises(ValueError, match="kpca.eigh_threads"):
-            resolve_eigh_threads(bad)
+            resolve_threads(bad)
 
 
 def test_default_thread_count_is_asked_once_per_process(monkeypatch):

@@ -1,5 +1,5 @@
-"""How a job uses the machine: its device, torch's default thread count, the configuration's
-thread settings, and the worker pool of the KPCA and eigenvalue stages (shared by every stage)."""
+"""How a job uses the machine: its device (and the workflow's ``gpu`` resource), torch's default
+thread count and the configuration's thread settings. The worker pool is :mod:`kpca_repro.workers`."""
 
 from __future__ import annotations
 
@@ -18,12 +18,9 @@ __all__ = [
     "resolve_device",
     "nvidia_gpu_visible",
     "gpu_resource",
-    "CPU_FORWARD_BATCH",
-    "forward_batch_size",
     "torch_default_threads",
     "DEFAULT_THREADS_ENV",
     "resolve_threads",
-    "resolve_eigh_threads",
     "intra_op_threads",
 ]
 
@@ -70,30 +67,6 @@ def gpu_resource(device: str) -> int:
     return 1
 
 
-#: Images (rows) per forward pass of an extraction job on the CPU under ``batch_size: auto``.
-CPU_FORWARD_BATCH = 25
-
-
-def forward_batch_size(setting: int | str, device, n_inputs: int) -> int:
-    """Inputs per forward pass of an extraction job (``vision.batch_size``, ``text.batch_size``).
-
-    ``"auto"``: :data:`CPU_FORWARD_BATCH` on the CPU (bounded memory; on the CPU these passes
-    give the authors' one-pass q, k, v bit for bit, docs/fidelity.md "Batching"); on a GPU every
-    input of the shard in one pass, as the authors' scripts run them, because a cuBLAS GEMM of
-    another batch shape may round differently. An int: that many (at most ``n_inputs``).
-
-    Raises:
-        ValueError: any other setting.
-    """
-    import torch
-
-    if setting == "auto":
-        return max(1, n_inputs) if torch.device(device).type != "cpu" else min(CPU_FORWARD_BATCH, max(1, n_inputs))
-    if isinstance(setting, int) and not isinstance(setting, bool) and setting >= 1:
-        return min(setting, max(1, n_inputs))
-    raise ValueError(f"a forward batch size is 'auto' or a positive integer, got {setting!r}")
-
-
 #: Environment variables that set torch's default intra-op thread count (Snakemake sets them
 #: to a job's ``threads``); left out when asking what a plain ``python`` process gets.
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -104,18 +77,13 @@ DEFAULT_THREADS_ENV = "KPCA_TORCH_DEFAULT_THREADS"
 
 @functools.cache
 def torch_default_threads() -> int:
-    """``torch.get_num_threads()`` of a fresh Python process without thread variables.
+    """``torch.get_num_threads()`` of a fresh Python process without thread variables: the
+    authors' intra-op thread count (they never set one; MKL's count of physical cores).
 
-    That is the intra-op thread count the authors' scripts ran with (they never set one):
-    torch's default, MKL's count of physical cores, unless ``OMP_NUM_THREADS`` or
-    ``MKL_NUM_THREADS`` is set. Asked of a child process (a fresh interpreter that imports
-    torch, about a second, once per process) with both variables removed from its environment,
-    because this process's own count may already be set (a Snakemake job's ``OMP_NUM_THREADS``,
-    ``torch.set_num_threads``). A positive integer in :data:`DEFAULT_THREADS_ENV` is that answer,
-    already asked (the workflow's jobs inherit it from Snakemake's process).
-
-    Returns:
-        A positive int.
+    Asked of a child interpreter with ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` removed, since
+    this process's own count may be set (a Snakemake job's ``OMP_NUM_THREADS``); a positive
+    integer in :data:`DEFAULT_THREADS_ENV` is that answer already asked (the workflow's onstart
+    handler sets it for its jobs).
 
     Raises:
         RuntimeError: the child process failed or printed no positive integer.
@@ -131,18 +99,11 @@ def torch_default_threads() -> int:
 
 
 def resolve_threads(setting: int | str | None, key: str = "kpca.eigh_threads") -> int | None:
-    """A thread setting of the configuration (``kpca.eigh_threads``, ``kpca.intra_op_threads``) as a count.
-
-    Args:
-        setting: ``"auto"`` (:func:`torch_default_threads`, the authors' thread semantics),
-            a positive int, or None (keep the caller's intra-op threads).
-        key: the configuration key, named in the error.
-
-    Returns:
-        A positive int, or None.
+    """A thread setting (``kpca.eigh_threads``, ``kpca.intra_op_threads``: ``"auto"`` for
+    :func:`torch_default_threads`, a positive int, or None for the caller's) as a count or None.
 
     Raises:
-        ValueError: any other value.
+        ValueError: any other value (naming ``key``).
     """
     if setting is None:
         return None
@@ -153,27 +114,16 @@ def resolve_threads(setting: int | str | None, key: str = "kpca.eigh_threads") -
     raise ValueError(f"config key {key}: expected 'auto' or a positive integer, got {setting!r}")
 
 
-def resolve_eigh_threads(setting: int | str | None) -> int | None:
-    """The ``kpca.eigh_threads`` setting as a thread count (:func:`resolve_threads`)."""
-    return resolve_threads(setting, "kpca.eigh_threads")
-
-
 @contextlib.contextmanager
 def intra_op_threads(n: int | None):
-    """Run the block with ``n`` torch intra-op threads on the calling thread, then restore them.
+    """Run the block with ``n`` torch intra-op threads on the calling thread (None: unchanged), then restore them.
 
-    ``torch.set_num_threads`` sets the calling thread's OpenMP and MKL thread counts (MKL's
-    ``mkl_set_num_threads_local``); other threads keep theirs, so worker threads may each
-    hold a different count at the same time. It also sets torch's process-wide default,
-    which a thread that has not yet run a parallel torch kernel adopts: the caller's count is
-    read (which initialises the calling thread) and restored on exit. The KPCA engine uses it
-    through :meth:`kpca_repro.method.placement.Placement.solver_threads`.
-
-    Args:
-        n: threads for the block (a positive int), or None to change nothing.
+    ``torch.set_num_threads`` sets the calling thread's OpenMP and MKL counts; other threads keep
+    theirs. It also sets torch's process-wide default, which a new thread adopts: the caller's
+    count is read first (initialising the thread) and restored on exit.
 
     Raises:
-        ValueError: ``n`` is not None and below 1.
+        ValueError: ``n`` below 1.
     """
     if n is None:
         yield

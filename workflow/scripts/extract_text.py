@@ -2,11 +2,11 @@
 
 import torch
 
-from kpca_repro.capture.extraction import extract_text
+from kpca_repro.capture.extraction import extract_text, forward_batch_size
 from kpca_repro.capture.hf_capture import check_text_model
 from kpca_repro.inputs.text import read_samples
 from kpca_repro.smk import fail_cleanly, setup_logging
-from kpca_repro.threads import forward_batch_size, resolve_device, resolve_threads
+from kpca_repro.threads import resolve_device, resolve_threads
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "extract_text")

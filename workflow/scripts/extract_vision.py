@@ -3,11 +3,11 @@
 import pandas as pd
 import torch
 
-from kpca_repro.capture.extraction import extract_vision
+from kpca_repro.capture.extraction import extract_vision, forward_batch_size
 from kpca_repro.capture.vision import check_vision_model
 from kpca_repro.inputs.resources import check_checksum
 from kpca_repro.smk import fail_cleanly, setup_logging
-from kpca_repro.threads import forward_batch_size, resolve_device, resolve_threads
+from kpca_repro.threads import resolve_device, resolve_threads
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "extract_vision")

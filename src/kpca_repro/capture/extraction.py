@@ -31,7 +31,28 @@ from kpca_repro.inputs.model_info import MissingModelError
 from kpca_repro.inputs.text import load_text_model, tokenize_sample, weights_file
 from kpca_repro.smk import library_versions
 
-__all__ = ["extract_vision", "extract_text", "prefetch_batches"]
+__all__ = ["extract_vision", "extract_text", "prefetch_batches", "CPU_FORWARD_BATCH", "forward_batch_size"]
+
+#: Images (rows) per forward pass of an extraction job on the CPU under ``batch_size: auto``.
+CPU_FORWARD_BATCH = 25
+
+
+def forward_batch_size(setting: int | str, device, n_inputs: int) -> int:
+    """Inputs per forward pass of an extraction job (``vision.batch_size``, ``text.batch_size``).
+
+    ``"auto"``: :data:`CPU_FORWARD_BATCH` on the CPU (bounded memory; on the CPU these passes
+    give the authors' one-pass q, k, v bit for bit, docs/fidelity.md "Batching"); on a GPU every
+    input of the shard in one pass, as the authors' scripts run them, because a cuBLAS GEMM of
+    another batch shape may round differently. An int: that many (at most ``n_inputs``).
+
+    Raises:
+        ValueError: any other setting.
+    """
+    if setting == "auto":
+        return max(1, n_inputs) if torch.device(device).type != "cpu" else min(CPU_FORWARD_BATCH, max(1, n_inputs))
+    if isinstance(setting, int) and not isinstance(setting, bool) and setting >= 1:
+        return min(setting, max(1, n_inputs))
+    raise ValueError(f"a forward batch size is 'auto' or a positive integer, got {setting!r}")
 
 
 def prefetch_batches(load: Callable[[str], torch.Tensor], batches: Sequence[Sequence[str]], threads: int) -> Iterator[torch.Tensor]:

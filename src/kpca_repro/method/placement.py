@@ -7,7 +7,7 @@ and whether each worker gets its own CUDA stream.
 The assignments (scipy, float64) and the solver draws always run on the worker threads' CPU
 cores. :func:`plan` makes the decision from the variant, the device and the job's cores (the
 extraction jobs' one decision, how many inputs a forward pass takes, is
-:func:`kpca_repro.threads.forward_batch_size`: the method is no input of extraction); the
+:func:`kpca_repro.capture.extraction.forward_batch_size`: the method is no input of extraction); the
 engine (:mod:`kpca_repro.method.kpca`) and the draws (:mod:`kpca_repro.method.solver_variation`)
 only read it. The rules and the reasons (docs/performance.md, docs/fidelity.md):
 
@@ -39,7 +39,7 @@ import torch
 
 from kpca_repro.method.variant import Variant
 from kpca_repro.method.variant import get as get_variant
-from kpca_repro.threads import intra_op_threads, resolve_device, resolve_eigh_threads
+from kpca_repro.threads import intra_op_threads, resolve_device, resolve_threads
 
 __all__ = ["EIGENSOLVERS", "Placement", "plan", "batched_eigensolver"]
 
@@ -167,7 +167,7 @@ def plan(
         raise ValueError(f"a job needs at least 1 core, got {cores}")
     workers = int(cores)
     if dev.type == "cpu":
-        threads = resolve_eigh_threads(eigh_threads) if v.authors_threads and not sign_invariant else None
+        threads = resolve_threads(eigh_threads, "kpca.eigh_threads") if v.authors_threads and not sign_invariant else None
         authors = v.authors_threads and not sign_invariant
         return Placement(device=dev, eigh_device=dev, eigh_batched=False, eigh_threads=threads, per_head_products=authors, workers=workers, blas_threads=1, solve_on_main=authors)
     # the authors' script calls torch.linalg.eigh on the CUDA tensor; sign-invariant work may take any batched solver
