@@ -78,7 +78,9 @@ HEAVY_MARKERS = ("integration", "slurm", "realweights")
 #: Modules an unmarked test may run as ``python -m``: a linter, the activation format's command line.
 LIGHT_MODULES = ("ruff", "kpca_repro.activations")
 #: Programs an unmarked test may start: they read the checkout and run nothing of the project.
-LIGHT_PROGRAMS = ("git", "ruff", "snakefmt", "uname")  # uname: platform.processor(), asked by h5py when it first loads
+# uname: platform.processor(), asked by h5py when it first loads; ldconfig -p: ctypes.util.find_library, asked by
+# torch's CUDA library finder (cuda-pathfinder) when torch first loads
+LIGHT_PROGRAMS = ("git", "ruff", "snakefmt", "uname", "ldconfig")
 
 
 class UnmarkedTestError(RuntimeError):

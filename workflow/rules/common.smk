@@ -62,6 +62,7 @@ export_hub_timeouts(config["downloads"]["timeout_s"])
 RESOURCES = config["resources_dir"]
 VISION = config["vision"]
 TEXT = config["text"]
+DECODERS = config["decoders"]
 TRAINING = config["training"]
 FIGURE1 = config["figure1"]
 FIGURE5 = config["figure5"]
@@ -128,9 +129,19 @@ def text_model_source(wildcards):
     named in the block before the first job when it cannot be downloaded)."""
     model_id = model_id_from_slug(wildcards.slug)
     try:
-        return model_source(model_id, TEXT["local_models"], config["offline"])
+        return model_source(model_id, {**TEXT["local_models"], **DECODERS["local_models"]}, config["offline"])
     except MissingModelError:
         return model_id
+
+
+def text_model_revision(wildcards):
+    """The pinned revision of a decoder (decoders.revisions), else None (the hub's default branch)."""
+    return DECODERS["revisions"].get(model_id_from_slug(wildcards.slug))
+
+
+def text_model_is_decoder(wildcards):
+    """Whether extract_text captures a decoder (decoders.models): causal heads, activation format 2."""
+    return model_id_from_slug(wildcards.slug) in DECODERS["models"]
 
 
 def text_model_files(wildcards):

@@ -99,5 +99,7 @@ rule extract_text:
         device=config["device"],
         offline=config["offline"],
         checksum=lambda wc: config["checksums"].get(model_id_from_slug(wc.slug)),
+        revision=text_model_revision,
+        decoder=text_model_is_decoder,
     script:
         "../scripts/extract_text.py"

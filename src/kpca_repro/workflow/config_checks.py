@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from kpca_repro.inputs.model_info import LOCAL_MODELS_KEY, MissingModelError, resolve_local_dir
+from kpca_repro.inputs.model_info import MissingModelError, resolve_local_dir
 from kpca_repro.inputs.resources import imagenet_sample_dir, timm_weights_path
 from kpca_repro.training.summary import scale_tokens
 
@@ -207,10 +207,10 @@ def check_config(config: dict, *, main_process: bool = True, checksums_done: dic
 
 
 def _problems(config: dict, main_process: bool, checksums_done: dict[str, str]) -> Iterator[str]:
-    vision, text = config["vision"], config["text"]
+    vision, text, decoders = config["vision"], config["text"], config["decoders"]
     for key in [*vision["model_kwargs"], *config["checksums"]]:
-        if key not in vision["models"] and key not in text["models"] and key != config["figure3"]["model"]:
-            yield f"config keys vision.model_kwargs / checksums: {key!r} is not in vision.models, text.models or figure3.model"
+        if key not in vision["models"] and key not in text["models"] and key not in decoders["models"] and key != config["figure3"]["model"]:
+            yield f"config keys vision.model_kwargs / checksums: {key!r} is not in vision.models, text.models, decoders.models or figure3.model"
     if vision["models"] and vision["shards"] > vision["n_images"]:
         yield f"config key vision.shards: {vision['shards']} shards for {vision['n_images']} images (vision.n_images); use at most one shard per image"
     published = config["comparison"]["published_tables"]
@@ -223,12 +223,15 @@ def _problems(config: dict, main_process: bool, checksums_done: dict[str, str]) 
         )
     if text["shards"] > text["n_rows"]:
         yield f"config key text.shards: {text['shards']} shards for {text['n_rows']} rows (text.n_rows); use at most one shard per row"
-    for model_id, spec in text["local_models"].items():
-        if model_id in text["models"]:
-            try:
-                resolve_local_dir(spec)
-            except MissingModelError as exc:
-                yield f"config key {LOCAL_MODELS_KEY}[{model_id}]: {exc}"
+    for section in ("text", "decoders"):
+        for model_id, spec in config[section]["local_models"].items():
+            if model_id in config[section]["models"]:
+                try:
+                    resolve_local_dir(spec)
+                except MissingModelError as exc:
+                    yield f"config key {section}.local_models[{model_id}]: {exc}"
+    for model_id in set(text["models"]) & set(decoders["models"]):
+        yield f"config keys text.models / decoders.models: {model_id!r} is in both; an encoder belongs in text.models, a decoder in decoders.models"
     root = vision["imagenet_val_dir"]
     if root is not None and not os.path.isdir(root):
         yield f"config key vision.imagenet_val_dir: {root} is not a directory"
