@@ -53,12 +53,12 @@ def norm_band_label(wildcards):
 def needs_models(kind, what):
     """Input function (no files) of the rules that aggregate the models of one kind: asked for while
     no model of `kind` ("vision": vision.models and activations: of kind vision; "text": text.models and
-    activations: of kind text) is configured, it raises the error that names `what` and the keys."""
+    activations: of kind text; "decoders": decoders.models) is configured, it raises the error that names
+    `what` and the keys."""
 
     def check(wildcards):
-        if not (has_vision(config) if kind == "vision" else bool(TEXT["models"] or user_models(config, "text"))):
-            keys = "vision.models" if kind == "vision" else "text.models"
-            raise WorkflowError(f"{what} needs a {kind} model, but {keys} is empty and activations: has no entry of kind {kind}; add one, or leave {what} out of the targets")
+        if not paths.has_models(config, kind):
+            raise WorkflowError(f"{what} needs a model of {kind}, but {kind}.models is empty and activations: has no entry of kind {kind}; add one, or leave {what} out of the targets")
         return []
 
     return check
@@ -72,3 +72,20 @@ def train_data(wc):
 def table_needs_models(wildcards):
     """Input function (no files) of the rule `table`. The table's domain (vision or text) must have a model."""
     return needs_models(TABLES[wildcards.table].domain, f"results/{wildcards.table}{wildcards.suffix}.csv")(wildcards)
+
+
+def decoder_prefix_keys():
+    """(model id, prefix) of the decoders' prefix profile, in the rows' order: each decoder at each
+    decoders.prefix_lengths, then at "N" (each row's full length)."""
+    return [(m, str(p)) for m in DECODERS["models"] for p in [*sorted(DECODERS["prefix_lengths"]), "N"]]
+
+
+def decoder_prefix_records(wildcards):
+    """Input function of rule decoders_prefix. The per-head records of every (decoder, prefix),
+    all shards, in decoder_prefix_keys order."""
+    return [f for m, p in decoder_prefix_keys() for f in paths.decoder_prefix_files(config, variant_of(wildcards), m, p)]
+
+
+def decoder_prefix_groups(wildcards):
+    """`params.groups` of rule decoders_prefix. [model id, prefix, number of files] per group of its input."""
+    return [[m, p, len(paths.text_shards(config))] for m, p in decoder_prefix_keys()]

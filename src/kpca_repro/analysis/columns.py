@@ -76,7 +76,7 @@ class UndescribedColumnError(KeyError):
 
 _MODEL = Column("model", "the model's short name in the paper (DeiT-Tiny, MiniLM, ...) or its id; ' (stand-in weights)' or ' (user activations)' appended for such rows", "text")
 _TIMM_ID = Column("timm_id", "the timm model id (config vision.models)", "text", "vision tables")
-_HF_ID = Column("hf_id", "the Hugging Face model id (config text.models)", "text", "text tables")
+_HF_ID = Column("hf_id", "the Hugging Face model id (config text.models, decoders.models)", "text", "text and decoder tables")
 _MODEL_ID = Column("model", "the model id (timm or Hugging Face) of the activation files", "text")
 _VARIANT = Column("variant", "the variant that computed the row: paper (the authors' code) or corrected (docs/results.md, 'The two variants')", "paper | corrected")
 _N_IMAGES = Column("n_images", "images analysed (summed over shards)", "count", "vision tables")
@@ -229,7 +229,9 @@ _PER_HEAD_TABLE = Schema(
         Column("n_exp_overflow", "heads whose exp(s k_i·k_j) overflows float32", "count"),
         Column("n_outer_overflow", "heads whose g_i g_j overflows float32: their Gram entries are zeroed and the heads kept", "count"),
         Column("n_allclose", "heads where torch.allclose(V, V_KPCA, rtol=1e-3, atol=1e-5) holds", "count"),
-        Column("n_tokens", "N, the largest token count of a head (the padded length)", "count", "Table 4"),
+        Column("n_query_heads", "query heads per layer", "count", "decoders"),
+        Column("n_kv_heads", "key-value heads per layer, the heads of the records: fewer than the query heads with grouped-query attention (docs/method.md 16)", "count", "decoders"),
+        Column("n_tokens", "N, the largest token count of a head (Table 4: the padded length; decoders: the longest row's real tokens)", "count", "Table 4, decoders"),
         Column("longformer_transposed", "the activations were stored from Longformer's (sequence, batch) layout and read as the reference misreads them (docs/results.md, Table 4)", "bool", "Table 4"),
         _SHA,
         _BOOTSTRAP,
@@ -511,6 +513,26 @@ _ABLATION = Schema(
     {"quantity": _ABLATION_QUANTITY, "when": _WHEN, "spread": _SPREAD},
 )
 
+_DECODERS_PREFIX = Schema(
+    "The decoders' prefix profile",
+    "`results/decoders_prefix.csv` and `results/decoders_prefix_corrected.csv`: one row per (decoder, prefix length), Table 4's metrics "
+    "of V[:P] against V_KPCA^(P) on each row's first P real tokens (docs/method.md 16)",
+    (
+        _MODEL,
+        _HF_ID,
+        _VARIANT,
+        Column("prefix", "the prefix length P (config decoders.prefix_lengths), or N: each row's full length (the decoders table's records)", "tokens, or N"),
+        Column("n_tokens", "mean token count of a head: P, or the mean row length at N", "tokens"),
+        Column("n_rows", "rows with at least P real tokens (shorter rows are left out at P)", "count"),
+        Column("n_heads", "heads analysed: rows × layers × KV heads", "count"),
+        Column("MDC", "mean over heads (NaN skipped) of the per-head maximum over tokens of the direct cosine of V[:P] and V_KPCA^(P)", _COSINE),
+        Column("MOC", "mean over heads (NaN skipped) of the per-head maximum over tokens of the optimal-matching cosine", _COSINE),
+        Column("LCKA", "mean over heads (NaN skipped) of the linear CKA of V[:P] and V_KPCA^(P)", "[0, 1]"),
+        Column("KCKA", "mean over heads (NaN skipped) of the RBF CKA of V[:P] and V_KPCA^(P)", "[0, 1]"),
+        Column("n_heads_nonfinite", "heads with a non-finite value in one of the four per-head columns, skipped by the means", "count"),
+    ),
+)
+
 #: Every kind of results CSV, by name: what :func:`describe` and :func:`metadata` take.
 SCHEMAS: dict[str, Schema] = {
     "per_head_table": _PER_HEAD_TABLE,
@@ -518,6 +540,7 @@ SCHEMAS: dict[str, Schema] = {
     "spectrum_table": _SPECTRUM_TABLE,
     "paper_comparison": _COMPARISON,
     "norms": _NORMS,
+    "decoders_prefix": _DECODERS_PREFIX,
     "figure3": _FIGURE3,
     "training_curves": _TRAINING_CURVES,
     "training_claims": _CLAIMS,

@@ -28,6 +28,8 @@ __all__ = [
     "TABLES",
     "TABLE1_STATISTICS",
     "TABLE4_STATISTICS",
+    "decoder_row",
+    "decoders_prefix_table",
     "CORRECTED_METRICS",
     "TEXT_CORRECTED_METRICS",
     "read_head_records",
@@ -207,6 +209,63 @@ def table4_row(heads: pd.DataFrame, kept: pd.DataFrame, meta: dict) -> dict:
     }
 
 
+def decoder_row(heads: pd.DataFrame, kept: pd.DataFrame, meta: dict) -> dict:
+    """The decoders table's columns after MDC, MOC, LCKA, KCKA for one decoder (docs/method.md 16).
+
+    The full-prefix view: Table 4's statistics (means over heads of per-head token maxima, NaN
+    skipped) of V against V_KPCA^(N) on each row's real tokens. A head of the records is a KV
+    head (k and v define V and V_KPCA): with grouped-query attention a layer has fewer of them
+    than query heads, and both counts are given.
+
+    Args:
+        heads, kept: one decoder's per-head records (paper variant), all of them.
+        meta: its metadata (``n_sentences``, ``n_heads``, ``n_kv_heads``, ``weights_sha256``).
+    """
+    return {
+        "n_sentences": meta["n_sentences"],
+        "n_heads": len(heads),
+        "n_query_heads": int(meta["n_query_heads"]),
+        "n_kv_heads": int(meta["n_kv_heads"]),
+        **_head_counts(heads, kept, TABLE4_STATISTICS),
+        "n_tokens": int(heads["n_tokens"].max()),
+        "weights_sha256": meta["weights_sha256"],
+    }
+
+
+def decoders_prefix_table(records: dict[tuple[str, str], pd.DataFrame], variant: str) -> pd.DataFrame:
+    """The decoders' prefix profile (docs/method.md 16): Table 4's four metrics per prefix length.
+
+    Args:
+        records: ``(model id, prefix)`` -> that model's per-head records on each row's first
+            ``prefix`` real tokens (``"16"``, ``"32"``, ...; ``"N"``: each row's full length, the
+            decoders table's records), in the order of the rows of the result.
+        variant: the records' variant (a column of the result).
+
+    Returns:
+        One row per (model, prefix): ``model, hf_id, variant, prefix, n_tokens`` (mean token
+        count of a head: P, or the mean row length at N), ``n_rows`` (rows at least P tokens
+        long), ``n_heads`` (KV heads of those rows over all layers), MDC, MOC, LCKA, KCKA as
+        :data:`TABLE4_STATISTICS` (NaN-skipping means over heads) and ``n_heads_nonfinite``.
+    """
+    rows = []
+    for (model, prefix), df in records.items():
+        stats = df[[col for _, col, _ in TABLE4_STATISTICS]].to_numpy(float)
+        rows.append(
+            {
+                "model": display_name(model),
+                "hf_id": model,
+                "variant": variant,
+                "prefix": str(prefix),
+                "n_tokens": exact_mean(df["n_tokens"]),
+                "n_rows": int(df["sample_rank"].nunique()),
+                "n_heads": len(df),
+                **{name: over_heads(df[col], how) for name, col, how in TABLE4_STATISTICS},
+                "n_heads_nonfinite": int((~np.isfinite(stats)).any(axis=1).sum()),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 def table_corrected(heads: pd.DataFrame, meta: dict[str, dict], table: Table) -> pd.DataFrame:
     """The corrected variant's table (docs/method.md Section 15), one row per (model, metric).
 
@@ -313,8 +372,8 @@ class Table:
     Attributes:
         name: ``table<N>``: ``results/<name><suffix>.csv|.md`` per variant, the report page
             ``results/html/<name><suffix>.html``, "Table <N>" in the comparison.
-        domain: ``"vision"`` (id column ``timm_id``, count ``n_images``) or ``"text"``
-            (``hf_id``, ``n_sentences``): the models of ``<domain>.models`` and the
+        domain: ``"vision"`` (id column ``timm_id``, count ``n_images``), ``"text"`` or
+            ``"decoders"`` (``hf_id``, ``n_sentences``): the models of ``<domain>.models`` and the
             ``activations:`` entries of that kind; built (rule ``all``) when there is one.
         row: per-head tables: one model's paper-variant columns after the statistics,
             ``row(heads, kept, meta) -> dict`` (:func:`paper_table`); None for eigenvalue tables.
@@ -328,6 +387,7 @@ class Table:
         published: its CSV in ``comparison.published_tables`` (columns ``model``, the id column,
             the compared ones); None: not compared.
         caption: reST of its report pages (``workflow/report/tables.rst`` adds the variant).
+        label: its title where the name is not ``table<N>`` (the decoders' table).
 
     Raises:
         ValueError: a name not ``table<N>`` (the rules' file names), an unknown domain, or
@@ -344,14 +404,15 @@ class Table:
     columns: dict[str, str] = field(default_factory=dict)
     published: str | None = None
     caption: str = ""
+    label: str = ""
 
     def __post_init__(self):
-        if not re.fullmatch(r"table\w+", self.name) or self.domain not in ("vision", "text") or not (self.row or self.keys):
-            raise ValueError(f"table {self.name!r}: a name table<N>, the domain vision or text, and a row function or key treatments")
+        if not re.fullmatch(r"table\w+", self.name) or self.domain not in ("vision", "text", "decoders") or not (self.row or self.keys):
+            raise ValueError(f"table {self.name!r}: a name table<N>, the domain vision, text or decoders, and a row function or key treatments")
 
     @property
     def title(self) -> str:
-        return "Table " + self.name.removeprefix("table")
+        return self.label or "Table " + self.name.removeprefix("table")
 
     @property
     def id_column(self) -> str:
@@ -459,6 +520,23 @@ over tokens (a different statistic from Table 1's), NaN heads skipped per column
 Longformer read with its (sequence, batch) transposition. The **corrected** variant
 excludes padding per sequence, reads Longformer batch-first, uses each model's own head
 dimension, and reports every metric next to a random Gaussian baseline.""",
+        ),
+        Table(
+            "table_decoders",
+            "decoders",
+            decoder_row,
+            TABLE4_STATISTICS,
+            corrected=TEXT_CORRECTED_METRICS,
+            label="Decoders",
+            caption=r"""**Decoders: V against V_KPCA in causal heads (the full-prefix view).** Not in the paper:
+the same claim for decoder language models (docs/method.md 16). In a causal head query i
+attends to the keys of its prefix k₁..kᵢ, so its kernel PCA is that prefix's; the last
+query's is the whole row's. This table compares V with V_KPCA of each row's real tokens
+(padding left out, on whichever side the tokenizer pads), with Table 4's four metrics:
+MDC and MOC the mean over heads of the per-head maxima over tokens, LCKA and KCKA means over
+heads. A head here is a KV head: with grouped-query attention (``n_kv_heads`` <
+``n_query_heads``) k and v, hence V and V_KPCA, belong to the KV head that several query heads
+share. ``results/decoders_prefix.csv`` gives the same metrics on each row's first P tokens.""",
         ),
     )
 }

@@ -1,4 +1,4 @@
-"""Figures 2, 3 and 5 (matplotlib, PDF and PNG)."""
+"""Figures 2, 3 and 5 and the decoders' prefix profile (matplotlib, PDF and PNG)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pandas as pd
 
 from kpca_repro.h5io import PDF_METADATA
 
-__all__ = ["GAMMA_BAND", "plot_gamma", "plot_norms"]
+__all__ = ["GAMMA_BAND", "plot_gamma", "plot_norms", "plot_prefix_profile"]
 
 
 #: Figure 3's band: these percentiles over heads (a spread of a non-negative quantity, so the
@@ -128,6 +128,46 @@ def plot_norms(stats: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLi
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=2 if ncols < 3 else 4, fontsize=8, frameon=False)
     fig.suptitle(textwrap.fill(title, int(width * 13)), fontsize=10)
+    fig.savefig(pdf, metadata=PDF_METADATA)
+    fig.savefig(png, dpi=150)
+    plt.close(fig)
+
+
+def plot_prefix_profile(profile: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLike, title: str, names: dict[str, str] | None = None) -> None:
+    """The decoders' prefix profile (docs/method.md 16): each metric against the prefix length.
+
+    One panel per metric (MDC, MOC, LCKA, KCKA), one line per model; x = the prefix lengths P
+    in order, the last point ``N`` (each row's full length) drawn at equal spacing and labelled
+    so, since N differs between rows.
+
+    Args:
+        profile: rows of :func:`kpca_repro.analysis.tables.decoders_prefix_table` (``model,
+            hf_id, prefix, MDC, MOC, LCKA, KCKA``) of one variant.
+        title: figure title (the variant and the inputs).
+        names: model id -> short name for the legend; default the id after its last ``/``.
+    """
+    import textwrap
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    prefixes = list(dict.fromkeys(profile["prefix"].astype(str)))
+    prefixes = sorted((p for p in prefixes if p != "N"), key=int) + (["N"] if "N" in prefixes else [])
+    x = {p: i for i, p in enumerate(prefixes)}
+    fig, axes = plt.subplots(1, 4, figsize=(13.0, 3.6), squeeze=False, constrained_layout=True)
+    for ax, metric in zip(axes.flat, ("MDC", "MOC", "LCKA", "KCKA")):
+        for model, df in profile.groupby("hf_id", sort=False):
+            df = df.assign(_x=df["prefix"].astype(str).map(x)).sort_values("_x")
+            ax.plot(df["_x"], df[metric], marker="o", ms=4, lw=1.2, label=(names or {}).get(model, model.split("/")[-1]))
+        ax.set_xticks(range(len(prefixes)), prefixes)
+        ax.set_xlabel("prefix length P")
+        ax.set_title(metric, fontsize=10)
+        ax.grid(alpha=0.3)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(4, max(1, len(labels))), fontsize=8, frameon=False)
+    fig.suptitle(textwrap.fill(title, 150), fontsize=10)
     fig.savefig(pdf, metadata=PDF_METADATA)
     fig.savefig(png, dpi=150)
     plt.close(fig)

@@ -29,7 +29,7 @@ from kpca_repro.method.variant import CORRECTED, PAPER, REGISTRY
 from kpca_repro.method.variant import get as get_variant
 
 __all__ = ["has_models", "has_vision", "report_tables", "report_caption", "default_target", "table_inputs", "model_slug", "model_id_from_slug", "vision_shards", "text_shards"]
-__all__ += ["heads_files", "spectra_files", "text_stage_files", "norm_activations", "comparison_tables", "all_targets", "user_models", "user_files", "user_spectra_files"]
+__all__ += ["heads_files", "spectra_files", "text_stage_files", "decoder_prefix_files", "norm_activations", "comparison_tables", "all_targets", "user_models", "user_files", "user_spectra_files"]
 
 #: Patterns -> when of every :func:`default_target` call, in the order of the calls.
 _TARGETS: dict[tuple[str, ...], Callable[[dict], bool] | None] = {}
@@ -96,7 +96,7 @@ def text_stage_files(config: dict, model_id: str, ext: str = "h5", variant: str 
 
 
 def has_models(config: dict, domain: str) -> bool:
-    """A model of ``domain`` (``vision`` or ``text``) to analyse: ``<domain>.models`` or an ``activations:`` entry of that kind."""
+    """A model of ``domain`` (``vision``, ``text`` or ``decoders``) to analyse: ``<domain>.models`` or an ``activations:`` entry of that kind."""
     return bool(config[domain]["models"] or user_models(config, domain))
 
 
@@ -125,16 +125,27 @@ def user_spectra_files(config: dict, variant: str, name: str, keys: str | list[s
     return [f.replace("results/activations/", f"results/spectra/{variant}/").replace(".h5", f"_{keyset}.csv") for f in user_files(config, name) for keyset in keys]
 
 
+def decoder_prefix_files(config: dict, variant: str, model_id: str, prefix: int | str, ext: str = "csv") -> list[str]:
+    """Per-head records (csv) or their metadata (json) of one decoder's prefix profile at prefix
+    length ``prefix`` (``decoders.prefix_lengths``; ``"N"``: each row's full length, the records of
+    the decoders table), all shards (docs/method.md 16)."""
+    files = text_stage_files(config, model_id, ext, variant)
+    return files if prefix == "N" else [f.replace(f".{ext}", f"_p{prefix}.{ext}") for f in files]
+
+
 def norm_activations(config: dict, domain: str, variant: str, model: str) -> list[str]:
     """Activation files behind one model's squared-norm statistics (Figures 2 and 5).
 
     The paper variant reads its own samples (``figure2.n_images`` images, the
-    ``figure5.sentences``); the corrected one reads the Table 1 / Table 4 samples. A user
+    ``figure5.sentences``); the corrected one reads the Table 1 / Table 4 samples; a decoder
+    (``domain`` ``"decoders"``) the Table 4 sample in both. A user
     model (``activations:``, ``model`` its path slug) reads its own files in both variants.
     """
     users = {model_slug(name): name for name in user_models(config)}
     if model in users:
         return user_files(config, users[model])
+    if domain == "decoders":  # both variants: the rows of Table 4 (no authors' recipe to mimic, docs/method.md 16)
+        return [f"results/activations/{model}/text_{config['text']['n_rows']}_{shard}.h5" for shard in text_shards(config)]
     if domain == "vision":
         if variant == PAPER.name:
             return [f"results/activations/{model}/vision_{config['figure2']['n_images']}_0of1.h5"]
