@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import math
 
+import h5py
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from kpca_repro.analysis.norms import squared_norms
+from kpca_repro.activations import ActivationFile, write_activations
+from kpca_repro.analysis.norms import CORRECTED_NORMS_BAND, PAPER_NORMS_BAND, PAPER_NORMS_TRIM, layer_norm_statistics, norm_statistics, squared_norms
 from kpca_repro.method.api import analyze_heads
 from kpca_repro.method.kpca import head_metrics
-from kpca_repro.method.records import baseline_noise
+from kpca_repro.method.records import baseline_noise, kpca_records
 from kpca_repro.method.variant import get as get_variant
 
 D = 8
@@ -228,3 +230,117 @@ def test_grouped_query_norms_need_the_right_kv_head():
 
     np.testing.assert_allclose(phi(kv), expected, rtol=1e-12)
     assert not np.allclose(phi(np.array([1, 1, 0, 0])), expected, rtol=1e-3)
+
+
+# --------------------------------------------------------------------------------------
+# Activation files (format version 2): the records and norms stages read causal files so
+# --------------------------------------------------------------------------------------
+
+
+def encoder_attention(q, k, v, mask):
+    """``softmax(s q k^T + padding mask) v`` in float64, every real key (an encoder's ``h``)."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    logits = np.where(mask.astype(bool)[:, None, None, :], q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1]), -np.inf)
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    return (w / w.sum(-1, keepdims=True)) @ v
+
+
+def write_causal(path, rows, n, side, kv, n_layers=2):
+    """A causal file of ``rows`` (one layer per seed offset) padded on ``side``."""
+    layers = []
+    for layer in range(n_layers):
+        shifted = [{name: x + np.float32(0.25 * layer) for name, x in r.items()} for r in rows]
+        q, k, v, h, mask = padded(shifted, n, side, kv)
+        layers.append({"q": q, "k": k, "v": v, "h": h})
+    write_activations(path, layers, model_id="tiny-decoder", attention_mask=mask, causal=True, kv_head_of_query=kv)
+    return path
+
+
+@pytest.mark.parametrize("variant", ["paper", "corrected"])
+def test_full_prefix_records_of_a_causal_file_equal_the_encoder_files(tmp_path, variant):
+    # the paper variant reads an encoder's padding, so its encoder file has none: equal lengths
+    lengths = (12, 12) if variant == "paper" else (12, 9, 5)
+    rows, kv = heads(lengths=lengths, n_heads=2, n_kv=2), np.arange(2)
+    right, _ = kpca_records(write_causal(tmp_path / "right.h5", rows, 14, "right", kv), variant, progress=False)
+    left, meta = kpca_records(write_causal(tmp_path / "left.h5", rows, 15, "left", kv), variant, progress=False)
+    layers = []
+    for layer in range(2):
+        shifted = [{name: x + np.float32(0.25 * layer) for name, x in r.items()} for r in rows]
+        (q, mask), (k, _), (v, _) = (place([r[name] for r in shifted], 12, "right") for name in "qkv")
+        layers.append({"q": q, "k": k, "v": v, "h": encoder_attention(q, k, v, mask).astype(np.float32)})
+    write_activations(tmp_path / "encoder.h5", layers, model_id="tiny-decoder", attention_mask=mask)
+    encoder, encoder_meta = kpca_records(tmp_path / "encoder.h5", variant, progress=False)
+    pd.testing.assert_frame_equal(right, left)
+    pd.testing.assert_frame_equal(right, encoder)
+    assert meta["causal"] is True and meta["prefix"] is None and meta["n_kv_heads"] == 2 and meta["padding"] == "excluded"
+    assert not {"causal", "prefix", "n_kv_heads"} & set(encoder_meta)
+
+
+def test_prefix_records_of_a_gqa_file_equal_analyze_heads(tmp_path):
+    rows, kv = heads(lengths=(14, 10, 6), n_heads=4, n_kv=2), np.array([0, 0, 1, 1])
+    path = write_causal(tmp_path / "gqa.h5", rows, 16, "left", kv)
+    with ActivationFile(path) as af:
+        t, mask = af.read(1), af.attention_mask
+    for p in (8, 12):
+        records, meta = kpca_records(path, "corrected", prefix=p, layers=[1], progress=False, heads_per_chunk=3)
+        direct = analyze_heads(t["q"], t["k"], t["v"], t["h"], attention_mask=mask, variant="corrected", causal=True, kv_head_of_query=kv, prefix=p, layer=1)
+        assert meta["prefix"] == p and meta["n_kv_heads"] == 2
+        assert sorted(set(records["head"])) == [0, 1] and (records["n_tokens"] == p).all()
+        assert sorted(set(records["sample_rank"])) == ([0, 1] if p == 8 else [0])
+        pd.testing.assert_frame_equal(records.drop(columns=["model", "variant"]), direct.drop(columns="variant"), check_like=True)
+    empty, _ = kpca_records(path, "paper", prefix=15, progress=False)
+    assert empty.empty
+
+
+def test_prefix_of_an_encoder_file_is_refused(tmp_path):
+    rows = heads(lengths=(6,))
+    q, k, v = (r[None] for r in (rows[0]["q"], rows[0]["k"], rows[0]["v"]))
+    write_activations(tmp_path / "enc.h5", [{"q": q, "k": k, "v": v, "h": encoder_attention(q, k, v, np.ones((1, 6))).astype(np.float32)}], model_id="enc")
+    with pytest.raises(ValueError, match="causal"):
+        kpca_records(tmp_path / "enc.h5", "corrected", prefix=4, progress=False)
+
+
+@pytest.mark.parametrize("variant", ["paper", "corrected"])
+def test_norm_statistics_of_a_gqa_file_pool_the_brute_force_values(tmp_path, variant):
+    rows, kv = heads(lengths=(9, 6), n_heads=4, n_kv=2), np.array([0, 0, 1, 1])
+    path = write_causal(tmp_path / "gqa.h5", rows, 10, "right", kv, n_layers=1)
+    got = norm_statistics([path], variant, language=True, progress=False).set_index("quantity")
+    with ActivationFile(path) as af:
+        t, mask = af.read(0), af.attention_mask
+    real = mask.astype(bool)[:, None, :].repeat(4, 1)
+    expected = {"phi": brute_force_phi(t["q"], t["k"], mask, kv)[real], "h": (t["h"].astype(np.float64) ** 2).sum(-1)[real]}
+    paper = variant == "paper"
+    for name, values in expected.items():
+        want = layer_norm_statistics(values, trim=PAPER_NORMS_TRIM if paper else None, band=PAPER_NORMS_BAND if paper else CORRECTED_NORMS_BAND)
+        assert got.loc[name, "n_values"] == real.sum() == 4 * (9 + 6)
+        for stat in ("median", "band_lower", "band_upper", "mean_all", "max"):
+            assert got.loc[name, stat] == pytest.approx(want[stat], rel=1e-10), (name, stat)
+    assert got.loc["phi", "scale"] == 1 / math.sqrt(D)
+    # negative control: the same tensors under a wrong KV-head map give other ||phi||^2
+    wrong = tmp_path / "wrong.h5"
+    with h5py.File(path) as src, h5py.File(wrong, "w") as dst:
+        for name in src:
+            src.copy(name, dst)
+        dst.attrs.update(dict(src.attrs))
+        dst.attrs["kv_head_of_query"] = np.array([1, 1, 0, 0])
+    other = norm_statistics([wrong], variant, language=True, progress=False).set_index("quantity")
+    assert other.loc["phi", "median"] != pytest.approx(got.loc["phi", "median"], rel=1e-3)
+    assert other.loc["h", "median"] == got.loc["h", "median"]
+
+
+@pytest.mark.parametrize("variant", ["paper", "corrected"])
+def test_encoder_records_of_a_version_1_file_equal_version_2(tmp_path, variant):
+    """Format version 2 with ``causal`` False reads as version 1 did: the same records and metadata."""
+    rows = heads(lengths=(8, 8, 5))
+    (q, mask), (k, _), (v, _) = (place([r[name] for r in rows], 8, "right") for name in "qkv")
+    layer = {"q": q, "k": k, "v": v, "h": encoder_attention(q, k, v, mask).astype(np.float32)}
+    write_activations(tmp_path / "v2.h5", [layer], model_id="enc", attention_mask=mask)
+    v1 = tmp_path / "v1.h5"
+    with h5py.File(tmp_path / "v2.h5") as src, h5py.File(v1, "w") as dst:
+        for name in src:
+            src.copy(name, dst)
+        dst.attrs.update({key: val for key, val in src.attrs.items() if key not in ("causal", "n_kv_heads", "kv_head_of_query", "format_version")})
+    new, new_meta = kpca_records(tmp_path / "v2.h5", variant, progress=False)
+    old, old_meta = kpca_records(v1, variant, progress=False)
+    pd.testing.assert_frame_equal(new, old)
+    assert new_meta == old_meta and "causal" not in new_meta

@@ -57,23 +57,19 @@ def _check_capture(q, k4: np.ndarray, v4: np.ndarray, h, mask: np.ndarray | None
         ValueError: ``q`` is None, or the shapes of q, k, v, h disagree.
         kpca_repro.activations.CaptureMismatchError: the invariant fails.
     """
-    import torch
-
     from kpca_repro.activations import INVARIANT_RTOL, attention_mask_matrix, check_attention_invariant
 
     if q is None:
         raise ValueError("h is given but q is None: the invariant needs q")
     q4, h4 = _four_d(q, "q"), _four_d(h, "h")
-    if kv is not None:
-        k4, v4 = k4[:, kv], v4[:, kv]
-    if q4.shape != k4.shape or h4.shape != k4.shape:
-        raise ValueError(f"q, k, v, h must have one shape; got {q4.shape}, {k4.shape}, {v4.shape}, {h4.shape}")
+    n_kv = q4.shape[1] if kv is None else k4.shape[1]
+    if k4.shape != (q4.shape[0], n_kv, *q4.shape[2:]) or h4.shape != q4.shape:
+        raise ValueError(f"q, k, v, h must have one shape (k and v with the KV heads); got {q4.shape}, {k4.shape}, {v4.shape}, {h4.shape}")
     n_tokens, d = k4.shape[2:]
-    allowed = attention_mask_matrix(n_tokens, key_mask=mask) if mask is not None else None
-    if causal:
-        tril = torch.ones(1, n_tokens, n_tokens, dtype=torch.bool).tril_()
-        allowed = tril if allowed is None else allowed & tril
-    check_attention_invariant("analyze_heads", layer, q4, k4, v4, h4, scale=1.0 / math.sqrt(d), allowed=allowed, query_mask=mask, tolerance=INVARIANT_RTOL if tolerance is None else tolerance)
+    allowed = attention_mask_matrix(n_tokens, key_mask=mask, causal=causal)
+    check_attention_invariant(
+        "analyze_heads", layer, q4, k4, v4, h4, scale=1.0 / math.sqrt(d), allowed=allowed, query_mask=mask, kv_head_of_query=kv, tolerance=INVARIANT_RTOL if tolerance is None else tolerance
+    )
 
 
 def _kv_map(kv_head_of_query, n_heads: int | None, n_kv_heads: int) -> np.ndarray | None:
