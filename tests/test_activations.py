@@ -283,7 +283,7 @@ def _replace(key, data):
 @pytest.mark.parametrize(
     "mutation, violation, fix",
     [
-        (_set("format_version", 2), "format_version is 2", "set format_version = 1"),
+        (_set("format_version", 3), "format_version is 3", "set format_version = 2"),
         (lambda f: f.attrs.__delitem__("model_id"), "'model_id' is missing", "f.attrs['model_id']"),
         (_set("n_heads", 0), "'n_heads' is 0", "positive integer"),
         (_set("attention_scale", 0.5), "attention_scale is 0.5", "store q multiplied by"),
@@ -326,9 +326,9 @@ def test_the_validator_recomputes_the_invariant(tmp_path):
     assert validate(bad, check_invariant=False).capture_max_rel_error is None
 
 
-def test_a_causal_mask_is_outside_format_1_and_is_refused(tmp_path):
-    """Format 1 knows only key padding (docs/activations.md 1): the same q, k, v under a causal
-    mask give an h the invariant refuses, naming the measured error; no file is left."""
+def test_a_causal_h_without_the_causal_flag_is_refused(tmp_path):
+    """Without ``causal=True`` the mask is key padding only (docs/activations.md 1): the same q, k, v
+    under a causal mask give an h the invariant refuses, naming the measured error; no file is left."""
     from kpca_repro.activations import write_activations
 
     g = torch.Generator().manual_seed(0)
@@ -344,10 +344,142 @@ def test_a_causal_mask_is_outside_format_1_and_is_refused(tmp_path):
     assert validate(tmp_path / "full.h5").capture_max_rel_error <= 1e-5
 
 
+def _causal_gqa_layers(n_layers=2, b=3, heads=4, n_kv=2, n=7, d=4, mask=None, seed=0, causal=True):
+    """q, k, v of grouped-query heads and h by brute force: per query i, a softmax over the real
+    keys j <= i (all real keys when not ``causal``) of KV head ``h // (heads // n_kv)``."""
+    rng = np.random.default_rng(seed)
+    mask = np.ones((b, n), np.int64) if mask is None else mask
+    layers = []
+    for _ in range(n_layers):
+        q = rng.standard_normal((b, heads, n, d)).astype(np.float32)
+        k, v = (rng.standard_normal((b, n_kv, n, d)).astype(np.float32) for _ in range(2))
+        h = np.zeros_like(q)
+        for i_in, head, i in np.ndindex(b, heads, n):
+            g = head // (heads // n_kv)
+            keys = [j for j in range(n) if mask[i_in, j] and (j <= i or not causal)]
+            if not keys:
+                continue  # a left-padded query with no real key before it: never compared
+            logits = k[i_in, g, keys].astype(np.float64) @ q[i_in, head, i].astype(np.float64) / math.sqrt(d)
+            p = np.exp(logits - logits.max())
+            h[i_in, head, i] = (p / p.sum()) @ v[i_in, g, keys]
+        layers.append({"q": q, "k": k, "v": v, "h": h})
+    return layers, mask
+
+
+def _two_sided_mask():
+    mask = np.ones((3, 7), np.int64)
+    mask[1, 5:] = 0  # right padding
+    mask[2, :3] = 0  # left padding (a decoder's tokenizer may pad left)
+    return mask
+
+
+def test_version_1_files_still_read_and_validate(tmp_path):
+    """A version-1 file (no causal, k and v with every head; with or without format_version) reads
+    as causal False, n_kv_heads = n_heads, kv_head_of_query = arange(n_heads)."""
+    from kpca_repro.activations import ActivationFile
+
+    write_hand_vit(tmp_path / "v2.h5")
+
+    def to_v1(f):
+        for name in ("causal", "n_kv_heads", "kv_head_of_query"):
+            del f.attrs[name]
+        f.attrs["format_version"] = 1
+
+    for path, fn in (("v1.h5", to_v1), ("v0.h5", lambda f: (to_v1(f), f.attrs.__delitem__("format_version")))):
+        old = _mutate(tmp_path / "v2.h5", tmp_path / path, fn)
+        summary = validate(old)
+        assert summary.format_version == 1 and not summary.causal and summary.n_kv_heads == summary.n_heads == 2
+        with ActivationFile(old) as af:
+            assert af.causal is False and af.n_kv_heads == 2 and af.kv_head_of_query.tolist() == [0, 1]
+
+
+def test_a_version_1_file_ignores_version_2_attributes(tmp_path):
+    """Version 1 has no causal flag: a version-1 file is read without one, whatever it holds."""
+    write_hand_vit(tmp_path / "v2.h5")
+    old = _mutate(tmp_path / "v2.h5", tmp_path / "v1.h5", lambda f: (_set("format_version", 1)(f), _set("causal", True)(f)))
+    assert not validate(old).causal
+
+
+def test_a_causal_grouped_query_file_from_arrays_validates(tmp_path):
+    """Version 2: four query heads on two KV heads, causal, padded on the right (input 1) and on the
+    left (input 2); h by brute force over each query's real prefix."""
+    from kpca_repro.activations import ActivationFile, repeat_kv_map, write_activations
+
+    layers, mask = _causal_gqa_layers(mask=_two_sided_mask())
+    summary = write_activations(tmp_path / "c.h5", layers, model_id="causal_gqa", attention_mask=mask, causal=True, kv_head_of_query=repeat_kv_map(4, 2))
+    assert (summary.format_version, summary.causal, summary.n_heads, summary.n_kv_heads) == (2, True, 4, 2) and summary.capture_max_rel_error <= 1e-5
+    again = validate(tmp_path / "c.h5", kind="text")
+    assert again.causal and again.n_kv_heads == 2 and again.capture_max_rel_error == summary.capture_max_rel_error
+    assert ", causal, 3 inputs x 2 layers x 4 heads (2 KV heads)" in again.line()
+    with ActivationFile(tmp_path / "c.h5") as af:
+        assert af.causal is True and af.n_kv_heads == 2 and af.kv_head_of_query.dtype == np.int64 and af.kv_head_of_query.tolist() == [0, 0, 1, 1]
+        t = af.read(1)
+        assert t["q"].shape == t["h"].shape == (3, 4, 7, 4) and t["k"].shape == t["v"].shape == (3, 2, 7, 4)
+        np.testing.assert_array_equal(t["k"], layers[1]["k"])
+
+
+def test_one_kv_head(tmp_path):
+    from kpca_repro.activations import write_activations
+
+    layers, mask = _causal_gqa_layers(heads=3, n_kv=1, mask=_two_sided_mask())
+    summary = write_activations(tmp_path / "mqa.h5", layers, model_id="mqa", attention_mask=mask, causal=True, kv_head_of_query=[0, 0, 0])
+    assert validate(tmp_path / "mqa.h5").n_kv_heads == summary.n_kv_heads == 1
+
+
+def test_a_non_causal_h_in_a_causal_file_and_a_causal_h_in_a_full_file_fail(tmp_path):
+    from kpca_repro.activations import repeat_kv_map, write_activations
+
+    kv = repeat_kv_map(4, 2)
+    full, mask = _causal_gqa_layers(mask=_two_sided_mask(), causal=False)
+    with pytest.raises(CaptureMismatchError, match=r"layer 0 .*= [0-9.]+ x max \|v\|"):
+        write_activations(tmp_path / "a.h5", full, model_id="x", attention_mask=mask, causal=True, kv_head_of_query=kv)
+    causal, _ = _causal_gqa_layers(mask=_two_sided_mask())
+    with pytest.raises(CaptureMismatchError):
+        write_activations(tmp_path / "b.h5", causal, model_id="x", attention_mask=mask, causal=False, kv_head_of_query=kv)
+    assert list(tmp_path.iterdir()) == []
+    # the validator too: a valid causal file whose causal flag is cleared
+    write_activations(tmp_path / "c.h5", causal, model_id="x", attention_mask=mask, causal=True, kv_head_of_query=kv)
+    bad = _mutate(tmp_path / "c.h5", tmp_path / "bad.h5", _set("causal", False))
+    with pytest.raises(CaptureMismatchError, match="set causal = True"):
+        validate(bad)
+
+
+@pytest.mark.parametrize(
+    "kv, error, message",
+    [
+        ([0, 1, 0, 1], CaptureMismatchError, r"max \|h - softmax"),  # in range, every KV head read, the wrong heads
+        ([0, 0, 0, 0], ActivationFormatError, r"KV head\(s\) \[1\] of 2 are read by no query head"),
+        ([0, 0, 1, 2], ActivationFormatError, r"KV heads outside 0..1"),
+        ([0, 1], ActivationFormatError, r"not \(4,\) integers"),
+    ],
+)
+def test_a_wrong_kv_head_map_fails_the_validator(tmp_path, kv, error, message):
+    from kpca_repro.activations import repeat_kv_map, write_activations
+
+    layers, mask = _causal_gqa_layers(mask=_two_sided_mask())
+    write_activations(tmp_path / "c.h5", layers, model_id="x", attention_mask=mask, causal=True, kv_head_of_query=repeat_kv_map(4, 2))
+    bad = _mutate(tmp_path / "c.h5", tmp_path / "bad.h5", _set("kv_head_of_query", np.asarray(kv, np.int64)))
+    with pytest.raises(error, match=message):
+        validate(bad)
+
+
+def test_the_writer_refuses_a_map_that_does_not_fit(tmp_path):
+    from kpca_repro.activations import write_activations
+
+    layers, mask = _causal_gqa_layers(mask=_two_sided_mask())
+    with pytest.raises(ValueError, match="read by no query head"):
+        write_activations(tmp_path / "c.h5", layers, model_id="x", attention_mask=mask, causal=True, kv_head_of_query=[0, 0, 0, 2])
+    with pytest.raises(ValueError, match=r"k, v \(b, H_kv, N, d\) = \(3, 4, 7, 4\)"):
+        write_activations(tmp_path / "c.h5", layers, model_id="x", attention_mask=mask, causal=True)  # no map: k, v need 4 heads
+    with pytest.raises(ValueError, match="kv_head_of_query has 2 entries, q has 4 heads"):
+        write_activations(tmp_path / "c.h5", layers, model_id="x", attention_mask=mask, causal=True, kv_head_of_query=[0, 1])
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_command_line(tmp_path, capsys):
     write_hand_vit(tmp_path / "good.h5")
     assert main(["validate", str(tmp_path / "good.h5")]) == 0
-    assert capsys.readouterr().out.startswith("ok: format_version 1, model_id 'hand_vit', vision, 3 inputs x 2 layers x 2 heads")
+    assert capsys.readouterr().out.startswith("ok: format_version 2, model_id 'hand_vit', vision, 3 inputs x 2 layers x 2 heads")
     bad = _mutate(tmp_path / "good.h5", tmp_path / "bad.h5", _set("format_version", 9))
     proc = subprocess.run([sys.executable, "-m", "kpca_repro.activations", "validate", str(bad)], capture_output=True, text=True)
     assert proc.returncode == 1 and "format_version is 9" in proc.stderr and "Fix:" in proc.stderr
@@ -359,7 +491,7 @@ def test_install_copies_and_fills_the_pipeline_attributes(tmp_path):
     install_user_file(tmp_path / "mine.h5", tmp_path / "out" / "user_1of2.h5", name="hand_vit", kind="vision", shard=1, n_shards=2)
     assert (tmp_path / "mine.h5").read_bytes() == before
     with h5py.File(tmp_path / "out" / "user_1of2.h5") as f:
-        assert (int(f.attrs["shard"]), int(f.attrs["n_shards"])) == (1, 2) and f.attrs["format_version"] == 1
+        assert (int(f.attrs["shard"]), int(f.attrs["n_shards"])) == (1, 2) and f.attrs["format_version"] == 2
     with pytest.raises(ActivationFormatError, match="rename the entry"):
         install_user_file(tmp_path / "mine.h5", tmp_path / "out" / "x.h5", name="other", kind="vision", shard=0, n_shards=1)
 

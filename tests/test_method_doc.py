@@ -84,8 +84,26 @@ def shared_doc_mentions(paths: list[Path]) -> list[str]:
 def test_method_doc_exists_with_the_cited_numbering():
     known = headings()
     # every section the code relies on, including the corrected variant's subsections
-    for n in ("0", "0.1", "0.2", "0.3", "0.4", "1", "2", "3", "4", "5", "6", "6.1", "6.2", "6.3", "7", "8", "9", "10", "11", "12", "13", "15", "15.1", "15.2", "15.3", "15.4", "15.5", "15.6"):
+    sections = "0 0.1 0.2 0.3 0.4 1 2 3 4 5 6 6.1 6.2 6.3 7 8 9 10 11 12 13 15 15.1 15.2 15.3 15.4 15.5 15.6 16 16.1 16.2 16.3 16.4".split()
+    for n in sections:
         assert n in known, f"docs/method.md has no heading for section {n}"
+
+
+def test_decoders_section_states_the_prefix_kpca_and_the_causal_normaliser():
+    """Section 16: the KPCA of query i's prefix, the two analyses and the causal g(q_i) (the code cites these)."""
+    text = METHOD.read_text(encoding="utf-8")
+    section = text[text.index("## 16 Decoders: causal heads") : text.index("## Appendix A.")]
+    for equation in (
+        "g^(i)(k_j) = sum_{m <= i} exp(s k_j . k_m)",
+        "Kc^(i) = H_i Kphi^(i) H_i",
+        "V_KPCA^(i) = G^(i) A^(i) - G^(i) (1_i 1_i^T / i) A^(i)",
+        "g^(i)(q_i) = sum_{j <= i, j real} exp(s q_i . k_j)",
+        "log ||phi(q_i)||^2 = s ||q_i||^2 - 2 LSE_{j <= i, j real}(s q_i . k_j)",
+        "kv(h) = h // (H / H_kv)",
+    ):
+        assert equation in section, equation
+    for term in ("full-prefix view", "prefix profile", "no authors' script", "kv_head_of_query"):
+        assert term in section, term
 
 
 def test_citation_parser():

@@ -1,7 +1,10 @@
 """The activation file: its layout, reader, writer and validator, and the capture invariant.
 
-One HDF5 file per model and shard holds every layer's per-head ``q, k, v, h`` (format version 1,
-specified in docs/activations.md Section 1: datasets, root attributes, the capture attributes).
+One HDF5 file per model and shard holds every layer's per-head ``q, k, v, h`` (format version 2,
+specified in docs/activations.md Section 1: datasets, root attributes, the capture attributes;
+version-1 files still read and validate). Version 2 adds the causal flag (a decoder's query i
+sees keys j <= i only) and grouped-query attention: ``k`` and ``v`` hold ``n_kv_heads`` heads
+and ``kv_head_of_query[h]`` names the KV head query head h reads.
 Every stage reads and writes it here and nowhere else: the pipeline's extraction and a user's
 module through :class:`ActivationWriter` (:func:`kpca_repro.capture.module_capture.record_activations`,
 or :func:`write_activations` from arrays), the KPCA stage, the spectra and the norms through
@@ -12,8 +15,9 @@ must reproduce the attention's own output h,
 
     max |h - softmax(s q k^T + mask) v|  <=  INVARIANT_RTOL * max |v|   per head, s = 1/sqrt(d),
 
-recomputed in float64, ``mask`` = -inf on padded keys (and outside a local window where the
-pipeline's Longformer or ModernBERT have one). Tolerance: h is a convex combination of the rows
+recomputed in float64 with k, v of the query head's KV head, ``mask`` = -inf on padded keys,
+on keys j > i of a causal file, and outside a local window where the pipeline's Longformer or
+ModernBERT have one. Tolerance: h is a convex combination of the rows
 of v, so ``max |v|`` is its scale; float32 round-off of the logits propagated through ``exp``
 and a weighted sum of N rows measures 1e-7 to 1e-6 of it on real and random models, a wrong
 capture 5e-3 (Hugging Face rotary omitted) to ~1 (a q/k norm omitted). :data:`INVARIANT_RTOL` =
@@ -51,6 +55,7 @@ from kpca_repro.h5io import atomic_output
 
 __all__ = [
     "FORMAT_VERSION",
+    "READ_VERSIONS",
     "TENSORS",
     "REQUIRED_ATTRS",
     "KINDS",
@@ -58,6 +63,7 @@ __all__ = [
     "SEQUENCE_FIRST",
     "INVARIANT_RTOL",
     "layer_key",
+    "repeat_kv_map",
     "ActivationFormatError",
     "CorruptActivationFileError",
     "CaptureMismatchError",
@@ -76,9 +82,13 @@ __all__ = [
     "main",
 ]
 
-#: The version of the layout this module writes and reads (attribute ``format_version``).
-FORMAT_VERSION = 1
-#: The per-head tensors of every layer, ``/layers/<LL>/<name>``, each ``(B, H, N, d)`` float32.
+#: The version of the layout this module writes (attribute ``format_version``).
+FORMAT_VERSION = 2
+#: The versions it reads and validates: version 1 reads as ``causal`` False, ``n_kv_heads`` =
+#: ``n_heads`` and ``kv_head_of_query`` = ``arange(n_heads)``.
+READ_VERSIONS = (1, 2)
+#: The per-head tensors of every layer, ``/layers/<LL>/<name>``: ``q``, ``h`` ``(B, n_heads, N, d)``,
+#: ``k``, ``v`` ``(B, n_kv_heads, N, d)``, float32.
 TENSORS = ("q", "k", "v", "h")
 #: Root attributes every file must carry, with their type.
 REQUIRED_ATTRS = {"model_id": str, "n_layers": int, "n_heads": int, "head_dim": int, "n_tokens": int}
@@ -96,6 +106,23 @@ _SCALE_RTOL = 1e-6  # float32 round-off of 1/sqrt(d) as another tool may have st
 def layer_key(layer: int) -> str:
     """The group of one layer's tensors: ``layers/00``, ``layers/01``, ..."""
     return f"layers/{layer:02d}"
+
+
+def repeat_kv_map(n_heads: int, n_kv_heads: int) -> np.ndarray:
+    """``kv_head_of_query`` of grouped-query attention as Hugging Face's ``repeat_kv`` lays it out.
+
+    Query head ``h`` reads KV head ``h // (n_heads // n_kv_heads)``; ``n_kv_heads = n_heads``
+    gives the identity.
+
+    Returns:
+        ``(n_heads,)`` int64.
+
+    Raises:
+        ValueError: ``n_kv_heads`` is not a positive divisor of ``n_heads``.
+    """
+    if n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise ValueError(f"n_kv_heads = {n_kv_heads} does not divide n_heads = {n_heads}")
+    return np.arange(n_heads, dtype=np.int64) // (n_heads // n_kv_heads)
 
 
 # --------------------------------------------------------------------------------------
@@ -145,7 +172,7 @@ class InvariantResult:
     n_heads_checked: int
 
 
-def attention_mask_matrix(n_tokens: int, key_mask=None, window: int | None = None):
+def attention_mask_matrix(n_tokens: int, key_mask=None, window: int | None = None, causal: bool = False):
     """The boolean mask ``allowed[b, i, j]`` (query i may attend to key j) of an attention.
 
     Args:
@@ -153,6 +180,8 @@ def attention_mask_matrix(n_tokens: int, key_mask=None, window: int | None = Non
         key_mask: optional ``(B, N)`` bool/int, 1 = real key (padding mask).
         window: optional one-sided window ``w``: only ``|i - j| <= w`` is allowed (local /
             sliding-window attention; ModernBERT's local layers use ``w = local_attention // 2``).
+        causal: only ``j <= i`` is allowed (a decoder; positions are the stored ones, so left
+            padding needs nothing else: padded keys are masked by ``key_mask``).
 
     Returns:
         ``(B or 1, N, N)`` bool torch tensor, or None when nothing is masked.
@@ -160,42 +189,55 @@ def attention_mask_matrix(n_tokens: int, key_mask=None, window: int | None = Non
     import torch
 
     allowed = None
+    i = torch.arange(n_tokens)
     if window is not None:
-        i = torch.arange(n_tokens)
         allowed = ((i[:, None] - i[None, :]).abs() <= int(window))[None]
+    if causal:
+        lower = (i[None, :] <= i[:, None])[None]
+        allowed = lower if allowed is None else allowed & lower
     if key_mask is not None:
         km = torch.as_tensor(key_mask).bool()[:, None, :]
         allowed = km if allowed is None else allowed & km
     return allowed
 
 
-def attention_invariant(q, k, v, h, *, scale: float, allowed=None, query_mask=None, inputs=None) -> InvariantResult:
+def attention_invariant(q, k, v, h, *, scale: float, allowed=None, query_mask=None, inputs=None, kv_head_of_query=None) -> InvariantResult:
     """Compare ``h`` with ``softmax(scale * q k^T + mask) v`` recomputed in float64.
 
     Args:
-        q, k, v, h: per-head tensors ``(B, H, N, d)`` (numpy or torch, any float dtype; ``v``
-            and ``h`` may have another last dimension ``d_v``).
+        q, h: per-head tensors ``(B, H, N, d)`` (numpy or torch, any float dtype; ``h`` may
+            have another last dimension ``d_v``).
+        k, v: ``(B, H_kv, N, d)`` and ``(B, H_kv, N, d_v)``; ``H_kv = H`` without ``kv_head_of_query``.
         scale: the logit scale ``s`` (``1/sqrt(d)`` for every stored file).
         allowed: optional bool ``(B or 1, N, N)`` from :func:`attention_mask_matrix`; masked
             logits get ``-inf``.
         query_mask: optional ``(B, N)``, 1 = real query; rows of padded queries are not
             compared (their output is never analysed).
         inputs: optional indices along ``B`` to check (default: all).
+        kv_head_of_query: optional ``(H,)`` integers: query head ``h`` is compared with k, v
+            of KV head ``kv_head_of_query[h]`` (grouped-query attention, format version 2).
 
     Returns:
-        :class:`InvariantResult`.
+        :class:`InvariantResult` (heads are query heads).
 
     Raises:
-        ValueError: shapes disagree.
+        ValueError: shapes disagree, or the map names a KV head outside ``0 .. H_kv - 1``.
     """
     import torch
 
     t = {name: (x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))).detach() for name, x in (("q", q), ("k", k), ("v", v), ("h", h))}
-    if t["q"].shape != t["k"].shape or t["v"].shape != t["h"].shape or t["q"].shape[:3] != t["v"].shape[:3]:
-        raise ValueError(f"q, k, v, h shapes disagree: {[tuple(x.shape) for x in t.values()]}")
-    sel = torch.arange(t["q"].shape[0]) if inputs is None else torch.as_tensor(list(inputs), dtype=torch.long)
+    qs, ks, vs, hs = (tuple(t[n].shape) for n in ("q", "k", "v", "h"))
+    n_kv = qs[1] if kv_head_of_query is None else ks[1]
+    if len(qs) != 4 or ks != (qs[0], n_kv, *qs[2:]) or vs[:3] != ks[:3] or hs != (*qs[:3], vs[3]):
+        raise ValueError(f"q, k, v, h shapes disagree: {[qs, ks, vs, hs]}")
+    sel = torch.arange(qs[0]) if inputs is None else torch.as_tensor(list(inputs), dtype=torch.long)
     # select the checked inputs first, then convert: float64 copies of the sample only
     qq, kk, vv, hh = (t[n][sel.to(t[n].device)].to("cpu", torch.float64) for n in ("q", "k", "v", "h"))
+    if kv_head_of_query is not None:
+        kv = torch.as_tensor(np.asarray(kv_head_of_query), dtype=torch.long)
+        if kv.shape != (qs[1],) or bool(((kv < 0) | (kv >= n_kv)).any()):
+            raise ValueError(f"kv_head_of_query {kv.tolist()} is not ({qs[1]},) KV heads of 0..{n_kv - 1}")
+        kk, vv = kk[:, kv], vv[:, kv]  # each query head with its KV head (repeat_kv)
     logits = (qq @ kk.transpose(-1, -2)) * float(scale)
     if allowed is not None:
         a = torch.as_tensor(allowed).bool()
@@ -246,11 +288,16 @@ def check_attention_invariant(model_id: str, layer: int, *args, tolerance: float
 
 
 class ActivationFile:
-    """Read an activation file layer by layer.
+    """Read an activation file layer by layer (format version 1 or 2).
 
     Attributes:
         attrs: the root attributes; n_layers; sample_rank, dataset_index ``(B,)`` int64;
             attention_mask ``(B, N)`` int64 of a language-model file, None for vision files.
+        causal: True when query i attends to keys j <= i only (a decoder); False for
+            version-1 files.
+        n_kv_heads: heads of ``k`` and ``v`` (``n_heads`` for version-1 files).
+        kv_head_of_query: ``(n_heads,)`` int64, the KV head each query head reads
+            (``arange(n_heads)`` for version-1 files).
 
     Raises:
         CorruptActivationFileError: on open, if the file is unreadable, truncated or lacks the
@@ -270,6 +317,7 @@ class ActivationFile:
             self.sample_rank = self.f["sample_rank"][:]
             self.dataset_index = self.f["dataset_index"][:]
             self.attention_mask = self.f["attention_mask"][:] if "attention_mask" in self.f else None
+            self.causal, self.n_kv_heads, self.kv_head_of_query = _heads_layout(self.attrs)
         except (OSError, KeyError, ValueError) as exc:
             raise CorruptActivationFileError(f"activation file {self.path} is unreadable, truncated or incomplete ({exc}); delete it and rerun the extraction rule") from exc
 
@@ -278,7 +326,7 @@ class ActivationFile:
         return json.loads(self.attrs[name])
 
     def read(self, layer: int, names: tuple[str, ...] = TENSORS, images: slice | None = None) -> dict[str, np.ndarray]:
-        """Arrays ``(B, H, N, d)`` float32 of one layer.
+        """Arrays float32 of one layer: ``q``, ``h`` ``(B, n_heads, N, d)``, ``k``, ``v`` ``(B, n_kv_heads, N, d)``.
 
         ``images`` (a slice over the file's inputs) reads only those, so a reader can stream a
         layer in input blocks (one HDF5 chunk per input) and keep its memory independent of B.
@@ -303,6 +351,39 @@ class ActivationFile:
         self.close()
 
 
+def _heads_layout(attrs: Mapping) -> tuple[bool, int, np.ndarray]:
+    """``(causal, n_kv_heads, kv_head_of_query)`` of a file's root attributes, version-1 defaults filled in.
+
+    Version 1: the defaults. Absent ``causal`` reads False, absent ``n_kv_heads`` reads ``n_heads``, absent
+    ``kv_head_of_query`` reads :func:`repeat_kv_map` (the identity when ``n_kv_heads = n_heads``).
+    Values are read, not checked (:func:`validate` checks them).
+    """
+    n_heads = int(attrs["n_heads"])
+    if int(attrs.get("format_version", 1)) == 1:
+        return False, n_heads, np.arange(n_heads, dtype=np.int64)
+    n_kv = int(attrs.get("n_kv_heads", n_heads))
+    kv = attrs.get("kv_head_of_query")
+    kv = repeat_kv_map(n_heads, n_kv) if kv is None else np.asarray(kv, dtype=np.int64).reshape(-1)
+    return bool(attrs.get("causal", False)), n_kv, kv
+
+
+def _kv_map_problem(kv: np.ndarray, n_heads: int, n_kv_heads: int) -> str | None:
+    """What is wrong with a ``kv_head_of_query`` for ``n_heads`` query and ``n_kv_heads`` KV heads, or None.
+
+    It must be ``(n_heads,)`` integers in ``0 .. n_kv_heads - 1``, each KV head read by some
+    query head (a stored KV head no query reads is a sign of a wrong map).
+    """
+    kv = np.asarray(kv)
+    if kv.shape != (n_heads,) or not np.issubdtype(kv.dtype, np.integer):
+        return f"has shape {kv.shape} and dtype {kv.dtype}, not ({n_heads},) integers (one KV head per query head)"
+    if kv.min() < 0 or kv.max() >= n_kv_heads:
+        return f"is {kv.tolist()}: KV heads outside 0..{n_kv_heads - 1}"
+    unread = sorted(set(range(n_kv_heads)) - set(kv.tolist()))
+    if unread:
+        return f"is {kv.tolist()}: KV head(s) {unread} of {n_kv_heads} are read by no query head"
+    return None
+
+
 # --------------------------------------------------------------------------------------
 # Writer
 # --------------------------------------------------------------------------------------
@@ -313,11 +394,13 @@ class Summary:
     """What :func:`validate` found in a valid file, or what :class:`ActivationWriter` wrote.
 
     Attributes:
-        format_version: 1 (also for pipeline files written before the attribute existed).
+        format_version: 1 or 2 (1 also for pipeline files written before the attribute existed).
         model_id, kind (``vision`` or ``text``), n_inputs (B), n_layers, n_heads, n_tokens, head_dim.
         attention_scale: the logit scale ``s`` (1/sqrt(head_dim)).
         capture_max_rel_error: the invariant's largest measured ``max|h - h_hat| / max|v|``
             over the checked inputs, layers and heads (None when not checked).
+        causal: a causal file (query i sees keys j <= i).
+        n_kv_heads: heads of k and v (0: not given, read as ``n_heads``).
         attrs: the file's root attributes.
     """
 
@@ -331,19 +414,25 @@ class Summary:
     head_dim: int
     attention_scale: float
     capture_max_rel_error: float | None = None
+    causal: bool = False
+    n_kv_heads: int = 0
     attrs: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        self.n_kv_heads = self.n_kv_heads or self.n_heads
 
     def line(self) -> str:
         err = "not checked" if self.capture_max_rel_error is None else f"{self.capture_max_rel_error:.3g} x max|v|"
+        kv = f" ({self.n_kv_heads} KV heads)" if self.n_kv_heads != self.n_heads else ""
         return (
-            f"ok: format_version {self.format_version}, model_id {self.model_id!r}, {self.kind}, "
-            f"{self.n_inputs} inputs x {self.n_layers} layers x {self.n_heads} heads, N = {self.n_tokens}, "
+            f"ok: format_version {self.format_version}, model_id {self.model_id!r}, {self.kind}{', causal' if self.causal else ''}, "
+            f"{self.n_inputs} inputs x {self.n_layers} layers x {self.n_heads} heads{kv}, N = {self.n_tokens}, "
             f"d = {self.head_dim}, s = {self.attention_scale:.6g}, capture error {err}"
         )
 
 
 class ActivationWriter:
-    """The one writer of activation files: batches of per-head q, k, v, h in, one file of format 1 out.
+    """The one writer of activation files: batches of per-head q, k, v, h in, one file of format 2 out.
 
     A context manager: the file is written under a temporary name and renamed to ``path`` when
     the block ends without an error (:func:`kpca_repro.h5io.atomic_output`), so a refused batch
@@ -363,13 +452,40 @@ class ActivationWriter:
             extraction: recomputing the attention in float64 costs as much as the forward
             pass), or None (not checked: q, k, v, h that are no attention's, e.g. synthetic data).
         windows: per layer, a one-sided local attention window ``|i - j| <= w`` or None (the
-            pipeline's Longformer and ModernBERT; format 1 itself knows key padding only).
+            pipeline's Longformer and ModernBERT; the format itself knows key padding and the
+            causal mask only).
         tolerance: the invariant's tolerance (default :data:`INVARIANT_RTOL`).
+        causal: query i attends to keys j <= i only (a decoder; attribute ``causal``).
+        kv_head_of_query: ``(n_heads,)`` integers, the KV head each query head reads
+            (grouped-query attention; :func:`repeat_kv_map` for Hugging Face's ``repeat_kv``);
+            k and v then hold ``max + 1`` heads, each read by some query head. None: the
+            identity (k, v with ``n_heads`` heads).
+
+    Raises:
+        ValueError: ``kv_head_of_query`` is not a 1-D array of KV heads ``0 .. n - 1`` each read by some query head.
     """
 
-    def __init__(self, path, *, model_id: str, n_inputs: int | None = None, check: str | None = "every input", windows: Sequence[int | None] | None = None, tolerance: float | None = None):
+    def __init__(
+        self,
+        path,
+        *,
+        model_id: str,
+        n_inputs: int | None = None,
+        check: str | None = "every input",
+        windows: Sequence[int | None] | None = None,
+        tolerance: float | None = None,
+        causal: bool = False,
+        kv_head_of_query=None,
+    ):
         self.path, self.model_id, self.n_inputs, self.check, self.windows = Path(path), model_id, n_inputs, check, windows
         self.tolerance = INVARIANT_RTOL if tolerance is None else float(tolerance)
+        self.causal = bool(causal)
+        self.kv_map = None if kv_head_of_query is None else np.asarray(kv_head_of_query).reshape(-1)
+        if self.kv_map is not None:
+            problem = _kv_map_problem(self.kv_map, len(self.kv_map), int(self.kv_map.max(initial=-1)) + 1)
+            if problem:
+                raise ValueError(f"{model_id}: kv_head_of_query {problem}")
+            self.kv_map = self.kv_map.astype(np.int64)
         self.shape: tuple[int, int, int, int] | None = None  # (L, H, N, d) of the first batch
         self.rows, self.masks, self.errors = 0, [], (0.0, 0.0, 0)  # errors: max relative, max absolute, heads checked
         self._pending: Future | None = None
@@ -390,8 +506,9 @@ class ActivationWriter:
         """Check one batch and queue its writes.
 
         Args:
-            layers: one mapping per layer, ``"q" | "k" | "v" | "h"`` -> ``(b, H, N, d)`` float32
-                numpy arrays; the first batch fixes L, H, N and d.
+            layers: one mapping per layer, ``"q" | "h"`` -> ``(b, H, N, d)`` and ``"k" | "v"`` ->
+                ``(b, H_kv, N, d)`` float32 numpy arrays (``H_kv`` = ``H`` without
+                ``kv_head_of_query``); the first batch fixes L, H, N and d.
             mask: ``(b, W)`` 0/1 (1 = real token), ``W <= N``, or None (every token real). The
                 ``N - W`` positions the model padded itself (Longformer: to a multiple of its
                 window) are stored as padding. A file has ``/attention_mask`` when any batch had one.
@@ -404,12 +521,15 @@ class ActivationWriter:
         """
         b = layers[0]["q"].shape[0]
         if self.shape is None:
+            if self.kv_map is not None and len(self.kv_map) != layers[0]["q"].shape[1]:
+                raise ValueError(f"{self.model_id}: kv_head_of_query has {len(self.kv_map)} entries, q has {layers[0]['q'].shape[1]} heads")
             self._create(len(layers), *layers[0]["q"].shape[1:])
         n_layers, n_heads, n_tokens, d = self.shape
-        shapes = [tuple(x[t].shape) for x in layers for t in TENSORS]
-        if len(layers) != n_layers or set(shapes) != {(b, n_heads, n_tokens, d)}:
-            got = f"{len(layers)} layers of {sorted(set(shapes))}"
-            raise ValueError(f"{self.model_id}: every layer's q, k, v, h must be (b, H, N, d) = ({b}, {n_heads}, {n_tokens}, {d}) in all {n_layers} layers; got {got}")
+        n_kv = self._n_kv()
+        want = {t: (b, n_kv if t in "kv" else n_heads, n_tokens, d) for t in TENSORS}
+        if len(layers) != n_layers or any(tuple(x[t].shape) != want[t] for x in layers for t in TENSORS):
+            got = f"{len(layers)} layers of {sorted({(t, tuple(x[t].shape)) for x in layers for t in TENSORS})}"
+            raise ValueError(f"{self.model_id}: every layer's q, h must be (b, H, N, d) = {want['q']} and k, v (b, H_kv, N, d) = {want['k']} in all {n_layers} layers; got {got}")
         if mask is not None:
             mask = np.asarray(mask, dtype=np.int64)
             if mask.shape[0] != b or mask.shape[1] > n_tokens:
@@ -451,24 +571,31 @@ class ActivationWriter:
         if text:
             self.f.create_dataset("attention_mask", data=np.concatenate(masks), track_times=False)
         n_layers, n_heads, n_tokens, d = self.shape
+        kv_map = np.arange(n_heads, dtype=np.int64) if self.kv_map is None else self.kv_map
         root = dict(format_version=FORMAT_VERSION, model_id=self.model_id, n_layers=n_layers, n_heads=n_heads, head_dim=d, n_tokens=n_tokens, attention_scale=1.0 / math.sqrt(d))
+        root.update(causal=np.bool_(self.causal), n_kv_heads=self._n_kv(), kv_head_of_query=kv_map)
         root.update(weights_sha256="", shard=0, n_shards=1, dtype="float32", capture_adapter="", capture_check="not checked")
         if self.check is not None:
             root.update(capture_rtol=self.tolerance, capture_check=f"every batch, every layer, all heads of {self.check}: max |h - softmax(s q k^T + mask) v| / max |v|")
             root.update(zip(("capture_max_rel_error", "capture_max_abs_error", "capture_heads_checked"), self.errors))
         root.update(attrs or {})
         for name, value in root.items():
-            self.f.attrs[name] = value if isinstance(value, (str, int, float, np.integer, np.floating)) else json.dumps(value, sort_keys=True)
+            self.f.attrs[name] = value if isinstance(value, (str, int, float, np.integer, np.floating, np.bool_, np.ndarray)) else json.dumps(value, sort_keys=True)
         error = root.get("capture_max_rel_error")
-        return Summary(FORMAT_VERSION, self.model_id, "text" if text else "vision", self.rows, n_layers, n_heads, n_tokens, d, root["attention_scale"], error, root)
+        kind = "text" if text else "vision"
+        return Summary(FORMAT_VERSION, self.model_id, kind, self.rows, n_layers, n_heads, n_tokens, d, root["attention_scale"], error, self.causal, self._n_kv(), root)
+
+    def _n_kv(self) -> int:
+        return self.shape[1] if self.kv_map is None else int(self.kv_map.max()) + 1
 
     def _create(self, n_layers: int, n_heads: int, n_tokens: int, d: int) -> None:
         self.shape = (n_layers, n_heads, n_tokens, d)
-        n = self.n_inputs
+        n, n_kv = self.n_inputs, self._n_kv()
         for layer in range(n_layers):
             grp = self.f.create_group(layer_key(layer), track_order=False)
             for t in TENSORS:
-                grp.create_dataset(t, shape=(n or 0, n_heads, n_tokens, d), maxshape=(n, n_heads, n_tokens, d), dtype="float32", chunks=(1, n_heads, n_tokens, d), track_times=False)
+                heads = n_kv if t in ("k", "v") else n_heads
+                grp.create_dataset(t, shape=(n or 0, heads, n_tokens, d), maxshape=(n, heads, n_tokens, d), dtype="float32", chunks=(1, heads, n_tokens, d), track_times=False)
 
     def _check_invariant(self, layers, mask) -> None:
         import torch
@@ -478,8 +605,10 @@ class ActivationWriter:
         km = None if mask is None else torch.from_numpy(mask).bool()
         rel, abs_, n = self.errors
         for layer, x in enumerate(layers):
-            allowed = attention_mask_matrix(n_tokens, key_mask=km, window=self.windows[layer] if self.windows else None)
-            res = check_attention_invariant(self.model_id, layer, x["q"], x["k"], x["v"], x["h"], scale=1.0 / math.sqrt(d), allowed=allowed, query_mask=km, inputs=inputs, tolerance=self.tolerance)
+            allowed = attention_mask_matrix(n_tokens, key_mask=km, window=self.windows[layer] if self.windows else None, causal=self.causal)
+            res = check_attention_invariant(
+                self.model_id, layer, x["q"], x["k"], x["v"], x["h"], scale=1.0 / math.sqrt(d), allowed=allowed, query_mask=km, inputs=inputs, tolerance=self.tolerance, kv_head_of_query=self.kv_map
+            )
             rel, abs_, n = max(rel, res.max_rel_error), max(abs_, res.max_abs_error), n + res.n_heads_checked
         self.errors = (rel, abs_, n)
 
@@ -512,19 +641,23 @@ def _as_int(value):
 
 
 def validate(path: str | os.PathLike, *, kind: str | None = None, check_invariant: bool = True, tolerance: float | None = None) -> Summary:
-    """Check one activation file against format version 1; stop at the first violation.
+    """Check one activation file against format version 1 or 2; stop at the first violation.
 
-    Checked in this order: readable HDF5; ``format_version`` (absent = 1); the required
-    attributes and their types; ``attention_scale`` = 1/sqrt(head_dim) when present;
-    ``sample_rank`` / ``dataset_index`` (``(B,)`` integer, ranks distinct); every layer's
-    ``q, k, v, h`` (``(B, n_heads, n_tokens, head_dim)`` float32, finite); ``attention_mask``
+    Checked in this order: readable HDF5; ``format_version`` (absent = 1; 1 or 2); the required
+    attributes and their types; ``attention_scale`` = 1/sqrt(head_dim) when present; version 2:
+    ``causal`` (bool), ``n_kv_heads`` (positive, at most ``n_heads``), ``kv_head_of_query``
+    (``(n_heads,)`` integers in ``0 .. n_kv_heads - 1``, every KV head read; default
+    :func:`repeat_kv_map`); ``sample_rank`` / ``dataset_index`` (``(B,)`` integer, ranks
+    distinct); every layer's ``q, h`` (``(B, n_heads, n_tokens, head_dim)``) and ``k, v``
+    (``(B, n_kv_heads, n_tokens, head_dim)``), float32, finite; ``attention_mask``
     (``(B, n_tokens)`` 0/1, at least one real token per input; required for ``kind="text"``,
     forbidden for ``kind="vision"``); then, with ``check_invariant``, the capture invariant on
-    every input, layer and head (:func:`attention_invariant`, float64)::
+    every input, layer and query head (:func:`attention_invariant`, float64)::
 
         max |h - softmax(s q k^T + mask) v| / max |v|  <=  tolerance  (default 1e-4)
 
-    with ``mask`` = -inf on padded keys and padded queries not compared.
+    with k, v of the head's KV head, ``mask`` = -inf on padded keys (and on keys j > i of a
+    causal file), padded queries not compared.
     One helper a step: :func:`_check_attrs`, :func:`_check_inputs`, :func:`_check_layout`,
     :func:`_check_mask` (with ``kind``), :func:`_check_values` (finite values, the invariant).
 
@@ -557,18 +690,20 @@ def validate(path: str | os.PathLike, *, kind: str | None = None, check_invarian
         # numpy scalars as Python values, so messages read "is 2", not "is np.int64(2)"
         attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in f.attrs.items()}
         n_layers, n_heads, n_tokens, d, scale = _check_attrs(path, attrs)
+        causal, n_kv, kv_map = _check_heads(path, attrs, n_heads)
         n_in = _check_inputs(path, f)
-        _check_layout(path, f, n_layers, (n_in, n_heads, n_tokens, d))
+        _check_layout(path, f, n_layers, (n_in, n_heads, n_tokens, d), n_kv)
         mask = _check_mask(path, f, n_in, n_tokens, kind)
-        worst = _check_values(path, f, attrs["model_id"], n_layers, scale, mask, check_invariant, tolerance)
+        worst = _check_values(path, f, attrs["model_id"], n_layers, scale, mask, check_invariant, tolerance, causal, kv_map)
         found = "text" if mask is not None else "vision"
-        return Summary(FORMAT_VERSION, str(attrs["model_id"]), found, n_in, n_layers, n_heads, n_tokens, d, scale, worst, attrs)
+        version = int(attrs.get("format_version", 1))
+        return Summary(version, str(attrs["model_id"]), found, n_in, n_layers, n_heads, n_tokens, d, scale, worst, causal, n_kv, attrs)
 
 
 def _check_attrs(path: Path, attrs: dict) -> tuple[int, int, int, int, float]:
     """The root attributes (docs/activations.md Section 1): ``format_version``, the required ones, ``attention_scale``.
 
-    ``format_version`` absent reads as 1; every :data:`REQUIRED_ATTRS` entry present, a
+    ``format_version`` absent reads as 1, else 1 or 2 (:data:`READ_VERSIONS`); every :data:`REQUIRED_ATTRS` entry present, a
     non-empty string or a positive integer; ``attention_scale`` (default ``1/sqrt(head_dim)``)
     within :data:`_SCALE_RTOL` of ``1/sqrt(head_dim)``, the KPCA kernels' ``s``.
 
@@ -578,10 +713,12 @@ def _check_attrs(path: Path, attrs: dict) -> tuple[int, int, int, int, float]:
     Raises:
         ActivationFormatError: the first violation, with its fix.
     """
-    version = attrs.get("format_version", FORMAT_VERSION)
-    if _as_int(version) != FORMAT_VERSION:
+    version = attrs.get("format_version", 1)
+    if _as_int(version) not in READ_VERSIONS:
         raise ActivationFormatError(
-            path, f"format_version is {version!r}, this pipeline reads version {FORMAT_VERSION}", f"write the layout of version {FORMAT_VERSION} and set format_version = {FORMAT_VERSION}"
+            path,
+            f"format_version is {version!r}, this pipeline reads versions {', '.join(map(str, READ_VERSIONS))}",
+            f"write the layout of version {FORMAT_VERSION} and set format_version = {FORMAT_VERSION}",
         )
     for name, typ in REQUIRED_ATTRS.items():
         if name not in attrs:
@@ -600,6 +737,44 @@ def _check_attrs(path: Path, attrs: dict) -> tuple[int, int, int, int, float]:
             f"store q multiplied by attention_scale * sqrt(head_dim) = {scale * math.sqrt(d):g} and set attention_scale = 1/sqrt(head_dim)",
         )
     return n_layers, n_heads, n_tokens, d, scale
+
+
+def _check_heads(path: Path, attrs: dict, n_heads: int) -> tuple[bool, int, np.ndarray]:
+    """Version 2's ``causal``, ``n_kv_heads`` and ``kv_head_of_query`` (absent: False, ``n_heads``, :func:`repeat_kv_map`).
+
+    A version-1 file is read with the defaults whatever it holds (version 1 has neither).
+
+    Returns:
+        ``(causal, n_kv_heads, kv_head_of_query)``.
+
+    Raises:
+        ActivationFormatError: the first violation, with its fix.
+    """
+    if _as_int(attrs.get("format_version", 1)) == 1:
+        return False, n_heads, np.arange(n_heads, dtype=np.int64)
+    causal = attrs.get("causal", False)
+    if not isinstance(causal, (bool, np.bool_)) and _as_int(causal) not in (0, 1):
+        raise ActivationFormatError(path, f"root attribute 'causal' is {causal!r}, not a bool", "store causal = True for a decoder (query i sees keys j <= i), False otherwise")
+    n_kv = attrs.get("n_kv_heads", n_heads)
+    if _as_int(n_kv) is None or not 1 <= _as_int(n_kv) <= n_heads:
+        raise ActivationFormatError(
+            path, f"root attribute 'n_kv_heads' is {n_kv!r}, not an integer in 1..n_heads = {n_heads}", "store the number of key/value heads (n_heads without grouped-query attention)"
+        )
+    n_kv = int(n_kv)
+    if "kv_head_of_query" in attrs:
+        kv = np.asarray(attrs["kv_head_of_query"])
+    elif n_heads % n_kv == 0:
+        kv = repeat_kv_map(n_heads, n_kv)
+    else:
+        raise ActivationFormatError(
+            path, f"root attribute 'kv_head_of_query' is missing and n_kv_heads = {n_kv} does not divide n_heads = {n_heads}", "store kv_head_of_query, the KV head each query head reads"
+        )
+    problem = _kv_map_problem(kv.reshape(-1) if kv.ndim == 0 else kv, n_heads, n_kv)
+    if problem:
+        raise ActivationFormatError(
+            path, f"root attribute 'kv_head_of_query' {problem}", f"store ({n_heads},) int64: query head h reads KV head kv_head_of_query[h] (Hugging Face's repeat_kv: h // (n_heads // n_kv_heads))"
+        )
+    return bool(causal), n_kv, kv.astype(np.int64)
 
 
 def _check_inputs(path: Path, f: h5py.File) -> int:
@@ -627,8 +802,9 @@ def _check_inputs(path: Path, f: h5py.File) -> int:
     return n_in
 
 
-def _check_layout(path: Path, f: h5py.File, n_layers: int, shape: tuple[int, int, int, int]) -> None:
-    """Every layer's ``q, k, v, h`` (:data:`TENSORS`): a dataset of ``shape`` ``(B, n_heads, n_tokens, head_dim)``, float32.
+def _check_layout(path: Path, f: h5py.File, n_layers: int, shape: tuple[int, int, int, int], n_kv_heads: int) -> None:
+    """Every layer's ``q, k, v, h`` (:data:`TENSORS`): datasets of ``shape`` ``(B, n_heads, n_tokens, head_dim)``
+    (``k``, ``v``: ``n_kv_heads`` heads), float32.
 
     Only the metadata is read (no tensor values).
 
@@ -638,12 +814,14 @@ def _check_layout(path: Path, f: h5py.File, n_layers: int, shape: tuple[int, int
     for layer in range(n_layers):
         for t in TENSORS:
             key = f"{layer_key(layer)}/{t}"
+            want = (shape[0], n_kv_heads, *shape[2:]) if t in ("k", "v") else shape
             if key not in f or not isinstance(f[key], h5py.Dataset):
-                raise ActivationFormatError(path, f"dataset /{key} is missing (n_layers = {n_layers})", f"store /{key} as {shape} float32, or correct n_layers")
+                raise ActivationFormatError(path, f"dataset /{key} is missing (n_layers = {n_layers})", f"store /{key} as {want} float32, or correct n_layers")
             ds = f[key]
-            if ds.shape != shape:
+            if ds.shape != want:
+                heads = "n_kv_heads" if t in ("k", "v") else "n_heads"
                 raise ActivationFormatError(
-                    path, f"/{key} has shape {ds.shape}, expected (B, n_heads, n_tokens, head_dim) = {shape}", "store per-head tensors batch-first, heads before tokens, or correct the attributes"
+                    path, f"/{key} has shape {ds.shape}, expected (B, {heads}, n_tokens, head_dim) = {want}", "store per-head tensors batch-first, heads before tokens, or correct the attributes"
                 )
             if ds.dtype != np.float32:
                 raise ActivationFormatError(path, f"/{key} has dtype {ds.dtype}", "store float32 (e.g. arr.astype(np.float32))")
@@ -678,7 +856,9 @@ def _check_mask(path: Path, f: h5py.File, n_in: int, n_tokens: int, kind: str | 
     return mask
 
 
-def _check_values(path: Path, f: h5py.File, model_id, n_layers: int, scale: float, mask: np.ndarray | None, check_invariant: bool, tolerance: float | None) -> float | None:
+def _check_values(
+    path: Path, f: h5py.File, model_id, n_layers: int, scale: float, mask: np.ndarray | None, check_invariant: bool, tolerance: float | None, causal: bool = False, kv_map=None
+) -> float | None:
     """Every tensor finite and, with ``check_invariant``, the capture invariant on every layer (:func:`_check_layer`).
 
     Reads one layer's ``q, k, v, h`` ``(B, H, N, d)`` float32 at a time.
@@ -703,12 +883,12 @@ def _check_values(path: Path, f: h5py.File, model_id, n_layers: int, scale: floa
                     "store finite values (a NaN or inf from the model cannot be analysed)",
                 )
         if check_invariant:
-            err = _check_layer(path, model_id, layer, t, scale, mask, tolerance)
+            err = _check_layer(path, model_id, layer, t, scale, mask, tolerance, causal, kv_map)
             worst = err if worst is None else max(worst, err)
     return worst
 
 
-def _check_layer(path, model_id, layer, t, scale, mask, tolerance) -> float:
+def _check_layer(path, model_id, layer, t, scale, mask, tolerance, causal=False, kv_map=None) -> float:
     """The capture invariant on every input and head of one layer; returns the relative error.
 
     Raises:
@@ -716,15 +896,16 @@ def _check_layer(path, model_id, layer, t, scale, mask, tolerance) -> float:
             ``CaptureMismatchError`` that is also a bad input file: one line, the file, the fix).
     """
     tolerance = INVARIANT_RTOL if tolerance is None else tolerance
-    allowed = attention_mask_matrix(t["q"].shape[2], key_mask=mask) if mask is not None else None
-    res = attention_invariant(t["q"], t["k"], t["v"], t["h"], scale=scale, allowed=allowed, query_mask=mask)
+    allowed = attention_mask_matrix(t["q"].shape[2], key_mask=mask, causal=causal)
+    res = attention_invariant(t["q"], t["k"], t["v"], t["h"], scale=scale, allowed=allowed, query_mask=mask, kv_head_of_query=kv_map)
     if not res.max_rel_error <= tolerance:
         b, head = res.worst
         raise ActivationFileMismatchError(
             f"{path} ({model_id!r}): the stored q, k, v of layer {layer} do not reproduce the attention output h "
             f"(input {b}, head {head}: max |h - softmax(s q k^T + mask) v| = {res.max_rel_error:.3g} x max |v|, tolerance {tolerance:g}). "
             "Fix: store q and k as the attention's dot product uses them (after any q/k normalisation or rotary embedding) and h before "
-            "the output projection; causal masks and logit biases are outside format 1 (docs/activations.md)"
+            f"the output projection{'' if causal else ', and set causal = True for a causal attention'}; with grouped-query attention, kv_head_of_query names "
+            "each query head's KV head; sliding windows and logit biases are outside the format (docs/activations.md)"
         )
     return res.max_rel_error
 
@@ -741,14 +922,16 @@ def write_activations(
     attrs: Mapping | None = None,
     tolerance: float | None = None,
     check_invariant: bool = True,
+    causal: bool = False,
+    kv_head_of_query=None,
 ) -> Summary:
-    """Write per-head q, k, v, h of one model in format version 1 (through :class:`ActivationWriter`).
+    """Write per-head q, k, v, h of one model in format version 2 (through :class:`ActivationWriter`).
 
     Args:
         path: the HDF5 file to write.
-        layers: one mapping per layer, ``"q" | "k" | "v" | "h"`` -> ``(B, H, N, d)`` arrays
-            (numpy or torch, any float dtype; stored float32) with ``h = softmax(s q k^T + mask) v``
-            per head, ``s = 1/sqrt(d)``.
+        layers: one mapping per layer, ``"q" | "h"`` -> ``(B, H, N, d)`` and ``"k" | "v"`` ->
+            ``(B, H_kv, N, d)`` arrays (numpy or torch, any float dtype; stored float32) with
+            ``h = softmax(s q k^T + mask) v`` per head, ``s = 1/sqrt(d)``, k and v of the head's KV head.
         model_id: the name the tables show.
         attention_mask: ``(B, N)`` 0/1 (1 = real token) for language models (Table 4 form);
             None: every token is real (Table 1 form).
@@ -760,6 +943,9 @@ def write_activations(
         tolerance: the invariant's tolerance (default :data:`INVARIANT_RTOL`).
         check_invariant: check the capture invariant on every input, layer and head (False:
             tensors that are no attention's, such as synthetic data; :func:`validate` refuses the file).
+        causal: query i attends to keys j <= i only (the mask adds -inf on j > i).
+        kv_head_of_query: ``(H,)`` integers, the KV head of each query head (grouped-query
+            attention, :func:`repeat_kv_map`); None: ``H_kv = H``, the identity.
 
     Returns:
         :class:`Summary` of the written file, with the largest measured invariant error.
@@ -767,8 +953,8 @@ def write_activations(
     Raises:
         CaptureMismatchError: the tensors do not reproduce h (also for a non-finite value);
             nothing is left at ``path``.
-        ValueError: ``layers`` is empty, its tensors' shapes disagree, or the mask is not 0/1
-            with a real token in every input.
+        ValueError: ``layers`` is empty, its tensors' shapes disagree, the mask is not 0/1
+            with a real token in every input, or ``kv_head_of_query`` does not fit.
     """
     arrays = [{t: _to_numpy(layer[t]) for t in TENSORS} for layer in layers]
     if not arrays:
@@ -778,7 +964,8 @@ def write_activations(
         factor = np.float32(attention_scale * math.sqrt(d))
         arrays = [{**a, "q": a["q"] * factor} for a in arrays]
     mask = None if attention_mask is None else _to_numpy(attention_mask)
-    with ActivationWriter(path, model_id=model_id, check="every input" if check_invariant else None, tolerance=tolerance) as writer:
+    check = "every input" if check_invariant else None
+    with ActivationWriter(path, model_id=model_id, check=check, tolerance=tolerance, causal=causal, kv_head_of_query=kv_head_of_query) as writer:
         writer.add(arrays, mask)
         return writer.finish({"capture_adapter": "write_activations", **(attrs or {})}, sample_rank, dataset_index)
 
@@ -813,7 +1000,7 @@ def install_user_file(source: str | os.PathLike, target: str | os.PathLike, *, n
             f.attrs["shard"], f.attrs["n_shards"] = int(shard), int(n_shards)
             if "weights_sha256" not in f.attrs:
                 f.attrs["weights_sha256"] = ""
-            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["format_version"] = summary.format_version  # as validated (absent = 1)
             f.attrs["capture_rtol"] = float(INVARIANT_RTOL if tolerance is None else tolerance)
             f.attrs["capture_max_rel_error"] = float(summary.capture_max_rel_error)
             f.attrs["user_source"] = str(Path(source).resolve())

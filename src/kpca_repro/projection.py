@@ -57,12 +57,23 @@ def _scale(d: int, scale: float | None) -> float:
     return 1.0 / math.sqrt(d) if scale is None else float(scale)
 
 
-def log_feature_norm_sq(q: torch.Tensor, k: torch.Tensor, scale: float | None = None, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+def _causal_keys(n_queries: int, n_keys: int, device) -> torch.Tensor:
+    """``(N, N)`` bool: query position ``i`` sees key position ``j <= i`` (a decoder's causal mask, docs/method.md 16).
+
+    Raises:
+        ValueError: queries and keys are not the same positions (``N != M``).
+    """
+    if n_queries != n_keys:
+        raise ValueError(f"a causal mask needs the queries and keys of the same positions; got {n_queries} queries and {n_keys} keys")
+    return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril_()
+
+
+def log_feature_norm_sq(q: torch.Tensor, k: torch.Tensor, scale: float | None = None, key_mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
     """``log ||phi(q_i)||^2 = s ||q_i||^2 - 2 LSE_j(s q_i . k_j)``, in the log domain.
 
     By the kernel trick ``||phi(q_i)||^2 = k(q_i, q_i) / g(q_i)^2`` with
     ``k(x, y) = exp(s x.y)`` and ``g(q_i) = sum_j exp(s q_i.k_j)`` (docs/method.md Section 0.3).
-    Finite for every finite ``q`` and ``k``.
+    Finite for every finite ``q`` and ``k`` (with a mask: for every query that sees a key).
 
     Args:
         q: queries, shape ``(..., N, d)``, floating point.
@@ -71,12 +82,15 @@ def log_feature_norm_sq(q: torch.Tensor, k: torch.Tensor, scale: float | None = 
             ``norms.py``/``nlp_norms.py`` hard-code ``1/8``: pass ``scale=1/8`` to reproduce them.
         key_mask: optional bool ``(..., M)`` (broadcastable); False keys (padding) are left
             out of the sum over ``j``.
+        causal: a decoder's head (docs/method.md 16.3): query ``i`` sums over the keys ``j <= i``
+            only, the causal normaliser ``g^(i)(q_i)`` (``N == M``, the same positions). A query
+            that sees no key (a left-padded position) gets ``+inf``; leave it out.
 
     Returns:
         Shape ``(..., N)``, dtype of ``q`` (natural log).
 
     Raises:
-        ValueError: ``q`` and ``k`` have different last dimensions.
+        ValueError: ``q`` and ``k`` have different last dimensions, or ``causal`` with ``N != M``.
     """
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must share the head dimension; got {tuple(q.shape)} and {tuple(k.shape)}")
@@ -84,6 +98,8 @@ def log_feature_norm_sq(q: torch.Tensor, k: torch.Tensor, scale: float | None = 
     logits = (q @ k.transpose(-1, -2)) * s
     if key_mask is not None:
         logits = logits.masked_fill(~key_mask.bool()[..., None, :], float("-inf"))
+    if causal:
+        logits = logits.masked_fill(~_causal_keys(q.shape[-2], k.shape[-2], q.device), float("-inf"))
     return s * (q * q).sum(-1) - 2.0 * torch.logsumexp(logits, dim=-1)
 
 
@@ -94,6 +110,7 @@ def feature_norm_sq(
     key_mask: torch.Tensor | None = None,
     log_domain: bool = True,
     log_of_sum: bool = False,
+    causal: bool = False,
 ) -> torch.Tensor:
     """``||phi(q_i)||^2 = exp(s ||q_i||^2) / (sum_j exp(s q_i . k_j))^2`` (docs/method.md 0.3).
 
@@ -108,7 +125,7 @@ def feature_norm_sq(
     not finite (the sum overflowed) the value is set to 0, as there.
 
     Args:
-        q, k, scale, key_mask: as in :func:`log_feature_norm_sq`.
+        q, k, scale, key_mask, causal: as in :func:`log_feature_norm_sq`.
         log_domain: see above.
         log_of_sum: with ``log_domain=False``, the ``nlp_norms.py`` form above.
 
@@ -116,11 +133,13 @@ def feature_norm_sq(
         Shape ``(..., N)``, dtype of ``q``.
     """
     if log_domain:
-        return torch.exp(log_feature_norm_sq(q, k, scale, key_mask))
+        return torch.exp(log_feature_norm_sq(q, k, scale, key_mask, causal))
     s = _scale(q.shape[-1], scale)
     e = torch.exp((q @ k.transpose(-1, -2)) * s)
     if key_mask is not None:
         e = e * key_mask.to(e.dtype)[..., None, :]
+    if causal:
+        e = e * _causal_keys(q.shape[-2], k.shape[-2], q.device).to(e.dtype)
     if log_of_sum:
         log_den = torch.log(e.sum(-1))
         value = torch.exp(s * (q * q).sum(-1) - 2.0 * log_den)

@@ -21,6 +21,12 @@ recipes, its ``dtype`` the precision and its ``text_padding`` whether padding en
   is a query and a key.
 * text ``corrected``: as vision ``corrected``, with padding excluded (keys masked out of
   ``g(q)``, padded queries dropped) and the model's own ``h`` (computed with its mask).
+
+Decoders (causal files, docs/method.md 16.3) take the text ``corrected`` recipe in **both**
+variants, with the causal normaliser ``g(q_i) = sum_{j <= i} exp(s q_i . k_j)`` over the real
+keys and each query head's keys from its KV head (``kv_head_of_query``): no authors' script
+exists to mimic, and the paper text recipe's unmasked ``h`` would not be the model's. The
+variants differ only in the per-layer statistics (trim and band).
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ def squared_norms(
     language: bool = False,
     head_dim: int | None = None,
     token_mask: torch.Tensor | None = None,
+    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``||phi(q_i)||^2`` and ``||h_i||^2`` of a batch of heads under one recipe (module docstring).
 
@@ -96,11 +103,15 @@ def squared_norms(
         token_mask: bool ``(..., N)``, True for real tokens (the attention mask broadcast over
             heads). Used by the text recipe of a variant that excludes padding (corrected);
             the paper recipes use every position, as the reference does.
+        causal: a decoder's heads (docs/method.md 16.3): in both variants float64, log domain,
+            ``s = 1/sqrt(head_dim)``, query ``i`` normalised over the real keys ``j <= i``
+            (``token_mask`` the real tokens, None: all real), the stored ``h``. ``k`` must be
+            the keys of each query head's KV head (``k[:, kv_head_of_query]``).
 
     Returns:
         ``(phi_sq, h_sq, valid)``, each of shape ``(..., N)``: float32 (paper) or float64
-        (corrected) squared norms, and the bool mask of the entries that enter the
-        statistics (all True except padded queries in the corrected text recipe).
+        (corrected, causal) squared norms, and the bool mask of the entries that enter the
+        statistics (all True except padded queries in the corrected text and causal recipes).
 
     Raises:
         ValueError: unknown variant, or ``head_dim`` disagreeing with the tensors.
@@ -110,6 +121,12 @@ def squared_norms(
     if d != q.shape[-1]:
         raise ValueError(f"head_dim {d} disagrees with the stored tensors' last dimension {q.shape[-1]}")
     valid = torch.ones(q.shape[:-1], dtype=torch.bool, device=q.device)
+    if causal:  # one recipe for decoders in both variants (docs/method.md 16.3)
+        q, k, h = (t.to(torch.float64) for t in (q, k, h))
+        key_mask = None if token_mask is None else token_mask.bool()
+        if key_mask is not None:
+            valid = key_mask.expand(q.shape[:-1])
+        return feature_norm_sq(q, k, scale=1.0 / math.sqrt(d), key_mask=key_mask, causal=True), output_norm_sq(h), valid
     if variant.authors_formulas:
         q, k, v, h = (t.to(variant.torch_dtype) for t in (q, k, v, h))
         if language:  # nlp_norms.py: plain exp, /8, overflow -> 0; h without the mask
@@ -158,7 +175,9 @@ def norm_statistics(
     the paper variant then applies the 95th-percentile trim and the inter-quartile band
     (:data:`PAPER_NORMS_TRIM`, :data:`PAPER_NORMS_BAND`), the
     corrected variant no trim and the central 95 % band
-    (:data:`CORRECTED_NORMS_BAND`).
+    (:data:`CORRECTED_NORMS_BAND`). Decoders' files (``causal``, docs/method.md 16.3-16.4) take
+    the causal recipe of :func:`squared_norms` in both variants (padding out, ``s = 1/sqrt(head_dim)``),
+    one value per (row, query head, real token), whatever ``language`` says.
 
     Returns:
         One row per (layer, quantity): ``model, variant, layer, quantity (phi | h),
@@ -166,7 +185,7 @@ def norm_statistics(
         :func:`layer_norm_statistics`.
 
     Raises:
-        ValueError: no file, unknown variant, or files of different models / shapes.
+        ValueError: no file, unknown variant, or files of different models / shapes / causality.
         kpca_repro.activations.CorruptActivationFileError: a file is unreadable or lacks the
             attention mask the corrected text recipe needs (named).
     """
@@ -178,8 +197,11 @@ def norm_statistics(
     files = [ActivationFile(p) for p in activations]
     try:
         model_id, n_layers, head_dim = _common_model(files)
-        masks = [read_attention_mask(af) if language and variant.text_padding == "excluded" else None for af in files]
+        causal = files[0].causal
+        masks = [read_attention_mask(af) if (language and variant.text_padding == "excluded") or (causal and af.attention_mask is not None) else None for af in files]
         trim, band, scale = (PAPER_NORMS_TRIM, PAPER_NORMS_BAND, PAPER_NORMS_SCALE) if variant.authors_formulas else (None, CORRECTED_NORMS_BAND, 1.0 / math.sqrt(head_dim))
+        if causal:
+            scale = 1.0 / math.sqrt(head_dim)
         n_seq = sum(len(af.sample_rank) for af in files)
         rows = []
         for layer in progress_bar(range(n_layers), desc=f"norms {variant} {model_id}", unit="layer", disable=not progress, mininterval=5):
@@ -215,7 +237,7 @@ def _common_model(files: Sequence[ActivationFile]) -> tuple[str, int, int]:
     first = files[0]
     model_id, n_layers, head_dim = str(first.attrs["model_id"]), first.n_layers, int(first.attrs["head_dim"])
     for af in files[1:]:
-        if (str(af.attrs["model_id"]), af.n_layers, int(af.attrs["head_dim"])) != (model_id, n_layers, head_dim):
+        if (str(af.attrs["model_id"]), af.n_layers, int(af.attrs["head_dim"]), af.causal) != (model_id, n_layers, head_dim, first.causal):
             raise ValueError(f"{af.path} is not from the same model as {first.path}")
     return model_id, n_layers, head_dim
 
@@ -226,7 +248,8 @@ def _pooled_layer(files: Sequence[ActivationFile], masks: list[np.ndarray | None
     Args:
         files, masks: the model's activation files and their attention masks ``(B, N)`` bool (None:
             every position enters, as in the paper recipes).
-        layer: the layer read from every file.
+        layer: the layer read from every file. A causal file's ``k`` and ``v`` are taken per
+            query head from its KV head (``kv_head_of_query``, docs/method.md 16.4).
 
     Returns:
         :data:`QUANTITIES` -> 1-d float64, in file, then sequence-and-head, then token order.
@@ -237,6 +260,9 @@ def _pooled_layer(files: Sequence[ActivationFile], masks: list[np.ndarray | None
     for af, mask in zip(files, masks):
         t = {name: torch.from_numpy(a) for name, a in af.read(layer).items()}
         n_img, n_heads, n_tok = t["q"].shape[:3]
+        if af.causal:  # each query head with the keys and values of its KV head
+            kv = torch.from_numpy(np.asarray(af.kv_head_of_query, dtype=np.int64))
+            t["k"], t["v"] = t["k"][:, kv], t["v"][:, kv]
         token_mask = None if mask is None else torch.from_numpy(mask)[:, None, :].expand(n_img, n_heads, n_tok)
         flat = {name: x.reshape(-1, *x.shape[2:]) for name, x in t.items()}
         tm = None if token_mask is None else token_mask.reshape(-1, n_tok)
@@ -252,6 +278,7 @@ def _pooled_layer(files: Sequence[ActivationFile], masks: list[np.ndarray | None
                 language=language,
                 head_dim=head_dim,
                 token_mask=None if tm is None else tm[sl],
+                causal=af.causal,
             )
             pooled["phi"].append(phi[valid].double().numpy())
             pooled["h"].append(h_sq[valid].double().numpy())

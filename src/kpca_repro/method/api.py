@@ -44,12 +44,13 @@ def _padding_mask(attention_mask, n_in: int, n_tokens: int) -> np.ndarray:
     return mask.astype(np.int64)
 
 
-def _check_capture(q, k4: np.ndarray, v4: np.ndarray, h, mask: np.ndarray | None, layer: int, tolerance: float | None) -> None:
+def _check_capture(q, k4: np.ndarray, v4: np.ndarray, h, mask: np.ndarray | None, layer: int, tolerance: float | None, causal: bool = False, kv: np.ndarray | None = None) -> None:
     """The capture invariant (docs/method.md 0.1) on in-memory tensors: ``h`` must equal ``softmax(s q k^T + mask) v``.
 
-    ``k4``, ``v4``: float32 ``(B, H, N, d)``; ``q``, ``h`` in any form :func:`_four_d` reads;
-    ``mask``: int64 ``(B, N)`` or None; ``s = 1/sqrt(d)``; relative error
-    ``max |h - h_hat| / max |v|`` at most ``tolerance`` (default
+    ``k4``, ``v4``: float32 ``(B, H_kv, N, d)``; ``q``, ``h`` (``(B, H, N, d)``) in any form
+    :func:`_four_d` reads; ``mask``: int64 ``(B, N)`` or None; ``causal``: keys ``j <= i`` only;
+    ``kv``: ``(H,)`` the KV head of each query head (None: ``H_kv = H``, the identity);
+    ``s = 1/sqrt(d)``; relative error ``max |h - h_hat| / max |v|`` at most ``tolerance`` (default
     :data:`kpca_repro.activations.INVARIANT_RTOL`), recomputed in float64.
 
     Raises:
@@ -61,11 +62,31 @@ def _check_capture(q, k4: np.ndarray, v4: np.ndarray, h, mask: np.ndarray | None
     if q is None:
         raise ValueError("h is given but q is None: the invariant needs q")
     q4, h4 = _four_d(q, "q"), _four_d(h, "h")
-    if q4.shape != k4.shape or h4.shape != k4.shape:
-        raise ValueError(f"q, k, v, h must have one shape; got {q4.shape}, {k4.shape}, {v4.shape}, {h4.shape}")
+    n_kv = q4.shape[1] if kv is None else k4.shape[1]
+    if k4.shape != (q4.shape[0], n_kv, *q4.shape[2:]) or h4.shape != q4.shape:
+        raise ValueError(f"q, k, v, h must have one shape (k and v with the KV heads); got {q4.shape}, {k4.shape}, {v4.shape}, {h4.shape}")
     n_tokens, d = k4.shape[2:]
-    allowed = attention_mask_matrix(n_tokens, key_mask=mask) if mask is not None else None
-    check_attention_invariant("analyze_heads", layer, q4, k4, v4, h4, scale=1.0 / math.sqrt(d), allowed=allowed, query_mask=mask, tolerance=INVARIANT_RTOL if tolerance is None else tolerance)
+    allowed = attention_mask_matrix(n_tokens, key_mask=mask, causal=causal)
+    check_attention_invariant(
+        "analyze_heads", layer, q4, k4, v4, h4, scale=1.0 / math.sqrt(d), allowed=allowed, query_mask=mask, kv_head_of_query=kv, tolerance=INVARIANT_RTOL if tolerance is None else tolerance
+    )
+
+
+def _kv_map(kv_head_of_query, n_heads: int | None, n_kv_heads: int) -> np.ndarray | None:
+    """``kv_head_of_query`` as int64 ``(H,)``, or None for the identity (``H = H_kv``).
+
+    Raises:
+        ValueError: it is not ``(H,)`` with values in ``[0, H_kv)`` (``H`` from ``q``), or ``q``
+            has other heads than ``k`` without it.
+    """
+    if kv_head_of_query is None:
+        if n_heads is not None and n_heads != n_kv_heads:
+            raise ValueError(f"q has {n_heads} heads and k {n_kv_heads}: give kv_head_of_query (grouped-query attention)")
+        return None
+    kv = np.asarray(kv_head_of_query, dtype=np.int64)
+    if kv.ndim != 1 or (n_heads is not None and kv.shape != (n_heads,)) or kv.min(initial=0) < 0 or kv.max(initial=0) >= n_kv_heads:
+        raise ValueError(f"kv_head_of_query must be ({n_heads},) KV-head indices in [0, {n_kv_heads}), got {kv_head_of_query!r}")
+    return kv
 
 
 def _input_numbers(sample_rank, dataset_index, n_in: int) -> tuple[np.ndarray, np.ndarray]:
@@ -98,6 +119,9 @@ def analyze_heads(
     heads_per_chunk: int = 64,
     sign_draws: tuple[int, int] | None = None,
     tolerance: float | None = None,
+    causal: bool = False,
+    kv_head_of_query=None,
+    prefix: int | None = None,
 ) -> pd.DataFrame:
     """Per-head KPCA metrics of one or many attention heads, in either variant (docs/method.md).
 
@@ -118,11 +142,18 @@ def analyze_heads(
     ``N`` positions with the NLP script's options (ascending top-``d``, ``g + 1e-6``, NaN costs
     -> 0, ``sqrt(HSIC_xx HSIC_yy) + 1e-10``); ``corrected`` keeps each input's real tokens only.
 
+    Decoders' heads (``causal=True``, docs/method.md 16): each input's real tokens in both
+    variants (padding on either side left out); ``prefix=None`` the full-prefix view (the
+    encoder analysis of those tokens), ``prefix=P`` the prefix profile at ``P`` (first ``P`` real
+    tokens; inputs with fewer left out). With grouped-query attention ``k`` and ``v`` hold the
+    ``H_kv`` KV heads and the rows are per KV head; ``q`` and ``h`` keep the ``H`` query heads.
+
     Args:
         q: queries ``(B, H, N, d)``, ``(H, N, d)`` or ``(N, d)`` (numpy or torch, any float
             dtype; rounded to float32 as the activation files store them). Only used, with
             ``h``, for the capture invariant; may be None when ``h`` is None.
-        k, v: keys and values, the same shape as ``q`` (``v``'s last dimension must equal ``d``).
+        k, v: keys and values, the same shape as ``q`` (``v``'s last dimension must equal ``d``;
+            with ``kv_head_of_query``, ``H_kv`` heads).
         h: the attention's per-head output, same shape; when given, the invariant
             ``max |h - softmax(s q k^T + mask) v| / max |v| <= tolerance`` is checked first.
         variant: ``"paper"`` or ``"corrected"`` (:mod:`kpca_repro.method.variant`).
@@ -145,6 +176,10 @@ def analyze_heads(
             ``solver_boundary_group``, and returns the draws, name -> ``(heads, R)`` in the
             rows' order, in ``df.attrs["sign_draws"]``.
         tolerance: the invariant's tolerance (default 1e-4, :mod:`kpca_repro.activations`).
+        causal: a decoder's heads: query ``i`` attends to the keys ``j <= i`` (the invariant, the reading above).
+        kv_head_of_query: ``(H,)`` the KV head each query head reads (grouped-query attention:
+            ``k``, ``v`` are ``(B, H_kv, N, d)``); None: ``H_kv = H``.
+        prefix: ``P >= 2``, the prefix profile of causal heads; None: the full-prefix view.
 
     Returns:
         One row per (input, head): ``variant, layer, sample_rank, dataset_index, head, n_tokens,
@@ -156,7 +191,8 @@ def analyze_heads(
         by real-token count for the corrected variant of language models.
 
     Raises:
-        ValueError: shapes disagree, an unknown variant, a mask of the wrong shape.
+        ValueError: shapes disagree, an unknown variant, a mask of the wrong shape, a wrong
+            ``kv_head_of_query``, ``prefix`` without ``causal`` or below 2.
         TypeError: a non-float array.
         kpca_repro.activations.CaptureMismatchError: ``h`` is given and q, k, v do not reproduce it
             (the message gives the measured error, input and head).
@@ -171,21 +207,26 @@ def analyze_heads(
     k4, v4 = _four_d(k, "k"), _four_d(v, "v")
     if k4.shape != v4.shape:
         raise ValueError(f"k and v must have one shape (B, H, N, d); got {k4.shape} and {v4.shape}")
-    n_in, _, n_tokens, _ = k4.shape
+    n_in, n_kv, n_tokens, _ = k4.shape
+    if prefix is not None and not (causal and prefix >= 2):
+        raise ValueError(f"prefix={prefix}: the prefix profile needs causal=True and P >= 2")
+    kv = _kv_map(kv_head_of_query, None if q is None else _four_d(q, "q").shape[1], n_kv)
     mask = None if attention_mask is None else _padding_mask(attention_mask, n_in, n_tokens)
     if h is not None:
-        _check_capture(q, k4, v4, h, mask, layer, tolerance)
+        _check_capture(q, k4, v4, h, mask, layer, tolerance, causal=causal, kv=kv)
     ranks, index = _input_numbers(sample_rank, dataset_index, n_in)
-    var = var.reading(text=mask is not None)
+    var = var.reading(text=mask is not None or causal, causal=causal)
     placement = plan(var, device=device, cores=1, eigh_threads=eigh_threads)
     # the records stage's own grouping of heads (padding kept or dropped, baselines per input)
-    source = SimpleNamespace(attention_mask=mask, sample_rank=ranks, dataset_index=index)
+    source = SimpleNamespace(attention_mask=mask, sample_rank=ranks, dataset_index=index, causal=causal)
     frames, draw_parts = [], []
-    for chunk in _chunked(_equal_length_groups(source, {"k": k4, "v": v4}, var, layer, seed, transposed=False), layer, heads_per_chunk):
+    for chunk in _chunked(_equal_length_groups(source, {"k": k4, "v": v4}, var, layer, seed, transposed=False, prefix=prefix), layer, heads_per_chunk):
         draws, frame = chunk_records(*chunk, variant=var, placement=placement, sign_draws=sign_draws, seed=seed)
         draw_parts.append(draws)
         frame.insert(0, "variant", var.name)
         frames.append(frame)
+    if not frames:  # a prefix no input reaches
+        return pd.DataFrame({name: pd.Series(dtype="int64") for name in ("sample_rank", "dataset_index", "layer", "head", "n_tokens", "head_dim")})
     out = pd.concat(frames, ignore_index=True)
     if sign_draws:
         out.attrs["sign_draws"] = {name: np.concatenate([p[name] for p in draw_parts]) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *BOUND_NAMES, *RANGE_NAMES)}
@@ -197,7 +238,7 @@ def analyze_file(path: str | os.PathLike, variant: str = "paper", *, device: str
 
     Calls :func:`kpca_repro.method.records.kpca_records` (the ``kpca_heads`` rule's function) and
     returns its records; ``kwargs`` go to it (``heads_per_chunk``, ``workers``, ``layers``,
-    ``eigh_threads``, ``sign_draws``). Validate a file of your own first
+    ``eigh_threads``, ``sign_draws``, ``prefix`` for a decoder's file: docs/method.md 16). Validate a file of your own first
     (``python -m kpca_repro.activations validate FILE``).
 
     Raises:

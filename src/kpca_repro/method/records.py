@@ -52,7 +52,7 @@ def baseline_noise(seed: int, dataset_index: int, layer: int, shape: tuple[int, 
     return torch.randn(shape, generator=gen, dtype=torch.float64)
 
 
-def _equal_length_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str | Variant, layer: int, seed: int, transposed: bool):
+def _equal_length_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str | Variant, layer: int, seed: int, transposed: bool, prefix: int | None = None):
     """Heads of one layer in groups with a common token count ``N``.
 
     Yields ``(k, v, sample_rank, dataset_index, head, baseline)``: ``k, v`` float32 tensors
@@ -65,13 +65,19 @@ def _equal_length_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: 
       ``(sequence, batch, hidden)`` projections (docs/method.md 3): each "head matrix" is the
       ``B`` inputs at one position ``p``, so ``sample_rank`` holds ``p`` and
       ``dataset_index`` is -1;
-    * language models, ``text_padding == "excluded"`` (corrected, docs/method.md 15 item 4):
-      each input keeps only its real tokens (``attention_mask == 1``); inputs of equal length
-      are grouped.
+    * language models, ``text_padding == "excluded"`` (corrected, docs/method.md 15 item 4;
+      decoders in every variant, 16.2): each input keeps only its real tokens
+      (``attention_mask == 1``, on either side; a causal file without a mask: every token);
+      inputs of equal length are grouped. With ``prefix`` ``P`` (the prefix profile of a causal
+      file, docs/method.md 16.1) each input keeps its first ``P`` real tokens, and an input with
+      fewer than ``P`` is left out.
+
+    The heads are ``k``'s: a causal file's KV heads (docs/method.md 16.4).
     """
     variant = get_variant(variant)
     k, v = t["k"], t["v"]
     n_in, n_heads = k.shape[:2]
+    causal = bool(getattr(af, "causal", False))
 
     def base(index, shape):
         return torch.cat([baseline_noise(seed, di, layer, shape) for di in index]) if variant.baselines else None
@@ -88,10 +94,13 @@ def _equal_length_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: 
             np.tile(np.arange(n_heads), n_pos),
             None,
         )
-    elif variant.text_padding == "excluded" and af.attention_mask is not None:
-        mask = af.attention_mask.astype(bool)
+    elif variant.text_padding == "excluded" and (af.attention_mask is not None or causal):
+        mask = af.attention_mask.astype(bool) if af.attention_mask is not None else np.ones((n_in, k.shape[2]), dtype=bool)
         lengths = mask.sum(axis=1)
-        for n in sorted(set(lengths.tolist())):
+        if prefix is not None:
+            mask = mask & (np.cumsum(mask, axis=1) <= prefix)
+            lengths = np.where(lengths >= prefix, prefix, -1)  # -1: shorter than P, left out
+        for n in sorted(set(lengths.tolist()) - {-1}):
             sel = np.flatnonzero(lengths == n)
             kk = np.stack([k[i][:, mask[i]] for i in sel])
             vv = np.stack([v[i][:, mask[i]] for i in sel])
@@ -208,19 +217,21 @@ def chunk_records(
     return draws, frame
 
 
-def _file_chunks(af: ActivationFile, variant: Variant, layer_list: list[int], heads_per_chunk: int, seed: int, transposed: bool, interleave: bool) -> Iterator[tuple[tuple, tuple]]:
+def _file_chunks(
+    af: ActivationFile, variant: Variant, layer_list: list[int], heads_per_chunk: int, seed: int, transposed: bool, interleave: bool, prefix: int | None = None
+) -> Iterator[tuple[tuple, tuple]]:
     """``(position, (layer, k, v, sample_rank, dataset_index, head, baseline or None))`` per chunk of an activation file.
 
     ``position`` orders the records (layer by layer) whatever order the chunks come in.
     Vision files (no ``attention_mask``): :func:`layer_chunks` (``interleave``: every layer
     early), the corrected variant's baselines drawn per image (:func:`baseline_noise`,
     ``(heads, N, d)`` float64), position ``(place of the layer in layer_list, first flat head)``.
-    Text files: each layer read whole and grouped by :func:`_equal_length_groups` in ``variant``'s
-    reading (``transposed``: Longformer as the reference reads it), in chunks of
-    ``heads_per_chunk`` (:func:`_chunked`), position a running count.
+    Text and causal files: each layer read whole and grouped by :func:`_equal_length_groups` in ``variant``'s
+    reading (``transposed``: Longformer as the reference reads it; ``prefix``: a causal file's
+    first ``P`` real tokens), in chunks of ``heads_per_chunk`` (:func:`_chunked`), position a running count.
     """
     n_heads = int(af.attrs["n_heads"])
-    if af.attention_mask is None:
+    if af.attention_mask is None and not af.causal:
         for layer, flat, t in layer_chunks(af, layer_list, heads_per_chunk, interleave=interleave):
             images = flat // n_heads
             base = None
@@ -231,7 +242,7 @@ def _file_chunks(af: ActivationFile, variant: Variant, layer_list: list[int], he
         return
     position = 0
     for layer in layer_list:
-        for chunk in _chunked(_equal_length_groups(af, af.read(layer, ("k", "v")), variant, layer, seed, transposed), layer, heads_per_chunk):
+        for chunk in _chunked(_equal_length_groups(af, af.read(layer, ("k", "v")), variant, layer, seed, transposed, prefix), layer, heads_per_chunk):
             position += 1
             yield (position,), chunk
 
@@ -271,14 +282,16 @@ def _parts_from_arrays(arrays: dict[str, np.ndarray]) -> list[tuple]:
     return parts
 
 
-def _records_meta(af: ActivationFile, variant: Variant, placement: Placement, transposed: bool, caller_threads: int) -> dict:
+def _records_meta(af: ActivationFile, variant: Variant, placement: Placement, transposed: bool, caller_threads: int, prefix: int | None = None) -> dict:
     """The metadata of one file's records: model id, weights SHA-256, number of inputs, variant, shard, placement.
 
     ``eigh_threads`` is the placement's thread count of a CPU ``eigh`` where it sets one, else
     ``caller_threads`` (torch's intra-op threads of the caller).
-    Text files add the padding treatment and whether Longformer was read transposed.
+    Text files add the padding treatment and whether Longformer was read transposed; causal
+    files also ``causal`` (True), ``prefix`` (``P``, or None for the full-prefix view) and
+    ``n_kv_heads`` (the heads of the records, docs/method.md 16.4).
     """
-    text = af.attention_mask is not None
+    text = af.attention_mask is not None or af.causal
     meta = {
         "model_id": str(af.attrs["model_id"]),
         "weights_sha256": str(af.attrs["weights_sha256"]),
@@ -293,6 +306,8 @@ def _records_meta(af: ActivationFile, variant: Variant, placement: Placement, tr
     if text:
         meta["padding"] = variant.text_padding
         meta["longformer_transposed"] = bool(transposed)
+    if af.causal:
+        meta.update(causal=True, prefix=prefix, n_kv_heads=int(af.n_kv_heads))
     return meta
 
 
@@ -328,6 +343,7 @@ def kpca_records(
     sign_draws: tuple[int, int] | None = None,
     prune_matched_draws: bool = True,
     store: PartStore | None = None,
+    prefix: int | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """Per-head records of one activation file: every (input, layer, head) through KPCA.
 
@@ -364,6 +380,11 @@ def kpca_records(
     floor would have skipped may be computed, then pruned the same way), and an interrupt
     (``KeyboardInterrupt``) raises :class:`kpca_repro.resume.JobInterrupted` with the count of
     heads kept.
+    Decoders' files (``causal``, docs/method.md 16) are read as text with padding excluded in
+    both variants, one record per (row, layer, KV head): ``prefix=None`` is the full-prefix view
+    (each row's real tokens, the encoder analysis of them), ``prefix=P`` the prefix profile at
+    ``P`` (each row's first ``P`` real tokens; rows with fewer left out; all kept rows then
+    share ``N = P`` and go through the same chunks).
     Steps: :func:`_file_chunks` (the file's chunks with their record positions), per batch
     the solve and :func:`chunk_records` on the workers, then :func:`_records_meta` and, with
     ``sign_draws``, :func:`_gathered_draws`.
@@ -373,11 +394,14 @@ def kpca_records(
         ``dataset_index``, ``layer``, ``head``, ``n_tokens``, ``head_dim`` and the metric
         columns) in (layer, input, head) order, and the file's metadata (model id, weights
         SHA-256, number of images or sentences; for text, the padding treatment and whether
-        Longformer was read transposed). With ``sign_draws``, ``meta["sign_draws"]`` holds
+        Longformer was read transposed; for causal files ``causal``, ``prefix``, ``n_kv_heads``).
+        With ``sign_draws``, ``meta["sign_draws"]`` holds
         the draws (name -> float32 ``(heads, R)``, rows as the records): pop it before
-        writing the metadata as JSON.
+        writing the metadata as JSON. A profile at a ``P`` no row reaches has no records: an
+        empty DataFrame with the identifying columns.
 
     Raises:
+        ValueError: ``prefix`` for an encoder's file, or below 2.
         kpca_repro.activations.CorruptActivationFileError: the file is unreadable (named).
         kpca_repro.resume.JobInterrupted: interrupted, with ``store`` (its message: heads kept, how to resume).
     """
@@ -389,14 +413,18 @@ def kpca_records(
         placement = plan(variant, device=device, cores=workers, eigh_threads=eigh_threads)
     with ActivationFile(activations) as af:
         model_id = str(af.attrs["model_id"])
-        n_in, n_heads = len(af.sample_rank), int(af.attrs["n_heads"])
-        text = af.attention_mask is not None
-        variant = variant.reading(text)
+        n_in, n_heads = len(af.sample_rank), af.n_kv_heads
+        text = af.attention_mask is not None or af.causal
+        if prefix is not None and not (af.causal and prefix >= 2):
+            raise ValueError(f"prefix={prefix}: the prefix profile needs a causal (decoder) file and P >= 2; {activations} is {'causal' if af.causal else 'an encoder'}'s")
+        if prefix is not None:
+            n_in = int(((af.attention_mask.sum(axis=1) if af.attention_mask is not None else np.full(n_in, int(af.attrs["n_tokens"]))) >= prefix).sum())
+        variant = variant.reading(text, causal=af.causal)
         transposed = text and variant.text_padding == "included" and str(af.attrs.get("hooked_layout", "")) == SEQUENCE_FIRST
         layer_list = list(layers if layers is not None else range(af.n_layers))
         # Table 1 takes the maximum over heads: draws below the floor cannot matter (Table 4 takes means)
         floor = RunningFloor() if sign_draws and sign_draws[1] and not text and prune_matched_draws else None
-        chunks = _file_chunks(af, variant, layer_list, heads_per_chunk, seed, transposed, interleave=floor is not None)
+        chunks = _file_chunks(af, variant, layer_list, heads_per_chunk, seed, transposed, interleave=floor is not None, prefix=prefix)
         solve_first = placement.solve_on_main and variant.gram == "exp"
         caller_threads = torch.get_num_threads()
 
@@ -430,9 +458,11 @@ def kpca_records(
             heads = sum(len(frame) for _, _, frame in parts)
             raise JobInterrupted(f"interrupted after {heads:,} of {total:,} heads; rerun the same command to resume") from None
         parts.sort(key=lambda part: part[0])
-        meta = _records_meta(af, variant, placement, transposed, caller_threads)
-        if sign_draws:
+        meta = _records_meta(af, variant, placement, transposed, caller_threads, prefix)
+        if sign_draws and parts:
             meta.update(_gathered_draws([draws for _, draws, _ in parts], floor))
+    if not parts:  # a prefix no row reaches
+        parts = [(None, None, pd.DataFrame({name: pd.Series(dtype="int64") for name in ("sample_rank", "dataset_index", "layer", "head", "n_tokens", "head_dim")}))]
     records = pd.concat([frame for _, _, frame in parts], ignore_index=True)
     records.insert(0, "model", model_id)
     records.insert(1, "variant", variant.name)

@@ -98,9 +98,12 @@ class Variant:
 
         return getattr(torch, self.dtype)
 
-    def reading(self, text: bool) -> Variant:
+    def reading(self, text: bool, causal: bool = False) -> Variant:
         """This variant as it reads language-model files (``text``: :attr:`text_options` applied,
-        :attr:`text` set; docs/method.md 3) or vision files (itself)."""
+        :attr:`text` set; docs/method.md 3) or vision files (itself). A decoder's file
+        (``causal``) is read as text with padding excluded in every variant (docs/method.md 16.2)."""
+        if causal:
+            return dataclasses.replace(self, text=True, **self.text_options, text_padding="excluded")
         return dataclasses.replace(self, text=True, **self.text_options) if text else self
 
     def output(self, stem: str, ext: str) -> str:
