@@ -59,7 +59,7 @@ draws = meta.pop("sign_draws", None) or {name: np.empty((len(records), 0), np.fl
 log.info(
     "%d heads, %d dropped, eigh on %s%s, OpenMP spin count %s",
     len(records),
-    int(records["dropped"].sum()),
+    int(records["dropped"].sum()) if "dropped" in records else 0,  # a prefix longer than every row: no records
     meta["eigh_device"],
     f" ({meta['eigh_threads']} threads)" if meta["eigh_device"] == "cpu" else "",
     os.environ.get("GOMP_SPINCOUNT", "libgomp's default"),

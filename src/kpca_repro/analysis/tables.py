@@ -249,6 +249,8 @@ def decoders_prefix_table(records: dict[tuple[str, str], pd.DataFrame], variant:
     """
     rows = []
     for (model, prefix), df in records.items():
+        # a P longer than every row: no records, NaN statistics
+        df = df.reindex(columns=list(dict.fromkeys([*df.columns, *(col for _, col, _ in TABLE4_STATISTICS)])))
         stats = df[[col for _, col, _ in TABLE4_STATISTICS]].to_numpy(float)
         rows.append(
             {

@@ -288,8 +288,8 @@ def _records_meta(af: ActivationFile, variant: Variant, placement: Placement, tr
     ``eigh_threads`` is the placement's thread count of a CPU ``eigh`` where it sets one, else
     ``caller_threads`` (torch's intra-op threads of the caller).
     Text files add the padding treatment and whether Longformer was read transposed; causal
-    files also ``causal`` (True), ``prefix`` (``P``, or None for the full-prefix view) and
-    ``n_kv_heads`` (the heads of the records, docs/method.md 16.4).
+    files also ``causal`` (True), ``prefix`` (``P``, or None for the full-prefix view),
+    ``n_kv_heads`` (the heads of the records) and ``n_query_heads`` (docs/method.md 16.4).
     """
     text = af.attention_mask is not None or af.causal
     meta = {
@@ -307,7 +307,7 @@ def _records_meta(af: ActivationFile, variant: Variant, placement: Placement, tr
         meta["padding"] = variant.text_padding
         meta["longformer_transposed"] = bool(transposed)
     if af.causal:
-        meta.update(causal=True, prefix=prefix, n_kv_heads=int(af.n_kv_heads))
+        meta.update(causal=True, prefix=prefix, n_kv_heads=int(af.n_kv_heads), n_query_heads=int(af.attrs["n_heads"]))
     return meta
 
 
