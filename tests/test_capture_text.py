@@ -212,8 +212,8 @@ REFUSED = {
     "deberta": ("deberta", {}, "relative-position"),
     "deberta-v2": ("deberta-v2", {}, "relative-position"),
     "mpnet": ("mpnet", {}, "relative position bias"),
-    "gpt2": ("gpt2", {"n_embd": 32, "n_layer": 1, "n_head": 4}, "decoder"),
-    "llama": ("llama", {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 37}, "decoder"),
+    "gpt2-cross": ("gpt2", {"n_embd": 32, "n_layer": 1, "n_head": 4, "add_cross_attention": True}, "cross-attention"),
+    "opt": ("opt", {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4}, "a decoder family the capture does not know"),
     "bert-decoder": ("bert", {"is_decoder": True}, "is_decoder"),
     "t5": ("t5", {}, "encoder-decoder"),
     "albert": ("albert", {}, "not known to be softmax"),
@@ -241,8 +241,8 @@ def test_refused_families_error_in_one_line(name, tmp_path):
 def test_refused_model_instance_and_unknown_config(tmp_path):
     from transformers import GPT2Config, GPT2Model
 
-    with pytest.raises(UnsupportedArchitectureError, match="'gpt2' is refused: a decoder"):
-        hf_capture.attention_modules(GPT2Model(GPT2Config(n_embd=32, n_layer=1, n_head=4)), "gpt2")
+    with pytest.raises(UnsupportedArchitectureError, match="'gpt2' is refused: configured with cross-attention"):
+        hf_capture.attention_modules(GPT2Model(GPT2Config(n_embd=32, n_layer=1, n_head=4, add_cross_attention=True)), "gpt2")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "my-new-encoder", "hidden_size": 8}))
     with pytest.raises(UnsupportedArchitectureError, match="'my-new-encoder' is refused: transformers cannot read"):
         hf_capture.check_text_model("me/new", str(tmp_path))

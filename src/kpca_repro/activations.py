@@ -423,7 +423,7 @@ class Summary:
 
     def line(self) -> str:
         err = "not checked" if self.capture_max_rel_error is None else f"{self.capture_max_rel_error:.3g} x max|v|"
-        kv = f" ({self.n_kv_heads} KV heads)" if self.n_kv_heads != self.n_heads else ""
+        kv = f" ({self.n_kv_heads} KV head{'s' if self.n_kv_heads > 1 else ''})" if self.n_kv_heads != self.n_heads else ""
         return (
             f"ok: format_version {self.format_version}, model_id {self.model_id!r}, {self.kind}{', causal' if self.causal else ''}, "
             f"{self.n_inputs} inputs x {self.n_layers} layers x {self.n_heads} heads{kv}, N = {self.n_tokens}, "

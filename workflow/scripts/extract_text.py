@@ -12,7 +12,7 @@ smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "extract_text")
 # an attention the capture does not reproduce ends the job in one line naming the model (a hub model not yet
 # downloaded is checked by the extraction after its download, before any forward pass)
-fail_cleanly(log, check_text_model, smk.params.model_id, smk.params.source)
+fail_cleanly(log, check_text_model, smk.params.model_id, smk.params.source, decoder=smk.params.decoder, revision=smk.params.revision)
 torch.set_num_threads(resolve_threads(smk.params.intra_op_threads, "kpca.intra_op_threads"))
 log.info("torch intra-op threads: %d", torch.get_num_threads())
 shard, n_shards = (int(x) for x in smk.wildcards.shard.split("of"))
@@ -30,4 +30,6 @@ extract_text(
     device=device,
     offline=smk.params.offline,
     checksum=smk.params.checksum,
+    revision=smk.params.revision,
+    decoder=smk.params.decoder,
 )

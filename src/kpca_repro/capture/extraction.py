@@ -183,6 +183,8 @@ def extract_text(
     offline: bool,
     checksum: str | None = None,
     progress: bool = True,
+    revision: str | None = None,
+    decoder: bool = False,
 ) -> None:
     """Run a language model over one shard of a text sample; write q, k, v, h and the mask.
 
@@ -195,31 +197,42 @@ def extract_text(
     ``model_source``, ``weights_file``, ``tokenizer`` (JSON), ``max_length``, ``padded_length``
     and, from the recorder, ``hooked_layout``.
 
+    A decoder (``decoder``; config ``decoders.models``) is loaded at ``revision`` with eager
+    attention, its rows padded on the tokenizer's side (with the eos token when it has no pad
+    token), run without a generation cache, and written as format version 2: ``causal`` and,
+    with grouped-query attention, k and v per KV head with ``kv_head_of_query``; the
+    invariant's mask is causal. Attribute of its own: ``revision``.
+
     Args:
         samples: the whole sample (``sample_rank``, ``dataset_index``, ``text``); the
             padding length is taken over all rows, the shard's rows are run.
         shard: ``(index, count)``; rows are split into contiguous near-equal blocks.
         checksum: expected SHA-256 of the weights file (config ``checksums``), or None.
+        revision: hub revision of model and tokenizer (config ``decoders.revisions``), or None.
+        decoder: a model of ``decoders.models`` (an encoder family is refused, and conversely).
 
     Raises:
         kpca_repro.inputs.resources.ChecksumMismatchError: the weights differ from ``checksum``.
         MissingModelError: the model cannot be loaded (id and configuration key named).
         kpca_repro.capture.vision.UnsupportedArchitectureError: the model's attention is refused or
-            the hooks do not fit it (one line: model, reason, supported families), or a hook
-            did not fire (:class:`kpca_repro.capture.module_capture.HooksDidNotFireError`).
+            the hooks do not fit it (one line: model, reason, supported families; a decoder's
+            sliding window shorter than the padded rows), or a hook did not fire (:class:`kpca_repro.capture.module_capture.HooksDidNotFireError`).
         kpca_repro.activations.CaptureMismatchError: the stored q, k, v do not reproduce h; no file is left.
     """
-    from kpca_repro.capture.hf_capture import HFAttentionRecorder, attention_modules, check_text_model
+    from kpca_repro.capture.hf_capture import HFAttentionRecorder, attention_modules, check_rows, check_text_model, hf_family
     from kpca_repro.inputs.resources import check_checksum
 
-    check_text_model(model_id, source)  # refuse from config.json before loading any weights
-    model, tokenizer = load_text_model(model_id, source, offline)
-    wf = weights_file(model_id, source)
+    check_text_model(model_id, source, decoder=decoder, revision=revision)  # refuse from config.json before loading any weights
+    model, tokenizer = load_text_model(model_id, source, offline, revision=revision, decoder=decoder)
+    hf_family(model.config, model_id, text=True, decoder=decoder)  # a hub model not in the cache was not checked above
+    wf = weights_file(model_id, source, revision)
     if wf is None and checksum:
         raise MissingModelError(f"{model_id}: no model.safetensors or pytorch_model.bin found in {source} to check against config key checksums")
     model = model.to(device)
     attns = attention_modules(model, model_id)
     enc = tokenize_sample(tokenizer, list(samples["text"]), max_length)
+    if decoder:
+        check_rows(model.config, model_id, int(enc["input_ids"].shape[1]))
     attrs = {
         "model_source": "hub" if source == model_id else os.path.basename(os.path.normpath(source)),
         "weights_sha256": check_checksum(wf, checksum) if wf is not None else "",
@@ -235,6 +248,10 @@ def extract_text(
         "max_length": max_length,
         "padded_length": int(enc["input_ids"].shape[1]),
     }
+    if decoder:
+        attrs["revision"] = revision or ""
+        attrs["tokenizer"]["pad_token"] = tokenizer.pad_token + (" (the eos token)" if tokenizer.pad_token == tokenizer.eos_token else "")
+    no_cache = {"use_cache": False} if decoder else {}  # a decoder's generation cache would only hold copies of k and v
     batches = img.shard_batches(len(samples), shard[1], shard[0], batch_size)
-    inputs = ({k: v[run].to(device) for k, v in enc.items()} for run, _, _ in batches)
+    inputs = ({**{k: v[run].to(device) for k, v in enc.items()}, **no_cache} for run, _, _ in batches)
     _record(model, HFAttentionRecorder(attns), inputs, samples, out_path, model_id=model_id, attrs=attrs, shard=shard, batches=batches, progress=progress, windows=[a.window for a in attns])

@@ -50,10 +50,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
-from kpca_repro.activations import BATCH_FIRST, SEQUENCE_FIRST
+from kpca_repro.activations import BATCH_FIRST, SEQUENCE_FIRST, repeat_kv_map
 from kpca_repro.capture.vision import HeadRecorder, UnsupportedArchitectureError, split_heads
 
 __all__ = [
@@ -63,9 +64,12 @@ __all__ = [
     "FAMILIES",
     "MODEL_TYPES",
     "TEXT_FAMILIES",
+    "DECODER_FAMILIES",
     "REFUSED",
     "supported_summary",
     "hf_family",
+    "sliding_window",
+    "check_rows",
     "check_text_model",
     "HFAttention",
     "attention_modules",
@@ -112,9 +116,37 @@ def _esm_scale_rotary(attn: HFAttention, t: dict, extras: dict) -> None:
 
 
 def _rope_qk(attn: HFAttention, t: dict, extras: dict) -> None:
-    """ModernBertAttention: rotary on q and k with the layer type's ``(cos, sin)``."""
+    """Rotary on q and k with the ``(cos, sin)`` the module received, by the model's own
+    ``apply_rotary_pos_emb`` (ModernBERT; Llama, Mistral, Qwen2 with k of the KV heads; GPT-NeoX,
+    whose function rotates the first ``rotary_ndims`` features only, partial rotary)."""
     cos, sin = extras["position_embeddings"]
     t["q"], t["k"] = _model_fn(attn.module, "apply_rotary_pos_emb")(t["q"], t["k"], cos, sin, unsqueeze_dim=1)
+
+
+def _split_modernbert(attn: HFAttention, out: torch.Tensor):
+    """ModernBERT's ``Wqkv`` output ``(B, N, 3 H d)``: ``view(B, N, 3, H, d).unbind(2)``, each ``(B, H, N, d)``."""
+    b, n, _ = out.shape
+    return (x.transpose(1, 2) for x in out.view(b, n, 3, attn.n_heads, attn.head_dim).unbind(dim=-3))
+
+
+def _split_gpt2(attn: HFAttention, out: torch.Tensor):
+    """GPT-2's ``c_attn`` output ``(B, N, 3 H d)``: ``split(H d, dim=2)`` into q | k | v, each split into heads."""
+    return (split_heads(x, attn.n_heads, attn.head_dim) for x in out.split(attn.n_heads * attn.head_dim, dim=2))
+
+
+def _split_neox(attn: HFAttention, out: torch.Tensor):
+    """GPT-NeoX's ``query_key_value`` output, per head ``[q | k | v]``: ``view(B, N, H, 3 d).transpose(1, 2).chunk(3, -1)``."""
+    b, n, _ = out.shape
+    return out.view(b, n, attn.n_heads, 3 * attn.head_dim).transpose(1, 2).chunk(3, dim=-1)
+
+
+def _gpt2_scale(config) -> str | None:
+    """GPT-2 options whose logit scale is not 1/sqrt(d) (the format's s)."""
+    if getattr(config, "scale_attn_by_inverse_layer_idx", False):
+        return "scale_attn_by_inverse_layer_idx divides layer l's logits by l + 1, a per-layer scale other than 1/sqrt(d)"
+    if not getattr(config, "scale_attn_weights", True):
+        return "scale_attn_weights = False: logits q k^T without the 1/sqrt(d) scale"
+    return None
 
 
 @dataclass(frozen=True)
@@ -125,17 +157,23 @@ class Family:
         name: family name (HDF5 attribute ``capture_adapter``).
         model_types: ``config.model_type`` values of the family.
         projections: names of the separate q, k, v ``nn.Linear`` children of the attention
-            module, or None when ``fused`` names one Linear computing ``[q | k | v]``.
-        fused: the fused projection's name, or None.
+            module, or None when ``fused`` names one projection computing q, k and v.
+        fused: the fused projection's name (an ``nn.Linear`` or GPT-2's ``Conv1D``), or None.
+        split: ``(attn, (B, N, 3 H d) output) -> q, k, v`` ``(B, H, N, d)`` of a fused projection,
+            as the model's forward splits it.
         out_proj: dotted path of the output projection (h is its input), from the attention
             module; a leading ``"^."`` starts at the module's parent.
         heads: attribute names holding the head count, tried in order (``"config.x"`` reads
             the module's config).
         head_dim: attribute names holding the head size.
+        kv_heads: attribute names holding the key/value head count (grouped-query attention);
+            empty: as many as query heads.
         extras: forward arguments of the attention module the transform needs.
         transform: ``(attn, {"q","k","v"}, extras) -> None``, applied in place after the
             module's forward: what the model does between the projections and the dot product.
         window: ``module -> one-sided local window or None`` (a mask ``|i - j| <= w``).
+        causal: a decoder: query i attends to keys j <= i (format version 2's ``causal``).
+        check: ``config -> reason or None``: a configuration of the family the capture refuses.
         what: one line for the README table.
     """
 
@@ -149,6 +187,10 @@ class Family:
     extras: tuple[str, ...] = ()
     transform: Callable = _no_transform
     window: Callable = lambda module: None
+    split: Callable | None = None
+    kv_heads: tuple[str, ...] = ()
+    causal: bool = False
+    check: Callable = lambda config: None
     what: str = ""
 
 
@@ -225,6 +267,7 @@ FAMILIES: dict[str, Family] = {
             extras=("position_embeddings",),
             transform=_rope_qk,
             window=lambda m: int(m.config.sliding_window) if getattr(m, "sliding_window", None) is not None else None,
+            split=_split_modernbert,
             what="fused Wqkv split, q and k after the model's rotary embedding; local layers |i-j| <= local_attention/2 as a mask",
         ),
         Family(
@@ -237,13 +280,56 @@ FAMILIES: dict[str, Family] = {
             _DIM,
             what="q_proj/k_proj/v_proj outputs; h = input of o_proj (pixel inputs, capture level)",
         ),
+        Family(
+            "gpt2",
+            ("gpt2",),
+            None,
+            "c_attn",
+            "c_proj",
+            ("num_heads",),
+            ("head_dim",),
+            split=_split_gpt2,
+            causal=True,
+            check=_gpt2_scale,
+            what="fused c_attn (Conv1D) split into q | k | v; h = input of c_proj; causal",
+        ),
+        Family(
+            "llama",
+            ("llama", "mistral", "qwen2"),
+            ("q_proj", "k_proj", "v_proj"),
+            None,
+            "o_proj",
+            ("config.num_attention_heads",),
+            ("head_dim",),
+            extras=("position_embeddings",),
+            transform=_rope_qk,
+            kv_heads=("config.num_key_value_heads",),
+            causal=True,
+            what="q_proj/k_proj/v_proj, q and k after the model's rotary embedding, k and v per KV head (grouped-query); h = input of o_proj; causal",
+        ),
+        Family(
+            "gpt_neox",
+            ("gpt_neox",),
+            None,
+            "query_key_value",
+            "dense",
+            ("config.num_attention_heads",),
+            ("head_size",),
+            extras=("position_embeddings",),
+            transform=_rope_qk,
+            split=_split_neox,
+            causal=True,
+            what="fused query_key_value split per head as [q | k | v], q and k after the model's partial rotary embedding; h = input of dense; causal",
+        ),
     )
 }
 
 #: ``config.model_type`` -> supported family.
 MODEL_TYPES: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
-#: Families the text pipeline (tokenizer + ``AutoModel``) can run.
+#: Families the text pipeline (tokenizer + ``AutoModel``) can run: encoders (``text.models``).
 TEXT_FAMILIES = ("bert", "longformer", "distilbert", "roformer", "esm", "modernbert")
+#: Decoders the text pipeline can run (``decoders.models``): causal heads, format version 2.
+DECODER_FAMILIES = ("gpt2", "llama", "gpt_neox")
 
 _RELATIVE = "relative-position terms are added to q k^T (disentangled attention), so the logits are not s q k^T + mask"
 #: Known model types refused, with the reason.
@@ -262,6 +348,16 @@ REFUSED: dict[str, str] = {
     "data2vec-vision": "a relative position bias is added to the logits",
     "swin": "windowed attention with a relative position bias",
     "swinv2": "windowed cosine attention with a relative position bias",
+    "bloom": "ALiBi: a linear position bias is added to the logits",
+    "mpt": "ALiBi: a linear position bias is added to the logits",
+    "gpt_oss": "attention sinks: a learned logit per head joins the softmax's denominator",
+    "gemma2": "logit soft-capping: the logits pass through c * tanh(logits / c) before the softmax",
+    "gemma3": "q and k are normalised per head (qk-norm), and local layers use a sliding window; not supported by the capture",
+    "gemma3_text": "q and k are normalised per head (qk-norm), and local layers use a sliding window; not supported by the capture",
+    "qwen3": "q and k are normalised per head (qk-norm); not supported by the capture",
+    "qwen3_moe": "q and k are normalised per head (qk-norm); not supported by the capture",
+    "olmo2": "q and k are normalised over all heads (qk-norm); not supported by the capture",
+    "olmo3": "q and k are normalised over all heads (qk-norm); not supported by the capture",
 }
 
 
@@ -283,47 +379,110 @@ def _decoder_types() -> set[str]:
     return set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) - set(MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
 
-def hf_family(config, who: str | None = None, text: bool = False) -> Family:
+def _logit_terms(config) -> str | None:
+    """A term in the logits the format cannot store, read from configuration flags any model type may carry."""
+    if getattr(config, "alibi", False):
+        return "ALiBi: a linear position bias is added to the logits"
+    if getattr(config, "attn_logit_softcapping", None):
+        return f"logit soft-capping (attn_logit_softcapping = {config.attn_logit_softcapping}): the logits pass through c * tanh(logits / c) before the softmax"
+    return None
+
+
+def _decoders() -> str:
+    return "; ".join(f"{f.name}: {', '.join(f.model_types)}" for f in FAMILIES.values() if f.name in DECODER_FAMILIES)
+
+
+def hf_family(config, who: str | None = None, text: bool = False, decoder: bool | None = None) -> Family:
     """The capture family of a Hugging Face configuration, or a one-line refusal.
 
     Args:
         config: a ``transformers.PretrainedConfig`` (only ``model_type`` and a few flags are read).
         who: the model named in the error (default: the config's name or model type).
-        text: only families the text pipeline can run (:data:`TEXT_FAMILIES`).
+        text: only families the text pipeline can run (:data:`TEXT_FAMILIES`,
+            :data:`DECODER_FAMILIES`).
+        decoder: True: a decoder family only (``decoders.models``); False: an encoder family
+            only (``text.models``); None: either (capture level).
 
     Returns:
         The :class:`Family`.
 
     Raises:
         UnsupportedArchitectureError: the model type is not supported (relative position
-            terms, a decoder's causal mask, a config with ``is_decoder`` /
-            ``add_cross_attention`` / ``is_encoder_decoder``, an ESM position embedding other
-            than absolute or rotary, a vision model in the text pipeline, or an unknown
-            type); one line naming the model, the reason and the supported families.
+            terms, ALiBi, attention sinks, logit soft-capping, qk-norm, a decoder family the
+            capture does not know, an encoder-decoder or cross-attention, an encoder with
+            ``is_decoder``, a GPT-2 logit scale other than 1/sqrt(d), an ESM position embedding
+            other than absolute or rotary, a vision model in the text pipeline, or an unknown
+            type), or a decoder where an encoder is asked for and conversely; one line naming
+            the model, the reason and the supported families.
     """
     model_type = getattr(config, "model_type", None)
     who = who or getattr(config, "_name_or_path", "") or str(model_type)
     if getattr(config, "is_encoder_decoder", False):
-        raise _refuse(who, model_type, "an encoder-decoder model: its decoder uses a causal mask and cross-attention")
-    if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
-        raise _refuse(who, model_type, "configured as a decoder (is_decoder / add_cross_attention): causal mask and cross-attention")
+        raise _refuse(who, model_type, "an encoder-decoder model: its decoder uses cross-attention")
+    if getattr(config, "add_cross_attention", False):
+        raise _refuse(who, model_type, "configured with cross-attention (add_cross_attention): the keys come from another sequence")
     family = MODEL_TYPES.get(model_type)
-    if family is None:
+    reason = _logit_terms(config)
+    if reason is None and family is None:
         if model_type in REFUSED:
             reason = REFUSED[model_type]
         elif model_type in _decoder_types():
-            reason = "a decoder: its causal mask and generation cache are not analysed by this pipeline"
+            reason = f"a decoder family the capture does not know (supported decoders: {_decoders()}), and nothing is approximated"
         else:
             reason = "its attention is not known to be softmax(q k^T / sqrt(d) + mask) v, and nothing is approximated"
+    if reason is None and family.causal:
+        reason = family.check(config)
+        if reason is None and decoder is False:
+            reason = "a decoder (causal heads): list it under decoders.models, not text.models (docs/own_models.md)"
+    elif reason is None:
+        if getattr(config, "is_decoder", False):
+            reason = "configured as a decoder (is_decoder): causal mask and cross-attention"
+        elif family.name == "esm" and getattr(config, "position_embedding_type", "absolute") not in ("absolute", "rotary"):
+            reason = f"position_embedding_type {config.position_embedding_type!r} adds relative position terms to the logits"
+        elif text and family.name not in TEXT_FAMILIES:
+            reason = "a vision model (pixel inputs); the text pipeline needs a tokenizer, and vision models run through timm"
+        elif decoder:
+            reason = "an encoder (every query sees every key): list it under text.models, not decoders.models"
+    if reason is not None:
         raise _refuse(who, model_type, reason)
-    if family.name == "esm" and getattr(config, "position_embedding_type", "absolute") not in ("absolute", "rotary"):
-        raise _refuse(who, model_type, f"position_embedding_type {config.position_embedding_type!r} adds relative position terms to the logits")
-    if text and family.name not in TEXT_FAMILIES:
-        raise _refuse(who, model_type, "a vision model (pixel inputs); the text pipeline needs a tokenizer, and vision models run through timm")
     return family
 
 
-def check_text_model(model_id: str, source: str) -> str | None:
+def sliding_window(config) -> int | None:
+    """The sliding window of a decoder's configuration: query i sees keys ``i - w < j <= i``, or None.
+
+    Mistral's ``sliding_window``; Qwen2's when a layer type is ``sliding_attention``
+    (``use_sliding_window`` and ``max_window_layers``); None when no layer slides.
+    """
+    w = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if not w or (types is not None and "sliding_attention" not in types) or getattr(config, "use_sliding_window", True) is False:
+        return None
+    return int(w)
+
+
+def check_rows(config, who: str, n_tokens: int) -> None:
+    """Refuse a decoder whose sliding window is shorter than the rows (it would mask keys the format's causal mask allows).
+
+    A window ``w`` sees ``w`` keys (the query's own included), so it changes nothing while
+    ``n_tokens <= w``.
+
+    Args:
+        n_tokens: the padded length N of the sample (its longest row).
+
+    Raises:
+        UnsupportedArchitectureError: ``w < n_tokens``; one line with both numbers.
+    """
+    w = sliding_window(config)
+    if w is not None and w < n_tokens:
+        raise _refuse(
+            who,
+            getattr(config, "model_type", None),
+            f"a sliding window of {w} tokens, shorter than the rows ({n_tokens} tokens): the format's causal mask cannot express it; lower text.max_length to {w}",
+        )
+
+
+def check_text_model(model_id: str, source: str, decoder: bool = False, revision: str | None = None) -> str | None:
     """Check a configured language model from its configuration alone (no weights, no download).
 
     Reads ``config.json`` with ``transformers.AutoConfig`` from the local directory ``source``
@@ -332,14 +491,17 @@ def check_text_model(model_id: str, source: str) -> str | None:
     Args:
         model_id: the configured Hugging Face id (named in errors).
         source: a local directory, or the hub id (see :func:`kpca_repro.inputs.text.model_source`).
+        decoder: the model is listed under ``decoders.models`` (a decoder family required),
+            else under ``text.models`` (an encoder family required).
+        revision: the hub revision (``decoders.revisions``); ignored for a directory.
 
     Returns:
         The family name, or None when the configuration is not available locally (a hub id
         not in the cache; the extraction refuses it after downloading, before any forward).
 
     Raises:
-        UnsupportedArchitectureError: see :func:`hf_family` (text families only); a model type
-            unknown to the installed transformers is refused too.
+        UnsupportedArchitectureError: see :func:`hf_family` (text families only, ``decoder``);
+            a model type unknown to the installed transformers is refused too.
     """
     if Path(source).is_dir():
         if not (Path(source) / "config.json").is_file():
@@ -347,19 +509,19 @@ def check_text_model(model_id: str, source: str) -> str | None:
     else:  # a hub id: only from the cache (a cheap look-up first: importing transformers costs seconds)
         from huggingface_hub import try_to_load_from_cache
 
-        if not isinstance(try_to_load_from_cache(source, "config.json"), str):
+        if not isinstance(try_to_load_from_cache(source, "config.json", revision=revision), str):
             return None
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(source, local_files_only=True)
+        config = AutoConfig.from_pretrained(source, local_files_only=True, revision=None if Path(source).is_dir() else revision)
     except OSError:
         return None
     except (ValueError, KeyError) as exc:
         path = Path(source) / "config.json"
         model_type = json.loads(path.read_text()).get("model_type") if path.is_file() else None
         raise _refuse(model_id, model_type, f"transformers cannot read its configuration ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
-    return hf_family(config, model_id, text=True).name
+    return hf_family(config, model_id, text=True, decoder=decoder).name
 
 
 # --------------------------------------------------------------------------------------
@@ -375,20 +537,35 @@ class HFAttention:
         name: module path in the model.
         module: the attention module whose forward computes q, k, v.
         family: its :class:`Family`.
-        projections: ``{"q","k","v"}`` -> Linear, or ``{"qkv"}`` -> the fused Linear.
+        projections: ``{"q","k","v"}`` -> Linear, or ``{"qkv"}`` -> the fused projection
+            (``nn.Linear`` or GPT-2's ``Conv1D``).
         out_proj: the output projection; its input is the concatenated per-head output h.
         n_heads, head_dim: ``H`` and ``d``; the logit scale is ``1/sqrt(d)``.
         window: one-sided local window ``w`` (``|i - j| <= w``), or None.
+        n_kv_heads: key/value heads (grouped-query attention; ``n_heads`` otherwise).
     """
 
     name: str
     module: nn.Module
     family: Family
-    projections: dict[str, nn.Linear]
-    out_proj: nn.Linear
+    projections: dict[str, nn.Module]
+    out_proj: nn.Module
     n_heads: int
     head_dim: int
     window: int | None = None
+    n_kv_heads: int = 0
+
+    def __post_init__(self):
+        self.n_kv_heads = self.n_kv_heads or self.n_heads
+
+
+def _widths(module) -> tuple[int, int] | None:
+    """``(in, out)`` features of an ``nn.Linear`` or of transformers' ``Conv1D`` (weight ``(in, out)``, ``nf`` = out), else None."""
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    if type(module).__name__ == "Conv1D" and isinstance(getattr(module, "nf", None), int) and isinstance(getattr(module, "nx", None), int):
+        return module.nx, module.nf
+    return None
 
 
 def _attr(module: nn.Module, names: tuple[str, ...]):
@@ -416,8 +593,9 @@ def attention_modules(model: nn.Module, model_id: str | None = None) -> list[HFA
 
     Raises:
         UnsupportedArchitectureError: the model type is refused (:func:`hf_family`), no module
-            fits, a module is causal, or its sizes or output projection do not fit; one line
-            naming the model or module.
+            fits, an encoder's module is causal or a decoder's is not (cross-attention), a
+            decoder's logit scale is not 1/sqrt(d), or its sizes or output projection do not
+            fit; one line naming the model or module.
     """
     config = getattr(model, "config", None)
     who = model_id or type(model).__name__
@@ -428,24 +606,30 @@ def attention_modules(model: nn.Module, model_id: str | None = None) -> list[HFA
     found = []
     for name, mod in named.items():
         names = family.projections or (family.fused,)
-        if not all(isinstance(getattr(mod, a, None), nn.Linear) for a in names):
+        if not all(_widths(getattr(mod, a, None)) for a in names):
             continue
         heads, dim = _attr(mod, family.heads), _attr(mod, family.head_dim)
+        n_kv = _attr(mod, family.kv_heads) or heads
         if not heads or not dim:
             raise UnsupportedArchitectureError(f"{who}: {name} ({type(mod).__name__}) has {'/'.join(names)} but no head count {family.heads} or head size {family.head_dim}")
-        if getattr(mod, "is_causal", False):
-            raise _refuse(f"{who} ({name})", config.model_type, "the attention module is causal (is_causal)")
+        if getattr(mod, "is_causal", family.causal) != family.causal:
+            what = "causal (is_causal)" if not family.causal else "not causal (is_causal False: cross-attention)"
+            raise _refuse(f"{who} ({name})", config.model_type, f"the attention module is {what}")
+        scaling = getattr(mod, "scaling", None)
+        if family.causal and (scaling is None or abs(float(scaling) * dim**0.5 - 1) > 1e-6):
+            raise _refuse(f"{who} ({name})", config.model_type, f"its logit scale is {scaling}, not 1/sqrt(head_dim) = {dim**-0.5:g}")
         width = heads * dim
         projections = {t: getattr(mod, a) for t, a in zip(("q", "k", "v"), names)} if family.projections else {"qkv": getattr(mod, family.fused)}
-        if any(p.out_features != width * (1 if family.projections else 3) for p in projections.values()):
-            raise UnsupportedArchitectureError(f"{who}: {name}: {'/'.join(names)} widths differ from heads x head size = {width}")
+        want = {"q": width, "k": n_kv * dim, "v": n_kv * dim, "qkv": 3 * width}
+        if heads % n_kv or any(_widths(p)[1] != want[t] for t, p in projections.items()):
+            raise UnsupportedArchitectureError(f"{who}: {name}: {'/'.join(names)} widths differ from heads x head size = {width} ({n_kv} key/value heads)")
         path = family.out_proj
         out = named.get(name.rsplit(".", 1)[0]) if path.startswith("^.") else mod
         for part in path.removeprefix("^.").split("."):
             out = getattr(out, part, None)
-        if not isinstance(out, nn.Linear) or out.in_features != width:
+        if _widths(out) is None or _widths(out)[0] != width:
             raise UnsupportedArchitectureError(f"{who}: {name}: no output projection {path} taking the {width}-wide per-head attention output; h cannot be captured")
-        found.append(HFAttention(name, mod, family, projections, out, heads, dim, family.window(mod)))
+        found.append(HFAttention(name, mod, family, projections, out, heads, dim, family.window(mod), n_kv))
     if not found:
         raise UnsupportedArchitectureError(f"{who}: no {family.name} self-attention module with {'/'.join(family.projections or (family.fused,))} Linear layers")
     return found
@@ -459,10 +643,11 @@ def attention_modules(model: nn.Module, model_id: str | None = None) -> list[HFA
 class HFAttentionRecorder(HeadRecorder):
     """Records the per-head q, k, v, h every attention module uses during a forward pass.
 
-    After ``model(**batch)``: ``captured[layer]`` maps ``"q" | "k" | "v" | "h"`` to float32
-    tensors ``(B, H, N, d)`` on the model's device, batch-first whatever layout the module
-    computes in, such that ``h = softmax(q k^T / sqrt(d) + mask) v`` (the family's transform
-    applied); ``layouts[layer]`` is ``"batch_first"`` or ``"sequence_first"`` (Longformer
+    After ``model(**batch)``: ``captured[layer]`` maps ``"q" | "h"`` to float32 tensors
+    ``(B, H, N, d)`` and ``"k" | "v"`` to ``(B, H_kv, N, d)`` (the key/value heads, not
+    repeated) on the model's device, batch-first whatever layout the module computes in, such
+    that ``h = softmax(q k^T / sqrt(d) + mask) v`` with the KV head of :attr:`kv_head_of_query`
+    (the family's transform applied; ``mask`` causal for a decoder, :attr:`causal`); ``layouts[layer]`` is ``"batch_first"`` or ``"sequence_first"`` (Longformer
     applies its projections to ``(N, B, hidden)``), read from the tensors themselves: the
     projection input must equal the module's hidden states or their transpose. Only the first
     call of each projection per forward is kept.
@@ -477,6 +662,32 @@ class HFAttentionRecorder(HeadRecorder):
         self.layouts: list[str | None] = [None] * len(self.attns)
         self._hidden: list[torch.Tensor | None] = [None] * len(self.attns)
         self._extras: list[dict] = [{} for _ in self.attns]
+
+    @property
+    def causal(self) -> bool:
+        """Whether the modules are a decoder's (query i sees keys j <= i): format version 2's ``causal``.
+
+        Raises:
+            UnsupportedArchitectureError: causal and non-causal modules mixed.
+        """
+        kinds = {a.family.causal for a in self.attns}
+        if len(kinds) != 1:
+            raise UnsupportedArchitectureError(f"{self.attns[0].name}: causal and non-causal attention modules in one model")
+        return kinds.pop()
+
+    @property
+    def kv_head_of_query(self) -> np.ndarray | None:
+        """``(H,)`` int64 KV head of each query head (:func:`kpca_repro.activations.repeat_kv_map`,
+        Hugging Face's ``repeat_kv``), or None when every head has its own k and v.
+
+        Raises:
+            UnsupportedArchitectureError: the layers' head counts differ (the format holds one map).
+        """
+        sizes = {(a.n_heads, a.n_kv_heads) for a in self.attns}
+        if len(sizes) != 1:
+            raise UnsupportedArchitectureError(f"{self.attns[0].name}: the layers' (query, key/value) head counts differ: {sorted(sizes)}")
+        heads, n_kv = sizes.pop()
+        return None if n_kv == heads else repeat_kv_map(heads, n_kv)
 
     def file_attrs(self) -> dict:
         """The activation file's ``capture_adapter`` (the family) and ``hooked_layout`` of the last forward pass.
@@ -533,13 +744,11 @@ class HFAttentionRecorder(HeadRecorder):
             self.layouts[layer] = layout
             if layout == SEQUENCE_FIRST:
                 out = out.transpose(0, 1)
-            b, n, _ = out.shape
-            if name == "qkv":  # ModernBERT: view(B, N, 3, H, d).unbind(2), each transposed to (B, H, N, d)
-                q, k, v = out.view(b, n, 3, attn.n_heads, attn.head_dim).unbind(dim=-3)
-                t.update(q=q.transpose(1, 2), k=k.transpose(1, 2), v=v.transpose(1, 2))
+            if name == "qkv":  # as the family's forward splits it (ModernBERT, GPT-2, GPT-NeoX)
+                t["q"], t["k"], t["v"] = attn.family.split(attn, out)
             else:
                 # a copy: Longformer scales its query projection in place right after this hook
-                t[name] = split_heads(out, attn.n_heads, attn.head_dim).clone()
+                t[name] = split_heads(out, attn.n_kv_heads if name in ("k", "v") else attn.n_heads, attn.head_dim).clone()
 
         return hook
 

@@ -56,7 +56,8 @@ class HeadCapture(Protocol):
 
     Attributes:
         captured: one dict per layer, filled by the hooks during a forward pass:
-            ``"q" | "k" | "v" | "h"`` -> ``(B, H, N, d)`` tensors (any float dtype, any device),
+            ``"q" | "k" | "v" | "h"`` -> ``(B, H, N, d)`` tensors (any float dtype, any device;
+            k and v may hold ``H_kv`` heads when the capture has ``kv_head_of_query``),
             batch-first, heads before tokens, q and k exactly as the dot product uses them
             (after any normalisation or rotary embedding; a logit scale other than
             ``1/sqrt(d)`` folded into q), h the per-head output before the heads are
@@ -69,7 +70,8 @@ class HeadCapture(Protocol):
     ``explain_missing(layer, tensor, paths) -> (subject, reason)``, which
     :class:`HooksDidNotFireError`'s message gives; ``file_attrs() -> dict``, root attributes
     the capture knows after a forward pass (``capture_adapter``, default the class name;
-    the Hugging Face recorder's ``hooked_layout``).
+    the Hugging Face recorder's ``hooked_layout``); ``causal`` and ``kv_head_of_query``,
+    format version 2's causal flag and KV-head map (the Hugging Face recorder on a decoder).
     """
 
     captured: list
@@ -359,6 +361,8 @@ def record_activations(
     keep: Sequence[slice] | None = None,
     check: str = "every input",
     windows: Sequence[int | None] | None = None,
+    causal: bool | None = None,
+    kv_head_of_query: Sequence[int] | None = None,
 ) -> Summary:
     """Forward ``batches`` through ``model`` under ``capture`` and write the activation file.
 
@@ -392,6 +396,10 @@ def record_activations(
             pipeline's extraction) have all their heads checked.
         windows: per layer, the one-sided local window of the attention, or None (the
             pipeline's Longformer and ModernBERT; a user's file holds key padding only).
+        causal, kv_head_of_query: format version 2's causal flag and KV-head map
+            (:class:`kpca_repro.activations.ActivationWriter`); default: the capture's
+            attributes of these names when it has them (the Hugging Face recorder on a
+            decoder), else not causal and one KV head per query head.
 
     Returns:
         :class:`kpca_repro.activations.Summary` of the written file (with the largest
@@ -410,9 +418,12 @@ def record_activations(
         kpca_repro.activations.CaptureMismatchError: the captured q, k, v do not reproduce h
             (the measured error, layer, input and head in the message); no file is written.
     """
+    causal = bool(getattr(capture, "causal", False)) if causal is None else causal
+    kv_head_of_query = getattr(capture, "kv_head_of_query", None) if kv_head_of_query is None else kv_head_of_query
     runs = capture_batches(model, capture, batches, model_id=model_id, forward=forward)
     n_inputs = None if keep is None else sum(k.stop - k.start for k in keep)
-    with ActivationWriter(path, model_id=model_id, n_inputs=n_inputs, check=check, windows=windows, tolerance=tolerance) as writer, closing(runs):
+    layout = dict(causal=causal, kv_head_of_query=kv_head_of_query)
+    with ActivationWriter(path, model_id=model_id, n_inputs=n_inputs, check=check, windows=windows, tolerance=tolerance, **layout) as writer, closing(runs):
         for rows, (batch, layers) in zip(itertools.repeat(slice(None)) if keep is None else keep, runs):
             mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
             if mask is None:

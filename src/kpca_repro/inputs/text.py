@@ -8,7 +8,8 @@ docs/method.md Section 3 (the paper's ``nlp_value_vectors.py``) and Section 15 i
   draws the sample (:func:`sample_rows`).
 * Models: ``transformers.AutoModel`` / ``AutoTokenizer(use_fast=True)`` from the hub, or
   from a local directory mapped to the Hugging Face id (config ``text.local_models``,
-  :func:`model_source`).
+  :func:`model_source`); decoders (``decoders.models``) at their pinned revision, with eager
+  attention, padded with the eos token when the tokenizer has no pad token.
 * Tokenization: padding to the longest row of the whole sample, truncation at
   ``max_length`` (128) tokens; the model runs with its own attention mask.
 * Capture (:mod:`kpca_repro.capture.hf_capture`): the model family's adapter hooks every
@@ -54,28 +55,42 @@ __all__ = [
 WIKITEXT = {"path": "Salesforce/wikitext", "name": "wikitext-103-raw-v1", "split": "test"}
 
 
-def load_text_model(model_id: str, source: str, offline: bool) -> tuple[nn.Module, object]:
+def load_text_model(model_id: str, source: str, offline: bool, revision: str | None = None, decoder: bool = False) -> tuple[nn.Module, object]:
     """``AutoModel`` and fast ``AutoTokenizer`` from ``source`` (docs/method.md 3).
 
+    Args:
+        revision: the hub revision (commit, branch or tag; config ``decoders.revisions``) of
+            model and tokenizer; ignored for a local directory. None: the default branch.
+        decoder: a decoder (``decoders.models``): loaded with eager attention (the model's own
+            softmax of its masked logits, no fused kernel), and a tokenizer without a pad token
+            pads with its eos token (the attention mask marks the padding either way).
+
     Returns:
-        ``(model, tokenizer)``, the model in eval mode, float32, on the CPU.
+        ``(model, tokenizer)``, the model in eval mode, float32, on the CPU; the tokenizer
+        pads on its own side (``padding_side``, left or right).
 
     Raises:
-        MissingModelError: the files cannot be found or downloaded (id and key named).
+        MissingModelError: the files cannot be found or downloaded (id and key named), or a
+            decoder's tokenizer has neither a pad nor an eos token.
     """
     from transformers import AutoModel, AutoTokenizer
 
     local = offline or os.path.isdir(source)
+    where = {"local_files_only": local, **({"revision": revision} if revision is not None and not os.path.isdir(source) else {})}
     try:
-        model = AutoModel.from_pretrained(source, local_files_only=local)
-        tokenizer = AutoTokenizer.from_pretrained(source, use_fast=True, local_files_only=local)
+        model = AutoModel.from_pretrained(source, **where, **({"attn_implementation": "eager"} if decoder else {}))
+        tokenizer = AutoTokenizer.from_pretrained(source, use_fast=True, **where)
     except OSError as exc:
         raise MissingModelError(_missing_message(model_id, f"{type(exc).__name__}: {exc}")) from exc
+    if decoder and tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise MissingModelError(f"{model_id}: its tokenizer has neither a pad token nor an eos token to pad the sample's rows with; give it a pad_token (tokenizer_config.json)")
+        tokenizer.pad_token = tokenizer.eos_token
     return model.eval().float(), tokenizer
 
 
-def weights_file(model_id: str, source: str) -> Path | None:
-    """The weights file behind a loaded model (``model.safetensors`` or ``pytorch_model.bin``)."""
+def weights_file(model_id: str, source: str, revision: str | None = None) -> Path | None:
+    """The weights file behind a loaded model (``model.safetensors`` or ``pytorch_model.bin``; of ``revision`` in the hub cache)."""
     names = ("model.safetensors", "pytorch_model.bin")
     if os.path.isdir(source):
         for name in names:
@@ -85,7 +100,7 @@ def weights_file(model_id: str, source: str) -> Path | None:
     from huggingface_hub import try_to_load_from_cache
 
     for name in names:
-        hit = try_to_load_from_cache(model_id, name)
+        hit = try_to_load_from_cache(model_id, name, revision=revision)
         if isinstance(hit, str):
             return Path(hit)
     return None

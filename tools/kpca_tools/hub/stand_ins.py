@@ -44,6 +44,7 @@ from kpca_tools.hub import repos
 __all__ = [
     "REAL_MODELS",
     "TEXT_SPECS",
+    "DECODER_SPECS",
     "TextSpec",
     "stand_in_seed",
     "config_models",
@@ -63,18 +64,22 @@ _REPO_ROOT = Path(__file__).resolve().parents[3]
 
 @dataclasses.dataclass(frozen=True)
 class TextSpec:
-    """How to build the stand-in of one Hugging Face encoder.
+    """How to build the stand-in of one Hugging Face language model (encoder or decoder).
 
     Attributes:
         config_class: the ``transformers`` configuration class (``"BertConfig"``, ...).
         params: its published hyper-parameters (``config.json`` of the hub repository).
         tokenizer: ``"wordpiece"`` (BERT, ELECTRA: uncased), ``"bytelevel_bpe"`` (RoBERTa,
-            Longformer, LUKE), ``"unigram"`` (XLM-R, CamemBERT: SentencePiece-style).
+            Longformer, LUKE, the decoders), ``"unigram"`` (XLM-R, CamemBERT: SentencePiece-style).
         tokenizer_class: the ``transformers`` tokenizer class the real repository names.
         layout: special-token layout of the real vocabulary (``"bert"``, ``"roberta"``,
-            ``"xlmr"``, ``"camembert"``): which ids the special tokens hold.
+            ``"xlmr"``, ``"camembert"``, ``"gpt2"``, ``"neox"``, ``"smollm2"``, ``"qwen2"``):
+            which ids the special tokens hold.
         model_max_length: ``tokenizer_config.json``'s ``model_max_length`` of the real repository.
         source: where the values come from.
+        tokenizer_size: the tokenizer's length when it is below the configuration's
+            ``vocab_size`` (decoders whose embedding matrix has spare rows: Pythia, Qwen2.5);
+            None: ``vocab_size``.
     """
 
     config_class: str
@@ -84,6 +89,7 @@ class TextSpec:
     layout: str
     model_max_length: int
     source: str
+    tokenizer_size: int | None = None
 
 
 _BERT_BASE = dict(
@@ -165,6 +171,119 @@ TEXT_SPECS: Mapping[str, TextSpec] = {
     ),
 }
 
+#: The stand-ins of the default decoders (config ``decoders.models``). Values: each hub
+#: repository's ``config.json`` (GPT-2 small, Radford et al. 2019: 12 layers, 12 heads, width 768,
+#: 1,024 positions, byte-level BPE of 50,257 tokens with <|endoftext|> = 50256; Pythia-160m, Biderman
+#: et al. 2023: the GPT-NeoX architecture, 12 layers, 12 heads, width 768, rotary on 25% of each
+#: head, parallel residual, 50,304 embedding rows for the 50,277 tokens of its tokenizer,
+#: <|endoftext|> = 0, <|padding|> = 1; SmolLM2-135M, Allal et al. 2025: Llama, 30 layers, width 576,
+#: 9 query heads on 3 key/value heads, rope_theta 100,000, vocabulary 49,152 with <|endoftext|> = 0;
+#: Qwen2.5-0.5B, Qwen team 2024: 24 layers, width 896, 14 query heads on 2 key/value heads, biases on
+#: q, k, v, rope_theta 1,000,000, no sliding window, 151,936 embedding rows, <|endoftext|> = 151643).
+#: The stand-in tokenizers are byte-level BPE trained on WikiText-103 (:func:`build_tokenizer`);
+#: the real ones' added chat tokens beyond <|im_end|> are left out.
+DECODER_SPECS: Mapping[str, TextSpec] = {
+    "gpt2": TextSpec(
+        "GPT2Config",
+        dict(
+            vocab_size=50257,
+            n_positions=1024,
+            n_embd=768,
+            n_layer=12,
+            n_head=12,
+            activation_function="gelu_new",
+            layer_norm_epsilon=1e-5,
+            initializer_range=0.02,
+            bos_token_id=50256,
+            eos_token_id=50256,
+        ),
+        "bytelevel_bpe",
+        "GPT2Tokenizer",
+        "gpt2",
+        1024,
+        "gpt2/config.json; Radford et al. 2019, GPT-2 small",
+    ),
+    "EleutherAI/pythia-160m": TextSpec(
+        "GPTNeoXConfig",
+        dict(
+            vocab_size=50304,
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            hidden_act="gelu",
+            max_position_embeddings=2048,
+            rotary_pct=0.25,
+            rotary_emb_base=10000,
+            layer_norm_eps=1e-5,
+            use_parallel_residual=True,
+            tie_word_embeddings=False,
+            initializer_range=0.02,
+            bos_token_id=0,
+            eos_token_id=0,
+        ),  # fmt: skip
+        "bytelevel_bpe",
+        "GPTNeoXTokenizer",
+        "neox",
+        2048,
+        "EleutherAI/pythia-160m/config.json; Biderman et al. 2023",
+        tokenizer_size=50277,
+    ),
+    "HuggingFaceTB/SmolLM2-135M": TextSpec(
+        "LlamaConfig",
+        dict(
+            vocab_size=49152,
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            hidden_act="silu",
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-5,
+            rope_theta=100000.0,
+            tie_word_embeddings=True,
+            initializer_range=0.041666666666666664,
+            bos_token_id=0,
+            eos_token_id=0,
+        ),  # fmt: skip
+        "bytelevel_bpe",
+        "GPT2Tokenizer",
+        "smollm2",
+        8192,
+        "HuggingFaceTB/SmolLM2-135M/config.json; Allal et al. 2025",
+    ),
+    "Qwen/Qwen2.5-0.5B": TextSpec(
+        "Qwen2Config",
+        dict(
+            vocab_size=151936,
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            hidden_act="silu",
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            use_sliding_window=False,
+            sliding_window=32768,
+            max_window_layers=24,
+            tie_word_embeddings=True,
+            initializer_range=0.02,
+            bos_token_id=151643,
+            eos_token_id=151643,
+        ),  # fmt: skip
+        "bytelevel_bpe",
+        "Qwen2Tokenizer",
+        "qwen2",
+        131072,
+        "Qwen/Qwen2.5-0.5B/config.json; Qwen team 2024, Qwen2.5",
+        tokenizer_size=151646,
+    ),
+}
+TEXT_SPECS = {**TEXT_SPECS, **DECODER_SPECS}
+
 #: Entities of the stand-in LUKE tokenizer: only LukeTokenizer's required special entities.
 LUKE_ENTITY_VOCAB = {"[PAD]": 0, "[UNK]": 1, "[MASK]": 2, "[MASK2]": 3}
 #: Most pieces trained from the WikiText-103 test rows (about 1.3 MB of text); the rest of the
@@ -178,11 +297,11 @@ def stand_in_seed(model_id: str) -> int:
 
 
 def config_models(config_path: str | os.PathLike | None = None) -> tuple[list[str], list[str]]:
-    """``(vision.models, text.models)`` of ``config/config.yaml`` (or ``config_path``)."""
+    """``(vision.models, text.models + decoders.models)`` of ``config/config.yaml`` (or ``config_path``)."""
     import yaml
 
     cfg = yaml.safe_load(Path(config_path or _REPO_ROOT / "config" / "config.yaml").read_text())
-    return list(cfg["vision"]["models"]), list(cfg["text"]["models"])
+    return list(cfg["vision"]["models"]), list(cfg["text"]["models"]) + list(cfg.get("decoders", {}).get("models", []))
 
 
 def resolve_ids(ids: str | Sequence[str]) -> list[str]:
@@ -225,6 +344,14 @@ def _special_layout(layout: str) -> tuple[list[str], list[str]]:
         return ["<s>", "<pad>", "</s>", "<unk>"], ["<mask>"]
     if layout == "camembert":  # fairseq's dictionary then SentencePiece's: <s>=5, </s>=6, <mask> last
         return ["<s>NOTUSED", "<pad>", "</s>NOTUSED", "<unk>", "<unk>NOTUSED", "<s>", "</s>"], ["<mask>"]
+    if layout == "gpt2":  # the BPE pieces, then <|endoftext|> = 50256
+        return [], ["<|endoftext|>"]
+    if layout == "neox":  # <|endoftext|> = 0, <|padding|> = 1
+        return ["<|endoftext|>", "<|padding|>"], []
+    if layout == "smollm2":  # <|endoftext|> = 0, <|im_start|> = 1, <|im_end|> = 2
+        return ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], []
+    if layout == "qwen2":  # the BPE pieces, then <|endoftext|> = 151643, <|im_start|>, <|im_end|>
+        return [], ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     raise ValueError(f"unknown layout {layout!r}")
 
 
@@ -242,13 +369,14 @@ def build_tokenizer(spec: TextSpec, corpus_file: str | os.PathLike, out_dir: str
         ``{"trained": pieces trained, "padded": placeholders added, "vocab_size": len(tokenizer)}``.
 
     Raises:
-        RuntimeError: the tokenizer's length differs from the configuration's ``vocab_size``.
+        RuntimeError: the tokenizer's length differs from the configuration's ``vocab_size``
+            (``spec.tokenizer_size`` when given).
     """
     import transformers
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
     rows = _corpus(Path(corpus_file))
-    vocab_size = int(spec.params["vocab_size"])
+    vocab_size = int(spec.tokenizer_size or spec.params["vocab_size"])
     head, tail = _special_layout(spec.layout)
     if spec.tokenizer_class == "LukeTokenizer":
         # LukeTokenizer adds <ent>, <ent2> and the entity vocabulary's special strings to the word
@@ -373,7 +501,8 @@ def records(root: str | os.PathLike) -> dict[str, dict]:
 def _key(model_id: str, corpus_file: Path) -> str:
     spec = TEXT_SPECS.get(model_id)
     st = corpus_file.stat()
-    payload = [_STAND_IN_VERSION, model_id, dataclasses.asdict(spec) if spec else None, _versions(), str(corpus_file), st.st_size, st.st_mtime_ns]
+    fields = {k: v for k, v in dataclasses.asdict(spec).items() if not (k == "tokenizer_size" and v is None)} if spec else None  # keys of the encoders' stand-ins as before the field
+    payload = [_STAND_IN_VERSION, model_id, fields, _versions(), str(corpus_file), st.st_size, st.st_mtime_ns]
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
