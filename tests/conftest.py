@@ -35,6 +35,7 @@ def real_deit_tiny() -> tuple[Path, Path, Path]:
 # listed follow in their usual order; the order inside a file is kept.
 SLOW_FILES_FIRST = (
     "test_activations_workflow.py",
+    "test_decoders_workflow.py",
     "test_workflow.py",
     "test_online.py",
     "test_reliability.py",

@@ -138,11 +138,11 @@ def plot_prefix_profile(profile: pd.DataFrame, pdf: str | os.PathLike, png: str 
 
     One panel per metric (MDC, MOC, LCKA, KCKA), one line per model; x = the prefix lengths P
     in order, the last point ``N`` (each row's full length) drawn at equal spacing and labelled
-    so, since N differs between rows.
+    so, since N differs between rows; a P that no row reaches is left out.
 
     Args:
-        profile: rows of :func:`kpca_repro.analysis.tables.decoders_prefix_table` (``model,
-            hf_id, prefix, MDC, MOC, LCKA, KCKA``) of one variant.
+        profile: rows of :func:`kpca_repro.analysis.tables.decoders_prefix_table` (``hf_id,
+            prefix, n_heads, MDC, MOC, LCKA, KCKA``) of one variant.
         title: figure title (the variant and the inputs).
         names: model id -> short name for the legend; default the id after its last ``/``.
     """
@@ -153,6 +153,7 @@ def plot_prefix_profile(profile: pd.DataFrame, pdf: str | os.PathLike, png: str 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    profile = profile[profile["n_heads"] > 0]  # a P longer than every row has no point
     prefixes = list(dict.fromkeys(profile["prefix"].astype(str)))
     prefixes = sorted((p for p in prefixes if p != "N"), key=int) + (["N"] if "N" in prefixes else [])
     x = {p: i for i, p in enumerate(prefixes)}

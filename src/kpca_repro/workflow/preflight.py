@@ -55,7 +55,8 @@ _INPUTS = {
     "text_model": (
         "language model {name!r} (Hugging Face model directory)",
         None,
-        "map the id to a directory saved with save_pretrained in config key text.local_models (e.g. 'text: {{local_models: {{<id>: /path/to/dir}}}}'), put it in the Hugging Face cache, or run online",
+        "map the id to a directory saved with save_pretrained in config key text.local_models, or decoders.local_models for a decoder "
+        "(e.g. 'text: {{local_models: {{<id>: /path/to/dir}}}}'), put it in the Hugging Face cache, or run online",
     ),
     "wikitext": (
         "WikiText-103 raw test split",
@@ -95,7 +96,7 @@ def offline_reason(config: dict) -> str | None:
 def failure_block(missing: list[Requirement], reason: str, offline_runs: list[tuple[str, str]]) -> str:
     """The one message: a line per missing input, a line of advice per kind, the offline runs."""
     lines = [f"Cannot start: {len(missing)} input{'s' if len(missing) != 1 else ''} missing, and they cannot be downloaded ({reason})."]
-    lines += [f"  missing {r.what}: " + (f"{r.path} does not exist" if r.kind != "text_model" else "not in text.local_models and not in the Hugging Face cache") for r in missing]
+    lines += [f"  missing {r.what}: " + (f"{r.path} does not exist" if r.kind != "text_model" else "not in text.local_models / decoders.local_models and not in the Hugging Face cache") for r in missing]
     lines.append("Provide them:")
     for kind in dict.fromkeys(r.kind for r in missing):
         r = next(r for r in missing if r.kind == kind)
@@ -151,12 +152,12 @@ DOWNLOADS = dict(download_timm_weights="weights", download_imagenet_sample="imag
 def scheduled_requirements(config: dict, jobs: Iterable[tuple[str, dict]]) -> list[Requirement]:
     """The external inputs of the scheduled ``jobs`` (``(rule, wildcards)``): what each download job
     fetches (its ``model`` wildcard: the timm id), and the hub model of an ``extract_text`` job whose
-    model is not in ``text.local_models``."""
+    model is not in ``text.local_models`` or ``decoders.local_models``."""
     reqs = []
     for rule, wildcards in jobs:
         if rule in DOWNLOADS:
             reqs += requirements(DOWNLOADS[rule], config, wildcards.get("model"))
-        elif rule == "extract_text" and (model_id := model_id_from_slug(wildcards["slug"])) not in config["text"]["local_models"]:
+        elif rule == "extract_text" and (model_id := model_id_from_slug(wildcards["slug"])) not in {**config["text"]["local_models"], **config["decoders"]["local_models"]}:
             reqs += requirements("text_model", config, model_id)
     return reqs
 
