@@ -11,10 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import run_snakemake
 
 from kpca_repro.activations import ActivationFile, validate
 from kpca_repro.analysis.statistics import over_heads
+
+from conftest import run_snakemake
 
 pytestmark = pytest.mark.integration
 

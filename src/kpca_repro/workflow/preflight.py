@@ -96,7 +96,9 @@ def offline_reason(config: dict) -> str | None:
 def failure_block(missing: list[Requirement], reason: str, offline_runs: list[tuple[str, str]]) -> str:
     """The one message: a line per missing input, a line of advice per kind, the offline runs."""
     lines = [f"Cannot start: {len(missing)} input{'s' if len(missing) != 1 else ''} missing, and they cannot be downloaded ({reason})."]
-    lines += [f"  missing {r.what}: " + (f"{r.path} does not exist" if r.kind != "text_model" else "not in text.local_models / decoders.local_models and not in the Hugging Face cache") for r in missing]
+    lines += [
+        f"  missing {r.what}: " + (f"{r.path} does not exist" if r.kind != "text_model" else "not in text.local_models / decoders.local_models and not in the Hugging Face cache") for r in missing
+    ]
     lines.append("Provide them:")
     for kind in dict.fromkeys(r.kind for r in missing):
         r = next(r for r in missing if r.kind == kind)
