@@ -68,7 +68,14 @@ class PartStore:
         return self.directory / f"part_{index:06d}.npz"
 
     def __len__(self) -> int:
-        return sum(1 for _ in self.directory.glob("part_*.npz"))
+        return sum(1 for _ in self.directory.glob("part_[0-9][0-9][0-9][0-9][0-9][0-9].npz"))  # not a .tmp.npz an interrupt left
+
+    def finished(self) -> int:
+        """How many parts ``0, 1, ...`` are kept in a row: a job that keeps its batches in order goes on after them."""
+        n = 0
+        while self._path(n).exists():
+            n += 1
+        return n
 
     def load(self, index: int) -> dict[str, np.ndarray] | None:
         """Part ``index`` as name -> array, or None when it was not kept (or cannot be read)."""
