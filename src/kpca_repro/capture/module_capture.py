@@ -37,6 +37,7 @@ import itertools
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from typing import Any, Protocol, runtime_checkable
 
@@ -425,7 +426,7 @@ def record_activations(
     runs = capture_batches(model, capture, batches, model_id=model_id, forward=forward)
     n_inputs = None if keep is None else sum(k.stop - k.start for k in keep)
     kept = store.finished() if store is not None else 0
-    written, found = 0, None
+    found, saving = None, []
 
     def computed():  # (layers, mask, attrs) of each batch after the kept ones: the rows the file stores
         for rows, (batch, layers) in zip(itertools.repeat(slice(None)) if keep is None else keep[kept:], runs):
@@ -437,18 +438,25 @@ def record_activations(
             yield [{t: a[rows] for t, a in tensors.items()} for tensors in layers], mask, _found_attrs(capture)
 
     try:
-        with ActivationWriter(path, model_id=model_id, n_inputs=n_inputs, check=check, windows=windows, tolerance=tolerance) as writer, closing(runs):
+        with (
+            ActivationWriter(path, model_id=model_id, n_inputs=n_inputs, check=check, windows=windows, tolerance=tolerance) as writer,
+            closing(runs),
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="keep") as keeper,  # a part is written while the next batch runs; left, the block waits for it
+        ):
             for index, (layers, mask, found) in enumerate(itertools.chain(_kept_batches(store, kept), computed())):
                 writer.add(layers, mask)
                 if store is not None and index >= kept:
-                    store.save(index, _batch_part(layers, mask, found))
-                written = index + 1
+                    for part in saving:  # one part at a time: its arrays are those the writer holds
+                        part.result()
+                    saving = [keeper.submit(store.save, index, _batch_part(layers, mask, found))]
+            for part in saving:
+                part.result()
             summary = writer.finish({**(found or _found_attrs(capture)), **(attrs or {})}, sample_rank, dataset_index)
     except KeyboardInterrupt:
         if store is None:
             raise
         of = f" of {len(keep):,}" if keep is not None else ""
-        raise JobInterrupted(f"interrupted after {written:,}{of} batches; rerun the same command to resume") from None
+        raise JobInterrupted(f"interrupted after {store.finished():,}{of} batches; rerun the same command to resume") from None
     if store is not None:  # the file is written
         store.remove()
     return summary
