@@ -1,13 +1,13 @@
 """Finished work of an interrupted job, kept beside its output so that a rerun goes on from there.
 
-A long job (the KPCA records of one activation file) keeps each finished batch of results in a
-:class:`PartStore` directory next to its output. A rerun of the same job (the same key: its
-inputs, parameters and code) reads those parts back instead of computing them again, so an
-interrupted, killed or preempted job loses at most the batch it was computing. A part is written
-under a temporary name and renamed, so a kill during the write leaves nothing a rerun would read.
-Parts of another key are deleted before the job starts; the job deletes the directory when its
-output is written. No pickles: parts are ``.npz`` files of plain arrays read with
-``allow_pickle=False``, the key a JSON file.
+A long job (the KPCA records or the eigenvalues of one activation file, an extraction's forward
+batches) keeps each finished batch of results in a :class:`PartStore` directory next to its
+output. A rerun of the same job (the same key: its inputs, parameters and code) reads those parts
+back instead of computing them again, so an interrupted, killed or preempted job loses at most the
+batch it was computing. A part is written under a temporary name and renamed, so a kill during the
+write leaves nothing a rerun would read. Parts of another key are deleted before the job starts;
+the job deletes the directory when its output is written. No pickles: parts are ``.npz`` files of
+plain arrays read with ``allow_pickle=False``, the key a JSON file.
 """
 
 from __future__ import annotations
@@ -68,7 +68,14 @@ class PartStore:
         return self.directory / f"part_{index:06d}.npz"
 
     def __len__(self) -> int:
-        return sum(1 for _ in self.directory.glob("part_*.npz"))
+        return sum(1 for _ in self.directory.glob("part_[0-9][0-9][0-9][0-9][0-9][0-9].npz"))  # not a .tmp.npz an interrupt left
+
+    def finished(self) -> int:
+        """How many parts ``0, 1, ...`` are kept in a row: a job that keeps its batches in order goes on after them."""
+        n = 0
+        while self._path(n).exists():
+            n += 1
+        return n
 
     def load(self, index: int) -> dict[str, np.ndarray] | None:
         """Part ``index`` as name -> array, or None when it was not kept (or cannot be read)."""

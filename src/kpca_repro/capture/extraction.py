@@ -7,7 +7,8 @@ the attributes only it knows, then :func:`_record` runs the loop over the shard 
 invariant on every batch, the file written by :class:`kpca_repro.activations.ActivationWriter`,
 layout in docs/activations.md Section 1). Forward batches are the whole sample's blocks
 (:func:`kpca_repro.inputs.images.shard_batches`), so a row's activations do not depend on the
-shard count; the shard keeps its own rows.
+shard count; the shard keeps its own rows. A job may keep its finished forward batches
+(argument ``resume``, :class:`kpca_repro.resume.PartStore`) so that a rerun goes on after them.
 
 Nothing here imports the method (:mod:`kpca_repro.method`), so an edit to the per-head metrics
 does not rerun extraction (its rules' code inputs are the ``inputs`` and ``capture`` stages).
@@ -15,6 +16,7 @@ does not rerun extraction (its rules' code inputs are the ``inputs`` and ``captu
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,9 +31,12 @@ from kpca_repro.capture.vision import CaptureRecorder, capture_plan, load_timm_m
 from kpca_repro.inputs import images as img
 from kpca_repro.inputs.model_info import MissingModelError
 from kpca_repro.inputs.text import load_text_model, tokenize_sample, weights_file
+from kpca_repro.resume import PartStore
 from kpca_repro.smk import library_versions
 
 __all__ = ["extract_vision", "extract_text", "prefetch_batches", "CPU_FORWARD_BATCH", "forward_batch_size"]
+
+_LOG = logging.getLogger("kpca_repro.extraction")
 
 #: Images (rows) per forward pass of an extraction job on the CPU under ``batch_size: auto``.
 CPU_FORWARD_BATCH = 25
@@ -85,13 +90,32 @@ def prefetch_batches(load: Callable[[str], torch.Tensor], batches: Sequence[Sequ
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _record(model: nn.Module, capture: HeadCapture, inputs: Iterable, samples: pd.DataFrame, out_path, *, model_id, attrs: dict, shard, batches: list, progress: bool, windows=None) -> None:
+def _part_store(resume: tuple[str | os.PathLike, dict] | None, attrs: dict, shard: tuple[int, int], n_batches: int) -> tuple[PartStore | None, int]:
+    """The store of an extraction job's finished batches and how many of them are kept (0 without ``resume``).
+
+    ``resume`` is ``(directory, key)``; the store's key adds the file's attributes known before
+    the first forward pass (the weights' SHA-256, the inputs, the preprocessing or tokenizer),
+    the shard and the library versions, so a batch of other weights or inputs is never reused.
+    A job of one forward batch (on a GPU, ``batch_size: auto``) keeps nothing: a rerun would redo it all the same.
+    """
+    if resume is None or n_batches < 2:
+        return None, 0
+    store = PartStore(resume[0], {**resume[1], "attrs": attrs, "shard": list(shard), "versions": library_versions()})
+    kept = store.finished()
+    if kept:
+        _LOG.info("resuming after %d of %d batches kept in %s", kept, n_batches, store.directory)
+    return store, kept
+
+
+def _record(
+    model: nn.Module, capture: HeadCapture, inputs: Iterable, samples: pd.DataFrame, out_path, *, model_id, attrs: dict, shard, batches: list, progress: bool, windows=None, store=None, kept=0
+) -> None:
     """Both adapters' loop: one shard of ``samples`` through :func:`record_activations`.
 
     ``inputs`` are the forward batches, one per ``(run, keep, offset)`` of ``batches``
-    (:func:`kpca_repro.inputs.images.shard_batches`), in order. The invariant is checked on all
-    heads of each batch's first and last kept row (the float64 recomputation of every row would
-    cost as much as the forward pass).
+    (:func:`kpca_repro.inputs.images.shard_batches`), in order, after the ``kept`` batches of
+    ``store`` (:func:`_part_store`). The invariant is checked on all heads of each batch's first
+    and last kept row (the float64 recomputation of every row would cost as much as the forward pass).
 
     Raises:
         As :func:`record_activations`; no file is left.
@@ -99,11 +123,11 @@ def _record(model: nn.Module, capture: HeadCapture, inputs: Iterable, samples: p
     from kpca_repro.progress import progress as progress_bar
 
     rows = samples.iloc[img.shard_slice(len(samples), shard[1], shard[0])]
-    bar = progress_bar(inputs, total=len(batches), desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5)
+    bar = progress_bar(inputs, total=len(batches) - kept, desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5)
     record_activations(
         model, capture, bar, out_path, model_id=model_id, attrs={**attrs, "versions": library_versions(), "shard": shard[0], "n_shards": shard[1]},
         sample_rank=rows["sample_rank"].to_numpy(), dataset_index=rows["dataset_index"].to_numpy(), keep=[keep for _, keep, _ in batches],
-        check="the first and last input", windows=windows,
+        check="the first and last input", windows=windows, store=store,
     )  # fmt: skip
 
 
@@ -120,6 +144,7 @@ def extract_vision(
     shard: tuple[int, int] = (0, 1),
     progress: bool = True,
     decode_threads: int = 2,
+    resume: tuple[str | os.PathLike, dict] | None = None,
 ) -> None:
     """Run ``model_id`` over the sampled images and write q, k, v, h of every layer to HDF5.
 
@@ -138,6 +163,10 @@ def extract_vision(
             (:func:`kpca_repro.inputs.images.shard_slice`).
         decode_threads: threads that decode and resize the next batch's images while the
             current batch runs through the model (:func:`prefetch_batches`).
+        resume: ``(directory, key)`` of a :class:`kpca_repro.resume.PartStore` keeping each
+            finished forward batch (key: the job's inputs, parameters and code; the weights'
+            SHA-256 and the inputs are added); a rerun decodes and forwards only the batches
+            after the kept ones. The directory goes once the file is written.
 
     Raises:
         kpca_repro.inputs.images.UnreadableImageError: an image cannot be decoded (named).
@@ -165,9 +194,10 @@ def extract_vision(
         "inputs": [os.path.basename(p) for p in samples["path"].iloc[img.shard_slice(len(samples), shard[1], shard[0])]],
     }
     paths, batches = list(samples["path"]), img.shard_batches(len(samples), shard[1], shard[0], batch_size)
-    with closing(prefetch_batches(lambda p: transform(img.load_image(p)), [paths[run] for run, _, _ in batches], decode_threads)) as decoded:  # decoding stops on an error
+    store, kept = _part_store(resume, attrs, shard, len(batches))
+    with closing(prefetch_batches(lambda p: transform(img.load_image(p)), [paths[run] for run, _, _ in batches[kept:]], decode_threads)) as decoded:  # decoding stops on an error
         inputs = (x.to(device) for x in decoded)
-        _record(model, CaptureRecorder(plan, model_id), inputs, samples, out_path, model_id=model_id, attrs=attrs, shard=shard, batches=batches, progress=progress)
+        _record(model, CaptureRecorder(plan, model_id), inputs, samples, out_path, model_id=model_id, attrs=attrs, shard=shard, batches=batches, progress=progress, store=store, kept=kept)
 
 
 def extract_text(
@@ -185,6 +215,7 @@ def extract_text(
     progress: bool = True,
     revision: str | None = None,
     decoder: bool = False,
+    resume: tuple[str | os.PathLike, dict] | None = None,
 ) -> None:
     """Run a language model over one shard of a text sample; write q, k, v, h and the mask.
 
@@ -210,6 +241,7 @@ def extract_text(
         checksum: expected SHA-256 of the weights file (config ``checksums``), or None.
         revision: hub revision of model and tokenizer (config ``decoders.revisions``), or None.
         decoder: a model of ``decoders.models`` (an encoder family is refused, and conversely).
+        resume: as :func:`extract_vision`'s (the forward batches after the kept ones run).
 
     Raises:
         kpca_repro.inputs.resources.ChecksumMismatchError: the weights differ from ``checksum``.
@@ -253,5 +285,9 @@ def extract_text(
         attrs["tokenizer"]["pad_token"] = tokenizer.pad_token + (" (the eos token)" if tokenizer.pad_token == tokenizer.eos_token else "")
     no_cache = {"use_cache": False} if decoder else {}  # a decoder's generation cache would only hold copies of k and v
     batches = img.shard_batches(len(samples), shard[1], shard[0], batch_size)
-    inputs = ({**{k: v[run].to(device) for k, v in enc.items()}, **no_cache} for run, _, _ in batches)
-    _record(model, HFAttentionRecorder(attns), inputs, samples, out_path, model_id=model_id, attrs=attrs, shard=shard, batches=batches, progress=progress, windows=[a.window for a in attns])
+    store, kept = _part_store(resume, attrs, shard, len(batches))
+    inputs = ({**{k: v[run].to(device) for k, v in enc.items()}, **no_cache} for run, _, _ in batches[kept:])
+    _record(
+        model, HFAttentionRecorder(attns), inputs, samples, out_path, model_id=model_id, attrs=attrs, shard=shard, batches=batches, progress=progress,
+        windows=[a.window for a in attns], store=store, kept=kept,
+    )  # fmt: skip

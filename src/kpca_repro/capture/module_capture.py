@@ -34,8 +34,10 @@ tests/test_torch_attention.py PyTorch's own attention.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from typing import Any, Protocol, runtime_checkable
 
@@ -46,6 +48,8 @@ from torch import nn
 from kpca_repro.activations import TENSORS, ActivationWriter, Summary
 from kpca_repro.capture import torch_attention as ta
 from kpca_repro.capture.vision import HeadRecorder, UnsupportedArchitectureError, split_heads
+from kpca_repro.errors import JobInterrupted, JobStop
+from kpca_repro.resume import PartStore
 
 __all__ = ["HeadCapture", "ModuleCapture", "HooksDidNotFireError", "capture_batches", "record_activations"]
 
@@ -363,6 +367,7 @@ def record_activations(
     windows: Sequence[int | None] | None = None,
     causal: bool | None = None,
     kv_head_of_query: Sequence[int] | None = None,
+    store: PartStore | None = None,
 ) -> Summary:
     """Forward ``batches`` through ``model`` under ``capture`` and write the activation file.
 
@@ -400,6 +405,12 @@ def record_activations(
             (:class:`kpca_repro.activations.ActivationWriter`); default: the capture's
             attributes of these names when it has them (the Hugging Face recorder on a
             decoder), else not causal and one KV head per query head.
+        store: where finished batches are kept (:class:`kpca_repro.resume.PartStore`, keyed by
+            the job's model, inputs, parameters and code): each batch's stored rows and mask
+            once written, and the first ``store.finished()`` batches read back from it instead
+            of computed, so ``batches`` then holds only the batches after them. The writer gets
+            the same arrays either way (the same file, bit for bit; the invariant is checked on
+            them again). The store is deleted once the file is written.
 
     Returns:
         :class:`kpca_repro.activations.Summary` of the written file (with the largest
@@ -417,19 +428,79 @@ def record_activations(
             (:class:`ModuleCapture`).
         kpca_repro.activations.CaptureMismatchError: the captured q, k, v do not reproduce h
             (the measured error, layer, input and head in the message); no file is written.
+        kpca_repro.errors.JobStop: with ``store``, a kept batch cannot be read (the kept batches are deleted).
+        kpca_repro.resume.JobInterrupted: interrupted (``KeyboardInterrupt``), with ``store``: the message says how many batches are kept.
     """
     causal = bool(getattr(capture, "causal", False)) if causal is None else causal
     kv_head_of_query = getattr(capture, "kv_head_of_query", None) if kv_head_of_query is None else kv_head_of_query
     runs = capture_batches(model, capture, batches, model_id=model_id, forward=forward)
     n_inputs = None if keep is None else sum(k.stop - k.start for k in keep)
     layout = dict(causal=causal, kv_head_of_query=kv_head_of_query)
-    with ActivationWriter(path, model_id=model_id, n_inputs=n_inputs, check=check, windows=windows, tolerance=tolerance, **layout) as writer, closing(runs):
-        for rows, (batch, layers) in zip(itertools.repeat(slice(None)) if keep is None else keep, runs):
+    kept = store.finished() if store is not None else 0
+    found, saving = None, []
+
+    def computed():  # (layers, mask, attrs) of each batch after the kept ones: the rows the file stores
+        for rows, (batch, layers) in zip(itertools.repeat(slice(None)) if keep is None else keep[kept:], runs):
             mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
             if mask is None:
                 mask = getattr(capture, "attention_mask", None)  # e.g. the key_padding_mask nn.MultiheadAttention was called with
             if mask is not None:
                 mask = np.asarray(mask.detach().cpu() if hasattr(mask, "detach") else mask)[rows]
-            writer.add([{t: a[rows] for t, a in tensors.items()} for tensors in layers], mask)
-        found = {"capture_adapter": type(capture).__name__, **(capture.file_attrs() if hasattr(capture, "file_attrs") else {})}
-        return writer.finish({**found, **(attrs or {})}, sample_rank, dataset_index)
+            yield [{t: a[rows] for t, a in tensors.items()} for tensors in layers], mask, _found_attrs(capture)
+
+    try:
+        with (
+            ActivationWriter(path, model_id=model_id, n_inputs=n_inputs, check=check, windows=windows, tolerance=tolerance, **layout) as writer,
+            closing(runs),
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="keep") as keeper,  # a part is written while the next batch runs; left, the block waits for it
+        ):
+            for index, (layers, mask, found) in enumerate(itertools.chain(_kept_batches(store, kept), computed())):
+                writer.add(layers, mask)
+                if store is not None and index >= kept:
+                    for part in saving:  # one part at a time: its arrays are those the writer holds
+                        part.result()
+                    saving = [keeper.submit(store.save, index, _batch_part(layers, mask, found))]
+            for part in saving:
+                part.result()
+            summary = writer.finish({**(found or _found_attrs(capture)), **(attrs or {})}, sample_rank, dataset_index)
+    except KeyboardInterrupt:
+        if store is None:
+            raise
+        of = f" of {len(keep):,}" if keep is not None else ""
+        raise JobInterrupted(f"interrupted after {store.finished():,}{of} batches; rerun the same command to resume") from None
+    if store is not None:  # the file is written
+        store.remove()
+    return summary
+
+
+def _found_attrs(capture) -> dict:
+    """The file attributes a capture knows after a forward pass: ``capture_adapter`` and the capture's ``file_attrs()``."""
+    return {"capture_adapter": type(capture).__name__, **(capture.file_attrs() if hasattr(capture, "file_attrs") else {})}
+
+
+def _batch_part(layers: Sequence[Mapping[str, np.ndarray]], mask: np.ndarray | None, found: dict) -> dict[str, np.ndarray]:
+    """One batch as a :class:`~kpca_repro.resume.PartStore` part: every layer's arrays (whatever names and shapes), the mask, the capture's attributes (JSON)."""
+    part = {f"{layer}/{name}": a for layer, tensors in enumerate(layers) for name, a in tensors.items()}
+    part["n_layers"], part["found_attrs"] = np.array(len(layers)), np.array(json.dumps(found, sort_keys=True))
+    if mask is not None:
+        part["mask"] = mask
+    return part
+
+
+def _kept_batches(store: PartStore | None, kept: int) -> Iterator[tuple[list[dict[str, np.ndarray]], np.ndarray | None, dict]]:
+    """The first ``kept`` batches of ``store`` as :func:`record_activations` feeds its writer: ``(layers, mask or None, attrs)``.
+
+    Raises:
+        kpca_repro.errors.JobStop: a part cannot be read (the kept batches are deleted, so that a rerun computes them).
+    """
+    for index in range(kept):
+        part = store.load(index)
+        if part is None:
+            store.remove()
+            raise JobStop(f"{store.directory}: kept batch {index} cannot be read; the kept batches are deleted, rerun the same command")
+        layers = [{} for _ in range(int(part["n_layers"]))]
+        for name, a in part.items():
+            if "/" in name:
+                layer, tensor = name.split("/", 1)
+                layers[int(layer)][tensor] = a
+        yield layers, part.get("mask"), json.loads(str(part["found_attrs"]))

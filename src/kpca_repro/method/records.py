@@ -23,7 +23,7 @@ from kpca_repro.method.uncertainty import BOUND_NAMES, COLLISION_BOUND, MATCHED_
 from kpca_repro.method.variant import Variant
 from kpca_repro.method.variant import get as get_variant
 from kpca_repro.resume import JobInterrupted, PartStore
-from kpca_repro.workers import WorkerPool, device_stream, ordered_map
+from kpca_repro.workers import WorkerPool, device_stream
 
 __all__ = ["kpca_records", "baseline_noise", "eigenvalue_records", "gamma_records", "layer_chunks", "clamp_components"]
 
@@ -479,12 +479,16 @@ def eigenvalue_records(
     device: str | torch.device = "cpu",
     heads_per_chunk: int = 64,
     workers: int = 1,
+    store: PartStore | None = None,
 ) -> pd.DataFrame:
     """Per-head top eigenvalues of one activation file (Tables 2 and 3, docs/method.md 4-5).
 
-    Streamed and parallel as :func:`kpca_records` (``placement.workers`` chunks at a time;
+    Streamed and parallel as :func:`kpca_records` (batches of ``placement.workers`` chunks;
     without ``placement``, ``plan(variant, device=device, cores=workers, sign_invariant=True)``:
     eigenvalues do not depend on eigenvector signs, so a GPU job takes the batched solver).
+    With ``store`` (:class:`kpca_repro.resume.PartStore`, keyed by the job's inputs, parameters
+    and code) each finished batch is kept there and a batch already kept is read back instead
+    of computed, the same values and dtypes bit for bit.
 
     Returns:
         One row per (image, layer, head): ``sample_rank, dataset_index, layer, head,
@@ -493,6 +497,7 @@ def eigenvalue_records(
 
     Raises:
         kpca_repro.activations.CorruptActivationFileError: the file is unreadable (named).
+        kpca_repro.resume.JobInterrupted: interrupted, with ``store`` (its message: heads kept, how to resume).
     """
     if placement is None:
         placement = plan(variant, device=device, cores=workers, eigh_threads=None, sign_invariant=True)
@@ -512,7 +517,23 @@ def eigenvalue_records(
             frame.insert(0, "sample_rank", af.sample_rank[flat // n_heads])
             return frame
 
-        frames = list(ordered_map(work, layer_chunks(af, range(af.n_layers), heads_per_chunk, ("k",)), workers=placement.workers, blas_threads=placement.blas_threads))
+        frames: list[pd.DataFrame] = []
+        try:
+            with WorkerPool(placement.workers, placement.blas_threads) as pool:
+                for index, batch in enumerate(_batches(layer_chunks(af, range(af.n_layers), heads_per_chunk, ("k",)), placement.workers)):
+                    kept = store.load(index) if store is not None else None
+                    if kept is not None:
+                        done = [frame for _, _, frame in _parts_from_arrays(kept)]
+                    else:
+                        done = list(pool.imap(work, batch))
+                        if store is not None:
+                            store.save(index, _part_arrays([((j,), None, frame) for j, frame in enumerate(done)]))
+                    frames.extend(done)
+        except KeyboardInterrupt:
+            if store is None:
+                raise
+            total = len(af.sample_rank) * n_heads * af.n_layers
+            raise JobInterrupted(f"interrupted after {sum(map(len, frames)):,} of {total:,} heads; rerun the same command to resume") from None
         model_id = str(af.attrs["model_id"])
     out = pd.concat(frames, ignore_index=True)
     out.insert(0, "keys", "standardized" if standardize else "raw")
