@@ -5,6 +5,7 @@ extraction batch by batch, and per model of a finished run.
                                  [--image-dir DIR] [--batch-size 25] [--chunk 16] [--threads 2] [--tmpdir DIR] [--out memory.json]
     python perf/memory.py extract WEIGHTS IMAGE_DIR MODEL_ID N_IMAGES [--batch-size 25] [--threads 2]
     python perf/memory.py run BENCHMARKS_DIR MODEL_ID [MODEL_ID ...]
+    python perf/memory.py heads RUN_DIR
 
 ``models``
     For each ``--images`` count, in their own processes: ``extract_vision`` of the first images
@@ -25,6 +26,11 @@ extraction batch by batch, and per model of a finished run.
     figures, report) are summed on a last row. Prints one Markdown row per model: jobs, wall
     and CPU seconds summed over its jobs, the largest peak RSS and its job; then the shared
     row and the total.
+``heads``
+    ``RUN_DIR`` is the working directory of a finished run. Per KPCA job (rules ``kpca_heads``
+    and ``kpca_prefix``: a decoder's full-prefix view and its prefix profile, docs/method.md 16):
+    the heads of its records (``results/heads/...csv``), their mean token count, wall seconds and
+    peak RSS from its ``benchmark:`` file, and the seconds per 1,000 heads.
 """
 
 from __future__ import annotations
@@ -202,6 +208,21 @@ def run(args) -> None:
     print(f"| **all** | {len(jobs)} | {jobs['s'].sum():,.0f} s | {jobs['cpu_s'].sum():,.0f} s | {jobs['max_rss'].max() / 1024:.2f} GiB | |")
 
 
+def heads(args) -> None:
+    root = args.run_dir
+    print("| job | heads | mean tokens | wall time | per 1,000 heads | peak RSS |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for rule in ("kpca_heads", "kpca_prefix"):
+        for bench in sorted((root / "benchmarks" / rule).rglob("*.tsv")):
+            stem = bench.relative_to(root / "benchmarks" / rule).with_suffix("")
+            records = pd.read_csv(root / "results" / "heads" / f"{stem}.csv")
+            b = pd.read_csv(bench, sep="\t")
+            sec, n = float(b["s"].sum()), len(records)
+            per = f"{sec / n * 1000:,.1f} s" if n else "–"
+            tokens = f"{records['n_tokens'].mean():.1f}" if n else "–"
+            print(f"| {rule} {stem} | {n:,} | {tokens} | {sec:,.1f} s | {per} | {pd.to_numeric(b['max_rss'], errors='coerce').max():,.0f} MB |")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -225,8 +246,12 @@ def main(argv: list[str] | None = None) -> None:
     sp = sub.add_parser("run", help="time and peak memory per model of a finished run")
     sp.add_argument("benchmarks", type=Path, help="the run's benchmarks/ folder")
     sp.add_argument("models", nargs="+")
+    sp = sub.add_parser("heads", help="time and peak memory per 1,000 heads of each KPCA job of a finished run")
+    sp.add_argument("run_dir", type=Path, help="the run's working directory (results/, benchmarks/)")
     args = p.parse_args(argv)
-    if args.command == "models":
+    if args.command == "heads":
+        heads(args)
+    elif args.command == "models":
         models_table(_bench.finish(args, models, argv))
     elif args.command == "extract":
         extract(args)
