@@ -55,7 +55,7 @@ include: "workflow/rules/spectra.smk"
 include: "workflow/rules/norms.smk"
 include: "workflow/rules/decoders.smk"
 include: "workflow/rules/training.smk"
-# last: the comparison with the paper and the HTML tables of every table registered before
+# last: the comparison with the paper of every table registered before
 include: "workflow/rules/report.smk"
 
 

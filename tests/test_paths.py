@@ -62,25 +62,21 @@ def test_targets_follow_the_configuration():
 
 def test_every_table_is_in_rule_all_and_the_report():
     """Rule all builds each table of the registry whose models are configured, its CSV, Markdown
-    and report page per variant; the report's table pages are every table's and the comparison's."""
+    and report page (results/html/, written by rule table with the CSV) per variant."""
     full = paths.all_targets(BASE)
     for name in tables.TABLES:
         for suffix in ("", "_corrected"):
             assert {f"results/{name}{suffix}.csv", f"results/{name}{suffix}.md", f"results/html/{name}{suffix}.html"} <= set(full)
-    assert paths.report_tables() == [f"{name}{suffix}" for name in tables.TABLES for suffix in ("", "_corrected")] + ["paper_comparison"]
-    assert paths.report_caption("table3_corrected", REPO / "workflow" / "report") == tables.TABLES["table3"].caption
-    assert paths.report_caption("paper_comparison", REPO / "workflow" / "report") == (REPO / "workflow" / "report" / "comparison.rst").read_text()
 
 
 def test_a_new_table_is_one_registry_entry(monkeypatch):
     """A toy table registered with its row function alone: rule all builds it for every variant,
-    with its report page and caption; it is compared with the paper; it reads the per-head
+    with its report page; it is compared with the paper; it reads the per-head
     records (and, in the paper variant, the sign draws) of its domain's models, in their order."""
     toy = tables.Table("table9", "text", lambda heads, kept, meta: {"n_heads": len(heads)}, (("MDC", "direct_cos_max", "max"),), published="table9.csv", caption="**Table 9.**")
     monkeypatch.setitem(tables.TABLES, "table9", toy)
     full = paths.all_targets(BASE)
     assert {"results/table9.csv", "results/table9_corrected.md", "results/html/table9_corrected.html"} <= set(full)
-    assert {"table9", "table9_corrected"} <= set(paths.report_tables()) and paths.report_caption("table9_corrected", REPO) == "**Table 9.**"
     assert paths.comparison_tables(BASE)["table9"] == ("results/table9.csv", "results/table9_corrected.csv")
     no_text = _config(text={"models": []})
     assert not any("table9" in t for t in paths.all_targets(no_text)) and "table9" not in paths.comparison_tables(no_text)

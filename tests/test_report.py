@@ -1,6 +1,7 @@
-"""What a reader of the report sees: captions without docutils errors, whole Markdown tables.
+"""What a reader of the report sees: captions without docutils errors, whole Markdown tables, and
+the report of one target (``test_the_report_of_table1_alone_holds_table1_once``).
 
-The end-to-end checks on a built ``snakemake --report`` are in tests/test_workflow.py
+More end-to-end checks on a built ``snakemake --report`` are in tests/test_workflow.py
 (``test_comparison_and_report``, ``test_report_fails_on_a_docutils_error``).
 """
 
@@ -9,16 +10,17 @@ from __future__ import annotations
 import os
 import re
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
 from kpca_repro.analysis.rendering import corrected_markdown, markdown_table
-from kpca_repro.analysis.tables import CORRECTED_METRICS, TEXT_CORRECTED_METRICS
+from kpca_repro.analysis.tables import CORRECTED_METRICS, TABLES, TEXT_CORRECTED_METRICS
 from kpca_repro.workflow import strict_docutils
 from kpca_tools import report_check as rc
 
-from conftest import REPO, TINY_KWARGS
+from conftest import REPO, TINY_KWARGS, run_snakemake
 
 # docutils 0.22 deprecates writer_name=, which Snakemake (and so these tests) pass
 pytestmark = pytest.mark.filterwarnings('ignore:Argument "writer_name":PendingDeprecationWarning')
@@ -59,12 +61,27 @@ def test_every_caption_renders_without_docutils_messages(name, tmp_path):
 def test_the_lint_sees_every_caption_and_every_table():
     used = rc.caption_files(REPO)
     assert set(used) == {p.resolve() for p in (REPO / "workflow" / "report").glob("*.rst")}
-    assert used[(REPO / "workflow" / "report" / "tables.rst").resolve()] == {"table"}
+    assert used[(REPO / "workflow" / "report" / "tables.rst").resolve()] == {"table", "suffix"}
     assert used[(REPO / "workflow" / "report" / "figure_training.rst").resolve()] == {"fig"}
-    from kpca_repro.workflow.paths import report_tables  # the pages the rule table_html renders
+    assert re.search(r'^\s+table="\|"\.join\(TABLES\),$', (REPO / "workflow" / "rules" / "tables.smk").read_text(), re.M)  # the pages rule table writes
+    assert list(rc.WILDCARD_VALUES["table"]) == list(TABLES)
 
-    assert re.search(r'^\s+table="\|"\.join\(paths\.report_tables\(\)\),$', (REPO / "workflow" / "rules" / "report.smk").read_text(), re.M)
-    assert list(rc.WILDCARD_VALUES["table"]) == report_tables()
+
+def test_no_caption_reads_params():
+    """Snakemake prints every param of a result's job under "JOB PARAMETERS": a caption that a param
+    carried would be printed twice, the second time as raw markup."""
+    for path in rc.caption_files(REPO):
+        assert "snakemake.params" not in path.read_text(), path.name
+    for smk in (REPO / "workflow" / "rules").glob("*.smk"):
+        assert not re.search(r"^\s+caption=(?!\"\.\./report/)", smk.read_text(), re.M), smk.name  # caption= only in report(...), a file
+
+
+def test_a_bad_table_caption_is_a_lint_problem(monkeypatch):
+    """A table's caption (reST in the registry) heads its page: a docutils error in it is found."""
+    import dataclasses
+
+    monkeypatch.setitem(TABLES, "table1", dataclasses.replace(TABLES["table1"], caption="the spread |γᵢ − γⱼ|"))
+    assert any("table1.caption" in p and "Undefined substitution" in p for p in rc.lint_captions(REPO, rc.load_config(REPO)))
 
 
 def test_the_lint_reports_substitutions_markup_and_undefined_variables(tmp_path):
@@ -131,3 +148,47 @@ def test_markdown_problems_finds_an_unescaped_pipe():
     assert rc.markdown_problems(frame.to_markdown(index=False)) != []
     assert rc.markdown_problems(markdown_table(frame, floatfmt=".3f")) == []
     assert markdown_table(frame, floatfmt=".3f").splitlines()[2].endswith("0.100 |")
+
+
+@pytest.mark.integration
+def test_the_report_of_table1_alone_holds_table1_once(tiny_resources, tmp_path):
+    """`snakemake --report <file> results/table1.csv` after a run of that one target: the report (a
+    single .html, or a .zip with the file under data/raw/) holds Table 1's page and nothing else, with
+    each number of the CSV to 3 significant digits; Table 1's caption is printed once (on the page:
+    not in the report's description, not under "JOB PARAMETERS"); the front page names what was built
+    (Table 1, paper variant, its model) and no table, figure or variant the run did not build."""
+    import html
+
+    model = "vit_tiny_patch16_224"
+    cfg = tmp_path / "tiny.yaml"
+    vision = {"models": [model], "n_images": 2, "batch_size": 2, "shards": 1, "model_kwargs": {model: TINY_KWARGS[model]}}
+    cfg.write_text(yaml.safe_dump({"offline": True, "resources_dir": str(tiny_resources), "vision": vision, "text": {"models": []}, "kpca": {"threads": 1}}))
+    run_snakemake(tmp_path, "results/table1.csv", "--configfile", str(cfg))
+    table = pd.read_csv(tmp_path / "results" / "table1.csv")
+    caption = TABLES["table1"].caption.split("**")[1]  # its first sentence, "Table 1: V against V_KPCA in vision transformers."
+    contents = []
+    for name in ("report.html", "report.zip"):
+        run_snakemake(tmp_path, "results/table1.csv", "--configfile", str(cfg), "--report", str(tmp_path / name))
+        results = rc.report_results(tmp_path / name)
+        assert list(results) == ["results/html/table1.html"]
+        entry = results["results/html/table1.html"]
+        assert entry["labels"] == {"result": "Table 1", "variant": "paper", "models": model} and entry["job_properties"]["rule"] == "table"
+        page = entry["content"].decode("utf-8")
+        contents.append(page)
+        cells = [html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", page)]
+        assert len(cells) == table.size
+        for column, cell in zip(table.columns, cells):
+            value = table[column].iloc[0]
+            if isinstance(value, float) and value != 0 and np.isfinite(value):  # 3 significant digits: within half a unit of the third
+                digits = re.sub(r"e[-+]\d+$|[-.]", "", cell).lstrip("0")
+                assert float(cell) == pytest.approx(value, rel=5e-3) and len(digits) <= max(3, len(str(int(abs(value))))), (column, cell, value)
+        everything = page + entry["caption"] + entry["job_properties"]["params"] + rc.front_page(tmp_path / name)
+        assert everything.count(caption) == 1 and caption in page
+        description = re.sub(r"<[^>]+>", "", entry["caption"]).split()[:6]
+        assert " ".join(description) not in entry["job_properties"]["params"]
+        front = rc.front_page(tmp_path / name)
+        assert "table1.html" in front and "Table 1 (paper)" in front and model in front
+        assert not re.search(r"Table [2-9]|Figure|corrected|published vs reproduced|Table 4", front), front
+        assert f"depth={TINY_KWARGS[model]['depth']}" in front  # the run's changed architecture is said
+        assert rc.report_problems(tmp_path / name) == []
+    assert contents[0] == contents[1] == (tmp_path / "results" / "html" / "table1.html").read_text()

@@ -29,18 +29,19 @@ import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
+from kpca_repro.analysis.tables import TABLES
 from kpca_repro.method.variant import REGISTRY
-from kpca_repro.workflow import paths
 
 __all__ = [
     "WILDCARD_VALUES",
-    "PARAMS",
+    "sample_results",
     "docutils_messages",
     "caption_files",
     "render_caption",
     "lint_captions",
     "report_problems",
     "front_page",
+    "report_results",
     "markdown_cells",
     "markdown_problems",
     "load_config",
@@ -49,17 +50,26 @@ __all__ = [
 #: This checkout (its captions are checked by default).
 _REPO = Path(__file__).resolve().parents[2]
 
-#: Values of the wildcards the captions branch on, as the rules produce them: ``table`` of
-#: ``table_html`` (``kpca_repro.workflow.paths.report_tables``, from the table registry),
-#: ``fig`` of ``figure_training``, ``suffix`` of the figure rules.
+#: Values of the wildcards the captions branch on, as the rules produce them: ``table`` of rule
+#: ``table`` (the table registry), ``fig`` of ``figure_training``, ``suffix`` of the table and figure rules.
 WILDCARD_VALUES = {
-    "table": tuple(paths.report_tables()),
+    "table": tuple(TABLES),
     "fig": ("1", "4"),
     "suffix": tuple(v.suffix for v in REGISTRY.values()),
 }
-#: The ``params`` a caption reads, from the repository root and the wildcards, as the rules give
-#: them: ``caption`` of ``table_html`` (workflow/report/tables.rst, which also reads ``table``).
-PARAMS = {"caption": lambda root, wildcards: paths.report_caption(wildcards["table"], Path(root) / "workflow" / "report")}
+
+
+def sample_results(config: dict) -> list[SimpleNamespace]:
+    """Stand-ins for the results Snakemake hands the front page (``files``: ``target``, the file's
+    name, and ``labels``, as the rules' ``report_labels`` give them): every table of the registry and
+    every figure in every variant, the training results and the comparison, with ``config``'s models."""
+    vision, text = ", ".join(config["vision"]["models"]) or "none", ", ".join(config["text"]["models"]) or "none"
+    items = [(t.title, t.name, v.name, vision if t.domain == "vision" else text) for t in TABLES.values() for v in REGISTRY.values()]
+    items += [(f"Figure {f}", f"figure{f}", v.name, models) for f, models in (("2", vision), ("3", config["figure3"]["model"]), ("5", text)) for v in REGISTRY.values()]
+    items += [("Figure 1", "figure1", "the authors' logs", "none"), ("token ablation", "token_ablation", "runs trained here", "none")]
+    items += [("published vs reproduced", "paper_comparison", "paper, corrected", ", ".join(config["vision"]["models"] + config["text"]["models"]) or "none")]
+    return [SimpleNamespace(target=f"{stem}{REGISTRY[v].suffix if v in REGISTRY else ''}.html", labels={"result": name, "variant": v, "models": models}) for name, stem, v, models in items]
+
 
 #: Text of docutils system messages in HTML and of the ones the warning stream prints.
 _REPORT_PATTERNS = ("System Message", "system-message", "Undefined substitution", "Unknown target name", "(ERROR/", "(WARNING/", "(SEVERE/")
@@ -105,34 +115,39 @@ def caption_files(root: str | Path) -> dict[Path, set[str]]:
 
 
 def _link_targets(root: Path) -> str:
-    """The link targets Snakemake appends to every caption (panels and categories)."""
+    """The link targets Snakemake appends to every caption before Jinja renders it: the panels, the
+    categories of the rule files and each result (``files``), as ``snakemake.report`` writes them."""
     categories = set()
     for smk in (root / "workflow" / "rules").glob("*.smk"):
         categories.update(re.findall(r'category\s*=\s*"([^"]+)"', smk.read_text()))
     lines = [".. _Workflow: javascript:show_panel('workflow')", ".. _Statistics: javascript:show_panel('statistics')"]
     lines += [f".. _{c}: javascript:app.showCategory('{c}')" for c in sorted(categories)]
+    lines += ["{% for res in files %}", ".. _{{ res.target }}: javascript:app.showResultInfo('{{ res.target }}')", "{% endfor %}"]
     return "\n\n" + "\n".join(lines) + "\n"
 
 
-def render_caption(path: str | Path, config: dict, wildcards: dict[str, str], links: str = "", params: dict | None = None) -> str:
-    """The reST Snakemake gives docutils for caption ``path``: Jinja2 as in ``snakemake.report``.
+def render_caption(path: str | Path, config: dict, wildcards: dict[str, str], links: str = "", files: list | None = None) -> str:
+    """The reST Snakemake gives docutils for caption ``path``: Jinja2 as in ``snakemake.report``, with
+    ``files`` the report's results (the front page lists them; :func:`sample_results`).
 
-    Unlike Snakemake, an undefined variable (a misspelt config key, a ``params`` entry not
-    given) raises ``jinja2.UndefinedError`` instead of rendering as an empty string.
+    Unlike Snakemake, an undefined variable (a misspelt config key, a ``params`` entry, which no
+    caption may read: the report prints params under "JOB PARAMETERS") raises
+    ``jinja2.UndefinedError`` instead of rendering as an empty string.
     """
     from jinja2 import Environment, StrictUndefined
 
     env = Environment(trim_blocks=True, lstrip_blocks=True, undefined=StrictUndefined)
-    snakemake = SimpleNamespace(config=config, wildcards=SimpleNamespace(**wildcards), params=SimpleNamespace(**(params or {})))
-    return env.from_string(Path(path).read_text() + links).render(snakemake=snakemake, categories={}, files=[])
+    snakemake = SimpleNamespace(config=config, wildcards=SimpleNamespace(**wildcards), params=SimpleNamespace())
+    return env.from_string(Path(path).read_text() + links).render(snakemake=snakemake, categories={}, files=files or [])
 
 
 def lint_captions(root: str | Path, config: dict) -> list[str]:
     """Problems of every caption of the workflow under ``root`` with configuration ``config``.
 
     Each caption is rendered for every combination of the values in :data:`WILDCARD_VALUES`
-    of the wildcards it uses, with the :data:`PARAMS` it reads. Returns
-    ``"<file> [wildcards]: <message>"`` lines; empty when every rendering is clean. A
+    of the wildcards it uses, the front page with no result and with :func:`sample_results`;
+    every table's ``caption`` of the registry is rendered too (it heads the table's page).
+    Returns ``"<file> [wildcards]: <message>"`` lines; empty when every rendering is clean. A
     wildcard without known values is itself a problem.
     """
     import itertools
@@ -150,14 +165,16 @@ def lint_captions(root: str | Path, config: dict) -> list[str]:
         keys = sorted(names)
         for values in itertools.product(*(WILDCARD_VALUES[k] for k in keys)):
             wildcards = dict(zip(keys, values))
-            where = f"{path.name} {wildcards}" if wildcards else path.name
-            try:
-                params = {name: value(root, wildcards) for name, value in PARAMS.items() if f"snakemake.params.{name}" in path.read_text()}
-                rst = render_caption(path, config, wildcards, links, params)
-            except TemplateError as e:
-                problems.append(f"{where}: Jinja2: {e}")
-                continue
-            problems += [f"{where}: {m}" for m in docutils_messages(rst)]
+            for files in ([], sample_results(config)) if "files" in path.read_text() else ([],):
+                where = f"{path.name} {wildcards}" if wildcards else path.name
+                where += f" ({len(files)} results)" if files else ""
+                try:
+                    rst = render_caption(path, config, wildcards, links, files)
+                except TemplateError as e:
+                    problems.append(f"{where}: Jinja2: {e}")
+                    continue
+                problems += [f"{where}: {m}" for m in docutils_messages(rst)]
+    problems += [f"tables.py {name}.caption: {m}" for name, table in TABLES.items() for m in docutils_messages(table.caption)]
     return problems
 
 
@@ -181,18 +198,57 @@ def report_problems(report: str | Path) -> list[str]:
     return problems
 
 
+def _report_page(report: Path) -> tuple[str, zipfile.ZipFile | None]:
+    """The main page of a built report and, for a ``.zip``, the open archive (its ``<stem>/report.html``)."""
+    if report.suffix != ".zip":
+        return report.read_text(encoding="utf-8"), None
+    archive = zipfile.ZipFile(report)
+    return archive.read(f"{report.stem}/report.html").decode("utf-8"), archive
+
+
+def _page_variable(text: str, name: str, where: Path):
+    """The JSON value of ``var <name> = <JSON>;`` in a report page, where Snakemake writes its data
+    (the JavaScript libraries bundled before it may use the same names for other things)."""
+    import json
+
+    for m in re.finditer(rf'^\s*var {name} = (?=[{{\["])', text, re.M):
+        try:
+            return json.JSONDecoder().raw_decode(text, m.end())[0]
+        except json.JSONDecodeError:
+            continue
+    raise ValueError(f"{where}: no 'var {name} = <JSON>;' (a Snakemake report?)")
+
+
 def front_page(report: str | Path) -> str:
-    """The rendered front page (workflow description) of a built ``report.html``, as HTML.
+    """The rendered front page (workflow description) of a built report (``.html`` or ``.zip``), as HTML.
 
     Snakemake stores it as a JavaScript string ``var workflow_desc = "...";``.
     """
-    import json
+    report = Path(report)
+    text, archive = _report_page(report)
+    if archive is not None:
+        archive.close()
+    return _page_variable(text, "workflow_desc", report)
 
-    text = Path(report).read_text(encoding="utf-8")
-    m = re.search(r"var workflow_desc = (\".*?(?<!\\)\");", text, flags=re.S)
-    if m is None:
-        raise ValueError(f"{report}: no 'var workflow_desc = \"...\";' (a Snakemake report.html?)")
-    return json.loads(m.group(1))
+
+def report_results(report: str | Path) -> dict[str, dict]:
+    """The results of a built report (``.html`` or ``.zip``): the path of each file flagged ``report()``
+    -> Snakemake's entry for it (``labels``, ``caption`` as HTML, ``mime_type``, ``job_properties``
+    with ``rule``, ``wildcards`` and ``params``, the last shown under "JOB PARAMETERS") and
+    ``content``, the file's bytes: decoded from its ``data:`` URI in a ``.html``, read from the
+    archive's ``data/raw/`` in a ``.zip``.
+    """
+    import base64
+
+    report = Path(report)
+    text, archive = _report_page(report)
+    results = _page_variable(text, "results", report)
+    for entry in results.values():
+        uri = entry["data_uri"]
+        entry["content"] = base64.b64decode(uri.split(",", 1)[1]) if archive is None else archive.read(f"{report.stem}/{uri}")
+    if archive is not None:
+        archive.close()
+    return results
 
 
 def markdown_cells(line: str) -> list[str]:

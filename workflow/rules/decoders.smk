@@ -58,7 +58,7 @@ rule decoders_prefix:
             "results/figure_decoders_prefix{suffix}.png",
             caption="../report/figure_decoders_prefix.rst",
             category="Figures",
-            labels=norm_figure_labels("Decoders: prefix profile"),
+            labels=norm_figure_labels("Decoders: prefix profile", lambda wc: DECODERS["models"]),
         ),
     log:
         "logs/decoders_prefix/decoders_prefix{suffix}.log",
@@ -111,7 +111,7 @@ rule figure_decoders_norms:
             "results/figure_decoders_norms{suffix}.png",
             caption="../report/figure_decoders_norms.rst",
             category="Figures",
-            labels=norm_figure_labels("Decoders: squared norms"),
+            labels=norm_figure_labels("Decoders: squared norms", lambda wc: DECODERS["models"]),
         ),
         csv="results/figure_decoders_norms{suffix}.csv",
         meta="results/figure_decoders_norms{suffix}.csv-metadata.json",

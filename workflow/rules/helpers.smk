@@ -28,10 +28,38 @@ def table_files(wildcards):
     return paths.table_inputs(config, TABLES[wildcards.table], variant_of(wildcards))
 
 
-def report_caption(wildcards):
-    """`params.caption` of the rule `table_html`, which workflow/report/tables.rst renders. The page's
-    table's caption (kpca_repro.workflow.paths.report_caption), or the comparison's."""
-    return paths.report_caption(wildcards.table, REPO / "workflow" / "report")
+def report_labels(name, variant, models):
+    """`labels` of a table or figure in the report: its name ("Table 1"), its variant and its models
+    (a list, joined). The report lists the labels of each result, and its landing page
+    (workflow/report/workflow.rst) the results, variants and models of the run from them."""
+    return {"result": name, "variant": variant, "models": ", ".join(models) or "none"}
+
+
+def domain_models(domain):
+    """The models of `domain` ("vision", "text" or "decoders") a table or figure aggregates: <domain>.models, then the activations: entries of that kind."""
+    if domain == "decoders":
+        return DECODERS["models"]
+    return TEXT["models"] + user_models(config, "text") if domain == "text" else VISION["models"] + user_models(config, "vision")
+
+
+def table_labels(wildcards):
+    """`labels` of a table's page in the report (rule `table`)."""
+    table = TABLES[wildcards.table]
+    return report_labels(table.title, variant_of(wildcards), domain_models(table.domain))
+
+
+def comparison_labels(wildcards):
+    """`labels` of the comparison with the paper in the report: the variants it reads (paper, and corrected
+    when configured) and every configured model."""
+    variants = "paper, corrected" if any(corrected for _, corrected in comparison_tables().values()) else "paper"
+    return report_labels("published vs reproduced", variants, domain_models("vision") + domain_models("text"))
+
+
+def training_labels(name):
+    """`labels` of Figures 1 and 4 and of their claims table in the report: the sources (the authors'
+    logs, runs trained here) as the variant, the runs (<model>_<scale>) as the models."""
+    sources = ["the authors' logs"] * bool(FIGURE1["use_reference"]) + ["runs trained here"] * bool(FIGURE1["runs"])
+    return report_labels(name, " and ".join(sources), FIGURE1["runs"])
 
 
 def norm_stats(domain, models):
@@ -40,9 +68,9 @@ def norm_stats(domain, models):
     return lambda wc: expand(f"results/norms/{{variant}}/{{model}}/{domain}.csv", variant=variant_of(wc), model=models(wc))
 
 
-def norm_figure_labels(figure):
-    """`labels` of a norm figure's PNG in the report."""
-    return lambda wc: {"figure": figure, "variant": variant_of(wc)}
+def norm_figure_labels(figure, models):
+    """`labels` of a norm figure's PNG in the report; models(wildcards) gives the model ids."""
+    return lambda wc: report_labels(figure, variant_of(wc), models(wc))
 
 
 def norm_band_label(wildcards):

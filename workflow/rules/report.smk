@@ -1,4 +1,10 @@
 # Summary: every published number of Tables 1-4 beside the reproduced one.
+#
+# `snakemake --report report.html <targets> --configfile <the run's files>` shows the outputs flagged
+# report(...) of the jobs that make <targets>: each table's HTML page (rules table and
+# paper_comparison), each figure's PNG, the training tables' CSVs. A new table or figure is in the
+# report when its rule flags its output the same way (the comment in tables.smk); the landing page,
+# workflow/report/workflow.rst, lists these outputs by their labels.
 
 
 default_target("results/html/paper_comparison.html", "results/paper_comparison.csv")
@@ -8,14 +14,15 @@ rule paper_comparison:
     input:
         tables=lambda wc: [p for pair in comparison_tables().values() for p in pair if p],
     output:
-        csv=report(
-            "results/paper_comparison.csv",
-            caption="../report/comparison.rst",
-            category="Summary",
-            labels={"table": "published vs reproduced"},
-        ),
+        csv="results/paper_comparison.csv",
         md="results/paper_comparison.md",
         meta="results/paper_comparison.csv-metadata.json",
+        html=report(
+            "results/html/paper_comparison.html",
+            caption="../report/comparison.rst",
+            category="Summary",
+            labels=comparison_labels,
+        ),
     log:
         "logs/paper_comparison/paper_comparison.log",
     benchmark:
@@ -39,30 +46,3 @@ rule paper_comparison:
         user_models=list(USER),
     script:
         "../scripts/paper_comparison.py"
-
-
-rule table_html:
-    input:
-        csv="results/{table}.csv",
-        meta="results/{table}.csv-metadata.json",
-    output:
-        report(
-            "results/html/{table}.html",
-            caption="../report/tables.rst",
-            category="Tables",
-            labels=lambda wc: {"table": wc.table},
-        ),
-    log:
-        "logs/table_html/{table}.log",
-    benchmark:
-        "benchmarks/table_html/{table}.tsv"
-    wildcard_constraints:
-        table="|".join(paths.report_tables()),
-    localrule: True
-    conda:
-        ENV
-    params:
-        code=code_of("table_html.py"),
-        caption=report_caption,
-    script:
-        "../scripts/table_html.py"

@@ -71,7 +71,7 @@ rule figure3:
             "results/figure3{suffix}.png",
             caption="../report/figure3.rst",
             category="Figures",
-            labels=lambda wc: {"figure": "Figure 3", "variant": variant_of(wc)},
+            labels=lambda wc: report_labels("Figure 3", variant_of(wc), [config["figure3"]["model"]]),
         ),
         csv="results/figure3{suffix}.csv",
         meta="results/figure3{suffix}.csv-metadata.json",

@@ -4,6 +4,14 @@
 # per-head records, Tables 2 and 3 the eigenvalue records (spectra.smk); only a variant with
 # sign draws (paper) reads them and gets the solver intervals (docs/uncertainty.md). Rule all
 # builds every table whose models are configured (kpca_repro.workflow.paths.all_targets).
+#
+# The report: `snakemake --report report.html <targets>` holds the report()-flagged outputs of the
+# jobs that make <targets>, so each table or figure is flagged in the rule that writes it, beside
+# its CSV (here the HTML page of the table, which the report shows inline; a CSV is only a download there):
+#     report(<path>, caption=<its .rst file in workflow/report>, category=<"Tables", "Figures" or "Summary">, labels=report_labels(...))
+# with a caption file per rule (Jinja over snakemake.wildcards and snakemake.config, no params: the
+# report prints every param under "JOB PARAMETERS") and the labels of helpers.smk, which the
+# landing page (workflow/report/workflow.rst) lists as what the run built.
 
 
 rule table:
@@ -14,6 +22,12 @@ rule table:
         csv="results/{table}{suffix}.csv",
         md="results/{table}{suffix}.md",
         meta="results/{table}{suffix}.csv-metadata.json",
+        html=report(
+            "results/html/{table}{suffix}.html",
+            caption="../report/tables.rst",
+            category="Tables",
+            labels=table_labels,
+        ),
     log:
         "logs/table/{table}{suffix}.log",
     benchmark:

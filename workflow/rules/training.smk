@@ -95,7 +95,7 @@ rule training_claims:
             "results/training_claims.csv",
             caption="../report/training_claims.rst",
             category="Summary",
-            labels={"table": "training claims (Figure 1)"},
+            labels=training_labels("Figure 1 claims"),
         ),
         md="results/training_claims.md",
         meta="results/training_claims.csv-metadata.json",
@@ -131,7 +131,7 @@ rule figure_training:
             "results/figure{fig}.png",
             caption="../report/figure_training.rst",
             category="Figures",
-            labels=lambda wc: {"figure": f"Figure {wc.fig}", "variant": "training logs"},
+            labels=lambda wc: training_labels(f"Figure {wc.fig}"),
         ),
         csv="results/figure{fig}.csv",
         meta="results/figure{fig}.csv-metadata.json",
@@ -163,7 +163,12 @@ rule token_ablation:
         # evaluated only when the table is requested (ablation_runs checks the scales' patches)
         logs=lambda wc: run_logs(with_seeds(TRAINING, ablation_runs())),
     output:
-        csv="results/token_ablation.csv",
+        csv=report(
+            "results/token_ablation.csv",
+            caption="../report/token_ablation.rst",
+            category="Summary",
+            labels=lambda wc: report_labels("token ablation", "runs trained here", config["token_ablation"]["models"]),
+        ),
         md="results/token_ablation.md",
         meta="results/token_ablation.csv-metadata.json",
     log:

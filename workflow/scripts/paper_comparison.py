@@ -1,9 +1,10 @@
-"""Rule paper_comparison: every published number of Tables 1-4 beside the reproduced one."""
+"""Rule paper_comparison: every published number of Tables 1-4 beside the reproduced one (CSV, its column metadata, Markdown, the report's HTML page)."""
 
 import os
 
 from kpca_repro.analysis.columns import metadata_json
 from kpca_repro.analysis.comparison import comparison_markdown, comparison_table, mark_user_activations, not_run_reason, published_model_ids
+from kpca_repro.analysis.report import table_html
 from kpca_repro.h5io import atomic_output
 from kpca_repro.smk import setup_logging
 
@@ -22,10 +23,13 @@ table = comparison_table(
 )
 table = mark_user_activations(table, smk.params.user_models)  # docs/activations.md
 log.info("%d published numbers compared: %s", len(table), table["status"].value_counts().to_dict() if len(table) else {})
-meta = metadata_json(table, "paper_comparison", "paper_comparison.csv", "Published against reproduced numbers of Tables 1-4")
+title = "Published against reproduced numbers of Tables 1-4"
+meta = metadata_json(table, "paper_comparison", "paper_comparison.csv", title)
 with atomic_output(smk.output.csv) as tmp:
     table.to_csv(tmp, index=False)
 with atomic_output(smk.output.meta) as tmp:
     tmp.write_text(meta)
 with atomic_output(smk.output.md) as tmp:
     tmp.write_text(comparison_markdown(table))
+with atomic_output(smk.output.html) as tmp:  # its caption is the report's (workflow/report/comparison.rst)
+    tmp.write_text(table_html(smk.output.csv, title, smk.output.meta))

@@ -1,8 +1,10 @@
-"""Rule table: one table of the registry (kpca_repro.analysis.tables.TABLES), one variant, as CSV, Markdown and the CSV's column metadata."""
+"""Rule table: one table of the registry (kpca_repro.analysis.tables.TABLES), one variant, as CSV, Markdown, the CSV's column metadata
+and the HTML page the Snakemake report shows (its caption, the table to 3 significant digits, each column described)."""
 
 import pandas as pd
 
 from kpca_repro.analysis import columns, rendering, tables
+from kpca_repro.analysis.report import table_html
 from kpca_repro.h5io import atomic_output
 from kpca_repro.method.uncertainty import read_sign_draws
 from kpca_repro.method.variant import get as get_variant
@@ -34,11 +36,14 @@ else:
     markdown = rendering.paper_markdown(frame, table) if variant.tables == "paper" else rendering.corrected_markdown(frame, table.corrected)
 # every column described (kpca_repro.analysis.columns), or the job stops before writing
 schema, extra = tables.column_schema(table, variant.tables == "paper")
-meta = columns.metadata_json(frame, schema, f"{smk.wildcards.table}{smk.wildcards.suffix}.csv", f"{table.title}, {variant.name} variant", extra)
+title = f"{table.title}, {variant.name} variant"
+meta = columns.metadata_json(frame, schema, f"{smk.wildcards.table}{smk.wildcards.suffix}.csv", title, extra)
 with atomic_output(smk.output.csv) as tmp:
     frame.to_csv(tmp, index=False)
 with atomic_output(smk.output.meta) as tmp:
     tmp.write_text(meta)
 with atomic_output(smk.output.md) as tmp:
     tmp.write_text(markdown)
+with atomic_output(smk.output.html) as tmp:
+    tmp.write_text(table_html(smk.output.csv, title, smk.output.meta, table.caption))
 log.info("wrote %s (%d rows)", smk.output.csv, len(frame))

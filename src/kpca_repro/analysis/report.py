@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pandas as pd
 
-__all__ = ["SIGNIFICANT_DIGITS", "format_number", "table_html"]
+__all__ = ["SIGNIFICANT_DIGITS", "format_number", "caption_html", "table_html"]
 
 _STYLE = (
     "<style>table{border-collapse:collapse;font:13px sans-serif}th,td{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#eee}"
@@ -48,8 +48,21 @@ def _descriptions(metadata_path: str | os.PathLike | None) -> dict[str, str]:
     return {c["name"]: f"{c['dc:description']} ({c['schema:unitText']})" for c in columns}
 
 
-def table_html(csv_path: str | os.PathLike, title: str, metadata_path: str | os.PathLike | None = None) -> str:
-    """A self-contained HTML page with the table of ``csv_path``.
+def caption_html(rst: str) -> str:
+    """The HTML body of the reST text ``rst`` (a table's caption, :attr:`kpca_repro.analysis.tables.Table.caption`).
+
+    Raises:
+        docutils.utils.SystemMessage: ``rst`` has a docutils warning or error (an undefined
+            ``|substitution|``, unclosed inline markup), which would otherwise print as a red box in the page.
+    """
+    from docutils.core import publish_parts
+    from docutils.writers import html5_polyglot
+
+    return publish_parts(rst, writer=html5_polyglot.Writer(), settings_overrides={"halt_level": 2, "report_level": 2, "_disable_config": True})["body"]
+
+
+def table_html(csv_path: str | os.PathLike, title: str, metadata_path: str | os.PathLike | None = None, caption: str = "") -> str:
+    """A self-contained HTML page with the table of ``csv_path``: the report's view of a table.
 
     Floats keep :data:`SIGNIFICANT_DIGITS` significant digits (:func:`format_number`), NaN is an
     empty cell; long hashes (``weights_sha256``) are shortened to their first 12 characters.
@@ -60,12 +73,14 @@ def table_html(csv_path: str | os.PathLike, title: str, metadata_path: str | os.
         csv_path: a results table (``results/table1.csv``, ...).
         title: heading of the page.
         metadata_path: the table's column metadata, or None (no tooltips, no legend).
+        caption: reST printed between the heading and the table (:func:`caption_html`); "" for none.
 
     Returns:
         The HTML text.
 
     Raises:
         FileNotFoundError: ``csv_path`` or ``metadata_path`` does not exist.
+        docutils.utils.SystemMessage: a docutils warning or error in ``caption``.
     """
     frame = pd.read_csv(csv_path)
     for col in frame.columns:
@@ -75,7 +90,7 @@ def table_html(csv_path: str | os.PathLike, title: str, metadata_path: str | os.
     esc = html.escape
     header = "".join(f'<th title="{esc(described[c])}">{esc(c)}</th>' if c in described else f"<th>{esc(c)}</th>" for c in frame.columns)
     rows = "".join("<tr>" + "".join(f"<td>{esc(format_number(x))}</td>" for x in row) + "</tr>" for row in frame.itertuples(index=False))
-    body = f"<table><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>"
+    body = (caption_html(caption) if caption else "") + f"<table><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>"
     if described:
         body += "<h4>Columns</h4><dl>" + "".join(f"<dt>{esc(c)}</dt><dd>{esc(described[c])}</dd>" for c in frame.columns if c in described) + "</dl>"
     return f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{esc(title)}</title>{_STYLE}</head><body><h3>{esc(title)}</h3>{body}</body></html>\n"

@@ -388,7 +388,8 @@ class Table:
         columns: eigenvalue tables: published column -> the column of both variants' tables.
         published: its CSV in ``comparison.published_tables`` (columns ``model``, the id column,
             the compared ones); None: not compared.
-        caption: reST of its report pages (``workflow/report/tables.rst`` adds the variant).
+        caption: reST printed above the table on its report page, ``results/html/<name><suffix>.html``
+            (:func:`kpca_repro.analysis.report.table_html`; a docutils warning stops the table's job).
         label: its title where the name is not ``table<N>`` (the decoders' table).
 
     Raises:

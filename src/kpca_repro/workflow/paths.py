@@ -11,7 +11,7 @@ Layout (docs/internals.md):
 * ``results/spectra/<variant>/<model>/vision_<n>_<i>of<S>_<keys>.csv``: eigenvalues;
 * ``results/table<t><suffix>.csv|.md``, ``results/figure<f><suffix>.pdf`` (the variant's
   suffix, :mod:`kpca_repro.method.variant`: ``""`` paper, ``_corrected`` corrected),
-  ``results/html/<table>.html``, ``results/paper_comparison.csv``.
+  ``results/html/<table><suffix>.html`` (the page ``snakemake --report`` shows, written with the CSV), ``results/paper_comparison.csv``.
 
 The default targets (rule ``all``): every table of :data:`kpca_repro.analysis.tables.TABLES`
 whose models are configured, and what the rule files register next to the rules that build
@@ -21,36 +21,17 @@ it (:func:`default_target`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 from kpca_repro.analysis.tables import TABLES, Table
 from kpca_repro.inputs.model_info import model_id_from_slug, model_slug
-from kpca_repro.method.variant import CORRECTED, PAPER, REGISTRY
+from kpca_repro.method.variant import CORRECTED, PAPER
 from kpca_repro.method.variant import get as get_variant
 
-__all__ = ["has_models", "has_vision", "report_tables", "report_caption", "default_target", "table_inputs", "model_slug", "model_id_from_slug", "vision_shards", "text_shards"]
+__all__ = ["has_models", "has_vision", "default_target", "table_inputs", "model_slug", "model_id_from_slug", "vision_shards", "text_shards"]
 __all__ += ["heads_files", "spectra_files", "text_stage_files", "decoder_prefix_files", "norm_activations", "comparison_tables", "all_targets", "user_models", "user_files", "user_spectra_files"]
 
 #: Patterns -> when of every :func:`default_target` call, in the order of the calls.
 _TARGETS: dict[tuple[str, ...], Callable[[dict], bool] | None] = {}
-
-
-def report_tables() -> list[str]:
-    """The pages ``results/html/<page>.html`` of rule ``table_html`` (caption: workflow/report/tables.rst):
-    every table of :data:`~kpca_repro.analysis.tables.TABLES` in every variant, and the comparison."""
-    return [t.name + v.suffix for t in TABLES.values() for v in REGISTRY.values()] + ["paper_comparison"]
-
-
-def report_caption(page: str, report_dir: str | Path) -> str:
-    """The caption of report page ``results/html/<page>.html`` (``params.caption`` of rule
-    ``table_html``, which workflow/report/tables.rst renders): its table's ``caption``, or the
-    comparison's, ``comparison.rst`` in ``report_dir``.
-
-    Raises:
-        FileNotFoundError: ``page`` is no table's and ``report_dir`` has no ``comparison.rst``.
-    """
-    table = next((t for t in TABLES.values() for v in REGISTRY.values() if t.name + v.suffix == page), None)
-    return table.caption if table else (Path(report_dir) / "comparison.rst").read_text()
 
 
 def default_target(*patterns: str, when: Callable[[dict], bool] | None = None) -> None:
