@@ -278,3 +278,36 @@ def test_a_decoder_module_with_another_logit_scale_is_refused():
     model.layers[1].self_attn.scaling = 0.5
     with pytest.raises(UnsupportedArchitectureError, match=r"\(layers.1.self_attn\): Hugging Face model type 'llama' is refused: its logit scale is 0.5, not 1/sqrt\(head_dim\)"):
         hf_capture.attention_modules(model, "tiny")
+
+
+# --------------------------------------------------------------------------------------
+# The stand-ins of the default decoders (hub fixture): the published shapes, captured as such
+# --------------------------------------------------------------------------------------
+
+
+def test_the_default_decoders_have_stand_in_specs_the_capture_accepts():
+    """Every decoders.models entry of config/config.yaml has a stand-in specification whose model
+    (built on the meta device: shapes only) the capture takes with the published head layout:
+    GPT-2 small and Pythia-160m 12 layers of 12 heads of 64 (Pythia rotary on 25%: 16 features),
+    SmolLM2-135M 30 layers of 9 query heads on 3 KV heads, Qwen2.5-0.5B 24 layers of 14 on 2."""
+    import transformers
+    from transformers import AutoModel
+
+    from kpca_tools.hub.stand_ins import DECODER_SPECS, config_models
+
+    published = {
+        "gpt2": (12, 12, 12, None),
+        "EleutherAI/pythia-160m": (12, 12, 12, 16),
+        "HuggingFaceTB/SmolLM2-135M": (30, 9, 3, None),
+        "Qwen/Qwen2.5-0.5B": (24, 14, 2, None),
+    }
+    assert set(published) <= set(config_models()[1]) and set(published) == set(DECODER_SPECS)
+    for mid, spec in DECODER_SPECS.items():
+        config = getattr(transformers, spec.config_class)(**spec.params)
+        one_layer = getattr(transformers, spec.config_class)(**{**spec.params, "n_layer" if mid == "gpt2" else "num_hidden_layers": 1})  # every layer alike
+        with torch.device("meta"):
+            model = AutoModel.from_config(one_layer)
+        (a,) = hf_capture.attention_modules(model, mid)
+        hf_capture.check_rows(config, mid, 128)  # no sliding window binds at text.max_length
+        assert (config.num_hidden_layers, a.n_heads, a.n_kv_heads, getattr(a.module, "rotary_ndims", None)) == published[mid] and a.head_dim == 64, mid
+        assert hf_capture.hf_family(config, mid, text=True, decoder=True).causal

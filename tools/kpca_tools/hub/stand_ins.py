@@ -14,10 +14,14 @@ fixture's config overlay lists their model ids under ``comparison.stand_in_model
   ``pretrained_cfg['hf_hub_id']`` of ``timm.create_model(name)``), ``config.json`` by timm's
   ``save_config_for_hf`` and ``model.safetensors`` = the ``state_dict()`` of timm's own
   initialisation under ``torch.manual_seed(seed)`` (:func:`kpca_tools.hub.repos.add_timm_repo`).
-* transformers models (``text.models``): the configuration class of the model family set to the
-  published hyper-parameters (:data:`TEXT_SPECS`), ``AutoModel.from_config`` under
-  ``torch.manual_seed(seed)``, saved by ``save_pretrained`` (safetensors), and a stand-in tokenizer
-  (:func:`build_tokenizer`) whose vocabulary size equals the configuration's ``vocab_size``.
+* transformers models (``text.models``, ``decoders.models``): the configuration class of the model
+  family set to the published hyper-parameters (:data:`TEXT_SPECS`, the decoders'
+  :data:`DECODER_SPECS` among them), ``AutoModel.from_config`` under ``torch.manual_seed(seed)``,
+  saved by ``save_pretrained`` (safetensors), and a stand-in tokenizer (:func:`build_tokenizer`)
+  whose vocabulary size equals the configuration's ``vocab_size`` (a decoder's: the real
+  tokenizer's length, ``TextSpec.tokenizer_size``, when its embedding matrix has spare rows).
+  The fixture's config overlay pins each served decoder stand-in's ``decoders.revisions`` to its
+  served commit.
 
 The seed of a model is :func:`stand_in_seed` (a hash of its id), so a repository's bytes do not
 depend on which other stand-ins are built, or in which order. Repositories are built lazily
