@@ -311,3 +311,9 @@ def test_the_default_decoders_have_stand_in_specs_the_capture_accepts():
         hf_capture.check_rows(config, mid, 128)  # no sliding window binds at text.max_length
         assert (config.num_hidden_layers, a.n_heads, a.n_kv_heads, getattr(a.module, "rotary_ndims", None)) == published[mid] and a.head_dim == 64, mid
         assert hf_capture.hf_family(config, mid, text=True, decoder=True).causal
+
+
+def test_rows_longer_than_gpt2_positions_are_refused():
+    hf_capture.check_rows(tiny_config("gpt2"), "g", 128)
+    with pytest.raises(UnsupportedArchitectureError, match=r"^g: .*'gpt2' is refused: rows of 129 tokens, longer than its 128 learned positions \(n_positions\)"):
+        hf_capture.check_rows(tiny_config("gpt2"), "g", 129)

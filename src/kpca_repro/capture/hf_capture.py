@@ -477,7 +477,8 @@ def sliding_window(config) -> int | None:
 
 
 def check_rows(config, who: str, n_tokens: int) -> None:
-    """Refuse a decoder whose sliding window is shorter than the rows (it would mask keys the format's causal mask allows).
+    """Refuse a decoder whose sliding window is shorter than the rows (it would mask keys the format's
+    causal mask allows), or whose learned position table (GPT-2's ``n_positions``) is.
 
     A window ``w`` sees ``w`` keys (the query's own included), so it changes nothing while
     ``n_tokens <= w``.
@@ -486,8 +487,11 @@ def check_rows(config, who: str, n_tokens: int) -> None:
         n_tokens: the padded length N of the sample (its longest row).
 
     Raises:
-        UnsupportedArchitectureError: ``w < n_tokens``; one line with both numbers.
+        UnsupportedArchitectureError: ``w < n_tokens`` or ``n_positions < n_tokens``; one line with both numbers.
     """
+    positions = getattr(config, "n_positions", None) if getattr(config, "model_type", None) == "gpt2" else None
+    if positions is not None and positions < n_tokens:
+        raise _refuse(who, "gpt2", f"rows of {n_tokens} tokens, longer than its {positions} learned positions (n_positions); lower text.max_length to {positions}")
     w = sliding_window(config)
     if w is not None and w < n_tokens:
         raise _refuse(
