@@ -317,3 +317,23 @@ def test_rows_longer_than_gpt2_positions_are_refused():
     hf_capture.check_rows(tiny_config("gpt2"), "g", 128)
     with pytest.raises(UnsupportedArchitectureError, match=r"^g: .*'gpt2' is refused: rows of 129 tokens, longer than its 128 learned positions \(n_positions\)"):
         hf_capture.check_rows(tiny_config("gpt2"), "g", 129)
+
+
+def test_mistral_is_captured_as_the_llama_family(tmp_path):
+    """MistralAttention (its own module and rotary function, a sliding window of 64 >= the rows)."""
+    from transformers import AutoModel, MistralConfig
+
+    source = build_tiny_decoder("llama", tmp_path / "mistral")  # the tokenizer; the model replaced below
+    config = MistralConfig(
+        **{
+            k: v
+            for k, v in tiny_config("llama").to_dict().items()
+            if k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size", "max_position_embeddings", "initializer_range")
+        },
+        sliding_window=64,
+    )
+    torch.manual_seed(0)
+    AutoModel.from_config(config).save_pretrained(source)
+    _extract(source, tmp_path / "m.h5")
+    summary = validate(tmp_path / "m.h5")
+    assert summary.causal and summary.n_kv_heads == 2 and summary.capture_max_rel_error < 1e-5 and summary.attrs["capture_adapter"] == "llama"
