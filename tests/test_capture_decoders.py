@@ -278,3 +278,62 @@ def test_a_decoder_module_with_another_logit_scale_is_refused():
     model.layers[1].self_attn.scaling = 0.5
     with pytest.raises(UnsupportedArchitectureError, match=r"\(layers.1.self_attn\): Hugging Face model type 'llama' is refused: its logit scale is 0.5, not 1/sqrt\(head_dim\)"):
         hf_capture.attention_modules(model, "tiny")
+
+
+# --------------------------------------------------------------------------------------
+# The stand-ins of the default decoders (hub fixture): the published shapes, captured as such
+# --------------------------------------------------------------------------------------
+
+
+def test_the_default_decoders_have_stand_in_specs_the_capture_accepts():
+    """Every decoders.models entry of config/config.yaml has a stand-in specification whose model
+    (built on the meta device: shapes only) the capture takes with the published head layout:
+    GPT-2 small and Pythia-160m 12 layers of 12 heads of 64 (Pythia rotary on 25%: 16 features),
+    SmolLM2-135M 30 layers of 9 query heads on 3 KV heads, Qwen2.5-0.5B 24 layers of 14 on 2."""
+    import transformers
+    from transformers import AutoModel
+
+    from kpca_tools.hub.stand_ins import DECODER_SPECS, config_models
+
+    published = {
+        "gpt2": (12, 12, 12, None),
+        "EleutherAI/pythia-160m": (12, 12, 12, 16),
+        "HuggingFaceTB/SmolLM2-135M": (30, 9, 3, None),
+        "Qwen/Qwen2.5-0.5B": (24, 14, 2, None),
+    }
+    assert set(published) <= set(config_models()[1]) and set(published) == set(DECODER_SPECS)
+    for mid, spec in DECODER_SPECS.items():
+        config = getattr(transformers, spec.config_class)(**spec.params)
+        one_layer = getattr(transformers, spec.config_class)(**{**spec.params, "n_layer" if mid == "gpt2" else "num_hidden_layers": 1})  # every layer alike
+        with torch.device("meta"):
+            model = AutoModel.from_config(one_layer)
+        (a,) = hf_capture.attention_modules(model, mid)
+        hf_capture.check_rows(config, mid, 128)  # no sliding window binds at text.max_length
+        assert (config.num_hidden_layers, a.n_heads, a.n_kv_heads, getattr(a.module, "rotary_ndims", None)) == published[mid] and a.head_dim == 64, mid
+        assert hf_capture.hf_family(config, mid, text=True, decoder=True).causal
+
+
+def test_rows_longer_than_gpt2_positions_are_refused():
+    hf_capture.check_rows(tiny_config("gpt2"), "g", 128)
+    with pytest.raises(UnsupportedArchitectureError, match=r"^g: .*'gpt2' is refused: rows of 129 tokens, longer than its 128 learned positions \(n_positions\)"):
+        hf_capture.check_rows(tiny_config("gpt2"), "g", 129)
+
+
+def test_mistral_is_captured_as_the_llama_family(tmp_path):
+    """MistralAttention (its own module and rotary function, a sliding window of 64 >= the rows)."""
+    from transformers import AutoModel, MistralConfig
+
+    source = build_tiny_decoder("llama", tmp_path / "mistral")  # the tokenizer; the model replaced below
+    config = MistralConfig(
+        **{
+            k: v
+            for k, v in tiny_config("llama").to_dict().items()
+            if k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size", "max_position_embeddings", "initializer_range")
+        },
+        sliding_window=64,
+    )
+    torch.manual_seed(0)
+    AutoModel.from_config(config).save_pretrained(source)
+    _extract(source, tmp_path / "m.h5")
+    summary = validate(tmp_path / "m.h5")
+    assert summary.causal and summary.n_kv_heads == 2 and summary.capture_max_rel_error < 1e-5 and summary.attrs["capture_adapter"] == "llama"

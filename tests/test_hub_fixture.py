@@ -279,6 +279,15 @@ def test_overlay_is_a_valid_config(hub):
 STAND_INS_CI = ("vit_tiny_patch16_224", "google/electra-small-discriminator")
 
 
+#: Published rotary values transformers 5 moves into ``rope_parameters`` (GPT-NeoX's, Llama's, Qwen2's).
+_ROPE = {"rope_theta": "rope_theta", "rotary_emb_base": "rope_theta", "rotary_pct": "partial_rotary_factor"}
+
+
+def _served_value(config: dict, key: str):
+    """A configuration value as served, read from ``rope_parameters`` where transformers keeps it."""
+    return config[key] if key in config else (config.get("rope_parameters") or {}).get(_ROPE.get(key))
+
+
 def _stand_in_ids() -> list[str]:
     import os
 
@@ -294,14 +303,16 @@ def test_stand_ins_load_with_the_exact_architecture(hub, tmp_path):
     configuration holds the published hyper-parameters, the tokenizer is of the real class, has
     vocab_size tokens and round-trips WikiText rows, and the stand-in marker is there."""
     from kpca_tools.hub.fixture import STAND_IN_MARKER, STAND_IN_TAG
-    from kpca_tools.hub.stand_ins import TEXT_SPECS
+    from kpca_tools.hub.stand_ins import DECODER_SPECS, TEXT_SPECS
 
     ids = _stand_in_ids()
     served = hub.add_stand_ins(ids)
     assert set(served) == set(ids)
     for mid, repo in served.items():
         assert STAND_IN_MARKER in repo.files and hub.repos[repo.repo_id].commit == repo.commit
-    specs = {mid: {"params": dict(TEXT_SPECS[mid].params), "tokenizer_class": TEXT_SPECS[mid].tokenizer_class} for mid in ids if mid in TEXT_SPECS}
+    revisions = hub.config_overlay()["decoders"]["revisions"]  # decoders load at the served commit, as the pipeline does
+    specs = {mid: {"params": dict(TEXT_SPECS[mid].params), "tokenizer_class": TEXT_SPECS[mid].tokenizer_class, "revision": revisions.get(mid)} for mid in ids if mid in TEXT_SPECS}
+    assert all(revisions[mid] == served[mid].commit for mid in ids if mid in DECODER_SPECS)
     (tmp_path / "specs.json").write_text(json.dumps({"ids": ids, "repos": {m: r.repo_id for m, r in served.items()}, "specs": specs}))
     raw = resources_dir_for_real_weights() / "text" / "wikitext-103" / "wiki.test.raw"
     out = _client(
@@ -337,12 +348,15 @@ def test_stand_ins_load_with_the_exact_architecture(hub, tmp_path):
                 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
                 spec = job["specs"][mid]
-                config = AutoConfig.from_pretrained(mid)
-                model = AutoModel.from_pretrained(mid)
+                rev = spec["revision"]
+                config = AutoConfig.from_pretrained(mid, revision=rev)
+                model = AutoModel.from_pretrained(mid, revision=rev)
                 fresh = AutoModel.from_config(config)
-                tok = AutoTokenizer.from_pretrained(mid, use_fast=True)
-                served = load_file(hf_hub_download(mid, "model.safetensors"))
-                r["config"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.to_dict().items() if k in spec["params"]}
+                tok = AutoTokenizer.from_pretrained(mid, use_fast=True, revision=rev)
+                if tok.pad_token is None:  # a decoder's: the pipeline pads with the eos token
+                    tok.pad_token = tok.eos_token
+                served = load_file(hf_hub_download(mid, "model.safetensors", revision=rev))
+                r["config"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.to_dict().items() if k in spec["params"] or k == "rope_parameters"}
                 r["same_shapes"] = {k: tuple(v.shape) for k, v in model.state_dict().items()} == {k: tuple(v.shape) for k, v in fresh.state_dict().items()}
                 r["float32"] = all(v.dtype == torch.float32 for v in served.values()) and all(p.dtype == torch.float32 for p in model.parameters())
                 r["params"] = sum(p.numel() for p in fresh.parameters())
@@ -371,10 +385,10 @@ def test_stand_ins_load_with_the_exact_architecture(hub, tmp_path):
         assert r["same_shapes"] and r["float32"] and r["params"] > 1_000_000, mid
         if mid in TEXT_SPECS:
             spec = TEXT_SPECS[mid]
-            assert r["config"] == {k: (list(v) if isinstance(v, tuple) else v) for k, v in spec.params.items()}, mid
-            assert r["tokenizer_class"] == spec.tokenizer_class and r["len_tokenizer"] == spec.params["vocab_size"], mid
+            assert {k: _served_value(r["config"], k) for k in spec.params} == {k: (list(v) if isinstance(v, tuple) else v) for k, v in spec.params.items()}, mid
+            assert r["tokenizer_class"] == spec.tokenizer_class and r["len_tokenizer"] == (spec.tokenizer_size or spec.params["vocab_size"]), mid
             assert r["max_id"] < spec.params["vocab_size"] and r["unk"] == 0 and r["round_trip"], mid
-            assert r["hidden"][0] == 2 and r["hidden"][2] == spec.params["hidden_size"], mid
+            assert r["hidden"][0] == 2 and r["hidden"][2] == spec.params.get("hidden_size", spec.params.get("n_embd")), mid
         else:
             assert r["loaded_served"] and r["hub_id"] == served[mid].repo_id, mid
     assert set(ids) <= set(hub.config_overlay()["comparison"]["stand_in_models"])

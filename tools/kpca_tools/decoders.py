@@ -18,7 +18,7 @@ family         model type         attention
                                   each head (``rotary_pct`` 0.5, partial rotary)
 =============  =================  ==========================================================
 
-Two layers, width 32, 64 positions, vocabulary 400. ``initializer_range`` 0.3 makes the
+Two layers, width 32, 128 positions (``text.max_length``), vocabulary 400. ``initializer_range`` 0.3 makes the
 attention far from uniform, so a capture that omits the rotary embedding or the causal mask
 misses the invariant by orders of magnitude more than its tolerance.
 
@@ -60,12 +60,12 @@ TINY_CORPUS = (
     " He was born in the city of York on 3 May 1872 , the son of a carpenter .",
 )
 _VOCAB = 400
-_SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48, max_position_embeddings=64, initializer_range=0.3)
+_SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48, max_position_embeddings=128, initializer_range=0.3)
 #: ``family -> (configuration class, parameters, tokenizer class, special-token layout)``.
 TINY_FAMILIES: dict[str, tuple[str, dict, str, str]] = {
     "gpt2": (
         "GPT2Config",
-        dict(vocab_size=_VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=4, n_inner=48, initializer_range=0.3, bos_token_id=_VOCAB - 1, eos_token_id=_VOCAB - 1),
+        dict(vocab_size=_VOCAB, n_positions=128, n_embd=32, n_layer=2, n_head=4, n_inner=48, initializer_range=0.3, bos_token_id=_VOCAB - 1, eos_token_id=_VOCAB - 1),
         "GPT2Tokenizer",
         "gpt2",
     ),
@@ -117,7 +117,7 @@ def build_tiny_decoder(family: str, out_dir: str | os.PathLike, *, padding_side:
     config_class, params, tokenizer_class, layout = TINY_FAMILIES[family]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    spec = TextSpec(config_class, {"vocab_size": _VOCAB}, "bytelevel_bpe", tokenizer_class, layout, 64, f"kpca_tools.decoders tiny {family}")
+    spec = TextSpec(config_class, {"vocab_size": _VOCAB}, "bytelevel_bpe", tokenizer_class, layout, 128, f"kpca_tools.decoders tiny {family}")
     with tempfile.TemporaryDirectory(prefix="kpca-tiny-tok-") as tmp:
         if corpus is None or not isinstance(corpus, (str, os.PathLike)):
             lines = TINY_CORPUS if corpus is None else corpus

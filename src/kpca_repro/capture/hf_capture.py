@@ -2,10 +2,11 @@
 
 The KPCA analysis (docs/method.md Sections 0 and 3) needs, per layer and head, the q, k, v of an
 attention of the form ``h = softmax(s q k^T + mask) v`` with ``s = 1/sqrt(d)``, and ``h``, the
-per-head output before the output projection. Hugging Face encoders differ in what they do
-between their projections and the dot product, so each family has an adapter (:data:`FAMILIES`)
-that finds the attention modules by structure, hooks their projections, and applies to the
-hooked tensors exactly what the model's own forward applies, with the model's own functions:
+per-head output before the output projection; ``mask`` is key padding, and for a decoder also
+the causal mask (query i sees keys j <= i). Hugging Face models differ in what they do between
+their projections and the dot product, so each family has an adapter (:data:`FAMILIES`) that
+finds the attention modules by structure, hooks their projections, and applies to the hooked
+tensors exactly what the model's own forward applies, with the model's own functions:
 
 =================  ======================================================================
 family             stored q, k, v
@@ -27,13 +28,27 @@ family             stored q, k, v
                    within ``|i - j| <= local_attention // 2`` (a mask)
 ``vit``            ``ViTModel``/``Dinov2Model``: ``q_proj``/``k_proj``/``v_proj``; h = input
                    of ``o_proj``; no mask (capture level: the pipeline's vision path is timm)
+``gpt2``           decoder: the fused ``c_attn`` (a ``Conv1D``: weight ``(in, out)``) output
+                   split into q | k | v (``split(H d, dim=2)``); h = input of ``c_proj``
+``llama``          decoder (llama, mistral, qwen2): ``q_proj``/``k_proj``/``v_proj``, q and
+                   k after the model's ``apply_rotary_pos_emb`` with the ``position_embeddings``
+                   the module received; k and v with ``num_key_value_heads`` heads, not
+                   repeated (``kv_head_of_query`` = ``repeat_kv``'s map); h = input of ``o_proj``
+``gpt_neox``       decoder: the fused ``query_key_value`` output viewed ``(B, N, H, 3 d)``
+                   and chunked per head into q | k | v; q and k after the model's partial
+                   rotary embedding (the first ``rotary_ndims`` features); h = input of ``dense``
 =================  ======================================================================
 
-Everything else is refused with one line naming the model, the reason and the supported
-families (:class:`~kpca_repro.capture.vision.UnsupportedArchitectureError`): relative-position
-attention (DeBERTa, MPNet, T5, ...), decoders with a causal mask (GPT-2, Llama, any config
-with ``is_decoder``), and any model type not listed. :func:`check_text_model` does this from
-the configuration alone (no weights), so that Snakemake refuses before any job.
+Decoders are loaded with eager attention and written as format version 2 (``causal``, k and v
+per KV head; :mod:`kpca_repro.activations`). Everything else is refused with one line naming the
+model, the reason and the supported families
+(:class:`~kpca_repro.capture.vision.UnsupportedArchitectureError`): relative-position attention
+(DeBERTa, MPNet, T5, ...), ALiBi (BLOOM, MPT, Falcon with ``alibi``), attention sinks (gpt-oss),
+logit soft-capping (Gemma 2), qk-norm decoders (Qwen3, OLMo 2, Gemma 3), cross-attention and
+encoder-decoders, a GPT-2 logit scale other than 1/sqrt(d), a sliding window shorter than the
+rows (:func:`check_rows`), a decoder in ``text.models`` or an encoder in ``decoders.models``,
+and any model type not listed. :func:`check_text_model` does this from the configuration
+alone (no weights), so that the extraction job refuses before loading any.
 
 Trust, but verify: the extraction's writer recomputes ``softmax(q k^T / sqrt(d) + mask) v`` from
 the tensors about to be stored, with each module's local window (:attr:`HFAttention.window`), and
@@ -462,7 +477,8 @@ def sliding_window(config) -> int | None:
 
 
 def check_rows(config, who: str, n_tokens: int) -> None:
-    """Refuse a decoder whose sliding window is shorter than the rows (it would mask keys the format's causal mask allows).
+    """Refuse a decoder whose sliding window is shorter than the rows (it would mask keys the format's
+    causal mask allows), or whose learned position table (GPT-2's ``n_positions``) is.
 
     A window ``w`` sees ``w`` keys (the query's own included), so it changes nothing while
     ``n_tokens <= w``.
@@ -471,8 +487,11 @@ def check_rows(config, who: str, n_tokens: int) -> None:
         n_tokens: the padded length N of the sample (its longest row).
 
     Raises:
-        UnsupportedArchitectureError: ``w < n_tokens``; one line with both numbers.
+        UnsupportedArchitectureError: ``w < n_tokens`` or ``n_positions < n_tokens``; one line with both numbers.
     """
+    positions = getattr(config, "n_positions", None) if getattr(config, "model_type", None) == "gpt2" else None
+    if positions is not None and positions < n_tokens:
+        raise _refuse(who, "gpt2", f"rows of {n_tokens} tokens, longer than its {positions} learned positions (n_positions); lower text.max_length to {positions}")
     w = sliding_window(config)
     if w is not None and w < n_tokens:
         raise _refuse(

@@ -85,7 +85,7 @@ from kpca_tools.hub.repos import (
     stand_in_marker,
     write_git_repo,
 )
-from kpca_tools.hub.stand_ins import ensure, records, stand_in_seed
+from kpca_tools.hub.stand_ins import DECODER_SPECS, ensure, records, stand_in_seed
 
 __all__ = [
     "IMAGENET_SAMPLE_COMMIT",
@@ -521,7 +521,10 @@ class HubFixture:
         ending in ``/``) and ``downloads.fashion_mnist_hashes``: SHA-256 of the served files, which
         are Debian's re-compressed copies and do not match upstream's published MD5s;
         ``comparison.stand_in_models``: every served stand-in (:meth:`stand_in_models`), whose
-        rows must be labelled as stand-in weights and never compared with the paper.
+        rows must be labelled as stand-in weights and never compared with the paper;
+        ``decoders.revisions``: each served decoder stand-in at its served commit, in place of
+        the real repository's pinned commit, which the fixture's repository does not have (a
+        configuration overlay merges key by key, so an empty mapping would keep the pins).
         """
         zip_name = f"imagenet-sample-images-{IMAGENET_SAMPLE_COMMIT}.zip"
         fmnist = {rel.split("/", 1)[1]: f"sha256:{sha}" for rel, sha in self.static_files.items() if rel.startswith("fashion-mnist/")}
@@ -536,6 +539,7 @@ class HubFixture:
                 "fashion_mnist_hashes": fmnist,
             },
             "comparison": {"stand_in_models": self.stand_in_models()},
+            "decoders": {"revisions": {mid: self.commit(mid) for mid in self.stand_in_models() if mid in DECODER_SPECS}},
         }
 
 

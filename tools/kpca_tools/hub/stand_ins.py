@@ -14,10 +14,14 @@ fixture's config overlay lists their model ids under ``comparison.stand_in_model
   ``pretrained_cfg['hf_hub_id']`` of ``timm.create_model(name)``), ``config.json`` by timm's
   ``save_config_for_hf`` and ``model.safetensors`` = the ``state_dict()`` of timm's own
   initialisation under ``torch.manual_seed(seed)`` (:func:`kpca_tools.hub.repos.add_timm_repo`).
-* transformers models (``text.models``): the configuration class of the model family set to the
-  published hyper-parameters (:data:`TEXT_SPECS`), ``AutoModel.from_config`` under
-  ``torch.manual_seed(seed)``, saved by ``save_pretrained`` (safetensors), and a stand-in tokenizer
-  (:func:`build_tokenizer`) whose vocabulary size equals the configuration's ``vocab_size``.
+* transformers models (``text.models``, ``decoders.models``): the configuration class of the model
+  family set to the published hyper-parameters (:data:`TEXT_SPECS`, the decoders'
+  :data:`DECODER_SPECS` among them), ``AutoModel.from_config`` under ``torch.manual_seed(seed)``,
+  saved by ``save_pretrained`` (safetensors), and a stand-in tokenizer (:func:`build_tokenizer`)
+  whose vocabulary size equals the configuration's ``vocab_size`` (a decoder's: the real
+  tokenizer's length, ``TextSpec.tokenizer_size``, when its embedding matrix has spare rows).
+  The fixture's config overlay pins each served decoder stand-in's ``decoders.revisions`` to its
+  served commit.
 
 The seed of a model is :func:`stand_in_seed` (a hash of its id), so a repository's bytes do not
 depend on which other stand-ins are built, or in which order. Repositories are built lazily
@@ -179,7 +183,8 @@ TEXT_SPECS: Mapping[str, TextSpec] = {
 #: <|endoftext|> = 0, <|padding|> = 1; SmolLM2-135M, Allal et al. 2025: Llama, 30 layers, width 576,
 #: 9 query heads on 3 key/value heads, rope_theta 100,000, vocabulary 49,152 with <|endoftext|> = 0;
 #: Qwen2.5-0.5B, Qwen team 2024: 24 layers, width 896, 14 query heads on 2 key/value heads, biases on
-#: q, k, v, rope_theta 1,000,000, no sliding window, 151,936 embedding rows, <|endoftext|> = 151643).
+#: q, k, v, rope_theta 1,000,000, use_sliding_window false (its sliding_window and max_window_layers,
+#: inert then, left out), 151,936 embedding rows, <|endoftext|> = 151643).
 #: The stand-in tokenizers are byte-level BPE trained on WikiText-103 (:func:`build_tokenizer`);
 #: the real ones' added chat tokens beyond <|im_end|> are left out.
 DECODER_SPECS: Mapping[str, TextSpec] = {
@@ -221,7 +226,7 @@ DECODER_SPECS: Mapping[str, TextSpec] = {
             initializer_range=0.02,
             bos_token_id=0,
             eos_token_id=0,
-        ),  # fmt: skip
+        ),
         "bytelevel_bpe",
         "GPTNeoXTokenizer",
         "neox",
@@ -246,7 +251,7 @@ DECODER_SPECS: Mapping[str, TextSpec] = {
             initializer_range=0.041666666666666664,
             bos_token_id=0,
             eos_token_id=0,
-        ),  # fmt: skip
+        ),
         "bytelevel_bpe",
         "GPT2Tokenizer",
         "smollm2",
@@ -267,13 +272,11 @@ DECODER_SPECS: Mapping[str, TextSpec] = {
             rms_norm_eps=1e-6,
             rope_theta=1000000.0,
             use_sliding_window=False,
-            sliding_window=32768,
-            max_window_layers=24,
             tie_word_embeddings=True,
             initializer_range=0.02,
             bos_token_id=151643,
             eos_token_id=151643,
-        ),  # fmt: skip
+        ),
         "bytelevel_bpe",
         "Qwen2Tokenizer",
         "qwen2",
