@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kpca_repro.errors import JobStop
 from kpca_repro.inputs.model_info import VisionModelCheck
 
 __all__ = [
@@ -71,8 +72,9 @@ __all__ = [
 ]
 
 
-class UnsupportedArchitectureError(TypeError):
-    """The model's attention is not one the capture reproduces exactly (the message says why)."""
+class UnsupportedArchitectureError(TypeError, JobStop):
+    """The model's attention is not one the capture reproduces exactly (the message says why); a rule
+    script ends on it with that line (:class:`kpca_repro.errors.JobStop`), wherever the job finds it."""
 
 
 class ModelBuildError(ValueError):
