@@ -198,11 +198,11 @@ def test_builtin_value_resolves_to_the_packaged_tables(tmp_path):
     assert cmp.resolve_published_dir(str(tmp_path)) == tmp_path
     assert cmp.resolve_published_dir(Path("builtin")) == Path("builtin")  # a Path is always a directory
     assert cmp.BUILTIN_DIR.is_relative_to(Path(cmp.__file__).resolve().parents[1])  # inside the package, not the checkout
-    assert sorted(p.name for p in cmp.BUILTIN_DIR.glob("*.csv")) == sorted(t.published for t in TABLES.values())
+    assert sorted(p.name for p in cmp.BUILTIN_DIR.glob("*.csv")) == sorted(t.published for t in TABLES.values() if t.published)
 
 
 @pytest.mark.skipif(not SHARED_TABLES.is_dir(), reason=f"{SHARED_TABLES} absent: no reference copy to check against")
-@pytest.mark.parametrize("table", TABLES.values(), ids=lambda t: t.published)
+@pytest.mark.parametrize("table", [t for t in TABLES.values() if t.published], ids=lambda t: t.published)
 def test_packaged_tables_equal_the_reference_copy(table):
     """Cell for cell, as text (the printed decimals set the rounding of the comparison)."""
     packaged = cmp.read_published(cmp.BUILTIN, table)
