@@ -138,15 +138,22 @@ def test_default_target_online_with_stand_ins(hub, tmp_path):
     """The default target ``all``, training aside, from an empty resources directory through the
     hub: every target of rule ``all`` is written; the stand-ins' rows (ViT-Tiny, ELECTRA-small:
     random weights) say "stand-in weights" in every table and are never compared with the paper,
-    while the real models' rows are unlabelled and compared; a second run does nothing."""
+    while the real models' rows are unlabelled and compared; a decoder (a tiny Llama with grouped-query
+    attention) is downloaded at its pinned revision and gets its row in the decoders table; a second
+    run does nothing."""
     from kpca_repro.analysis.comparison import NOT_COMPARABLE, NOT_PUBLISHED, NOT_RUN, STAND_IN_REASON
     from kpca_repro.analysis.rendering import STAND_IN_LABEL
     from kpca_repro.workflow.paths import all_targets
+    from kpca_tools.decoders import build_tiny_decoder
+    from kpca_tools.hub.repos import add_dir_repo
 
     stand_ins = ["vit_tiny_patch16_224", "google/electra-small-discriminator"]
     hub.add_stand_ins(["google/electra-small-discriminator"])
     assert set(stand_ins) <= set(hub.config_overlay()["comparison"]["stand_in_models"])
-    online_dir, online_cfg, env, _, _ = _studies(hub, tmp_path, NARROW_ALL)
+    # a decoder (docs/method.md 16) served by the hub at a pinned revision: a tiny Llama with grouped-query attention
+    decoder = add_dir_repo(hub.manifest.mirrors, "tiny-org/tiny-llama", build_tiny_decoder("llama", tmp_path / "tiny-llama", padding_side="left"))
+    narrow = {**NARROW_ALL, "decoders": {"models": [decoder.repo_id], "revisions": {decoder.repo_id: decoder.commit}, "prefix_lengths": [8]}}
+    online_dir, online_cfg, env, _, _ = _studies(hub, tmp_path, narrow)
     first = _run(online_dir, env, *online_cfg)
     out = first.stdout + first.stderr
     for rule in ("download_timm_weights", "download_imagenet_sample", "download_wikitext", "download_training_logs", "extract_text", "paper_comparison"):
@@ -157,7 +164,7 @@ def test_default_target_online_with_stand_ins(hub, tmp_path):
         config = _merge(yaml.safe_load(f), config)
     register_rule_targets(REPO)
     targets = all_targets(config)
-    assert any("table4" in t for t in targets) and any("table2" in t for t in targets)
+    assert any("table4" in t for t in targets) and any("table2" in t for t in targets) and "results/decoders_prefix.csv" in targets
     assert [t for t in targets if not (online_dir / t).is_file()] == []
 
     import pandas as pd
@@ -169,6 +176,9 @@ def test_default_target_online_with_stand_ins(hub, tmp_path):
         assert labelled.any(), name
         assert set(table.loc[labelled, id_column]) <= set(stand_ins), name
         assert not (set(table.loc[~labelled, id_column]) & set(stand_ins)), name
+
+    decoders = pd.read_csv(online_dir / "results" / "table_decoders.csv")
+    assert list(decoders["hf_id"]) == [decoder.repo_id] and (decoders["n_query_heads"].item(), decoders["n_kv_heads"].item()) == (4, 2)
 
     comparison = pd.read_csv(online_dir / "results" / "paper_comparison.csv")
     ran = comparison[~comparison["status"].isin([NOT_RUN, NOT_PUBLISHED])]
@@ -189,9 +199,9 @@ def test_default_target_online_with_stand_ins(hub, tmp_path):
     spec = importlib.util.spec_from_file_location("perf_memory", REPO / "perf" / "memory.py")
     memory = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(memory)
-    models = ["deit_tiny_patch16_224", "vit_tiny_patch16_224", "sentence-transformers/all-MiniLM-L6-v2", "google/electra-small-discriminator"]
+    models = ["deit_tiny_patch16_224", "vit_tiny_patch16_224", "sentence-transformers/all-MiniLM-L6-v2", "google/electra-small-discriminator", decoder.repo_id]
     jobs = memory.per_model(memory.read_benchmarks(online_dir / "benchmarks"), models)
-    per_model_rules = {"download_timm_weights", "extract_vision", "extract_text", "kpca_heads", "eigenvalues_vision", "norms_vision", "norms_text"}
+    per_model_rules = {"download_timm_weights", "extract_vision", "extract_text", "kpca_heads", "kpca_prefix", "eigenvalues_vision", "norms_vision", "norms_text", "norms_decoder"}
     for m in models:
         rules = set(jobs.loc[jobs["model"] == m, "rule"])
         assert {"kpca_heads", "extract_text" if "/" in m else "extract_vision"} <= rules, (m, rules)
