@@ -86,7 +86,9 @@ def needs_models(kind, what):
 
     def check(wildcards):
         if not paths.has_models(config, kind):
-            raise WorkflowError(f"{what} needs a {'decoder' if kind == 'decoders' else kind} model, but {kind}.models is empty and activations: has no entry of kind {kind}; add one, or leave {what} out of the targets")
+            raise WorkflowError(
+                f"{what} needs a {'decoder' if kind == 'decoders' else kind} model, but {kind}.models is empty and activations: has no entry of kind {kind}; add one, or leave {what} out of the targets"
+            )
         return []
 
     return check
