@@ -343,9 +343,9 @@ _COMPARISON = Schema(
 # --------------------------------------------------------------------------------------
 
 _NORMS = Schema(
-    "Figures 2 and 5: squared norms per layer",
-    "`results/figure2.csv`, `results/figure5.csv` and their `_corrected` files (rules `figure2`, `figure5`), "
-    "and the per-model records `results/norms/<variant>/<model>/{vision,text}.csv` they concatenate (no metadata file): "
+    "Figures 2 and 5 (and the decoders'): squared norms per layer",
+    "`results/figure2.csv`, `results/figure5.csv`, `results/figure_decoders_norms.csv` and their `_corrected` files (rules `figure2`, `figure5`, "
+    "`figure_decoders_norms`), and the per-model records `results/norms/<variant>/<model>/{vision,text,decoder}.csv` they concatenate (no metadata file): "
     "one row per (model, layer, quantity), the values pooled over inputs, heads and tokens (docs/method.md 8-9, 15)",
     (
         _MODEL_ID,

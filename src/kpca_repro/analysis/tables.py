@@ -141,13 +141,17 @@ def paper_table(table: Table, heads: pd.DataFrame, meta: dict[str, dict], draws:
     return pd.DataFrame(rows)
 
 
+def _n_nonfinite(heads: pd.DataFrame, statistics: tuple) -> int:
+    """Heads with a non-finite value in a per-head column of ``statistics``."""
+    return int((~np.isfinite(heads[[col for _, col, _ in statistics]].to_numpy(float))).any(axis=1).sum())
+
+
 def _head_counts(heads: pd.DataFrame, kept: pd.DataFrame, statistics: tuple) -> dict[str, int]:
     """``n_heads_nonfinite`` (of Tables 1 and 4 alike): the aggregated heads with a non-finite value in
     a per-head column of ``statistics``, which the reference's mean propagates (Table 1) or skips
     (Table 4); then the flag counts over all heads (``exp`` overflow, g_i g_j overflow, allclose)."""
-    stats = kept[[col for _, col, _ in statistics]].to_numpy(float)
     return {
-        "n_heads_nonfinite": int((~np.isfinite(stats)).any(axis=1).sum()),
+        "n_heads_nonfinite": _n_nonfinite(kept, statistics),
         "n_exp_overflow": int(heads["exp_overflow"].astype(bool).sum()),
         "n_outer_overflow": int(heads["outer_overflow"].astype(bool).sum()),
         "n_allclose": int(heads["allclose"].astype(bool).sum()),
@@ -251,7 +255,6 @@ def decoders_prefix_table(records: dict[tuple[str, str], pd.DataFrame], variant:
     for (model, prefix), df in records.items():
         # a P longer than every row: no records, NaN statistics
         df = df.reindex(columns=list(dict.fromkeys([*df.columns, *(col for _, col, _ in TABLE4_STATISTICS)])))
-        stats = df[[col for _, col, _ in TABLE4_STATISTICS]].to_numpy(float)
         rows.append(
             {
                 "model": display_name(model),
@@ -262,7 +265,7 @@ def decoders_prefix_table(records: dict[tuple[str, str], pd.DataFrame], variant:
                 "n_rows": int(df["sample_rank"].nunique()),
                 "n_heads": len(df),
                 **{name: over_heads(df[col], how) for name, col, how in TABLE4_STATISTICS},
-                "n_heads_nonfinite": int((~np.isfinite(stats)).any(axis=1).sum()),
+                "n_heads_nonfinite": _n_nonfinite(df, TABLE4_STATISTICS),
             }
         )
     return pd.DataFrame(rows)

@@ -125,13 +125,11 @@ def norm_activations(config: dict, domain: str, variant: str, model: str) -> lis
     users = {model_slug(name): name for name in user_models(config)}
     if model in users:
         return user_files(config, users[model])
-    if domain == "decoders":  # both variants: the rows of Table 4 (no authors' recipe to mimic, docs/method.md 16)
-        return [f"results/activations/{model}/text_{config['text']['n_rows']}_{shard}.h5" for shard in text_shards(config)]
     if domain == "vision":
         if variant == PAPER.name:
             return [f"results/activations/{model}/vision_{config['figure2']['n_images']}_0of1.h5"]
         return [f"results/activations/{model}/vision_{config['vision']['n_images']}_{shard}.h5" for shard in vision_shards(config)]
-    if variant == PAPER.name:
+    if variant == PAPER.name and domain == "text":  # a decoder reads Table 4's rows in both variants (docs/method.md 16)
         return [f"results/activations/{model}/text_sentences_0of1.h5"]
     return [f"results/activations/{model}/text_{config['text']['n_rows']}_{shard}.h5" for shard in text_shards(config)]
 
