@@ -199,7 +199,7 @@ def analyze_heads(
     """
 
     from kpca_repro.method.placement import plan
-    from kpca_repro.method.records import _chunked, _equal_length_groups, chunk_records
+    from kpca_repro.method.records import _chunked, _equal_length_groups, chunk_records, no_records
     from kpca_repro.method.uncertainty import BOUND_NAMES, MEAN_VECTOR, RANGE_NAMES, SIGN_DRAW_NAMES
     from kpca_repro.method.variant import get as get_variant
 
@@ -226,7 +226,7 @@ def analyze_heads(
         frame.insert(0, "variant", var.name)
         frames.append(frame)
     if not frames:  # a prefix no input reaches
-        return pd.DataFrame({name: pd.Series(dtype="int64") for name in ("sample_rank", "dataset_index", "layer", "head", "n_tokens", "head_dim")})
+        return no_records()
     out = pd.concat(frames, ignore_index=True)
     if sign_draws:
         out.attrs["sign_draws"] = {name: np.concatenate([p[name] for p in draw_parts]) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *BOUND_NAMES, *RANGE_NAMES)}

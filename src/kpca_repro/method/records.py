@@ -52,6 +52,11 @@ def baseline_noise(seed: int, dataset_index: int, layer: int, shape: tuple[int, 
     return torch.randn(shape, generator=gen, dtype=torch.float64)
 
 
+def no_records() -> pd.DataFrame:
+    """The records of a prefix that no row reaches: no rows, the identifying int64 columns."""
+    return pd.DataFrame({name: pd.Series(dtype="int64") for name in ("sample_rank", "dataset_index", "layer", "head", "n_tokens", "head_dim")})
+
+
 def _equal_length_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str | Variant, layer: int, seed: int, transposed: bool, prefix: int | None = None):
     """Heads of one layer in groups with a common token count ``N``.
 
@@ -462,7 +467,7 @@ def kpca_records(
         if sign_draws and parts:
             meta.update(_gathered_draws([draws for _, draws, _ in parts], floor))
     if not parts:  # a prefix no row reaches
-        parts = [(None, None, pd.DataFrame({name: pd.Series(dtype="int64") for name in ("sample_rank", "dataset_index", "layer", "head", "n_tokens", "head_dim")}))]
+        parts = [(None, None, no_records())]
     records = pd.concat([frame for _, _, frame in parts], ignore_index=True)
     records.insert(0, "model", model_id)
     records.insert(1, "variant", variant.name)
