@@ -27,6 +27,9 @@ else:
         # sign and bootstrap intervals for a variant with sign draws (docs/uncertainty.md); the draws' rows follow the records files
         draws, settings = (read_sign_draws(smk.input.signs), dict(smk.params.uncertainty)) if variant.sign_draws else (None, None)
         frame = tables.paper_table(table, heads, meta, draws, settings)
+        # the paper's statistics stay as the authors compute them; say how many heads test only g (docs/method.md 17.1)
+        kept_all = tables.all_directions_kept(heads)
+        log.info("%d of %d heads have N <= d + 1 (their CKA tests only the normaliser g); the paper variant keeps them in its statistics", int(kept_all.sum()), len(heads))
     else:
         frame = tables.table_corrected(heads, meta, table)
 frame = rendering.label_rows(rendering.label_rows(frame, smk.params.stand_ins, rendering.STAND_IN_LABEL), smk.params.user_models, rendering.USER_LABEL)  # docs/hub_fixture.md, docs/activations.md

@@ -107,8 +107,21 @@ _HEAD_METRICS = {
     "rbf_cka": ("RBF-kernel CKA between V and V_KPCA, bandwidth the median distance (docs/method.md 2)", "[0, 1]"),
     "direct_abs_cos_columns": ("mean over the d columns c of |cos| between column c of V and column c of V_KPCA (docs/method.md 15.3)", "[0, 1]"),
     "optimal_abs_cos_columns": ("mean |cos| between the columns of V and of V_KPCA under the optimal column matching (docs/method.md 15.3)", "[0, 1]"),
+    "linear_cka_unbiased": ("linear CKA between V and V_KPCA with the unbiased HSIC estimator of Song et al. 2012 (near 0 for unrelated matrices at any N; NaN for N < 4; docs/method.md 17.2)", "≤ 1"),
+    "rbf_cka_unbiased": ("RBF-kernel CKA between V and V_KPCA with the unbiased HSIC estimator (docs/method.md 17.2)", "≤ 1"),
+    "projection_cos": ("mean over the tested queries i of cos(ĥ_i, h_i), ĥ_i = Σ_j softmax_j(s q_i·k_j) V_KPCA_j the claimed projection, h_i the attention's output (docs/method.md 17.3)", _COSINE),
+    "projection_rel_error": ("‖Ĥ − H‖_F / ‖H‖_F over the tested queries, V_KPCA at its true scale (docs/method.md 17.3)", "≥ 0"),
+    "projection_norm_ratio": ("‖Ĥ‖_F / ‖H‖_F over the tested queries (docs/method.md 17.3)", "≥ 0"),
 }
-_CORRECTED_ONLY = ("direct_abs_cos_columns", "optimal_abs_cos_columns")
+_CORRECTED_ONLY = ("direct_abs_cos_columns", "optimal_abs_cos_columns", "linear_cka_unbiased", "rbf_cka_unbiased")
+#: The per-head columns with an all-components control (docs/method.md 17), also the values of ``<ctl>``.
+_CONTROLS = {
+    "linear_cka": "linear CKA",
+    "rbf_cka": "RBF CKA",
+    "linear_cka_unbiased": "unbiased linear CKA",
+    "rbf_cka_unbiased": "unbiased RBF CKA",
+    "projection_norm_ratio": "the largest ‖Ĥ‖_F / ‖H‖_F that any principal directions reach, ‖H G Sᵀ‖_F / ‖H‖_F; projection_rel_error ≥ 1 − it",
+}
 
 _HEADS = Schema(
     "Per-head records",
@@ -135,6 +148,15 @@ _HEADS = Schema(
         *(Column(name, text, unit, "corrected" if name in _CORRECTED_ONLY else "") for name, (text, unit) in _HEAD_METRICS.items()),
         Column("baseline_<col>", "<col> with a standard normal matrix in place of V_KPCA, seeded by (seed, input, layer)", "as <col>", "corrected"),
         Column(
+            "control_<ctl>",
+            "the all-components control of <ctl>: V against G H, what the normaliser g alone gives, equal to the metric where every direction is kept (docs/method.md 17)",
+            "as the metric",
+            "corrected; projection: decoders too",
+        ),
+        Column("n_centered_directions", "N − 1, the directions of the centered feature space of the N keys (the most non-zero eigenvalues the centered Gram matrix has)", "count"),
+        Column("n_components", "eigenvectors kept, min(d, N)", "count"),
+        Column("all_directions_kept", "n_components ≥ N − 1 (N ≤ d + 1): the kept eigenvectors span the whole centered space, so V_KPCA V_KPCAᵀ = G H G and CKA tests only g (docs/method.md 17.1)", "bool"),
+        Column(
             "eigengap_min",
             "smallest relative eigengap |λ_i − λ_j| / ‖K‖₂ between neighbouring eigenvalues of which one is selected (among the selected and at the selection boundary; docs/uncertainty.md 2b)",
             "≥ 0",
@@ -144,7 +166,7 @@ _HEADS = Schema(
         Column("solver_group_max", "size of the largest such group (1: none)", "count", "paper"),
         Column("solver_boundary_group", "a near-degenerate group straddles the top-d selection boundary", "bool", "paper"),
     ),
-    {"col": {name: f"`{name}`" for name in _HEAD_METRICS}},
+    {"col": {name: f"`{name}`" for name in _HEAD_METRICS}, "ctl": {name: f"`{name}` ({text})" for name, text in _CONTROLS.items()}},
 )
 
 # --------------------------------------------------------------------------------------
@@ -199,6 +221,14 @@ def statistic_columns(statistics: tuple[tuple[str, str, str], ...]) -> tuple[Col
     return tuple(out)
 
 
+#: The projection test's means over heads (docs/method.md 17.3): the decoders' table and profile.
+_PROJECTION_MEANS = (
+    Column("projection_cos", "mean over heads (NaN skipped) of the per-head cos(ĥ, h) of the projection test at the last real token (docs/method.md 17.3)", _COSINE, "decoders"),
+    Column("projection_rel_error", "mean over heads (NaN skipped) of ‖ĥ − h‖ / ‖h‖ of the projection test", "≥ 0", "decoders"),
+    Column("projection_norm_ratio", "mean over heads (NaN skipped) of ‖ĥ‖ / ‖h‖ of the projection test", "≥ 0", "decoders"),
+    Column("control_projection_norm_ratio", "mean over heads (NaN skipped) of the largest ‖ĥ‖ / ‖h‖ any principal directions reach (all components)", "≥ 0", "decoders"),
+)
+
 _PER_HEAD_TABLE = Schema(
     "Tables 1 and 4, `paper` variant",
     "`results/table1.csv`, `results/table4.csv` (and every per-head table of the registry `TABLES`): one row per model, "
@@ -229,6 +259,8 @@ _PER_HEAD_TABLE = Schema(
         Column("n_exp_overflow", "heads whose exp(s k_i·k_j) overflows float32", "count"),
         Column("n_outer_overflow", "heads whose g_i g_j overflows float32: their Gram entries are zeroed and the heads kept", "count"),
         Column("n_allclose", "heads where torch.allclose(V, V_KPCA, rtol=1e-3, atol=1e-5) holds", "count"),
+        *_PROJECTION_MEANS,
+        Column("n_heads_all_directions_kept", "heads with N ≤ d + 1, whose kept eigenvectors span the whole centered space (docs/method.md 17.1)", "count", "decoders"),
         Column("n_query_heads", "query heads per layer", "count", "decoders"),
         Column("n_kv_heads", "key-value heads per layer, the heads of the records: fewer than the query heads with grouped-query attention (docs/method.md 16)", "count", "decoders"),
         Column("n_tokens", "N, the largest token count of a head (Table 4: the padded length; decoders: the longest row's real tokens)", "count", "Table 4, decoders"),
@@ -265,8 +297,16 @@ _CORRECTED_TABLE = Schema(
         Column("baseline_paper_statistic_value", "the paper's statistic of the metric against a random Gaussian V_KPCA (`baseline_<column>`)", "as the metric"),
         Column("baseline_mean", "mean over heads of the metric against the random baseline", "as the metric"),
         Column("baseline_std", "standard deviation over heads (ddof 1) of the metric against the random baseline", "as the metric"),
+        Column("control_paper_statistic_value", "the paper's statistic of the all-components control (`control_<column>`: V against G H, what g alone gives; NaN for a metric without one; docs/method.md 17)", "as the metric"),
+        Column("control_mean", "mean over heads of the all-components control", "as the metric"),
+        Column("control_std", "standard deviation over heads (ddof 1) of the all-components control", "as the metric"),
         Column("n_heads", "heads in the records: inputs × layers × heads", "count"),
         Column("n_nonfinite", "heads whose value of this metric is not finite, left out of its statistics", "count"),
+        Column(
+            "n_all_directions_kept",
+            "CKA metrics: heads with N ≤ d + 1, whose kept eigenvectors span the whole centered space, left out of the statistics (their CKA is the control's; docs/method.md 17.1); 0 for the other metrics",
+            "count",
+        ),
         _N_IMAGES,
         _N_SENTENCES,
         _SHA,
@@ -530,6 +570,15 @@ _DECODERS_PREFIX = Schema(
         Column("LCKA", "mean over heads (NaN skipped) of the linear CKA of V[:P] and V_KPCA^(P)", "[0, 1]"),
         Column("KCKA", "mean over heads (NaN skipped) of the RBF CKA of V[:P] and V_KPCA^(P)", "[0, 1]"),
         Column("n_heads_nonfinite", "heads with a non-finite value in one of the four per-head columns, skipped by the means", "count"),
+        Column(
+            "cka_all_directions_kept",
+            "every head has P ≤ d + 1: its kept eigenvectors span the whole centered space, so LCKA and KCKA test only g and carry no kernel-PCA information (docs/method.md 17.1); such rows are left out of the figure's CKA lines",
+            "bool",
+        ),
+        Column("n_heads_all_directions_kept", "heads with N ≤ d + 1", "count"),
+        Column("LCKA_unbiased", "mean over heads (NaN skipped) of the linear CKA with the unbiased HSIC estimator (docs/method.md 17.2)", "≤ 1", "corrected"),
+        Column("KCKA_unbiased", "mean over heads (NaN skipped) of the RBF CKA with the unbiased HSIC estimator", "≤ 1", "corrected"),
+        *_PROJECTION_MEANS,
     ),
 )
 

@@ -143,7 +143,8 @@ def paper_markdown(frame: pd.DataFrame, table: _PerHeadTable) -> str:
 
 
 def corrected_markdown(table: pd.DataFrame, metrics: tuple) -> str:
-    """Markdown of a corrected table: one row per model, one column per metric, ``mean ± std (random: mean)``.
+    """Markdown of a corrected table: one row per model, one column per metric, ``mean ± std (random: mean, all components: mean)``
+    (the all-components control where the metric has one, docs/method.md 17).
 
     Args:
         table: the long table of :func:`kpca_repro.analysis.tables.table_corrected` (one row per
@@ -152,7 +153,13 @@ def corrected_markdown(table: pd.DataFrame, metrics: tuple) -> str:
             :data:`kpca_repro.analysis.tables.CORRECTED_METRICS`: the columns, in their order
             (labels absent from ``table`` are left out), then ``heads (non-finite)``.
     """
-    cells = table.assign(cell=[f"{m:.3f} ± {s:.3f} (random {b:.3f})" for m, s, b in zip(table["mean"], table["std"], table["baseline_mean"])])
+    control = table["control_mean"] if "control_mean" in table else pd.Series(np.nan, index=table.index)
+    cells = table.assign(
+        cell=[
+            f"{m:.3f} ± {s:.3f} (random {b:.3f}" + (f", all components {c:.3f})" if np.isfinite(c) else ")")
+            for m, s, b, c in zip(table["mean"], table["std"], table["baseline_mean"], control)
+        ]
+    )
     wide = cells.pivot(index="model", columns="metric", values="cell")
     order = list(dict.fromkeys(table["model"]))
     wide = wide.loc[order, [label for _, label, _ in metrics if label in wide.columns]]

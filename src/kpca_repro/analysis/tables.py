@@ -31,6 +31,8 @@ __all__ = [
     "decoder_row",
     "decoders_prefix_table",
     "CORRECTED_METRICS",
+    "CKA_COLUMNS",
+    "all_directions_kept",
     "TEXT_CORRECTED_METRICS",
     "read_head_records",
     "paper_table",
@@ -41,6 +43,16 @@ __all__ = [
     "column_schema",
 ]
 
+#: What the corrected variant adds beyond the paper's metrics (docs/method.md 17): CKA with the
+#: unbiased HSIC estimator and the projection test of the claim itself, each a mean over heads.
+EXTENSION_METRICS = (
+    ("linear_cka_unbiased", "linear CKA, unbiased HSIC", "mean"),
+    ("rbf_cka_unbiased", "RBF CKA, unbiased HSIC", "mean"),
+    ("projection_cos", "projection test: cos(h^, h) (the claim itself)", "mean"),
+    ("projection_rel_error", "projection test: ||H^ - H|| / ||H||", "mean"),
+    ("projection_norm_ratio", "projection test: ||H^|| / ||H||", "mean"),
+)
+
 #: Corrected-variant metrics: (per-head column, label, the paper's statistic over heads).
 CORRECTED_METRICS = (
     ("direct_cos_mean", "direct cosine (token rows)", "max"),
@@ -49,7 +61,11 @@ CORRECTED_METRICS = (
     ("optimal_abs_cos_columns", "optimal-matching |cosine| (columns)", "max"),
     ("linear_cka", "linear CKA", "mean"),
     ("rbf_cka", "RBF CKA", "mean"),
+    *EXTENSION_METRICS,
 )
+
+#: The CKA columns, whose statistics leave out the heads where every direction is kept (docs/method.md 17.1).
+CKA_COLUMNS = ("linear_cka", "rbf_cka", "linear_cka_unbiased", "rbf_cka_unbiased")
 
 
 #: Table 4's corrected metrics: the paper's statistic is the mean over heads (docs/method.md 3),
@@ -63,6 +79,7 @@ TEXT_CORRECTED_METRICS = (
     ("optimal_abs_cos_columns", "optimal-matching |cosine| (columns)", "mean"),
     ("linear_cka", "linear CKA", "mean"),
     ("rbf_cka", "RBF CKA", "mean"),
+    *EXTENSION_METRICS,
 )
 
 
@@ -217,17 +234,21 @@ def decoder_row(heads: pd.DataFrame, kept: pd.DataFrame, meta: dict) -> dict:
     """The decoders table's columns after MDC, MOC, LCKA, KCKA for one decoder (docs/method.md 16).
 
     The full-prefix view: Table 4's statistics (means over heads of per-head token maxima, NaN
-    skipped) of V against V_KPCA^(N) on each row's real tokens. A head of the records is a KV
-    head (k and v define V and V_KPCA): with grouped-query attention a layer has fewer of them
-    than query heads, and both counts are given.
+    skipped) of V against V_KPCA^(N) on each row's real tokens, then the projection test of the
+    claim itself at each row's last real token (means over heads, docs/method.md 17.3) and the
+    heads whose kept eigenvectors span the whole centered space (their CKA tests only g, 17.1).
+    A head of the records is a KV head (k and v define V and V_KPCA): with grouped-query
+    attention a layer has fewer of them than query heads, and both counts are given.
 
     Args:
         heads, kept: one decoder's per-head records (paper variant), all of them.
         meta: its metadata (``n_sentences``, ``n_heads``, ``n_kv_heads``, ``weights_sha256``).
     """
     return {
+        **_projection_means(heads),
         "n_sentences": meta["n_sentences"],
         "n_heads": len(heads),
+        "n_heads_all_directions_kept": int(all_directions_kept(heads).sum()),
         "n_query_heads": int(meta["n_query_heads"]),
         "n_kv_heads": int(meta["n_kv_heads"]),
         **_head_counts(heads, kept, TABLE4_STATISTICS),
@@ -249,9 +270,14 @@ def decoders_prefix_table(records: dict[tuple[str, str], pd.DataFrame], variant:
         One row per (model, prefix): ``model, hf_id, variant, prefix, n_tokens`` (mean token
         count of a head: P, or the mean row length at N), ``n_rows`` (rows at least P tokens
         long), ``n_heads`` (KV heads of those rows over all layers), MDC, MOC, LCKA, KCKA as
-        :data:`TABLE4_STATISTICS` (NaN-skipping means over heads) and ``n_heads_nonfinite``.
+        :data:`TABLE4_STATISTICS` (NaN-skipping means over heads) and ``n_heads_nonfinite``;
+        ``cka_all_directions_kept`` (every head keeps every direction, ``P <= d + 1``: LCKA and
+        KCKA test only ``g``, docs/method.md 17.1) and the count of such heads; the corrected
+        variant's unbiased CKAs (``LCKA_unbiased``, ``KCKA_unbiased``); the projection test's
+        means (``projection_*``, ``control_projection_norm_ratio``, 17.3).
     """
     rows = []
+    unbiased = (("LCKA_unbiased", "linear_cka_unbiased"), ("KCKA_unbiased", "rbf_cka_unbiased"))
     for (model, prefix), df in records.items():
         # a P longer than every row: no records, NaN statistics
         df = df.reindex(columns=list(dict.fromkeys([*df.columns, *(col for _, col, _ in TABLE4_STATISTICS)])))
@@ -266,9 +292,31 @@ def decoders_prefix_table(records: dict[tuple[str, str], pd.DataFrame], variant:
                 "n_heads": len(df),
                 **{name: over_heads(df[col], how) for name, col, how in TABLE4_STATISTICS},
                 "n_heads_nonfinite": _n_nonfinite(df, TABLE4_STATISTICS),
+                # every head of a P <= d + 1 keeps every direction: its CKA tests only g (docs/method.md 17.1)
+                "cka_all_directions_kept": bool(len(df)) and bool(all_directions_kept(df).all()),
+                "n_heads_all_directions_kept": int(all_directions_kept(df).sum()) if len(df) else 0,
+                **{name: over_heads(df[col], "nanmean") for name, col in unbiased if col in df},
+                **_projection_means(df),
             }
         )
     return pd.DataFrame(rows)
+
+
+def all_directions_kept(df: pd.DataFrame) -> pd.Series:
+    """Per head (bool Series on ``df``'s index), whether its kept eigenvectors span the whole
+    centered space (docs/method.md 17.1); from ``n_tokens`` and ``head_dim`` where the records
+    predate the column."""
+    if "all_directions_kept" in df:
+        return df["all_directions_kept"].astype(bool)
+    if "n_tokens" not in df or "head_dim" not in df:  # records without their sizes: nothing is known to be in the regime
+        return pd.Series(False, index=df.index)
+    return pd.Series(np.minimum(df["head_dim"], df["n_tokens"]) >= df["n_tokens"] - 1, index=df.index)
+
+
+def _projection_means(heads: pd.DataFrame) -> dict:
+    """The projection test's per-head columns (docs/method.md 17.3), each as a mean over heads (NaN skipped)."""
+    names = ("projection_cos", "projection_rel_error", "projection_norm_ratio", "control_projection_norm_ratio")
+    return {name: over_heads(heads[name], "nanmean") if name in heads else float("nan") for name in names}
 
 
 def table_corrected(heads: pd.DataFrame, meta: dict[str, dict], table: Table) -> pd.DataFrame:
@@ -276,18 +324,29 @@ def table_corrected(heads: pd.DataFrame, meta: dict[str, dict], table: Table) ->
 
     For each (per-head column, label, paper statistic) of ``table.corrected``: the paper's
     statistic over heads (``paper_statistic``: max or mean) and its value, mean and standard
-    deviation (ddof 1) over heads, the same three for the random Gaussian baseline, the number
-    of heads and of non-finite heads (never dropped silently: a non-finite head is counted, and
-    excluded from that metric's statistics), the count ``table.count_key`` and the weights.
+    deviation (ddof 1) over heads, the same three for the random Gaussian baseline and for the
+    all-components control (``control_<column>``, docs/method.md 17), the number of heads and of
+    non-finite heads (never dropped silently: a non-finite head is counted, and excluded from
+    that metric's statistics), the count ``table.count_key`` and the weights. The statistics of
+    the CKA columns (:data:`CKA_COLUMNS`) leave out the heads whose kept eigenvectors span the
+    whole centered space (``all_directions_kept``: their CKA is the control's, docs/method.md
+    17.1), counted in ``n_all_directions_kept``.
     """
     rows = []
     for model, df in heads.groupby("model", sort=False):
         df = _head_order(df)
+        kept_all = all_directions_kept(df)
         for col, label, how in table.corrected:
-            vals = df[col]
+            if col not in df:  # records without that metric (no projection test without q and h)
+                continue
+            cka = col in CKA_COLUMNS
+            part = df[~kept_all] if cka else df  # the CKA of a head that keeps every direction tests only g
+            vals = part[col]
             ok = vals[np.isfinite(vals)]
-            base = df.get(f"baseline_{col}", pd.Series(dtype=float))
+            base = part.get(f"baseline_{col}", pd.Series(dtype=float))
             base = base[np.isfinite(base)]
+            control = part.get(f"control_{col}", pd.Series(dtype=float))
+            control = control[np.isfinite(control)]
             rows.append(
                 {
                     "model": display_name(model),
@@ -301,8 +360,12 @@ def table_corrected(heads: pd.DataFrame, meta: dict[str, dict], table: Table) ->
                     "baseline_paper_statistic_value": over_heads(base, how) if len(base) else float("nan"),
                     "baseline_mean": exact_mean(base),
                     "baseline_std": exact_std(base, ddof=1),
+                    "control_paper_statistic_value": over_heads(control, how) if len(control) else float("nan"),
+                    "control_mean": exact_mean(control),
+                    "control_std": exact_std(control, ddof=1),
                     "n_heads": len(df),
                     "n_nonfinite": int(len(vals) - len(ok)),
+                    "n_all_directions_kept": int(kept_all.sum()) if cka else 0,
                     table.count_key: meta[model][table.count_key],
                     "weights_sha256": meta[model]["weights_sha256"],
                 }

@@ -136,9 +136,11 @@ def plot_norms(stats: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLi
 def plot_prefix_profile(profile: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLike, title: str, names: dict[str, str] | None = None) -> None:
     """The decoders' prefix profile (docs/method.md 16): each metric against the prefix length.
 
-    One panel per metric (MDC, MOC, LCKA, KCKA), one line per model; x = the prefix lengths P
-    in order, the last point ``N`` (each row's full length) drawn at equal spacing and labelled
-    so, since N differs between rows; a P that no row reaches is left out.
+    One panel per metric (MDC, MOC, LCKA, KCKA and, where the profile has it, the projection
+    test's cosine), one line per model; x = the prefix lengths P in order, the last point ``N``
+    (each row's full length) drawn at equal spacing and labelled so, since N differs between
+    rows; a P that no row reaches is left out, and so are the CKA points of a P where every head
+    keeps every direction (``cka_all_directions_kept``: that CKA tests only g, docs/method.md 17.1).
 
     Args:
         profile: rows of :func:`kpca_repro.analysis.tables.decoders_prefix_table` (``hf_id,
@@ -157,14 +159,18 @@ def plot_prefix_profile(profile: pd.DataFrame, pdf: str | os.PathLike, png: str 
     prefixes = list(dict.fromkeys(profile["prefix"].astype(str)))
     prefixes = sorted((p for p in prefixes if p != "N"), key=int) + (["N"] if "N" in prefixes else [])
     x = {p: i for i, p in enumerate(prefixes)}
-    fig, axes = plt.subplots(1, 4, figsize=(13.0, 3.6), squeeze=False, constrained_layout=True)
-    for ax, metric in zip(axes.flat, ("MDC", "MOC", "LCKA", "KCKA")):
+    metrics = {"MDC": "MDC", "MOC": "MOC", "LCKA": "LCKA", "KCKA": "KCKA", "projection_cos": "projection test: cos(ĥ, h)"}
+    metrics = {col: label for col, label in metrics.items() if col in profile}
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.3 * len(metrics), 3.6), squeeze=False, constrained_layout=True)
+    for ax, (metric, label) in zip(axes.flat, metrics.items()):
         for model, df in profile.groupby("hf_id", sort=False):
+            if metric in ("LCKA", "KCKA") and "cka_all_directions_kept" in df:
+                df = df[~df["cka_all_directions_kept"].astype(bool)]  # CKA that tests only g (docs/method.md 17.1)
             df = df.assign(_x=df["prefix"].astype(str).map(x)).sort_values("_x")
             ax.plot(df["_x"], df[metric], marker="o", ms=4, lw=1.2, label=(names or {}).get(model, model.split("/")[-1]))
         ax.set_xticks(range(len(prefixes)), prefixes)
         ax.set_xlabel("prefix length P")
-        ax.set_title(metric, fontsize=10)
+        ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.3)
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=min(4, max(1, len(labels))), fontsize=8, frameon=False)

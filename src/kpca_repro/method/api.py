@@ -199,7 +199,7 @@ def analyze_heads(
     """
 
     from kpca_repro.method.placement import plan
-    from kpca_repro.method.records import _chunked, _equal_length_groups, chunk_records, no_records
+    from kpca_repro.method.records import _chunked, _equal_length_groups, chunk_records, no_records, projection_test_wanted
     from kpca_repro.method.uncertainty import BOUND_NAMES, MEAN_VECTOR, RANGE_NAMES, SIGN_DRAW_NAMES
     from kpca_repro.method.variant import get as get_variant
 
@@ -218,9 +218,12 @@ def analyze_heads(
     var = var.reading(text=mask is not None or causal, causal=causal)
     placement = plan(var, device=device, cores=1, eigh_threads=eigh_threads)
     # the records stage's own grouping of heads (padding kept or dropped, baselines per input)
-    source = SimpleNamespace(attention_mask=mask, sample_rank=ranks, dataset_index=index, causal=causal)
+    source = SimpleNamespace(attention_mask=mask, sample_rank=ranks, dataset_index=index, causal=causal, kv_head_of_query=kv)
+    tensors = {"k": k4, "v": v4}
+    if q is not None and h is not None and projection_test_wanted(var, causal):  # the projection test (docs/method.md 17.3)
+        tensors.update(q=_four_d(q, "q"), h=_four_d(h, "h"))
     frames, draw_parts = [], []
-    for chunk in _chunked(_equal_length_groups(source, {"k": k4, "v": v4}, var, layer, seed, transposed=False, prefix=prefix), layer, heads_per_chunk):
+    for chunk in _chunked(_equal_length_groups(source, tensors, var, layer, seed, transposed=False, prefix=prefix), layer, heads_per_chunk):
         draws, frame = chunk_records(*chunk, variant=var, placement=placement, sign_draws=sign_draws, seed=seed)
         draw_parts.append(draws)
         frame.insert(0, "variant", var.name)

@@ -55,6 +55,13 @@ __all__ = [
     "rbf_kernel",
     "rbf_side",
     "rbf_cka",
+    "all_directions_kept",
+    "normaliser_kernel",
+    "unbiased_side",
+    "unbiased_cka_from_sides",
+    "unbiased_hsic",
+    "projection_test",
+    "projection_norm_bound",
     "perturb_eigenvectors",
     "gamma_matrix",
     "pairwise_spread",
@@ -425,6 +432,156 @@ def rbf_cka(x: torch.Tensor, y: torch.Tensor, paper: bool = True, sqrt_of_produc
 def rbf_side(x: torch.Tensor, paper: bool) -> tuple:
     """:func:`cka_side` of the RBF kernel of ``x``: centered (paper variant, or not float64), or by sums (corrected, float64)."""
     return cka_side("kernel_sums" if not paper and x.dtype == torch.float64 else "kernel", rbf_kernel(x, paper))
+
+
+# --------------------------------------------------------------------------------------
+# 5b. What the metrics can mean: the all-components regime, unbiased CKA, the projection test
+# --------------------------------------------------------------------------------------
+
+
+def all_directions_kept(n_tokens: int, n_components: int) -> bool:
+    """Whether the ``n_components`` kept eigenvectors span the whole centered feature space of ``n_tokens`` keys.
+
+    The centered Gram matrix ``H Kphi H`` of ``N`` keys has at most ``N - 1`` non-zero
+    eigenvalues (``H 1 = 0``). When ``n_components >= N - 1`` (with ``d`` kept: ``N <= d + 1``)
+    the kept ``A`` spans all of them, ``H A A^T H = H`` and ``V_KPCA V_KPCA^T = G H G``
+    (docs/method.md 17.1): every rotation-invariant comparison of ``V`` with ``V_KPCA`` (linear
+    and RBF CKA) then depends on the normaliser ``g`` alone, on no eigenvector.
+
+    Args:
+        n_tokens: ``N`` (int, >= 1).
+        n_components: the eigenvectors kept, ``min(d, N)``.
+    """
+    return n_components >= n_tokens - 1
+
+
+def normaliser_kernel(inv_g: torch.Tensor) -> torch.Tensor:
+    """``G H G``, the row Gram matrix of ``G H`` (docs/method.md 17.1): the all-components control.
+
+    ``(G H)(G H)^T = G H G`` since ``H`` is symmetric and idempotent; entry ``(i, j)`` is
+    ``(delta_ij - 1/N) / (g_i g_j)``. ``V_KPCA V_KPCA^T`` equals it when every direction is kept
+    (:func:`all_directions_kept`), so CKA of ``V`` against it is what the normaliser alone gives.
+
+    Args:
+        inv_g: the diagonal of ``G`` (``1/g``, or ``1/g`` times a positive factor, to which CKA is
+            invariant), shape ``(..., N)``, float.
+
+    Returns:
+        Shape ``(..., N, N)``, the dtype of ``inv_g``; symmetric, positive semi-definite.
+    """
+    n = inv_g.shape[-1]
+    eye = torch.eye(n, dtype=inv_g.dtype, device=inv_g.device)
+    return (eye - 1.0 / n) * inv_g[..., :, None] * inv_g[..., None, :]
+
+
+def unbiased_side(kernel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One side of :func:`unbiased_hsic`: ``(K~, K~ 1, 1^T K~ 1)`` with ``K~`` the kernel with a zero diagonal.
+
+    Args:
+        kernel: an uncentered symmetric kernel matrix, shape ``(..., N, N)``, float64
+            (the estimator subtracts large terms).
+
+    Returns:
+        ``K~`` ``(..., N, N)``, its row sums ``(..., N)`` and their total ``(...)``.
+    """
+    kt = kernel - torch.diag_embed(torch.diagonal(kernel, dim1=-2, dim2=-1))
+    row = kt.sum(dim=-1)
+    return kt, row, row.sum(dim=-1)
+
+
+def unbiased_hsic(a: tuple, b: tuple) -> torch.Tensor:
+    """The unbiased HSIC estimator of Song et al. 2012 (JMLR 13, "Feature selection via dependence maximization", Eq. 5).
+
+    With ``K~``, ``L~`` the kernels with zeroed diagonals (:func:`unbiased_side`) and ``n >= 4``::
+
+        HSIC_1 = [tr(K~ L~) + (1^T K~ 1)(1^T L~ 1) / ((n-1)(n-2)) - 2/(n-2) 1^T K~ L~ 1] / (n (n-3))
+
+    Its expectation is the population HSIC: two independent representations score 0 on average
+    at any ``n`` (the biased ``tr(H K H L)`` is positive, and large when ``n`` is small against
+    the representations' width). Nguyen, Raghu & Kornblith 2021 build CKA from it.
+
+    Args:
+        a, b: :func:`unbiased_side` of two kernels over the same ``n`` tokens.
+
+    Returns:
+        Shape ``(...)``; NaN for ``n < 4`` (the estimator is undefined there).
+    """
+    (kt, rk, sk), (lt, rl, sl) = a, b
+    n = kt.shape[-1]
+    if n < 4:
+        return torch.full(kt.shape[:-2], float("nan"), dtype=kt.dtype, device=kt.device)
+    trace = frobenius_dot(kt, lt)  # tr(K~ L~) of symmetric kernels
+    return (trace + sk * sl / ((n - 1) * (n - 2)) - (2.0 / (n - 2)) * (rk * rl).sum(dim=-1)) / (n * (n - 3))
+
+
+def unbiased_cka_from_sides(sx: tuple, sy: tuple) -> torch.Tensor:
+    """Unbiased CKA, ``HSIC_1(K, L) / sqrt(HSIC_1(K, K) HSIC_1(L, L))`` (Nguyen, Raghu & Kornblith 2021).
+
+    Args:
+        sx, sy: :func:`unbiased_side` of the two kernels (linear ``X X^T`` or RBF).
+
+    Returns:
+        Shape ``(...)``; near 0 for unrelated representations, 1 for ``K = L``; can be slightly
+        negative. NaN where ``n < 4`` or a self-HSIC is not positive.
+    """
+    hxx, hyy = unbiased_hsic(sx, sx), unbiased_hsic(sy, sy)
+    denom = torch.sqrt(hxx * hyy)
+    ok = (hxx > 0) & (hyy > 0)
+    return torch.where(ok, unbiased_hsic(sx, sy) / torch.where(ok, denom, torch.ones_like(denom)), torch.full_like(denom, float("nan")))
+
+
+def projection_test(q: torch.Tensor, k: torch.Tensor, h: torch.Tensor, values: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Teo & Nguyen's claim itself: ``h_i`` is the projection ``h^_i = sum_j softmax_j(s q_i . k_j) V_KPCA_j`` (docs/method.md 17.3).
+
+    Every query of ``q`` attends to every key of ``k`` (an encoder's queries; for a causal head the
+    last query of a prefix, whose key set is the whole prefix). With ``values = V_KPCA`` this is the
+    projection of ``phi(q_i)`` onto the kept principal components of the keys, in their coordinates.
+
+    Args:
+        q: queries, shape ``(..., G, M, d_k)``: ``G`` query heads sharing the keys, ``M`` queries each.
+        k: keys, shape ``(..., N, d_k)``.
+        h: the attention's own outputs of those queries, shape ``(..., G, M, d_v)``.
+        values: what the attention weights average, shape ``(..., N, d_v)`` (``V_KPCA`` at its true
+            scale, or a control).
+
+    Returns:
+        Per head (shape ``(...)``, the dtype of ``k``): ``cos`` (mean over the ``G M`` queries of
+        ``cos(h^_i, h_i)``; 1 iff every ``h^_i`` points as ``h_i``), ``rel_error``
+        (``||H^ - H||_F / ||H||_F``; 0 iff ``H^ = H``) and ``norm_ratio`` (``||H^||_F / ||H||_F``).
+    """
+    s = 1.0 / math.sqrt(k.shape[-1])
+    weights = torch.softmax(s * (q @ k[..., None, :, :].transpose(-1, -2)), dim=-1)
+    h_hat = weights @ values[..., None, :, :]
+    dot = (h_hat * h).sum(-1)
+    norms = torch.linalg.vector_norm(h_hat, dim=-1) * torch.linalg.vector_norm(h, dim=-1)
+    h_norm = torch.linalg.vector_norm(h, dim=(-3, -2, -1))
+    return {
+        "cos": (dot / norms).mean(dim=(-2, -1)),
+        "rel_error": torch.linalg.vector_norm(h_hat - h, dim=(-3, -2, -1)) / h_norm,
+        "norm_ratio": torch.linalg.vector_norm(h_hat, dim=(-3, -2, -1)) / h_norm,
+    }
+
+
+def projection_norm_bound(q: torch.Tensor, k: torch.Tensor, h: torch.Tensor, inv_g: torch.Tensor) -> torch.Tensor:
+    """The all-components control of :func:`projection_test`: ``||H G S^T||_F / ||H||_F`` (docs/method.md 17.3).
+
+    ``h^_i = A^T H G s_i`` for the attention weights ``s_i`` of query ``i``; with orthonormal
+    ``A``, ``||h^_i|| <= ||H G s_i||``, with equality when ``A`` spans the centered space. So no
+    choice of principal components, in any coordinates, gives a projection longer than this
+    bound, and ``rel_error >= 1 - bound`` whenever the bound is below 1.
+
+    Args:
+        q, k, h: as :func:`projection_test`.
+        inv_g: the diagonal of ``G`` at its true scale (``1/g``), shape ``(..., N)``.
+
+    Returns:
+        Shape ``(...)``, the dtype of ``k``.
+    """
+    s = 1.0 / math.sqrt(k.shape[-1])
+    weights = torch.softmax(s * (q @ k[..., None, :, :].transpose(-1, -2)), dim=-1)
+    w = weights * inv_g[..., None, None, :]
+    w = w - w.mean(dim=-1, keepdim=True)
+    return torch.linalg.vector_norm(w, dim=(-3, -2, -1)) / torch.linalg.vector_norm(h, dim=(-3, -2, -1))
 
 
 # --------------------------------------------------------------------------------------

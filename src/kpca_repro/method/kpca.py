@@ -41,11 +41,17 @@ from kpca_repro.method.equations import (
     fix_eigenvector_signs,
     gamma_matrix,
     gram_paper,
+    normaliser_kernel,
     pairwise_spread,
     perturb_eigenvectors,
+    projection_norm_bound,
+    projection_test,
+    rbf_kernel,
     rbf_side,
     row_normalize,
     select_eigenpairs,
+    unbiased_cka_from_sides,
+    unbiased_side,
     v_kpca,
 )
 from kpca_repro.method.numerics import assignment_similarities
@@ -256,7 +262,13 @@ def _token_row_metrics(v: torch.Tensor, vk: torch.Tensor, valid: torch.Tensor | 
     if "v" not in cache:
         cache["v"] = _cka_kernel_sides(v, paper)
     sx, sy = cache["v"], _cka_kernel_sides(vk, paper)
+    unbiased = {}
+    if variant.controls:
+        if "v_unbiased" not in cache:
+            cache["v_unbiased"] = _unbiased_sides(v, sx["rbf"])
+        unbiased = _unbiased_ckas(cache["v_unbiased"], _unbiased_sides(vk, sy["rbf"]), prefix)
     return {
+        **unbiased,
         f"{prefix}direct_cos_mean": direct.mean(-1),
         f"{prefix}direct_cos_max": direct.amax(-1),
         f"{prefix}direct_cos_min": direct.amin(-1),
@@ -267,6 +279,42 @@ def _token_row_metrics(v: torch.Tensor, vk: torch.Tensor, valid: torch.Tensor | 
         f"{prefix}linear_cka": cka_from_sides(sx["linear"], sy["linear"], paper, sqrt_of_product),
         f"{prefix}rbf_cka": cka_from_sides(sx["rbf"], sy["rbf"], paper, sqrt_of_product),
     }
+
+
+def _unbiased_sides(x: torch.Tensor, rbf: tuple) -> dict[str, tuple]:
+    """:func:`unbiased_side` of the linear kernel ``X X^T`` and of the RBF kernel of ``rbf`` (a
+    ``"kernel_sums"`` :func:`cka_side`, whose first sum is the uncentered kernel)."""
+    return {"linear": unbiased_side(x @ x.transpose(-1, -2)), "rbf": unbiased_side(rbf[1][0])}
+
+
+def _unbiased_ckas(sx: dict, sy: dict, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Linear and RBF CKA with the unbiased HSIC estimator (docs/method.md 17.2)."""
+    return {f"{prefix}{kind}_cka_unbiased": unbiased_cka_from_sides(sx[kind], sy[kind]) for kind in ("linear", "rbf")}
+
+
+def _control_metrics(v: torch.Tensor, inv_g: torch.Tensor, cache: dict) -> dict[str, torch.Tensor]:
+    """The all-components control (docs/method.md 17.1): linear and RBF CKA, biased and
+    unbiased, of ``V`` against ``G H``, through its row Gram matrix ``G H G``
+    (:func:`normaliser_kernel`); equal to the CKA of ``V_KPCA`` when every direction is kept."""
+    kernel = normaliser_kernel(inv_g)
+    rbf = rbf_kernel(kernel, paper=False, gram=kernel)
+    if "v_linear_sums" not in cache:
+        cache["v_linear_sums"] = cka_side("kernel_sums", v @ v.transpose(-1, -2))
+    sides = {"linear": cka_side("kernel_sums", kernel), "rbf": cka_side("kernel_sums", rbf)}
+    out = {f"control_{kind}_cka": cka_from_sides(cache["v_linear_sums"] if kind == "linear" else cache["v"]["rbf"], sides[kind], False) for kind in ("linear", "rbf")}
+    out.update(_unbiased_ckas(cache["v_unbiased"], {"linear": unbiased_side(kernel), "rbf": unbiased_side(rbf)}, "control_"))
+    return out
+
+
+def _projection_metrics(k: torch.Tensor, queries: tuple[torch.Tensor, torch.Tensor], solved: dict, baseline: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """:func:`projection_test` of ``V_KPCA`` (true scale) and of the random baseline, and the
+    all-components bound :func:`projection_norm_bound` (docs/method.md 17.3)."""
+    q, h = queries
+    out = {f"projection_{name}": t for name, t in projection_test(q, k, h, solved["vk_true"]).items()}
+    if baseline is not None:
+        out.update({f"baseline_projection_{name}": t for name, t in projection_test(q, k, h, baseline).items()})
+    out["control_projection_norm_ratio"] = projection_norm_bound(q, k, h, solved["inv_g_true"])
+    return out
 
 
 def _column_metrics(v: torch.Tensor, vk: torch.Tensor, valid: torch.Tensor, cache: dict, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -369,6 +417,7 @@ def head_metrics(
     baseline: torch.Tensor | None = None,
     rows: dict | None = None,
     solved: dict[str, torch.Tensor] | None = None,
+    queries: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> dict[str, np.ndarray]:
     """Every per-head quantity of Tables 1 and 4 (docs/method.md 2, 3) or their corrected form (docs/method.md 15).
 
@@ -404,6 +453,9 @@ def head_metrics(
         solved: :func:`solve_heads` of these heads, when the caller solved them already (the
             ``kpca_heads`` job solves the paper variant on its main thread, then compares on
             its workers).
+        queries: ``(q, h)``, each ``(heads, G, M, d)``: ``M`` queries of the ``G`` query heads
+            that read each head's keys, attending to all ``N`` keys, and the attention's own
+            outputs ``h`` of them; adds the projection test (``projection_*``, docs/method.md 17.3).
 
     Returns:
         Column name -> float64 numpy array of shape ``(heads,)`` (bool for flags). Flags:
@@ -432,7 +484,8 @@ def head_metrics(
         part = slice(lo, lo + block)
         heads = solved_part(solved, part) if solved is not None else solve_heads(k[part], v.shape[-1], variant, placement)
         block_rows = {} if rows is not None else None
-        blocks.append((_compare_heads(v[part], heads, variant, None if baseline is None else baseline[part], block_rows), block_rows))
+        block_queries = None if queries is None else tuple(x[part] for x in queries)
+        blocks.append((_compare_heads(v[part], heads, variant, None if baseline is None else baseline[part], block_rows, k[part], block_queries), block_rows))
     if rows is not None:
         rows.update({name: torch.cat([r[name] for _, r in blocks]) for name in ("v", "v_kpca", "kc", "a", "inv_g", "spectrum")})
     return {name: np.concatenate([c[name] for c, _ in blocks]) for name in blocks[0][0]}
@@ -452,7 +505,8 @@ def solve_heads(k: torch.Tensor, dv: int, variant: Variant, placement: Placement
         ``kc`` (centered Gram matrices), ``spectrum`` (every eigenvalue), ``a`` (selected
         eigenvectors), ``finite``, ``vk`` (V_KPCA, zero-padded to ``dv`` columns), ``vk_true``
         (V_KPCA itself: the corrected variant's ``vk`` is scaled by a positive factor),
-        ``inv_g`` (the diagonal of ``G``), ``dropped`` and, for the paper variant,
+        ``inv_g`` (the diagonal of ``G``; the corrected variant's times a positive factor),
+        ``inv_g_true`` (``1/g`` itself), ``dropped`` and, for the paper variant,
         ``exp_overflow`` and ``outer_overflow``; per head, in the variant's dtype.
     """
     k = k.to(variant.torch_dtype)
@@ -471,21 +525,26 @@ def solve_heads(k: torch.Tensor, dv: int, variant: Variant, placement: Placement
         g_max = g.amax(-1)
         out["outer_overflow"] = g_finite & torch.isinf(g_max * g_max)
         scale = None
+        inv_g_true = inv_g
     else:
         kc, log_g = _corrected_centered_gram(k)
         _, a, finite = eigenpairs(kc, d, variant.order, fix_signs=variant.fix_signs, placement=placement, spectrum=spectrum)
         inv_g = torch.exp(log_g.amin(-1, keepdim=True) - log_g)
         vk = v_kpca(a, inv_g, paper=variant.authors_formulas)
         scale = torch.exp(-log_g.amin(-1))
+        inv_g_true = torch.exp(-log_g)
     dropped = ~(finite & torch.isfinite(vk).all(-1).all(-1))
     if vk.shape[-1] < dv:  # zero columns change no row cosine, X X^T or distance
         vk = torch.nn.functional.pad(vk, (0, dv - vk.shape[-1]))
-    out.update(kc=kc, spectrum=spectrum["eigenvalues"], a=a, finite=finite, vk=vk, vk_true=vk if scale is None else vk * scale[..., None, None], inv_g=inv_g, dropped=dropped)
+    out.update(kc=kc, spectrum=spectrum["eigenvalues"], a=a, finite=finite, vk=vk, vk_true=vk if scale is None else vk * scale[..., None, None], inv_g=inv_g, inv_g_true=inv_g_true, dropped=dropped)
     return out
 
 
-def _compare_heads(v: torch.Tensor, solved: dict[str, torch.Tensor], variant: Variant, baseline: torch.Tensor | None, rows: dict | None) -> dict[str, np.ndarray]:
-    """The comparisons of :func:`head_metrics` (V against V_KPCA, and the baselines) of one block of heads."""
+def _compare_heads(
+    v: torch.Tensor, solved: dict[str, torch.Tensor], variant: Variant, baseline: torch.Tensor | None, rows: dict | None, k: torch.Tensor | None = None, queries: tuple | None = None
+) -> dict[str, np.ndarray]:
+    """The comparisons of :func:`head_metrics` (V against V_KPCA, the baselines, the controls and
+    with ``queries`` the projection test) of one block of heads ``k``."""
     dtype = variant.torch_dtype
     v = v.to(dtype)
     vk, vk_true, dropped = solved["vk"], solved["vk_true"], solved["dropped"]
@@ -501,11 +560,16 @@ def _compare_heads(v: torch.Tensor, solved: dict[str, torch.Tensor], variant: Va
         rows.update(kc=solved["kc"], a=solved["a"], spectrum=solved["spectrum"], inv_g=solved["inv_g"])
     if variant.column_metrics:
         cols.update(_column_metrics(v, vk, ~dropped, cache))
+    z = None
     if variant.baselines and baseline is not None:
         z = baseline.to(dtype=dtype, device=vk.device)
         everything = torch.ones_like(dropped)
         cols.update(_token_row_metrics(v, z, everything, variant, cache, prefix="baseline_"))
         cols.update(_column_metrics(v, z, everything, cache, prefix="baseline_"))
+    if variant.controls:
+        cols.update(_control_metrics(v, solved["inv_g"], cache))
+    if queries is not None:
+        cols.update(_projection_metrics(k.to(dtype), tuple(x.to(dtype) for x in queries), solved, z))
     out = {}
     for name, t in cols.items():
         arr = t.detach().cpu().numpy()

@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 
 from kpca_repro.activations import ActivationFile
+from kpca_repro.method.equations import all_directions_kept
 from kpca_repro.method.kpca import gamma_test, head_metrics, solve_heads, top_eigenvalues
 from kpca_repro.method.placement import Placement, plan
 from kpca_repro.method.solver_variation import RunningFloor, head_solver_draws, prune_below_floor
@@ -60,9 +61,11 @@ def no_records() -> pd.DataFrame:
 def _equal_length_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: str | Variant, layer: int, seed: int, transposed: bool, prefix: int | None = None):
     """Heads of one layer in groups with a common token count ``N``.
 
-    Yields ``(k, v, sample_rank, dataset_index, head, baseline)``: ``k, v`` float32 tensors
-    ``(heads, N, d)``, per-head index arrays, and the random baseline (corrected variant) or
-    None (``variant.baselines``). Three readings of the file:
+    Yields ``(k, v, sample_rank, dataset_index, head, baseline, q, h)``: ``k, v`` float32 tensors
+    ``(heads, N, d)``, per-head index arrays, the random baseline (corrected variant) or
+    None (``variant.baselines``), and where ``t`` holds ``q`` and ``h`` the projection test's
+    queries and outputs ``(heads, G, M, d)`` (the ``G`` query heads of each KV head; ``M`` = every
+    token, or a causal prefix's last one), else None. Three readings of the file:
 
     * vision, and language models with ``variant.text_padding == "included"`` (paper): every
       (input, head) with all ``N`` stored positions (padding included, docs/method.md 3);
@@ -83,6 +86,7 @@ def _equal_length_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: 
     k, v = t["k"], t["v"]
     n_in, n_heads = k.shape[:2]
     causal = bool(getattr(af, "causal", False))
+    group = _query_groups(t, n_heads, getattr(af, "kv_head_of_query", None))
 
     def base(index, shape):
         return torch.cat([baseline_noise(seed, di, layer, shape) for di in index]) if variant.baselines else None
@@ -98,6 +102,8 @@ def _equal_length_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: 
             np.full(len(ranks), -1),
             np.tile(np.arange(n_heads), n_pos),
             None,
+            None,
+            None,
         )
     elif variant.text_padding == "excluded" and (af.attention_mask is not None or causal):
         mask = af.attention_mask.astype(bool) if af.attention_mask is not None else np.ones((n_in, k.shape[2]), dtype=bool)
@@ -109,6 +115,9 @@ def _equal_length_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: 
             sel = np.flatnonzero(lengths == n)
             kk = np.stack([k[i][:, mask[i]] for i in sel])
             vv = np.stack([v[i][:, mask[i]] for i in sel])
+            # the queries tested (docs/method.md 17.3): every real token of an encoder's row; the
+            # last real token of a causal prefix, the one query whose key set is the whole prefix
+            queries = [np.flatnonzero(mask[i])[-1:] if causal else np.flatnonzero(mask[i]) for i in sel]
             yield (
                 torch.from_numpy(kk).reshape(-1, n, kk.shape[-1]),
                 torch.from_numpy(vv).reshape(-1, n, vv.shape[-1]),
@@ -116,6 +125,7 @@ def _equal_length_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: 
                 np.repeat(af.dataset_index[sel], n_heads),
                 np.tile(np.arange(n_heads), len(sel)),
                 base(af.dataset_index[sel], (n_heads, n, vv.shape[-1])),
+                *(None if group is None else torch.from_numpy(np.stack([t[name][i][group][..., at, :] for i, at in zip(sel, queries)])).flatten(0, 1) for name in ("q", "h")),
             )
     else:
         yield (
@@ -125,7 +135,21 @@ def _equal_length_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: 
             np.repeat(af.dataset_index, n_heads),
             np.tile(np.arange(n_heads), n_in),
             base(af.dataset_index, tuple(v.shape[1:])),
+            *(None if group is None else torch.from_numpy(t[name][:, group]).flatten(0, 1) for name in ("q", "h")),
         )
+
+
+def _query_groups(t: dict[str, np.ndarray], n_kv_heads: int, kv_head_of_query) -> np.ndarray | None:
+    """The query heads of each KV head as an index array ``(H_kv, G)`` into ``q``'s heads, or None
+    where ``t`` holds no ``q`` and ``h`` (no projection test) or the KV heads' groups differ in size."""
+    if "q" not in t or "h" not in t:
+        return None
+    kv = np.arange(n_kv_heads) if kv_head_of_query is None else np.asarray(kv_head_of_query)
+    order = np.argsort(kv, kind="stable")
+    counts = np.bincount(kv, minlength=n_kv_heads)
+    if len(set(counts.tolist())) != 1:
+        return None
+    return order.reshape(n_kv_heads, -1)
 
 
 def _chunked(groups: Iterator[tuple], layer: int, heads_per_chunk: int) -> Iterator[tuple]:
@@ -174,6 +198,8 @@ def chunk_records(
     index: np.ndarray,
     head: np.ndarray,
     base: torch.Tensor | None,
+    q: torch.Tensor | None = None,
+    h: torch.Tensor | None = None,
     *,
     variant: Variant,
     placement: Placement,
@@ -186,6 +212,7 @@ def chunk_records(
     ``index``, ``head``: ``(heads,)``; ``base``: the corrected variant's random baselines):
     :func:`kpca_repro.method.kpca.head_metrics` as ``variant`` (the file's reading,
     :meth:`~kpca_repro.method.variant.Variant.reading`) and ``placement`` say, and with
+    ``q``, ``h`` (``(heads, G, M, d)``) the projection test, and with
     ``sign_draws`` the solver draws (:func:`kpca_repro.method.solver_variation.head_solver_draws`;
     with ``floor``, matched-cosine draws that cannot be a replicate maximum are skipped) and
     their per-head columns. ``solved``: the chunk's :func:`kpca_repro.method.kpca.solve_heads`,
@@ -206,6 +233,7 @@ def chunk_records(
             baseline=base.to(device) if base is not None else None,
             rows=rows,
             solved=solved,
+            queries=None if q is None else (q.to(device), h.to(device)),
         )
     draws = None
     if sign_draws:
@@ -219,6 +247,11 @@ def chunk_records(
         )  # fmt: skip
         cols = {**cols, **gap_cols}
     frame = pd.DataFrame({"sample_rank": ranks, "dataset_index": index, "layer": layer, "head": head, "n_tokens": k.shape[1], "head_dim": v.shape[2], **cols})
+    # the regime where the kept eigenvectors span the whole centered space (docs/method.md 17.1)
+    n_components = min(v.shape[2], k.shape[1])
+    frame["n_centered_directions"] = k.shape[1] - 1
+    frame["n_components"] = n_components
+    frame["all_directions_kept"] = all_directions_kept(k.shape[1], n_components)
     return draws, frame
 
 
@@ -236,20 +269,28 @@ def _file_chunks(
     first ``P`` real tokens), in chunks of ``heads_per_chunk`` (:func:`_chunked`), position a running count.
     """
     n_heads = int(af.attrs["n_heads"])
+    names = ("k", "v", "q", "h") if projection_test_wanted(variant, af.causal) and not transposed else ("k", "v")
     if af.attention_mask is None and not af.causal:
-        for layer, flat, t in layer_chunks(af, layer_list, heads_per_chunk, interleave=interleave):
+        for layer, flat, t in layer_chunks(af, layer_list, heads_per_chunk, names=names, interleave=interleave):
             images = flat // n_heads
             base = None
             if variant.baselines:
                 noise = {int(i): baseline_noise(seed, af.dataset_index[i], layer, (n_heads, *t["v"].shape[1:])) for i in np.unique(images)}
                 base = torch.stack([noise[int(f // n_heads)][f % n_heads] for f in flat])
-            yield (layer_list.index(layer), int(flat[0])), (layer, t["k"], t["v"], af.sample_rank[images], af.dataset_index[images], flat % n_heads, base)
+            queries = tuple(t[name][:, None] for name in ("q", "h")) if "q" in t else (None, None)
+            yield (layer_list.index(layer), int(flat[0])), (layer, t["k"], t["v"], af.sample_rank[images], af.dataset_index[images], flat % n_heads, base, *queries)
         return
     position = 0
     for layer in layer_list:
-        for chunk in _chunked(_equal_length_groups(af, af.read(layer, ("k", "v")), variant, layer, seed, transposed, prefix), layer, heads_per_chunk):
+        for chunk in _chunked(_equal_length_groups(af, af.read(layer, names), variant, layer, seed, transposed, prefix), layer, heads_per_chunk):
             position += 1
             yield (position,), chunk
+
+
+def projection_test_wanted(variant: Variant, causal: bool) -> bool:
+    """Whether the records of a file carry the projection test (docs/method.md 17.3): the
+    corrected variant's (``variant.controls``), and a decoder's in both variants."""
+    return variant.controls or causal
 
 
 def _batches(chunks: Iterator, size: int) -> Iterator[list]:

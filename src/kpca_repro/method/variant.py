@@ -63,6 +63,9 @@ class Variant:
             (``*_abs_cos_columns``, docs/method.md 15.3).
         baselines: every similarity also against a random Gaussian stand-in for V_KPCA
             (``baseline_*``, seeded per (seed, input, layer)).
+        controls: the all-components control of the CKA columns, CKA with the unbiased HSIC
+            estimator beside the biased one (``control_*``, ``*_cka_unbiased``), and the
+            projection test of the claim itself (``projection_*``; docs/method.md 17).
         sign_draws: random eigenvector sign draws and intervals (docs/uncertainty.md).
         tables: the aggregation of Tables 1 and 4 (:mod:`kpca_repro.analysis.tables`): ``"paper"``
             (the published statistics with intervals) or ``"corrected"`` (mean ± std beside
@@ -85,6 +88,7 @@ class Variant:
     authors_threads: bool = False
     column_metrics: bool = False
     baselines: bool = False
+    controls: bool = False
     sign_draws: bool = False
     tables: str = "corrected"
 
@@ -148,6 +152,7 @@ CORRECTED = Variant(
     authors_threads=False,
     column_metrics=True,
     baselines=True,
+    controls=True,
     sign_draws=False,
     tables="corrected",
 )
