@@ -551,6 +551,94 @@ def test_api_cosines_by_brute_force():
     assert row["direct_cos_mean"] == pytest.approx(cos.mean(), rel=1e-9, abs=1e-12)
 
 
+def _heads_output(q, k, v, mask=None, causal=True):
+    """``h = softmax(q k^T / sqrt(d) + mask) v`` in float64 (padded keys, and with ``causal`` keys j > i, left out), float32."""
+    n, d = q.shape[-2:]
+    allowed = np.tril(np.ones((n, n), bool)) if causal else np.ones((n, n), bool)
+    allowed = allowed[None] & (np.ones((q.shape[0], n), bool) if mask is None else mask.astype(bool))[:, None, :]
+    logits = np.where(allowed[:, None], q.astype(np.float64) @ k.transpose(0, 1, 3, 2) / math.sqrt(d), -np.inf)
+    top = logits.max(-1, keepdims=True)
+    w = np.exp(logits - np.where(np.isfinite(top), top, 0.0))
+    return ((w / np.maximum(w.sum(-1, keepdims=True), 1e-300)) @ v).astype(np.float32)  # a query that sees no key: 0
+
+
+def _causal_heads(n_in=2, heads=2, n=6, d=4, seed=3, mask=None, causal=True):
+    """Random heads ``(B, H, N, d)`` float32 with their own ``h``."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((n_in, heads, n, d)).astype(np.float32) for _ in range(3))
+    return [q, k, v, _heads_output(q, k, v, mask, causal)]
+
+
+_FEW = "a head needs at least 3 tokens: with N tokens the centered Gram matrix has at most N - 1 non-zero eigenvalues"
+# case -> (arguments of analyze_heads beyond the random causal heads, error, what the message names)
+API_REFUSALS = {
+    "all-padding input": (dict(attention_mask=np.array([[1] * 6, [0] * 6])), ValueError, ["attention_mask: input 1 has no real token (all padding)"]),
+    "prefix not an integer": (dict(prefix=2.5), TypeError, ["prefix=2.5", "must be an integer, not float"]),
+    "prefix below 3": (dict(prefix=1), ValueError, ["prefix=1: P must be at least 3", _FEW]),
+    "prefix 2": (dict(prefix=2), ValueError, ["prefix=2: P must be at least 3", _FEW]),
+    "float16 with h": (dict(dtype=np.float16), ValueError, ["q is float16", "default tolerance 0.0001", "float32 tensors", "tolerance suited to float16"]),
+    "bfloat16 with h": (dict(dtype=torch.bfloat16), ValueError, ["q is bfloat16", "tolerance suited to bfloat16"]),
+    "input of one real token": (dict(attention_mask=np.array([[1] * 6, [0] * 5 + [1]])), ValueError, ["attention_mask: input 1 has 1 real token", _FEW]),
+    "input of two real tokens": (dict(attention_mask=np.array([[1] * 6, [0] * 4 + [1] * 2]), variant="corrected"), ValueError, ["attention_mask: input 1 has 2 real tokens", _FEW]),
+    "heads of one token": (dict(n=1), ValueError, ["k: N = 1 token per head", _FEW]),
+    "heads of two tokens": (dict(n=2, variant="corrected"), ValueError, ["k: N = 2 tokens per head", _FEW]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(API_REFUSALS))
+def test_api_refusals_name_the_argument_and_the_reason(case):
+    """Each edge of the notebook API (issue 60 finding 5) ends in one line naming the argument and the reason."""
+    kwargs, error, names = API_REFUSALS[case]
+    kwargs = dict(kwargs)
+    dtype, n = kwargs.pop("dtype", None), kwargs.pop("n", 6)
+    q, k, v, h = _causal_heads(n=n, mask=kwargs.get("attention_mask"))
+    if dtype is not None:
+        q, k, v, h = (torch.from_numpy(x).to(dtype) if isinstance(dtype, torch.dtype) else x.astype(dtype) for x in (q, k, v, h))
+    with pytest.raises(error) as err:
+        analyze_heads(q, k, v, h, causal=True, **kwargs)
+    message = str(err.value)
+    assert "\n" not in message and all(name in message for name in names), message
+
+
+def test_api_edges_that_are_accepted():
+    """Half precision with a tolerance chosen for it: the records of the same values in float32;
+    three tokens, the fewest accepted: finite CKA; a prefix of 3."""
+    q, k, v, h = _causal_heads()
+    half = analyze_heads(*(x.astype(np.float16) for x in (q, k, v, h)), causal=True, tolerance=1e-2)
+    pd.testing.assert_frame_equal(half, analyze_heads(*(x.astype(np.float16).astype(np.float32) for x in (q, k, v)), causal=True))
+    with pytest.raises(CaptureMismatchError):  # the tolerance still checks: h of other heads fails
+        analyze_heads(*(x.astype(np.float16) for x in (q, k, v)), h[::-1].astype(np.float16), causal=True, tolerance=1e-2)
+    three = analyze_heads(*_causal_heads(n=3), causal=True, variant="corrected")
+    assert three["n_tokens"].eq(3).all() and np.isfinite(three[["linear_cka", "rbf_cka"]].to_numpy()).all()
+    assert analyze_heads(q, k, v, h, causal=True, prefix=np.int64(3))["n_tokens"].eq(3).all()
+
+
+def test_the_records_stage_leaves_out_rows_too_short_and_counts_them(tmp_path, caplog):
+    """A file row of 2 real tokens: left out where each row's real tokens are read (corrected; a
+    decoder in both variants), with one logged count; the paper variant of an encoder keeps all N."""
+    import logging
+
+    from kpca_repro.activations import write_activations
+
+    mask = np.array([[1] * 6, [1] * 2 + [0] * 4, [1] * 5 + [0]])
+    causal, encoder = tmp_path / "causal.h5", tmp_path / "encoder.h5"
+    for path, is_causal in ((causal, True), (encoder, False)):
+        q, k, v, h = _causal_heads(n_in=3, mask=mask, causal=is_causal)
+        write_activations(path, [{"q": q, "k": k, "v": v, "h": h}], model_id="m", attention_mask=mask, causal=is_causal)
+    for variant in ("paper", "corrected"):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="kpca_repro.records"):
+            records = analyze_file(causal, variant)
+        assert sorted(set(records["sample_rank"])) == [0, 2]
+        assert [r.getMessage().split(": ", 1)[1][:62] for r in caplog.records] == ["1 of 3 rows have fewer than 3 real tokens and are left out (a "]
+    assert sorted(set(analyze_file(encoder, "corrected")["sample_rank"])) == [0, 2]
+    assert sorted(set(analyze_file(encoder, "paper")["sample_rank"])) == [0, 1, 2]  # padding included: every row has N = 6
+    with pytest.raises(ValueError, match=r"prefix=2: P must be at least 3; a head needs at least 3 tokens"):
+        analyze_file(causal, "corrected", prefix=2)
+    with pytest.raises(TypeError, match=r"prefix=2.5: the prefix length P is a number of real tokens and must be an integer"):
+        analyze_file(causal, "corrected", prefix=2.5)
+
+
 # --------------------------------------------------------------------------------------
 # Configuration, paths, labels and the comparison (no pipeline run)
 # --------------------------------------------------------------------------------------

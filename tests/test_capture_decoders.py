@@ -133,6 +133,52 @@ def test_the_stored_q_k_v_are_those_the_attention_function_receives(family, deco
             assert r == a.head_dim // 2 and torch.equal(raw_k[..., r:], t["k"][..., r:]) and not torch.allclose(raw_k[..., :r], t["k"][..., :r])
 
 
+def _real_token_difference(right, left) -> float:
+    """max |x_right - x_left| over the real tokens of every row, layer and tensor q, k, v, h of two files of the same rows."""
+    with ActivationFile(right) as r, ActivationFile(left) as lf:
+        mr, ml = r.attention_mask.astype(bool), lf.attention_mask.astype(bool)
+        assert (mr.sum(axis=1) == ml.sum(axis=1)).all() and not (mr == ml).all()  # the same rows, padded on both sides
+        diffs = [np.abs(tr[t][b][:, mr[b]] - tl[t][b][:, ml[b]]).max() for tr, tl in ((r.read(i), lf.read(i)) for i in range(r.n_layers)) for t in "qkvh" for b in range(len(mr))]
+    return float(max(diffs))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_left_and_right_padding_give_the_same_real_tokens_and_records(family, decoder_dirs, tmp_path):
+    """Positions from the attention mask (docs/method.md 16.2): the same weights and rows padded left
+    and right store the same real-token q, k, v, h and give the same records in both variants."""
+    import pandas as pd
+
+    from kpca_repro import analyze_file
+
+    files = {side: tmp_path / f"{side}.h5" for side in ("right", "left")}
+    for side, out in files.items():
+        _extract(decoder_dirs[family, side], out)  # the writer checks the invariant on every batch
+    assert _real_token_difference(files["right"], files["left"]) <= 1e-6
+    for variant in ("paper", "corrected"):
+        pd.testing.assert_frame_equal(analyze_file(files["right"], variant), analyze_file(files["left"], variant), check_exact=False, rtol=0, atol=1e-6)
+
+
+def test_without_positions_a_left_padded_gpt2_shifts_its_real_tokens(decoder_dirs, tmp_path, monkeypatch):
+    """Negative control: without position_ids GPT-2 counts positions from the first (padded) slot, so its
+    learned absolute positions give the left-padded rows other q, k, v."""
+    files = {side: tmp_path / f"{side}.h5" for side in ("right", "left")}
+    monkeypatch.setattr(hf_capture, "decoder_position_ids", lambda mask: None)
+    for side, out in files.items():
+        _extract(decoder_dirs["gpt2", side], out)
+    assert _real_token_difference(files["right"], files["left"]) > 0.1
+
+
+def test_decoder_positions_count_each_rows_real_tokens_from_zero():
+    """Any mask, padded on either side or both: the real tokens of a row sit at 0, 1, ... in order, as in generate."""
+    mask = torch.from_numpy(np.random.default_rng(0).integers(0, 2, (6, 12)))
+    mask[0] = torch.tensor([0] * 5 + [1] * 7)  # left padding
+    mask[1] = torch.tensor([1] * 7 + [0] * 5)  # right padding
+    positions = hf_capture.decoder_position_ids(mask)
+    assert positions.dtype == torch.int64 and positions.shape == mask.shape
+    for row, pos in zip(mask.bool(), positions):
+        assert pos[row].tolist() == list(range(int(row.sum())))
+
+
 # --------------------------------------------------------------------------------------
 # Negative controls: the invariant sees what a wrong capture misses
 # --------------------------------------------------------------------------------------
@@ -233,6 +279,7 @@ REFUSED = {
     "gpt2-layer-scale": ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
     "gpt2-unscaled": ("gpt2", {"scale_attn_weights": False}, "scale_attn_weights = False"),
     "opt": ("opt", {}, "a decoder family the capture does not know"),
+    "llama-4-on-3": ("llama", {"num_attention_heads": 4, "num_key_value_heads": 3}, "num_key_value_heads = 3 does not divide num_attention_heads = 4"),
 }
 
 

@@ -62,6 +62,8 @@ __all__ = [
     "BATCH_FIRST",
     "SEQUENCE_FIRST",
     "INVARIANT_RTOL",
+    "HALF_ROUNDING",
+    "half_precision_problem",
     "layer_key",
     "repeat_kv_map",
     "ActivationFormatError",
@@ -101,6 +103,37 @@ BATCH_FIRST, SEQUENCE_FIRST = "batch_first", "sequence_first"
 #: Largest accepted ``max |h - h_hat| / max |v|`` of a checked head (module docstring).
 INVARIANT_RTOL = 1e-4
 _SCALE_RTOL = 1e-6  # float32 round-off of 1/sqrt(d) as another tool may have stored it
+#: Unit roundoff of the half-precision dtypes (2^-11, 2^-8): the relative error of a tensor rounded to them.
+HALF_ROUNDING = {"float16": 2.0**-11, "bfloat16": 2.0**-8}
+
+
+def half_precision_problem(tensors: Mapping[str, object], tolerance: float | None) -> str | None:
+    """Why half-precision tensors cannot be checked at the invariant's default tolerance, or None.
+
+    A float16 or bfloat16 ``h`` carries its own rounding, up to :data:`HALF_ROUNDING` x max |v|
+    (h is a convex combination of v's rows), above :data:`INVARIANT_RTOL`: every correct capture
+    would fail and be blamed on the capture. Such tensors are checked only against a
+    ``tolerance`` the caller chose for them.
+
+    Args:
+        tensors: name -> numpy array or torch tensor (None entries skipped).
+        tolerance: the caller's tolerance, or None for the default.
+
+    Returns:
+        One line naming the first half-precision tensor and the reason, or None (none is half
+        precision, or ``tolerance`` is given).
+    """
+    if tolerance is not None:
+        return None
+    for name, x in tensors.items():
+        dtype = str(getattr(x, "dtype", "")).removeprefix("torch.")
+        if dtype in HALF_ROUNDING:
+            return (
+                f"{name} is {dtype}: half precision rounds to about {HALF_ROUNDING[dtype]:.0e} relative, more than the capture invariant's "
+                f"default tolerance {INVARIANT_RTOL:g} x max|v| allows, so every head would fail; pass float32 tensors (the model run in float32) "
+                f"or a tolerance suited to {dtype}"
+            )
+    return None
 
 
 def layer_key(layer: int) -> str:
@@ -930,7 +963,8 @@ def write_activations(
     Args:
         path: the HDF5 file to write.
         layers: one mapping per layer, ``"q" | "h"`` -> ``(B, H, N, d)`` and ``"k" | "v"`` ->
-            ``(B, H_kv, N, d)`` arrays (numpy or torch, any float dtype; stored float32) with
+            ``(B, H_kv, N, d)`` arrays (numpy or torch, any float dtype; stored float32;
+            half precision checked only with a ``tolerance``) with
             ``h = softmax(s q k^T + mask) v`` per head, ``s = 1/sqrt(d)``, k and v of the head's KV head.
         model_id: the name the tables show.
         attention_mask: ``(B, N)`` 0/1 (1 = real token) for language models (Table 4 form);
@@ -954,8 +988,12 @@ def write_activations(
         CaptureMismatchError: the tensors do not reproduce h (also for a non-finite value);
             nothing is left at ``path``.
         ValueError: ``layers`` is empty, its tensors' shapes disagree, the mask is not 0/1
-            with a real token in every input, or ``kv_head_of_query`` does not fit.
+            with a real token in every input, ``kv_head_of_query`` does not fit, or half-precision
+            tensors are checked without a ``tolerance`` (:func:`half_precision_problem`).
     """
+    half = half_precision_problem(dict(layers[0]), tolerance) if check_invariant and layers else None
+    if half is not None:
+        raise ValueError(f"layers[0]: {half}")
     arrays = [{t: _to_numpy(layer[t]) for t in TENSORS} for layer in layers]
     if not arrays:
         raise ValueError("layers is empty")

@@ -230,7 +230,10 @@ def extract_text(
 
     A decoder (``decoder``; config ``decoders.models``) is loaded at ``revision`` with eager
     attention, its rows padded on the tokenizer's side (with the eos token when it has no pad
-    token), run without a generation cache, and written as format version 2: ``causal`` and,
+    token), run with ``position_ids`` from the mask as generation computes them
+    (:func:`kpca_repro.capture.hf_capture.decoder_position_ids`: a row's real tokens sit at
+    the same positions on either padding side) and without a generation cache, and written
+    as format version 2: ``causal`` and,
     with grouped-query attention, k and v per KV head with ``kv_head_of_query``; the
     invariant's mask is causal. Attribute of its own: ``revision``.
 
@@ -251,7 +254,7 @@ def extract_text(
             sliding window shorter than the padded rows), or a hook did not fire (:class:`kpca_repro.capture.module_capture.HooksDidNotFireError`).
         kpca_repro.activations.CaptureMismatchError: the stored q, k, v do not reproduce h; no file is left.
     """
-    from kpca_repro.capture.hf_capture import HFAttentionRecorder, attention_modules, check_rows, check_text_model, hf_family
+    from kpca_repro.capture.hf_capture import HFAttentionRecorder, attention_modules, check_rows, check_text_model, decoder_position_ids, hf_family
     from kpca_repro.inputs.resources import check_checksum
 
     check_text_model(model_id, source, decoder=decoder, revision=revision)  # refuse from config.json before loading any weights
@@ -283,10 +286,16 @@ def extract_text(
     if decoder:
         attrs["revision"] = revision or ""
         attrs["tokenizer"]["pad_token"] = tokenizer.pad_token + (" (the eos token)" if tokenizer.pad_token == tokenizer.eos_token else "")
-    no_cache = {"use_cache": False} if decoder else {}  # a decoder's generation cache would only hold copies of k and v
     batches = img.shard_batches(len(samples), shard[1], shard[0], batch_size)
     store, kept = _part_store(resume, attrs, shard, len(batches))
-    inputs = ({**{k: v[run].to(device) for k, v in enc.items()}, **no_cache} for run, _, _ in batches[kept:])
+
+    def forward_batch(run):
+        batch = {k: v[run].to(device) for k, v in enc.items()}
+        if decoder:  # positions from the mask, as generation; no generation cache (it would only hold copies of k and v)
+            batch.update(position_ids=decoder_position_ids(batch["attention_mask"]), use_cache=False)
+        return batch
+
+    inputs = (forward_batch(run) for run, _, _ in batches[kept:])
     _record(
         model, HFAttentionRecorder(attns), inputs, samples, out_path, model_id=model_id, attrs=attrs, shard=shard, batches=batches, progress=progress,
         windows=[a.window for a in attns], store=store, kept=kept,

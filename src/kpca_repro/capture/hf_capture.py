@@ -85,6 +85,7 @@ __all__ = [
     "hf_family",
     "sliding_window",
     "check_rows",
+    "decoder_position_ids",
     "check_text_model",
     "HFAttention",
     "attention_modules",
@@ -403,6 +404,14 @@ def _logit_terms(config) -> str | None:
     return None
 
 
+def _kv_groups(heads: int, n_kv: int) -> str:
+    """Why ``heads`` query heads on ``n_kv`` key/value heads that do not divide them are refused."""
+    return (
+        f"num_key_value_heads = {n_kv} does not divide num_attention_heads = {heads} ({heads} % {n_kv} = {heads % n_kv}): "
+        "grouped-query attention (repeat_kv) gives each key/value head an equal group of query heads"
+    )
+
+
 def _decoders() -> str:
     return "; ".join(f"{f.name}: {', '.join(f.model_types)}" for f in FAMILIES.values() if f.name in DECODER_FAMILIES)
 
@@ -425,7 +434,8 @@ def hf_family(config, who: str | None = None, text: bool = False, decoder: bool 
         UnsupportedArchitectureError: the model type is not supported (relative position
             terms, ALiBi, attention sinks, logit soft-capping, qk-norm, a decoder family the
             capture does not know, an encoder-decoder or cross-attention, an encoder with
-            ``is_decoder``, a GPT-2 logit scale other than 1/sqrt(d), an ESM position embedding
+            ``is_decoder``, a GPT-2 logit scale other than 1/sqrt(d), a decoder whose
+            ``num_key_value_heads`` does not divide ``num_attention_heads``, an ESM position embedding
             other than absolute or rotary, a vision model in the text pipeline, or an unknown
             type), or a decoder where an encoder is asked for and conversely; one line naming
             the model, the reason and the supported families.
@@ -447,6 +457,9 @@ def hf_family(config, who: str | None = None, text: bool = False, decoder: bool 
             reason = "its attention is not known to be softmax(q k^T / sqrt(d) + mask) v, and nothing is approximated"
     if reason is None and family.causal:
         reason = family.check(config)
+        heads, n_kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+        if reason is None and isinstance(heads, int) and isinstance(n_kv, int) and n_kv > 0 and heads % n_kv:
+            reason = _kv_groups(heads, n_kv)
         if reason is None and decoder is False:
             reason = "a decoder (causal heads): list it under decoders.models, not text.models (docs/own_models.md)"
     elif reason is None:
@@ -499,6 +512,28 @@ def check_rows(config, who: str, n_tokens: int) -> None:
             getattr(config, "model_type", None),
             f"a sliding window of {w} tokens, shorter than the rows ({n_tokens} tokens): the format's causal mask cannot express it; lower text.max_length to {w}",
         )
+
+
+def decoder_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """A decoder's ``position_ids`` from its ``attention_mask``, as ``transformers``' ``generate`` computes them.
+
+    ``attention_mask.long().cumsum(-1) - 1``, padded slots set to 0 (as transformers 5's
+    ``_prepare_position_ids_for_generation``; 4.x set them to 1; no real token attends to them):
+    the ``p``-th real token of every row sits at position ``p - 1`` whichever side the tokenizer
+    pads. Without ``position_ids`` a model counts positions from the first slot, so a
+    left-padded row's real tokens would sit at their position plus the pad count: GPT-2's
+    learned absolute positions then give other q, k, v than the same row padded right; a rotary
+    model rotates every q and k by the same offset, which changes the stored q and k but their
+    dot products only by float32 round-off.
+
+    Args:
+        attention_mask: ``(B, N)`` 0/1 (1 = real token), any integer or bool dtype.
+
+    Returns:
+        ``(B, N)`` int64 positions on ``attention_mask``'s device.
+    """
+    positions = attention_mask.long().cumsum(-1) - 1
+    return positions.masked_fill_(attention_mask == 0, 0)
 
 
 def check_text_model(model_id: str, source: str, decoder: bool = False, revision: str | None = None) -> str | None:
@@ -640,7 +675,9 @@ def attention_modules(model: nn.Module, model_id: str | None = None) -> list[HFA
         width = heads * dim
         projections = {t: getattr(mod, a) for t, a in zip(("q", "k", "v"), names)} if family.projections else {"qkv": getattr(mod, family.fused)}
         want = {"q": width, "k": n_kv * dim, "v": n_kv * dim, "qkv": 3 * width}
-        if heads % n_kv or any(_widths(p)[1] != want[t] for t, p in projections.items()):
+        if heads % n_kv:
+            raise UnsupportedArchitectureError(f"{who}: {name}: {_kv_groups(heads, n_kv)}")
+        if any(_widths(p)[1] != want[t] for t, p in projections.items()):
             raise UnsupportedArchitectureError(f"{who}: {name}: {'/'.join(names)} widths differ from heads x head size = {width} ({n_kv} key/value heads)")
         path = family.out_proj
         out = named.get(name.rsplit(".", 1)[0]) if path.startswith("^.") else mod

@@ -23,7 +23,8 @@ __all__ = ["analyze_heads", "analyze_file"]
 def _four_d(x, name: str) -> np.ndarray:
     """``(N, d)`` / ``(H, N, d)`` / ``(B, H, N, d)`` -> float32 ``(B, H, N, d)``."""
     if hasattr(x, "detach"):
-        x = x.detach().cpu().numpy()
+        x = x.detach().cpu()
+        x = (x.float() if str(x.dtype) == "torch.bfloat16" else x).numpy()  # numpy has no bfloat16; float32 holds it exactly
     a = np.asarray(x)
     if a.dtype.kind != "f":
         raise TypeError(f"{name} must be a floating-point array, got dtype {a.dtype}")
@@ -36,12 +37,35 @@ def _padding_mask(attention_mask, n_in: int, n_tokens: int) -> np.ndarray:
     """A language model's ``attention_mask`` (numpy or torch, ``B * N`` entries, 1 = real token) as int64 ``(B, N)``.
 
     Raises:
-        ValueError: it does not hold ``B * N`` entries.
+        ValueError: it does not hold ``B * N`` entries, or an input has no real token.
     """
     mask = np.asarray(attention_mask.detach().cpu() if hasattr(attention_mask, "detach") else attention_mask).reshape(-1, n_tokens) if np.size(attention_mask) == n_in * n_tokens else None
     if mask is None:
         raise ValueError(f"attention_mask must be (B, N) = ({n_in}, {n_tokens}), got shape {np.shape(attention_mask)}")
+    empty = np.flatnonzero(~mask.astype(bool).any(axis=1))
+    if empty.size:
+        raise ValueError(f"attention_mask: input {int(empty[0])} has no real token (all padding); leave that input out")
     return mask.astype(np.int64)
+
+
+def _check_token_counts(mask: np.ndarray | None, n_tokens: int, excluded: bool) -> None:
+    """Refuse heads with fewer than :data:`kpca_repro.method.records.MIN_TOKENS` analysed tokens (the full-prefix reading).
+
+    ``excluded``: each input's real tokens are analysed (the mask's counts); else all ``N``.
+
+    Raises:
+        ValueError: one line naming ``attention_mask`` (an input's real tokens) or ``k`` (``N``) and the reason.
+    """
+    from kpca_repro.method.records import FEW_TOKENS_REASON, too_few_tokens
+
+    if excluded and mask is not None:
+        lengths = mask.astype(bool).sum(axis=1)
+        short = np.flatnonzero(too_few_tokens(lengths))
+        if short.size:
+            i, n = int(short[0]), int(lengths[short[0]])
+            raise ValueError(f"attention_mask: input {i} has {n} real token{'s' * (n != 1)} ({short.size} such input{'s' * (short.size > 1)}); leave it out: {FEW_TOKENS_REASON}")
+    elif too_few_tokens(n_tokens):
+        raise ValueError(f"k: N = {n_tokens} token{'s' * (n_tokens != 1)} per head; {FEW_TOKENS_REASON}")
 
 
 def _check_capture(q, k4: np.ndarray, v4: np.ndarray, h, mask: np.ndarray | None, layer: int, tolerance: float | None, causal: bool = False, kv: np.ndarray | None = None) -> None:
@@ -151,13 +175,21 @@ def analyze_heads(
     Args:
         q: queries ``(B, H, N, d)``, ``(H, N, d)`` or ``(N, d)`` (numpy or torch, any float
             dtype; rounded to float32 as the activation files store them). Only used, with
-            ``h``, for the capture invariant; may be None when ``h`` is None.
+            ``h``, for the capture invariant; may be None when ``h`` is None. Half precision
+            (float16, bfloat16) with ``h`` needs an explicit ``tolerance``: its rounding alone
+            (2^-11, 2^-8 relative) exceeds the default one.
         k, v: keys and values, the same shape as ``q`` (``v``'s last dimension must equal ``d``;
             with ``kv_head_of_query``, ``H_kv`` heads).
         h: the attention's per-head output, same shape; when given, the invariant
-            ``max |h - softmax(s q k^T + mask) v| / max |v| <= tolerance`` is checked first.
+            ``max |h - softmax(s q k^T + mask) v| / max |v| <= tolerance`` is checked first
+            (recomputed in float64 from the float32 tensors).
         variant: ``"paper"`` or ``"corrected"`` (:mod:`kpca_repro.method.variant`).
-        attention_mask: ``(B, N)`` 0/1, 1 = real token (language models); None = all real (vision).
+        attention_mask: ``(B, N)`` 0/1, 1 = real token (language models); None = all real
+            (vision). Every input needs a real token, and where the reading keeps each input's
+            real tokens (``corrected``, or ``causal``) at least
+            :data:`kpca_repro.method.records.MIN_TOKENS` (3) of them: with ``N`` tokens the
+            centered Gram matrix has at most ``N - 1`` non-zero eigenvalues, none at ``N = 1``
+            (V_KPCA = 0) and one at ``N = 2`` (both CKAs 1 for any k and v); docs/method.md 16.2.
         layer: the layer index written to the records and used to seed the baselines.
         sample_rank, dataset_index: ``(B,)`` integers (default ``0 .. B-1``); ``dataset_index``
             seeds the corrected variant's baselines as in the pipeline.
@@ -175,11 +207,13 @@ def analyze_heads(
             ``eigengap_min``, ``solver_groups``, ``solver_group_max``,
             ``solver_boundary_group``, and returns the draws, name -> ``(heads, R)`` in the
             rows' order, in ``df.attrs["sign_draws"]``.
-        tolerance: the invariant's tolerance (default 1e-4, :mod:`kpca_repro.activations`).
+        tolerance: the invariant's tolerance (default 1e-4, :mod:`kpca_repro.activations`,
+            for float32 or float64 tensors; give one for half precision).
         causal: a decoder's heads: query ``i`` attends to the keys ``j <= i`` (the invariant, the reading above).
         kv_head_of_query: ``(H,)`` the KV head each query head reads (grouped-query attention:
             ``k``, ``v`` are ``(B, H_kv, N, d)``); None: ``H_kv = H``.
-        prefix: ``P >= 2``, the prefix profile of causal heads; None: the full-prefix view.
+        prefix: an integer ``P >= 3`` (:data:`~kpca_repro.method.records.MIN_TOKENS`), the
+            prefix profile of causal heads; None: the full-prefix view.
 
     Returns:
         One row per (input, head): ``variant, layer, sample_rank, dataset_index, head, n_tokens,
@@ -191,15 +225,19 @@ def analyze_heads(
         by real-token count for the corrected variant of language models.
 
     Raises:
-        ValueError: shapes disagree, an unknown variant, a mask of the wrong shape, a wrong
-            ``kv_head_of_query``, ``prefix`` without ``causal`` or below 2.
-        TypeError: a non-float array.
+        ValueError: shapes disagree, an unknown variant, a mask of the wrong shape, an input
+            without a real token, heads of fewer than 3 analysed tokens (``N``, or an input's
+            real tokens), a wrong ``kv_head_of_query``, ``prefix`` without ``causal`` or below
+            3, half-precision tensors with ``h`` and no ``tolerance``; each in one line naming
+            the argument and the reason.
+        TypeError: a non-float array, a non-integer ``prefix``.
         kpca_repro.activations.CaptureMismatchError: ``h`` is given and q, k, v do not reproduce it
             (the message gives the measured error, input and head).
     """
 
+    from kpca_repro.activations import half_precision_problem
     from kpca_repro.method.placement import plan
-    from kpca_repro.method.records import _chunked, _equal_length_groups, chunk_records, no_records, projection_test_wanted
+    from kpca_repro.method.records import _chunked, _equal_length_groups, check_prefix, chunk_records, no_records, projection_test_wanted
     from kpca_repro.method.uncertainty import BOUND_NAMES, MEAN_VECTOR, RANGE_NAMES, SIGN_DRAW_NAMES
     from kpca_repro.method.variant import get as get_variant
 
@@ -208,14 +246,20 @@ def analyze_heads(
     if k4.shape != v4.shape:
         raise ValueError(f"k and v must have one shape (B, H, N, d); got {k4.shape} and {v4.shape}")
     n_in, n_kv, n_tokens, _ = k4.shape
-    if prefix is not None and not (causal and prefix >= 2):
-        raise ValueError(f"prefix={prefix}: the prefix profile needs causal=True and P >= 2")
+    check_prefix(prefix)
+    if prefix is not None and not causal:
+        raise ValueError(f"prefix={prefix}: the prefix profile is of causal heads; pass causal=True (a decoder's heads)")
     kv = _kv_map(kv_head_of_query, None if q is None else _four_d(q, "q").shape[1], n_kv)
     mask = None if attention_mask is None else _padding_mask(attention_mask, n_in, n_tokens)
+    var = var.reading(text=mask is not None or causal, causal=causal)
+    if prefix is None:  # a prefix profile leaves out the inputs shorter than P
+        _check_token_counts(mask, n_tokens, excluded=var.text_padding == "excluded")
     if h is not None:
+        half = half_precision_problem({"q": q, "k": k, "v": v, "h": h}, tolerance)
+        if half is not None:
+            raise ValueError(half)
         _check_capture(q, k4, v4, h, mask, layer, tolerance, causal=causal, kv=kv)
     ranks, index = _input_numbers(sample_rank, dataset_index, n_in)
-    var = var.reading(text=mask is not None or causal, causal=causal)
     placement = plan(var, device=device, cores=1, eigh_threads=eigh_threads)
     # the records stage's own grouping of heads (padding kept or dropped, baselines per input)
     source = SimpleNamespace(attention_mask=mask, sample_rank=ranks, dataset_index=index, causal=causal, kv_head_of_query=kv)

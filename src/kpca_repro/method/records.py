@@ -26,9 +26,47 @@ from kpca_repro.method.variant import get as get_variant
 from kpca_repro.resume import JobInterrupted, PartStore
 from kpca_repro.workers import WorkerPool, device_stream
 
-__all__ = ["kpca_records", "baseline_noise", "eigenvalue_records", "gamma_records", "layer_chunks", "clamp_components"]
+__all__ = ["kpca_records", "baseline_noise", "eigenvalue_records", "gamma_records", "layer_chunks", "clamp_components", "MIN_TOKENS", "too_few_tokens", "check_prefix"]
 
 _LOG = logging.getLogger("kpca_repro.records")
+
+#: The fewest tokens a head is analysed with (docs/method.md 16.2). With ``N`` tokens the
+#: centered Gram matrix has at most ``N - 1`` non-zero eigenvalues: none at ``N = 1``
+#: (``V_KPCA = 0``: cosines 0, CKA 0/0) and one at ``N = 2``, where two centered rows are
+#: opposite, so linear and RBF CKA are 1 for any ``k`` and ``v``.
+MIN_TOKENS = 3
+#: Why, in one clause (the errors and the log name it).
+FEW_TOKENS_REASON = (
+    f"a head needs at least {MIN_TOKENS} tokens: with N tokens the centered Gram matrix has at most N - 1 non-zero eigenvalues "
+    "(none at N = 1: V_KPCA = 0, CKA 0/0; one at N = 2: both CKAs are 1 for any k and v)"
+)
+
+
+def too_few_tokens(n_tokens) -> np.ndarray:
+    """Which heads (real-token counts ``n_tokens``, any shape) have fewer than :data:`MIN_TOKENS` tokens: bool, the same shape.
+
+    The corrected reading of language models (and decoders in both variants) leaves such rows
+    out with a logged count (:func:`kpca_records`); the notebook API refuses them
+    (:func:`kpca_repro.method.api.analyze_heads`).
+    """
+    return np.asarray(n_tokens) < MIN_TOKENS
+
+
+def check_prefix(prefix) -> None:
+    """Refuse a prefix length ``P`` of the prefix profile (docs/method.md 16.1) that is not an integer of at least :data:`MIN_TOKENS`.
+
+    ``None`` (the full-prefix view) passes. Whether the heads are causal is the caller's check.
+
+    Raises:
+        TypeError: ``prefix`` is not an integer (``bool`` included); one line naming it.
+        ValueError: ``prefix < MIN_TOKENS``; one line naming it and the reason.
+    """
+    if prefix is None:
+        return
+    if isinstance(prefix, (bool, np.bool_)) or not isinstance(prefix, (int, np.integer)):
+        raise TypeError(f"prefix={prefix!r}: the prefix length P is a number of real tokens and must be an integer, not {type(prefix).__name__}")
+    if prefix < MIN_TOKENS:
+        raise ValueError(f"prefix={prefix}: P must be at least {MIN_TOKENS}; {FEW_TOKENS_REASON}")
 
 
 def clamp_components(n_components: int, n_tokens: int, key: str) -> int:
@@ -76,7 +114,8 @@ def _equal_length_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: 
     * language models, ``text_padding == "excluded"`` (corrected, docs/method.md 15 item 4;
       decoders in every variant, 16.2): each input keeps only its real tokens
       (``attention_mask == 1``, on either side; a causal file without a mask: every token);
-      inputs of equal length are grouped. With ``prefix`` ``P`` (the prefix profile of a causal
+      inputs of equal length are grouped; an input with fewer than :data:`MIN_TOKENS` real
+      tokens is left out. With ``prefix`` ``P`` (the prefix profile of a causal
       file, docs/method.md 16.1) each input keeps its first ``P`` real tokens, and an input with
       fewer than ``P`` is left out.
 
@@ -108,6 +147,7 @@ def _equal_length_groups(af: ActivationFile, t: dict[str, np.ndarray], variant: 
     elif variant.text_padding == "excluded" and (af.attention_mask is not None or causal):
         mask = af.attention_mask.astype(bool) if af.attention_mask is not None else np.ones((n_in, k.shape[2]), dtype=bool)
         lengths = mask.sum(axis=1)
+        lengths = np.where(too_few_tokens(lengths), -1, lengths)  # -1: left out (counted by kpca_records)
         if prefix is not None:
             mask = mask & (np.cumsum(mask, axis=1) <= prefix)
             lengths = np.where(lengths >= prefix, prefix, -1)  # -1: shorter than P, left out
@@ -430,7 +470,9 @@ def kpca_records(
     both variants, one record per (row, layer, KV head): ``prefix=None`` is the full-prefix view
     (each row's real tokens, the encoder analysis of them), ``prefix=P`` the prefix profile at
     ``P`` (each row's first ``P`` real tokens; rows with fewer left out; all kept rows then
-    share ``N = P`` and go through the same chunks).
+    share ``N = P`` and go through the same chunks). Wherever padding is left out, a row with
+    fewer than :data:`MIN_TOKENS` real tokens is left out too, and the count logged (one
+    warning per file).
     Steps: :func:`_file_chunks` (the file's chunks with their record positions), per batch
     the solve and :func:`chunk_records` on the workers, then :func:`_records_meta` and, with
     ``sign_draws``, :func:`_gathered_draws`.
@@ -447,7 +489,8 @@ def kpca_records(
         empty DataFrame with the identifying columns.
 
     Raises:
-        ValueError: ``prefix`` for an encoder's file, or below 2.
+        ValueError: ``prefix`` for an encoder's file, or below :data:`MIN_TOKENS`.
+        TypeError: ``prefix`` is not an integer.
         kpca_repro.activations.CorruptActivationFileError: the file is unreadable (named).
         kpca_repro.resume.JobInterrupted: interrupted, with ``store`` (its message: heads kept, how to resume).
     """
@@ -461,11 +504,16 @@ def kpca_records(
         model_id = str(af.attrs["model_id"])
         n_in, n_heads = len(af.sample_rank), af.n_kv_heads
         text = af.attention_mask is not None or af.causal
-        if prefix is not None and not (af.causal and prefix >= 2):
-            raise ValueError(f"prefix={prefix}: the prefix profile needs a causal (decoder) file and P >= 2; {activations} is {'causal' if af.causal else 'an encoder'}'s")
-        if prefix is not None:
-            n_in = int(((af.attention_mask.sum(axis=1) if af.attention_mask is not None else np.full(n_in, int(af.attrs["n_tokens"]))) >= prefix).sum())
+        check_prefix(prefix)
+        if prefix is not None and not af.causal:
+            raise ValueError(f"prefix={prefix}: the prefix profile needs a causal (decoder) file; {activations} is an encoder's")
         variant = variant.reading(text, causal=af.causal)
+        if text and variant.text_padding == "excluded":  # each row's real tokens: rows too short for any kernel PCA are left out
+            lengths = af.attention_mask.sum(axis=1) if af.attention_mask is not None else np.full(n_in, int(af.attrs["n_tokens"]))
+            short = int(too_few_tokens(lengths).sum())
+            if short:
+                _LOG.warning("%s: %d of %d rows have fewer than %d real tokens and are left out (%s)", activations, short, n_in, MIN_TOKENS, FEW_TOKENS_REASON)
+            n_in = int((lengths >= (MIN_TOKENS if prefix is None else prefix)).sum())
         transposed = text and variant.text_padding == "included" and str(af.attrs.get("hooked_layout", "")) == SEQUENCE_FIRST
         layer_list = list(layers if layers is not None else range(af.n_layers))
         # Table 1 takes the maximum over heads: draws below the floor cannot matter (Table 4 takes means)
