@@ -605,7 +605,7 @@ def test_api_edges_that_are_accepted():
     three tokens, the fewest accepted: finite CKA; a prefix of 3."""
     q, k, v, h = _causal_heads()
     half = analyze_heads(*(x.astype(np.float16) for x in (q, k, v, h)), causal=True, tolerance=1e-2)
-    pd.testing.assert_frame_equal(half, analyze_heads(*(x.astype(np.float16).astype(np.float32) for x in (q, k, v)), causal=True))
+    pd.testing.assert_frame_equal(half, analyze_heads(*(x.astype(np.float16).astype(np.float32) for x in (q, k, v, h)), causal=True, tolerance=1e-2))
     with pytest.raises(CaptureMismatchError):  # the tolerance still checks: h of other heads fails
         analyze_heads(*(x.astype(np.float16) for x in (q, k, v)), h[::-1].astype(np.float16), causal=True, tolerance=1e-2)
     three = analyze_heads(*_causal_heads(n=3), causal=True, variant="corrected")
