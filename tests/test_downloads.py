@@ -224,3 +224,19 @@ def test_huggingface_hub_reads_the_exported_timeouts():
     code = "from huggingface_hub import constants as c; print(c.HF_HUB_DOWNLOAD_TIMEOUT, c.HF_HUB_ETAG_TIMEOUT)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
     assert out == ["37", "37"]
+
+
+def test_the_download_command_explains_itself(capsys):
+    """`python -m kpca_repro.inputs.download --help` (named in docs/running.md) prints its usage, no
+    traceback; an unknown kind is refused by argparse with the kinds it knows (status 2)."""
+    from kpca_repro.inputs import download
+
+    with pytest.raises(SystemExit) as done:
+        download.parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and out.startswith("usage: python -m kpca_repro.inputs.download") and all(k in out for k in download.KINDS)
+    with pytest.raises(SystemExit) as done:
+        download.parse_args(["foo", "log", "{}", "-", "out"])
+    assert done.value.code == 2 and "invalid choice: 'foo'" in capsys.readouterr().err
+    args = download.parse_args(["fashion_mnist", "l.log", "{}", "-", "a.gz", "b.gz"])
+    assert (args.kind, args.arg, args.output) == ("fashion_mnist", "-", ["a.gz", "b.gz"])

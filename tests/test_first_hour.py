@@ -169,6 +169,123 @@ def test_allowed_rules_that_read_no_input_need_none(tmp_path):
     assert "rule kpca_heads" in out
 
 
+@pytest.mark.parametrize(
+    ("argv", "runs"),
+    [
+        (["snakemake", "--cores", "8", "results/table1.csv"], True),
+        (["/env/lib/python3.11/site-packages/snakemake/__main__.py", "--cores", "2", "results/table1.csv"], True),  # python -m snakemake
+        (["snakemake", "-n", "results/table1.csv"], False),
+        (["snakemake", "--cores", "2", "--lint"], False),
+        (["snakemake", "--unlock"], False),
+        (["snakemake", "--cores", "2", "--report", "r.html"], False),
+        (["snakemake", "--cores", "2", "--dag"], False),
+        (["/usr/bin/pytest", "-q"], False),  # Snakemake's Python API in another program: not known
+    ],
+)
+@pytest.mark.integration  # reads the command line with Snakemake's own parser (snakemake.cli imports its API)
+def test_which_command_lines_run_jobs(argv, runs):
+    assert preflight.executes_jobs(argv) is runs
+
+
+def _closed_port() -> int:
+    """A local TCP port nothing listens on: a connection to it is refused at once."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_host_is_named_with_its_reason():
+    port = _closed_port()
+    assert preflight.unreachable(f"http://127.0.0.1:{port}/x.zip") == f"127.0.0.1:{port}: connection refused"
+    assert preflight.unreachable("https://host.invalid/x").startswith("host.invalid: ")  # RFC 2606: never resolves
+
+
+def test_no_network_and_nothing_missing_or_offline_stops_nothing(tiny_resources, monkeypatch):
+    """The check opens connections only when an input is missing, downloads are on and the command runs jobs."""
+    for var in preflight.OFFLINE_ENV:
+        monkeypatch.delenv(var, raising=False)
+    closed = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv("HF_ENDPOINT", closed)
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", closed)
+    cfg = _default_config()
+    cfg["vision"].update(models=sorted(TINY_KWARGS), imagenet_sample_url=f"{closed}/sample.zip")
+    cfg.update(resources_dir=str(tiny_resources), offline=False)
+    cfg["text"]["models"] = cfg["decoders"]["models"] = []
+    cfg["figure3"]["model"] = sorted(TINY_KWARGS)[0]
+    assert preflight.network_stop(cfg, REPO / "config", executes=lambda: True) is None  # everything is here
+    cfg["vision"]["models"] = PAPER_VISION
+    assert preflight.network_stop(cfg, REPO / "config", executes=lambda: False) is None  # a dry run, --lint, ...
+    message = preflight.network_stop(cfg, REPO / "config", executes=lambda: True)
+    missing = [m for m in PAPER_VISION if m not in TINY_KWARGS]
+    assert message.startswith(f"Cannot start: {len(missing)} inputs of this configuration are not here (") and "connection refused" in message
+    assert "--configfile config/offline_deit_tiny.yaml" in message
+    cfg["offline"] = True  # the block before the first job names each missing input
+    assert preflight.network_stop(cfg, REPO / "config", executes=lambda: True) is None
+
+
+@pytest.mark.integration
+def test_the_readme_command_without_network_stops_in_seconds_naming_the_offline_configuration(tmp_path):
+    """The README's first command, default configuration, no inputs, its download hosts refusing
+    connections (a closed local port as HF_ENDPOINT and as the ImageNet sample's URL): within 30 s,
+    at most 15 lines, naming config/offline_deit_tiny.yaml, no job started."""
+    import os
+    import time
+
+    from conftest import checkout_env
+
+    closed = f"http://127.0.0.1:{_closed_port()}"
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({"resources_dir": str(tmp_path / "resources"), "vision": {"imagenet_sample_url": f"{closed}/sample.zip"}}))
+    env = {k: v for k, v in checkout_env().items() if k not in preflight.OFFLINE_ENV} | {"HF_ENDPOINT": closed}
+    env.pop("HTTP_PROXY", None), env.pop("http_proxy", None)
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "--cores", "8", "results/table1.csv", "--configfile", str(cfg)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=120,
+    )
+    seconds, out = time.monotonic() - t0, proc.stdout + proc.stderr
+    assert proc.returncode == 1 and seconds < 30, (seconds, out)
+    assert len(out.splitlines()) <= 15 and "config/offline_deit_tiny.yaml" in out and "connection refused" in out, out
+    assert not (tmp_path / "logs").exists() and not os.path.exists(tmp_path / "resources")  # no job ran
+
+
+def test_a_misspelt_timm_name_is_not_a_timm_model(tmp_path):
+    """A download of weights scheduled for a name timm does not know: said so, with the closest name, not
+    "missing weights" with advice to save them; the download command refuses it the same way."""
+    from kpca_repro.inputs.resources import UnknownTimmModelError, download_timm_weights
+
+    cfg = _default_config()
+    cfg.update(resources_dir=str(tmp_path), offline=True)
+    message = preflight.stop_message(cfg, REPO / "config", [("download_timm_weights", {"model": "deit_tinyy_patch16_224"})])
+    assert message == "config: 'deit_tinyy_patch16_224' is not a timm model (timm.list_models()); did you mean 'deit_tiny_patch16_224'? Fix the model id in the configuration."
+    # a real model whose weights are absent: the missing-input block, as before
+    assert preflight.stop_message(cfg, REPO / "config", [("download_timm_weights", {"model": "deit_tiny_patch16_224"})]).startswith("Cannot start: 1 input missing")
+    with pytest.raises(UnknownTimmModelError, match="'deit_tinyy_patch16_224' is not a timm model"):
+        download_timm_weights("deit_tinyy_patch16_224", tmp_path / "w.safetensors")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.integration
+def test_inputs_that_are_there_have_no_download_rule(tiny_resources, tmp_path):
+    """A dry run of inputs placed by hand: no download rule in the DAG, none "with missing metadata";
+    the weights of a model not there still have theirs."""
+    cfg = _tiny_config(tmp_path / "cfg.yaml", tiny_resources)
+    proc = run_snakemake(tmp_path, "-n", "results/table1.csv", "--configfile", str(cfg))
+    out = proc.stdout + proc.stderr
+    assert "download_" not in out and "missing metadata" not in out, out[-3000:]
+    cfg = _tiny_config(tmp_path / "cfg2.yaml", tiny_resources, offline=False, vision={"models": [*sorted(TINY_KWARGS), "deit_tiny_patch16_224"]})
+    out = run_snakemake(tmp_path, "-n", "results/table1.csv", "--configfile", str(cfg)).stdout
+    fetched = [line for line in out.splitlines() if line.strip().startswith("output:") and "/weights/timm/" in line]
+    assert "download_timm_weights:" in out and len(fetched) == 1 and fetched[0].endswith("/deit_tiny_patch16_224.safetensors"), out[-3000:]
+    assert "download_imagenet_sample" not in out
+
+
 # --------------------------------------------------------------------------------------
 # 2. readable logs
 # --------------------------------------------------------------------------------------
@@ -189,6 +306,23 @@ def test_progress_lines_without_a_terminal(monkeypatch):
     lines = text.splitlines()
     assert len(lines) == 4 and "kpca paper m: 1/4 head (25%)" in lines[0] and "ETA" in lines[0]
     assert "4/4 head (100%)" in lines[-1] and "head/s" in lines[-1]
+
+
+def test_a_resumed_jobs_rate_counts_only_what_it_computed(monkeypatch):
+    """Heads read back from an interrupted run count towards done/total, not towards the rate: 90 kept,
+    10 computed in at least 1 s is at most 10 head/s, never 100."""
+    monkeypatch.setenv("KPCA_PROGRESS_INTERVAL", "1000")
+    monkeypatch.setattr(progress, "_terminal", lambda: None)
+    log = io.StringIO()
+    progress.set_log_stream(None)
+    monkeypatch.setattr("sys.stderr", log)
+    clock = iter([0.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    with progress.progress(total=100, desc="kpca paper m", unit="head") as bar:
+        bar.skip(90)
+        bar.update(10)
+    line = log.getvalue().splitlines()[-1]
+    assert "kpca paper m: 100/100 head (100%), 90 kept, 10.00 head/s, elapsed 0:00:01" in line, line
 
 
 def test_hub_retries_take_one_line_each(monkeypatch):

@@ -170,11 +170,23 @@ def test_an_unwritable_output_folder_stops_before_the_work(tmp_path):
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
-        check_writable([base / "new" / "out.csv"])  # a missing folder is made, as Snakemake would
-        assert (base / "new").is_dir() and not list((base / "new").iterdir())
+        # a missing folder (a job's .parts) is checked by making it, then removed: a job that keeps
+        # no parts leaves no empty folder beside its output
+        check_writable([base / "new" / "deeper" / "key.json"])
+        assert not (base / "new").exists()
+        (base / "kept").mkdir()
+        check_writable([base / "kept" / "out.csv"])
+        assert (base / "kept").is_dir()
     finally:
         folder.chmod(0o755)
         shutil.rmtree(base)
+
+
+def _default_sigint() -> None:
+    """preexec_fn of the children these tests interrupt: SIGINT at its default disposition, so that Python
+    turns it into KeyboardInterrupt even when the suite was started with SIGINT ignored (a script's
+    background `cmd &`), which children would inherit (subprocess's restore_signals leaves SIGINT alone)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 RULE_SCRIPT = """
@@ -193,7 +205,12 @@ def test_an_interrupted_rule_script_ends_in_one_line(tmp_path, sig):
     script, log = tmp_path / "rule.py", tmp_path / "rule.log"
     script.write_text(RULE_SCRIPT)
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(log), str(tmp_path / "out.csv")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")}
+        [sys.executable, str(script), str(log), str(tmp_path / "out.csv")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        preexec_fn=_default_sigint,
     )
     assert proc.stdout.readline() == "ready\n"
     time.sleep(0.2)
@@ -238,7 +255,9 @@ def _script_job(tmp_path: Path, script: str, job: dict) -> subprocess.Popen:
     driver = tmp_path / "driver.py"
     driver.write_text(SCRIPT_DRIVER)
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, str(driver), str(REPO / "workflow" / "scripts" / script), json.dumps(job)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, str(driver), str(REPO / "workflow" / "scripts" / script), json.dumps(job)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_default_sigint
+    )
 
 
 def _finish(proc: subprocess.Popen) -> None:
@@ -368,3 +387,40 @@ def test_a_killed_extraction_job_resumes_byte_identical(tmp_path, photos_dir):
     # written with track_times=False and nothing else of the run's own: the same bytes
     assert out.read_bytes() == reference.read_bytes() and not parts.exists()
     print(f"\nextraction: uninterrupted {uninterrupted:.1f} s, killed after {interrupted:.1f} s, resumed {resumed:.1f} s, {kept} of 12 batches kept")
+
+
+# --------------------------------------------------------------------------------------
+# a killed `snakemake`: its lock (kpca_repro.workflow.locks; through Snakemake in tests/test_reliability.py)
+# --------------------------------------------------------------------------------------
+
+
+def _dead_pid() -> int:
+    """The id of a process that has ended (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.integration  # starts a child Python for a process id that has ended
+def test_a_lock_is_removed_only_when_its_holder_ended(tmp_path):
+    from kpca_repro.workflow import locks
+
+    lock_dir = tmp_path / "locks"
+    assert locks.record_owner(lock_dir) is None and locks.remove_stale_lock(lock_dir) == []  # no lock
+    lock_dir.mkdir()
+    (lock_dir / "0.input.lock").write_text("a\n")
+    (lock_dir / "0.output.lock").write_text("b\n")
+    assert locks.remove_stale_lock(lock_dir) == []  # a lock nobody recorded: Snakemake decides
+    live = locks.record_owner(lock_dir)  # this process, running
+    assert locks.remove_stale_lock(lock_dir) == [] and lock_dir.is_dir()
+    live.unlink()
+    dead = _dead_pid()
+    record = locks.record_owner(lock_dir, pid=dead)
+    os.utime(lock_dir / "0.output.lock", (record.stat().st_mtime + 5,) * 2)  # locked after the record: a run not recorded yet
+    assert locks.remove_stale_lock(lock_dir) == [] and lock_dir.is_dir()
+    os.utime(lock_dir / "0.output.lock", (record.stat().st_mtime - 5,) * 2)
+    other_host = lock_dir / record.name.replace(".owner.", ".owner.elsewhere-")
+    other_host.write_text("")
+    assert locks.remove_stale_lock(lock_dir) == []  # recorded on another host: its process cannot be asked
+    other_host.unlink()
+    assert locks.remove_stale_lock(lock_dir) == [dead] and not lock_dir.exists()

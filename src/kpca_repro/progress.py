@@ -60,7 +60,7 @@ class Progress:
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable)
         self.iterable, self.total, self.desc, self.unit = iterable, total, desc, unit
-        self.n, self._closed = 0, False
+        self.n, self.kept, self._closed = 0, 0, False
         self.start = self._last = time.monotonic()
         self._last_n = 0
         self.interval = _interval()
@@ -79,12 +79,17 @@ class Progress:
             self._plain = None if term is not None else sys.stderr
 
     def line(self) -> str:
-        """The plain progress line, in the log format: ``<time> progress INFO desc: n/total unit (pct), rate, elapsed, ETA``."""
+        """The plain progress line, in the log format: ``<time> progress INFO desc: n/total unit (pct)[, K kept], rate, elapsed, ETA``.
+
+        The rate (units per second) counts only the units done in this process, not the ``K``
+        a resumed job read back (:meth:`skip`); the ETA divides what is left by it."""
         elapsed = time.monotonic() - self.start
-        rate = self.n / elapsed if elapsed > 0 else 0.0
+        rate = (self.n - self.kept) / elapsed if elapsed > 0 else 0.0
         parts = [f"{self.desc}: {self.n}/{self.total} {self.unit}" if self.total else f"{self.desc}: {self.n} {self.unit}"]
         if self.total:
             parts[0] += f" ({100 * self.n / self.total:.0f}%)"
+        if self.kept:
+            parts.append(f"{self.kept} kept")
         parts.append(f"{rate:.0f} {self.unit}/s" if rate >= 100 else f"{rate:.2f} {self.unit}/s")
         parts.append(f"elapsed {_hms(elapsed)}")
         if self.total and rate > 0 and self.n < self.total:
@@ -106,6 +111,12 @@ class Progress:
             self._bar.update(n)
         if self._plain is not None and time.monotonic() - self._last >= self.interval:
             self._emit()
+
+    def skip(self, n: int) -> None:
+        """Add ``n`` units done by an earlier, interrupted run (read back, not computed): they count
+        towards done/total but not towards the rate."""
+        self.kept += n
+        self.update(n)
 
     def close(self) -> None:
         """Close the bar and write the final plain line (once)."""

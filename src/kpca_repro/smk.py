@@ -139,21 +139,28 @@ def _interrupt(signum, frame):
 def check_writable(paths: list[str | os.PathLike]) -> None:
     """Fail before any work when a file cannot be created in the folder of one of ``paths``.
 
-    Creates and deletes a temporary file in each folder (created if missing), which is what
-    writing the output will need: a permission bit, a read-only mount or a full quota all
-    show here.
+    Creates and deletes a temporary file in each folder, which is what writing the output will
+    need: a permission bit, a read-only mount or a full quota all show here. A folder it had to
+    create is removed again (a job that keeps no parts leaves no empty ``.parts`` folder).
 
     Raises:
         kpca_repro.errors.OutputNotWritable: one line naming the path and the reason.
     """
     for path in paths:
         folder = Path(path).parent
+        created = [f for f in (folder, *folder.parents) if not f.exists()]  # deepest first
         try:
             folder.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryFile(dir=folder):
                 pass
         except OSError as exc:
             raise OutputNotWritable(f"{path}: cannot write here ({exc.strerror or exc}); make {folder} writable and rerun") from None
+        finally:
+            for f in created:
+                try:
+                    f.rmdir()
+                except OSError:
+                    break
 
 
 def end_on_input_file_errors(log: logging.Logger) -> None:

@@ -34,7 +34,7 @@ from kpca_repro.inputs.resources import export_hub_timeouts
 from kpca_repro.method.variant import VARIANTS
 from kpca_repro.threads import DEFAULT_THREADS_ENV, gpu_resource, torch_default_threads
 from kpca_repro.training.summary import scale_setting, scale_tokens
-from kpca_repro.workflow import config_checks, paths, preflight
+from kpca_repro.workflow import config_checks, locks, paths, preflight
 from kpca_repro.workflow.code import code_hash
 from kpca_repro.workflow.config_checks import ConfigError, run_model_scale
 from kpca_repro.workflow.paths import default_target, has_vision, model_id_from_slug, model_slug
@@ -56,6 +56,16 @@ def _checked_config():
 
 
 _checked_config()
+# A run killed with SIGKILL (or out of memory) leaves Snakemake's lock behind; the same command goes on
+# without `snakemake --unlock` when the lock's recorded holder has ended (kpca_repro.workflow.locks).
+if workflow.is_main_process and (killed := locks.remove_stale_lock()):
+    print(
+        f"The run before (process {', '.join(map(str, killed))}) was killed: its lock in {locks.LOCK_DIR} is removed, as `snakemake --unlock` would; going on.",
+        file=sys.stderr,
+    )
+# Online, inputs to download and no network: one short message now, not the download jobs' retries (preflight).
+if workflow.is_main_process and (message := preflight.network_stop(config, REPO / "config")):
+    sys.exit(message)
 # Jobs inherit it: huggingface_hub's own 10 s read timeout would otherwise override
 # downloads.timeout_s for hub files (weights, language models, WikiText).
 export_hub_timeouts(config["downloads"]["timeout_s"])
@@ -154,10 +164,12 @@ def text_model_files(wildcards):
 
 
 def before_first_job():
-    """The Snakefile's onstart handler (after the DAG is built; Snakemake runs none in a dry run): a scheduled
+    """The Snakefile's onstart handler (after the DAG is built, with the lock held; Snakemake runs none in a dry run):
+    the lock's holder is recorded (kpca_repro.workflow.locks). A scheduled
     sample larger than its image set, or inputs missing that cannot be downloaded, end the run in one block
     (kpca_repro.workflow.preflight). Then, for kpca.*_threads: auto, torch's default thread count is asked of
     one child process for all local jobs (they inherit the variable), instead of one per job."""
+    locks.record_owner()  # this process holds the lock now: a rerun after a kill removes it (common.smk, above)
     jobs = [(job.rule.name, dict(job.wildcards_dict)) for job in workflow.dag.needrun_jobs()]
     if message := preflight.stop_message(config, REPO / "config", jobs):
         sys.exit(message)  # the block alone on stderr: a raised error would add Snakefile lines

@@ -159,7 +159,7 @@ def _split_neox(attn: HFAttention, out: torch.Tensor):
 def _gpt2_scale(config) -> str | None:
     """GPT-2 options whose logit scale is not 1/sqrt(d) (the format's s)."""
     if getattr(config, "scale_attn_by_inverse_layer_idx", False):
-        return "scale_attn_by_inverse_layer_idx divides layer l's logits by l + 1, a per-layer scale other than 1/sqrt(d)"
+        return "scale_attn_by_inverse_layer_idx divides layer l's logits by l + 1 too"
     if not getattr(config, "scale_attn_weights", True):
         return "scale_attn_weights = False: logits q k^T without the 1/sqrt(d) scale"
     return None
@@ -383,7 +383,8 @@ def supported_summary() -> str:
 
 
 def _refuse(who: str, model_type, reason: str) -> UnsupportedArchitectureError:
-    return UnsupportedArchitectureError(f"{who}: Hugging Face model type {model_type!r} is refused: {reason}. Supported (attention = softmax(q k^T / sqrt(d) + mask) v): {supported_summary()}")
+    # short: the supported model types (supported_summary()) are listed in docs/own_models.md, not in every refusal
+    return UnsupportedArchitectureError(f"{who}: Hugging Face model type {model_type!r} is refused: {reason}; supported types: docs/own_models.md")
 
 
 def _decoder_types() -> set[str]:
@@ -400,7 +401,7 @@ def _logit_terms(config) -> str | None:
     if getattr(config, "alibi", False):
         return "ALiBi: a linear position bias is added to the logits"
     if getattr(config, "attn_logit_softcapping", None):
-        return f"logit soft-capping (attn_logit_softcapping = {config.attn_logit_softcapping}): the logits pass through c * tanh(logits / c) before the softmax"
+        return f"logit soft-capping (attn_logit_softcapping = {config.attn_logit_softcapping}): logits pass through c * tanh(logits / c)"
     return None
 
 
@@ -410,10 +411,6 @@ def _kv_groups(heads: int, n_kv: int) -> str:
         f"num_key_value_heads = {n_kv} does not divide num_attention_heads = {heads} ({heads} % {n_kv} = {heads % n_kv}): "
         "grouped-query attention (repeat_kv) gives each key/value head an equal group of query heads"
     )
-
-
-def _decoders() -> str:
-    return "; ".join(f"{f.name}: {', '.join(f.model_types)}" for f in FAMILIES.values() if f.name in DECODER_FAMILIES)
 
 
 def hf_family(config, who: str | None = None, text: bool = False, decoder: bool | None = None) -> Family:
@@ -452,7 +449,7 @@ def hf_family(config, who: str | None = None, text: bool = False, decoder: bool 
         if model_type in REFUSED:
             reason = REFUSED[model_type]
         elif model_type in _decoder_types():
-            reason = f"a decoder family the capture does not know (supported decoders: {_decoders()}), and nothing is approximated"
+            reason = "a decoder family the capture does not know"
         else:
             reason = "its attention is not known to be softmax(q k^T / sqrt(d) + mask) v, and nothing is approximated"
     if reason is None and family.causal:

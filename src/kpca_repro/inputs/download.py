@@ -13,6 +13,7 @@ A failure ends with one line naming the path to fill by hand, exit status 1.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -21,10 +22,27 @@ from types import SimpleNamespace
 from kpca_repro.inputs import resources
 from kpca_repro.smk import fail_cleanly, setup_logging
 
+KINDS = ("weights", "imagenet", "wikitext", "fashion_mnist", "training_logs")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line (module docstring); ``--help`` prints it, a wrong one ends in argparse's usage line (status 2)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m kpca_repro.inputs.download",
+        description="Fetch one external input of the workflow (the download rules' command; normally run by Snakemake). A failure ends with one line naming the path to fill by hand, status 1.",
+    )
+    parser.add_argument("kind", choices=KINDS, help="what to fetch")
+    parser.add_argument("log", help="the job's log file")
+    parser.add_argument("downloads", help="the configuration's downloads section as JSON (retries, backoff_s, timeout_s, digests)")
+    parser.add_argument("arg", help="weights: the timm model id; imagenet, training_logs: the archive URL; wikitext, fashion_mnist: -")
+    parser.add_argument("output", nargs="+", help="the output file or folder (fashion_mnist: its four files)")
+    return parser.parse_args(argv)
+
 
 def main(argv: list[str]) -> None:
-    kind, log_path, settings, arg, output, *_ = argv
-    dl = json.loads(settings)
+    args = parse_args(argv)
+    kind, log_path, arg, output = args.kind, args.log, args.arg, args.output[0]
+    dl = json.loads(args.downloads)
     log = setup_logging(SimpleNamespace(log=[log_path]), f"download_{kind}")
     policy = resources.DownloadPolicy.from_config(dl)
     log.info("downloading %s %s -> %s", kind, arg, output)
@@ -45,8 +63,6 @@ def main(argv: list[str]) -> None:
         from kpca_repro.training.logs import WANDB_FILES
 
         fail_cleanly(log, resources.download_wandb_logs, arg, output, WANDB_FILES, dl["reference_sha256"], policy=policy, log=log)
-    else:
-        raise SystemExit(f"unknown kind of download {kind!r}")
     log.info("done: %s", output)
 
 

@@ -47,6 +47,8 @@ __all__ = [
     "with_retries",
     "content_sha256",
     "DownloadPolicy",
+    "UnknownTimmModelError",
+    "unknown_timm_model",
 ]
 
 IMAGENET_SAMPLE_SUBDIR = "images/imagenet-sample"
@@ -147,6 +149,23 @@ def export_hub_timeouts(timeout_s: float, environ: dict | None = None) -> dict[s
     return {name: environ.setdefault(name, seconds) for name in HUB_TIMEOUT_VARIABLES}
 
 
+class UnknownTimmModelError(ValueError):
+    """A model id that timm does not know (a misspelt name): no weights exist to fetch or save."""
+
+
+def unknown_timm_model(model_id: str) -> str | None:
+    """Why ``model_id`` names no timm model (``timm.is_model``), with the closest of
+    ``timm.list_models()`` when there is one, or None when timm knows it. Imports timm."""
+    import difflib
+
+    import timm
+
+    if timm.is_model(model_id):
+        return None
+    close = difflib.get_close_matches(model_id, timm.list_models(), n=1)
+    return f"{model_id!r} is not a timm model (timm.list_models())" + (f"; did you mean {close[0]!r}?" if close else "") + " Fix the model id in the configuration."
+
+
 def download_timm_weights(model_id: str, out_path: str | os.PathLike, *, policy: DownloadPolicy = DownloadPolicy(), log: logging.Logger | None = None) -> None:
     """Fetch ``model_id``'s default pretrained weights from its Hugging Face repository.
 
@@ -160,6 +179,7 @@ def download_timm_weights(model_id: str, out_path: str | os.PathLike, *, policy:
     written to a temporary file, then renamed.
 
     Raises:
+        UnknownTimmModelError: timm knows no model ``model_id`` (:func:`unknown_timm_model`); nothing is fetched.
         MissingResourceError: every attempt failed (for example, no network); the message
             gives the exact path where the weights can be placed by hand.
     """
@@ -168,6 +188,8 @@ def download_timm_weights(model_id: str, out_path: str | os.PathLike, *, policy:
     import timm
     from safetensors.torch import load_file, save_file
 
+    if problem := unknown_timm_model(model_id):
+        raise UnknownTimmModelError(problem)
     out = Path(out_path)
     tmp = _atomic_target(out)
     cfg = timm.models.get_pretrained_cfg(model_id)

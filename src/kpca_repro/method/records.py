@@ -545,7 +545,8 @@ def kpca_records(
                         if store is not None:
                             store.save(index, {**_part_arrays(done), "floor": np.array(floor.value if floor is not None else np.nan)})
                     parts.extend(done)
-                    bar.update(sum(len(frame) for _, _, frame in done))
+                    # heads read back from an interrupted run count as done, not in the rate
+                    (bar.update if kept is None else bar.skip)(sum(len(frame) for _, _, frame in done))
         except KeyboardInterrupt:
             if store is None:
                 raise

