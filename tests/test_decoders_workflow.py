@@ -21,7 +21,8 @@ pytestmark = pytest.mark.integration
 
 #: family -> (query heads, KV heads) of kpca_tools.decoders' tiny configurations; the padding side
 FAMILIES = {"gpt2": (4, 4, "right"), "llama": (4, 2, "left"), "qwen2": (4, 1, "right"), "gpt_neox": (4, 4, "right")}
-N_ROWS, PREFIX = 4, 8
+#: PREFIX <= d + 1 = 9 (head dimension 8): every head of the profile keeps every direction (docs/method.md 17.1)
+N_ROWS, PREFIX, D = 4, 8, 8
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def decoder_run(tmp_path_factory):
         "figure1": {"use_reference": False},
     }
     (root / "d.yaml").write_text(yaml.safe_dump(cfg))
-    targets = ("results/table_decoders.csv", "results/decoders_prefix.csv", "results/figure_decoders_norms_corrected.pdf")
+    targets = ("results/table_decoders.csv", "results/table_decoders_corrected.csv", "results/decoders_prefix.csv", "results/figure_decoders_norms_corrected.pdf")
     run_snakemake(root, *targets, "--configfile", str(root / "d.yaml"))
     return root
 
@@ -94,7 +95,32 @@ def test_the_prefix_profile_keeps_the_rows_long_enough(decoder_run):
         for metric in ("MDC", "MOC", "LCKA", "KCKA"):
             assert at_n[metric] == pytest.approx(table.loc[f"tiny/{family}", metric])
         assert np.isfinite(at_p[["MDC", "MOC", "LCKA", "KCKA"]].to_numpy(float)).all()
+        # P = 8 <= d + 1: marked (its CKA tests only g); N: the rows of more than d + 1 tokens are not
+        assert bool(at_p["cka_all_directions_kept"]) and at_p["n_heads_all_directions_kept"] == at_p["n_heads"]
+        assert at_n["n_heads_all_directions_kept"] == int((lengths <= D + 1).sum()) * int(af.attrs["n_layers"]) * n_kv
+        assert bool(at_n["cka_all_directions_kept"]) == bool((lengths <= D + 1).all())
+        # the projection test at the last real token of each prefix (docs/method.md 17.3), bounded by its control
+        for row in (at_p, at_n):
+            assert -1 <= row["projection_cos"] <= 1 and row["projection_norm_ratio"] <= row["control_projection_norm_ratio"] * (1 + 1e-6)
     assert (decoder_run / "results" / "figure_decoders_prefix.pdf").stat().st_size > 0
+    log = (decoder_run / "logs" / "decoders_prefix" / "decoders_prefix.log").read_text()
+    assert log.count("left out of the figure's CKA lines") == len(FAMILIES)
+
+
+def test_the_corrected_decoders_table_leaves_the_regime_out_of_its_cka(decoder_run):
+    table = pd.read_csv(decoder_run / "results" / "table_decoders_corrected.csv")
+    for family, (_, n_kv, _) in FAMILIES.items():
+        heads = pd.read_csv(decoder_run / "results" / "heads" / "corrected" / f"tiny--{family}" / f"text_{N_ROWS}_0of1.csv")
+        rows = table[table["hf_id"] == f"tiny/{family}"].set_index("column")
+        kept = heads["n_tokens"] <= D + 1
+        assert (heads["all_directions_kept"] == kept).all()
+        for col in ("linear_cka", "rbf_cka", "linear_cka_unbiased", "rbf_cka_unbiased"):
+            assert rows.loc[col, "n_all_directions_kept"] == kept.sum()
+            assert rows.loc[col, "mean"] == pytest.approx(over_heads(heads.loc[~kept, col].dropna(), "mean"))
+            assert rows.loc[col, "control_mean"] == pytest.approx(over_heads(heads.loc[~kept, f"control_{col}"].dropna(), "mean"))
+        # where every direction is kept, CKA is its all-components control (docs/method.md 17.1)
+        np.testing.assert_allclose(heads.loc[kept, "linear_cka"], heads.loc[kept, "control_linear_cka"], rtol=1e-8)
+        assert {"projection_cos", "projection_rel_error", "projection_norm_ratio"} <= set(rows.index)
 
 
 def test_the_decoders_norms_cover_every_layer(decoder_run):
