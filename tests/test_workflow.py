@@ -307,7 +307,7 @@ def test_the_report_in_a_browser_shows_its_top_and_table1s_intervals(tiny_run, t
     report = tmp_path / "report.html"
     run_snakemake(work, *TARGETS, "--configfile", str(cfg), "--report", str(report))
     view = report_browser.landing_view(report)
-    assert (view["innerWidth"], view["innerHeight"]) == (1600, 1000)
+    assert view["innerWidth"] == 1600 and 800 < view["innerHeight"] <= 1000  # the window less the browser's own bars
     assert view["heading"]["text"].startswith("The kernel PCA interpretation of self-attention") and report_browser.in_viewport(view["heading"], view), view
     assert report_browser.in_viewport(view["built"], view), view
     page = report_results(report)["results/html/table1.html"]["content"].decode()
@@ -315,7 +315,7 @@ def test_the_report_in_a_browser_shows_its_top_and_table1s_intervals(tiny_run, t
     mdc = table["cell"]["text"]
     assert re.fullmatch(r"-?\d\.\d{3} \[-?\d\.\d{3}, -?\d\.\d{3}\]", mdc) and report_browser.in_viewport(table["cell"], table), table
     md_row = (work / "results" / "table1.md").read_text().splitlines()[2]
-    assert f"| {mdc} |" in md_row  # the cell of table1.md
+    assert mdc in [cell.strip() for cell in md_row.split("|")]  # the cell of table1.md
 
 
 def test_report_fails_on_a_docutils_error(tiny_run, tmp_path):
