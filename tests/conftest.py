@@ -80,8 +80,9 @@ HEAVY_MARKERS = ("integration", "slurm", "realweights")
 LIGHT_MODULES = ("ruff", "kpca_repro.activations")
 #: Programs an unmarked test may start: they read the checkout and run nothing of the project.
 # uname: platform.processor(), asked by h5py when it first loads; ldconfig -p: ctypes.util.find_library, asked by
-# torch's CUDA library finder (cuda-pathfinder) when torch first loads
-LIGHT_PROGRAMS = ("git", "ruff", "snakefmt", "uname", "ldconfig")
+# torch's CUDA library finder (cuda-pathfinder) when torch first loads; fc-list: matplotlib's font list, asked the
+# first time matplotlib builds its font cache (a fresh machine, an empty MPLCONFIGDIR: tests/test_markers.py)
+LIGHT_PROGRAMS = ("git", "ruff", "snakefmt", "uname", "ldconfig", "fc-list")
 
 
 class UnmarkedTestError(RuntimeError):

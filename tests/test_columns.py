@@ -167,7 +167,7 @@ def test_the_metadata_beside_table1(heads, tmp_path):
     assert meta["@context"] == "http://www.w3.org/ns/csvw" and meta["url"] == "table1.csv" and meta["dc:title"] == "Table 1, paper variant"
     cols = {c["name"]: c for c in meta["tableSchema"]["columns"]}
     assert [c["name"] for c in meta["tableSchema"]["columns"]] == list(frame.columns) and all(c["titles"] == c["name"] for c in cols.values())
-    types = {"MDC": "double", "n_heads": "integer", "weights_sha256": "string", "solver_rotations": "boolean"}
+    types = {"MDC": "double", "n_heads": "integer", "weights_sha256": "string", "solver_rotations": {"base": "boolean", "format": "True|False"}}
     assert {n: cols[n]["datatype"] for n in types} == types
     assert "eigengap_min" in cols["MDC_eigengap"]["dc:description"]
     assert cols["MDC"]["schema:unitText"] == "cosine in [-1, 1]"
@@ -178,6 +178,43 @@ def test_the_metadata_beside_table1(heads, tmp_path):
     page = table_html(tmp_path / "table1.csv", "table1", tmp_path / "table1.csv-metadata.json")
     assert page.count("<th title=") == len(frame.columns) and page.count("<dt>") == len(frame.columns)
     assert f"<td>{format_number(frame.loc[0, 'MDC_eigengap'])}</td>" in page
+
+
+def test_a_csvw_validator_accepts_each_kind_of_csv_with_its_metadata(heads, files, tmp_path):
+    """Each kind of results CSV, written as its job writes it (pandas' ``to_csv``: ``True``/``False``,
+    empty cells for NaN, ``inf``), with the metadata :func:`columns.metadata_json` gives it: what
+    ``csvwvalidate`` checks (kpca_tools.csvw_check) passes, the boolean columns included; the same
+    table with CSVW's default boolean datatype is refused, so the check reads the cells."""
+    pytest.importorskip("csvw")
+    from kpca_repro.analysis.norms import norm_statistics
+    from kpca_repro.method.records import gamma_records
+    from kpca_tools.csvw_check import metadata_problems
+
+    frames = {}
+    for name in ("table1", "table4"):
+        for variant in ("paper", "corrected"):
+            frame, (schema, extra) = _per_head_table(name, variant, heads)
+            frames[f"{name}_{variant}"] = (frame, schema, extra)
+    for name in ("table2", "table3"):
+        frame, records = _spectrum_table(name, "paper", files)
+        frames[name] = (frame, *tables.column_schema(tables.TABLES[name], True))
+        frames[f"{name}_spectra"] = (next(iter(records.values())), "spectra", ())
+    for (domain, variant), (records, _, _) in heads.items():
+        frames[f"heads_{domain}_{variant}"] = (records, "heads", ())
+    for domain in ("vision", "text"):
+        frames[f"norms_{domain}"] = (norm_statistics([files[domain]], "paper", language=domain == "text", progress=False), "norms", ())
+    frames["gamma"] = (gamma_records(files["vision"], 1, "paper", standardize=True, noise=0.1, seed=0, n_components=3), "gamma", ())
+    assert frames["table1_paper"][0]["solver_rotations"].dtype == bool and frames["heads_vision_paper"][0]["dropped"].dtype == bool
+    for name, (frame, schema, extra) in frames.items():
+        frame.to_csv(tmp_path / f"{name}.csv", index=False)
+        (tmp_path / f"{name}.csv-metadata.json").write_text(columns.metadata_json(frame, schema, f"{name}.csv", name, extra))
+        assert metadata_problems(tmp_path / f"{name}.csv-metadata.json") == [], name
+    meta = json.loads((tmp_path / "table1_paper.csv-metadata.json").read_text())
+    for column in meta["tableSchema"]["columns"]:
+        if isinstance(column["datatype"], dict):
+            column["datatype"] = "boolean"
+    (tmp_path / "table1_paper.csv-metadata.json").write_text(json.dumps(meta))
+    assert "invalid lexical value for boolean: True" in " ".join(metadata_problems(tmp_path / "table1_paper.csv-metadata.json"))
 
 
 @pytest.mark.parametrize(

@@ -49,6 +49,16 @@ def decoder_run(tmp_path_factory):
     return root
 
 
+def test_a_csvw_validator_accepts_every_metadata_file_of_the_run(decoder_run):
+    """Every CSV of the decoders' run (tables, prefix profile, norms; not yet the records) has its
+    metadata beside it, and ``csvwvalidate``'s check accepts each (kpca_tools.csvw_check)."""
+    pytest.importorskip("csvw")
+    from kpca_tools.csvw_check import results_problems
+
+    assert any((decoder_run / "results" / "norms").rglob("decoder.csv-metadata.json"))
+    assert results_problems(decoder_run / "results") == []
+
+
 def test_every_family_is_captured_causal_with_its_kv_heads(decoder_run):
     for family, (n_q, n_kv, side) in FAMILIES.items():
         path = decoder_run / "results" / "activations" / f"tiny--{family}" / f"text_{N_ROWS}_0of1.h5"

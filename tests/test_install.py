@@ -55,9 +55,14 @@ def test_ci_runs_the_readme_test_install_line_and_test_command():
     assert TEST_INSTALL in commands and commands[-1] == TEST_COMMAND
     assert commands.index(TEST_INSTALL) < commands.index(TEST_COMMAND)
     assert sum("pip install" in c for c in commands) == 1  # nothing installed beside the README's line
-    # the one other set-up step: the SLURM test cluster (tests/test_slurm.py uses it, installs nothing)
+    # the other set-up steps: the SLURM test cluster (tests/test_slurm.py uses it, installs nothing), Chromium for the
+    # report's browser test (tests/test_workflow.py), and empty font caches, as on a new machine (tests/test_markers.py)
     others = [c for c in commands if c not in (TEST_INSTALL, TEST_COMMAND) and not c.startswith(("set ", "cd "))]
-    assert all("tests/slurm/cluster.sh" in c or c.startswith("SLURM_DIR=") for c in others), others
+    assert "apt-get update && apt-get install -y chromium" in others
+    fresh = ["MPLCONFIGDIR=$(mktemp -d) XDG_CACHE_HOME=$(mktemp -d)", "export MPLCONFIGDIR XDG_CACHE_HOME"]
+    assert commands[-3:-1] == fresh, commands[-3:]
+    rest = [c for c in others if c not in fresh and "chromium" not in c]
+    assert all("tests/slurm/cluster.sh" in c or c.startswith("SLURM_DIR=") for c in rest), rest
 
 
 def test_constraints_pin_every_dependency_within_its_range():

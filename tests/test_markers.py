@@ -48,7 +48,10 @@ def test_heavy_processes_are_refused(argv):
     assert child_refusal(argv) is not None
 
 
-@pytest.mark.parametrize("argv", [["git", "ls-files"], [PYTHON, "-c", "import sys"], [PYTHON, "-m", "ruff", "check", "."], [PYTHON, "-m", "kpca_repro.activations", "validate", "x.h5"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["fc-list", "--format=%{file}\\n"], ["git", "ls-files"], [PYTHON, "-c", "import sys"], [PYTHON, "-m", "ruff", "check", "."], [PYTHON, "-m", "kpca_repro.activations", "validate", "x.h5"]],
+)
 def test_light_processes_are_let_through(argv):
     assert child_refusal(argv) is None
 
@@ -87,3 +90,43 @@ def test_no_unmarked_test_asks_for_the_hub_or_runs_snakemake(request):
     calls = ("run_snakemake(", '"-m", "snakemake"')
     sources = {item.function: inspect.getsource(item.function) for item in unmarked if item.path != Path(__file__)}  # this file names them to refuse them
     assert [f"{fn.__module__}.{fn.__name__}" for fn, source in sources.items() if any(call in source for call in calls)] == []
+
+
+#: A fresh interpreter arms the guard as for an unmarked test, then draws and saves a figure with
+#: text: on empty caches matplotlib builds its font cache, starting ``fc-list``. It prints what
+#: the guard refused and every process started.
+_FIRST_FIGURE = """
+import io, json, os, sys
+started = []
+sys.addaudithook(lambda event, args: started.append(os.fsdecode(args[0])) if event == "subprocess.Popen" else None)
+sys.path.insert(0, sys.argv[1])
+import conftest
+conftest._UNMARKED[:] = ["a figure on empty caches"]
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots()
+ax.set_title("Figure 2")
+fig.savefig(io.BytesIO(), format="pdf")
+print(json.dumps({"refused": conftest._REFUSED, "started": started}))
+"""
+
+
+def test_a_first_figure_on_empty_caches_passes_the_guard(tmp_path):
+    """The contributor's loop on a machine with no caches (a fresh CI machine): the first figure
+    of an unmarked test builds matplotlib's font cache, which runs ``fc-list`` (and fontconfig
+    writes its own cache under ``XDG_CACHE_HOME``); the guard lets it through. Run in a child
+    interpreter with an empty ``MPLCONFIGDIR`` and ``XDG_CACHE_HOME``, since this process's
+    matplotlib has its cache already."""
+    import json
+
+    mpl, xdg = tmp_path / "mplconfig", tmp_path / "cache"
+    mpl.mkdir()
+    xdg.mkdir()
+    env = {**os.environ, "MPLCONFIGDIR": str(mpl), "XDG_CACHE_HOME": str(xdg)}
+    proc = subprocess.run([PYTHON, "-c", _FIRST_FIGURE, str(Path(__file__).parent)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["refused"] == []
+    assert "fc-list" in out["started"]  # the font cache was built here, not found
+    assert list(mpl.glob("fontlist-*.json"))

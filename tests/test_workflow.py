@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -67,11 +68,15 @@ TARGETS = (
 
 
 def test_every_results_csv_has_its_column_metadata(tiny_run):
-    """Each CSV the run wrote directly in results/ has ``<name>.csv-metadata.json`` beside it
+    """Each CSV the run wrote under results/, the per-model norms included (not yet the method's records:
+    kpca_tools.csvw_check.WITHOUT_METADATA), has ``<name>.csv-metadata.json`` beside it
     (kpca_repro.analysis.columns): CSVW, naming that CSV and its header's columns in order, each described."""
+    from kpca_tools.csvw_check import WITHOUT_METADATA
+
     work, _, _ = tiny_run
-    csvs = sorted((work / "results").glob("*.csv"))
+    csvs = [p for p in sorted((work / "results").rglob("*.csv")) if p.relative_to(work / "results").parts[0] not in WITHOUT_METADATA]
     assert {p.name for p in csvs} >= {"table1.csv", "table1_corrected.csv", "table2.csv", "table3_corrected.csv", "figure2.csv", "figure3_corrected.csv", "paper_comparison.csv"}
+    assert any(p.relative_to(work / "results").parts[0] == "norms" for p in csvs)
     for csv in csvs:
         meta = json.loads(csv.with_name(csv.name + "-metadata.json").read_text(encoding="utf-8"))
         assert meta["url"] == csv.name and meta["@context"] == "http://www.w3.org/ns/csvw"
@@ -79,6 +84,22 @@ def test_every_results_csv_has_its_column_metadata(tiny_run):
         assert [c["name"] for c in columns] == list(pd.read_csv(csv, nrows=0).columns), csv.name
         assert all(c["dc:description"] and c["schema:unitText"] for c in columns), csv.name
     assert "title=" in (work / "results" / "html" / "table1.html").read_text()  # the descriptions in the report's page
+
+
+def test_a_csvw_validator_accepts_every_metadata_file_of_the_run(tiny_run):
+    """``csvwvalidate`` (the csvw package, the test extra) accepts every ``*.csv-metadata.json`` under
+    results/ with its CSV: in-process for each file (kpca_tools.csvw_check), and the command itself
+    for Table 1's (booleans written as ``True``/``False``)."""
+    pytest.importorskip("csvw")
+    import shutil
+
+    from kpca_tools.csvw_check import results_problems
+
+    work, _, _ = tiny_run
+    assert results_problems(work / "results") == []
+    cli = shutil.which("csvwvalidate") or str(Path(sys.executable).with_name("csvwvalidate"))
+    proc = subprocess.run([cli, "-v", str(work / "results" / "table1.csv-metadata.json")], capture_output=True, text=True)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_table1_from_tiny_models(tiny_run, tiny_resources):
@@ -271,6 +292,30 @@ def test_report_reads_cleanly(tiny_run, tmp_path):
         assert f"depth={kwargs['depth']}" in page  # the changed architectures are said
     assert "vit_large_patch16_224" not in page and "bert-base-uncased" not in page  # not the default models
     assert "4 images per model in 2 shard(s)" in page and "Table 4" not in page and "Figure 5" not in page  # what the run built, only
+
+
+def test_the_report_in_a_browser_shows_its_top_and_table1s_intervals(tiny_run, tmp_path):
+    """The built report in headless Chromium at 1600x1000 (kpca_tools.report_browser), scrolled to
+    the top: the landing page's first heading and "What this run built" inside the window; Table
+    1's page shows MDC with its interval in one cell, as table1.md does, inside the window."""
+    from kpca_tools import report_browser
+    from kpca_tools.report_check import report_results
+
+    if report_browser.chromium() is None:
+        pytest.skip("no Chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)")
+    work, cfg, _ = tiny_run
+    report = tmp_path / "report.html"
+    run_snakemake(work, *TARGETS, "--configfile", str(cfg), "--report", str(report))
+    view = report_browser.landing_view(report)
+    assert view["innerWidth"] == 1600 and 800 < view["innerHeight"] <= 1000  # the window less the browser's own bars
+    assert view["heading"]["text"].startswith("The kernel PCA interpretation of self-attention") and report_browser.in_viewport(view["heading"], view), view
+    assert report_browser.in_viewport(view["built"], view), view
+    page = report_results(report)["results/html/table1.html"]["content"].decode()
+    table = report_browser.table_view(page, "MDC")
+    mdc = table["cell"]["text"]
+    assert re.fullmatch(r"-?\d\.\d{3} \[-?\d\.\d{3}, -?\d\.\d{3}\]", mdc) and report_browser.in_viewport(table["cell"], table), table
+    md_row = (work / "results" / "table1.md").read_text().splitlines()[2]
+    assert mdc in [cell.strip() for cell in md_row.split("|")]  # the cell of table1.md
 
 
 def test_report_fails_on_a_docutils_error(tiny_run, tmp_path):

@@ -82,7 +82,8 @@ rule norms_decoder:
     input:
         activations=lambda wc: norm_activations("decoders", wc.variant, wc.model),
     output:
-        "results/norms/{variant}/{model}/decoder.csv",
+        csv="results/norms/{variant}/{model}/decoder.csv",
+        columns="results/norms/{variant}/{model}/decoder.csv-metadata.json",
     log:
         "logs/norms_decoder/{variant}/{model}.log",
     benchmark:

@@ -27,7 +27,8 @@ rule norms_vision:
     input:
         activations=lambda wc: norm_activations("vision", wc.variant, wc.model),
     output:
-        "results/norms/{variant}/{model}/vision.csv",
+        csv="results/norms/{variant}/{model}/vision.csv",
+        columns="results/norms/{variant}/{model}/vision.csv-metadata.json",
     log:
         "logs/norms_vision/{variant}/{model}.log",
     benchmark:
@@ -50,7 +51,8 @@ rule norms_text:
     input:
         activations=lambda wc: norm_activations("text", wc.variant, wc.model),
     output:
-        "results/norms/{variant}/{model}/text.csv",
+        csv="results/norms/{variant}/{model}/text.csv",
+        columns="results/norms/{variant}/{model}/text.csv-metadata.json",
     log:
         "logs/norms_text/{variant}/{model}.log",
     benchmark:

@@ -48,5 +48,10 @@ with atomic_output(smk.output.meta) as tmp:
 with atomic_output(smk.output.md) as tmp:
     tmp.write_text(markdown)
 with atomic_output(smk.output.html) as tmp:
-    tmp.write_text(table_html(smk.output.csv, title, smk.output.meta, table.caption))
+    # a per-head table, paper variant: its statistics with their intervals first, as the Markdown shows them
+    headline = rendering.paper_cells(frame, table) if not table.keys and variant.tables == "paper" else None
+    note = rendering.PAPER_INTERVAL_NOTE if headline is not None else ""
+    # one row per model (Tables 1-4, paper; Tables 2-3): every column one per row, each statistic with its interval in one cell
+    by_column = bool(table.keys) or variant.tables == "paper"
+    tmp.write_text(table_html(smk.output.csv, title, smk.output.meta, table.caption, headline, note, by_column))
 log.info("wrote %s (%d rows)", smk.output.csv, len(frame))

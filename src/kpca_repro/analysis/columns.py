@@ -1,5 +1,5 @@
 """What every column of every results CSV means: the registry (:data:`SCHEMAS`), the CSVW
-metadata written beside each user-facing CSV, and the page docs/columns.md.
+metadata written beside each results CSV, and the page docs/columns.md.
 
 One :class:`Schema` per kind of CSV (the tables, the comparison, the figures' data, the training
 summaries, and the per-head and per-layer records the jobs pass on). A :class:`Column` names one
@@ -9,9 +9,12 @@ value's words. The per-head tables' statistics (``MDC``, ``LCKA``, ... of
 :data:`kpca_repro.analysis.tables.TABLES`) are described from their entries by
 :func:`statistic_columns`, so a table added to that registry is described by its statistics.
 
-The jobs that write a results CSV write ``<name>.csv-metadata.json`` beside it (W3C CSVW, the
-name a CSVW processor looks for): the table's title and, per column in file order, its name,
-datatype, ``dc:description`` and ``schema:unitText`` (unit or range). :func:`describe` raises
+The jobs that write a CSV under ``results/`` write ``<name>.csv-metadata.json`` beside it (W3C CSVW,
+the name a CSVW processor looks for): the table's title and, per column in file order, its name,
+datatype, ``dc:description`` and ``schema:unitText`` (unit or range); a CSVW validator
+(``csvwvalidate``) accepts it with its CSV (tests/test_workflow.py). Not yet the records of the
+method's jobs (``results/heads``, ``results/spectra``, ``results/figure3/gamma_*``): their jobs
+import nothing of ``analysis`` (an edit of a description would rerun them, tests/test_code_deps.py). :func:`describe` raises
 on a column no entry describes, so an unexplained column fails its job before anything is
 written. This module imports nothing of the package: the figure and training jobs use it
 without the method.
@@ -51,7 +54,7 @@ class Schema:
 
     Attributes:
         title: a heading (docs/columns.md).
-        files: which files have these columns, and which of them get a metadata file.
+        files: which files have these columns.
         columns: the entries, looked up in order (the first whose name matches describes a column).
         placeholders: ``<name>`` -> its values: a mapping value -> words, or a regular expression
             (the value is its own word).
@@ -125,7 +128,7 @@ _CONTROLS = {
 
 _HEADS = Schema(
     "Per-head records",
-    "`results/heads/<variant>/<model>/<stem>.csv` (rule `kpca_heads`): one row per (input, layer, head), the records Tables 1 and 4 aggregate; no metadata file",
+    "`results/heads/<variant>/<model>/<stem>.csv` (rules `kpca_heads`, `kpca_prefix`): one row per (input, layer, head), the records Tables 1 and 4 aggregate; no metadata file",
     (
         _MODEL_ID,
         _VARIANT,
@@ -385,7 +388,7 @@ _COMPARISON = Schema(
 _NORMS = Schema(
     "Figures 2 and 5 (and the decoders'): squared norms per layer",
     "`results/figure2.csv`, `results/figure5.csv`, `results/figure_decoders_norms.csv` and their `_corrected` files (rules `figure2`, `figure5`, "
-    "`figure_decoders_norms`), and the per-model records `results/norms/<variant>/<model>/{vision,text,decoder}.csv` they concatenate (no metadata file): "
+    "`figure_decoders_norms`), and the per-model records `results/norms/<variant>/<model>/{vision,text,decoder}.csv` they concatenate (rules `norms_vision`, `norms_text`, `norms_decoder`): "
     "one row per (model, layer, quantity), the values pooled over inputs, heads and tokens (docs/method.md 8-9, 15)",
     (
         _MODEL_ID,
@@ -457,7 +460,7 @@ _GAMMA = Schema(
 
 _SPECTRA = Schema(
     "Eigenvalue records",
-    "`results/spectra/<variant>/<model>/vision_<n>_<shard>_{standardized,raw}.csv` (rule `eigenvalues_vision`): "
+    "`results/spectra/<variant>/<model>/{vision_<n>,user}_<shard>_{standardized,raw}.csv` (rules `eigenvalues_vision`, `eigenvalues_user`): "
     "one row per (image, layer, head), the records Tables 2 and 3 aggregate; no metadata file",
     (
         _MODEL_ID,
@@ -663,10 +666,14 @@ def describe(names, schema: str, extra: tuple[Column, ...] = ()) -> list[dict[st
     return out
 
 
-def _datatype(dtype) -> str:
-    """The CSVW datatype of a pandas dtype."""
+def _datatype(dtype) -> str | dict:
+    """The CSVW datatype of a pandas dtype: a boolean column is declared with the format of what
+    pandas writes, ``True|False`` (CSVW's boolean format ``"<true>|<false>"``; its default lexical
+    forms are true/false/1/0), so that the CSV's bytes stay as they are."""
     kind = getattr(dtype, "kind", "O")
-    return {"b": "boolean", "i": "integer", "u": "integer", "f": "double"}.get(kind, "string")
+    if kind == "b":
+        return {"base": "boolean", "format": "True|False"}
+    return {"i": "integer", "u": "integer", "f": "double"}.get(kind, "string")
 
 
 def metadata(frame, schema: str, csv_name: str, title: str, extra: tuple[Column, ...] = ()) -> dict:
@@ -722,11 +729,14 @@ def markdown_page(statistics: dict[str, tuple[tuple[str, str, str], ...]]) -> st
         "[← README](../README.md) · [all pages](../README.md#documentation)",
         "",
         "Generated from the registry `src/kpca_repro/analysis/columns.py` by `python tools/columns_page.py > docs/columns.md`",
-        "(`tests/test_columns.py` checks this page against it). Each CSV directly under `results/` has its columns,",
-        "with their datatypes, in `<name>.csv-metadata.json` beside it (W3C CSVW: `dc:description`, `schema:unitText`),",
-        "written by the job that writes the CSV; the report's HTML tables show them under each table.",
-        "`<...>` in a name stands for each of the values listed under the table. The records the jobs pass on",
-        "(`results/heads`, `results/spectra`, `results/norms`, `results/figure3/gamma_*`) are described here only.",
+        "(`tests/test_columns.py` checks this page against it). Each CSV under `results/` (the per-model norms",
+        "`results/norms` included; not yet the records of the method's jobs, below) has its columns,",
+        "with their datatypes, in `<name>.csv-metadata.json` beside it (W3C CSVW: `dc:description`, `schema:unitText`;",
+        "a boolean column's format is `True|False`, as the CSV holds it), written by the job that writes the CSV;",
+        "`csvwvalidate` (the csvw package) accepts each. The report's HTML tables show them under each table.",
+        "`<...>` in a name stands for each of the values listed under the table. The records of the method's jobs",
+        "(`results/heads`, `results/spectra`, `results/figure3/gamma_*`) are described here only: those jobs import",
+        "nothing of `analysis`, so that editing a description reruns none of them.",
         "A new column (of a table's row function, say) needs an entry in the registry: without one, the job that writes",
         "the CSV stops before writing and names the column.",
     ]

@@ -20,6 +20,8 @@ __all__ = [
     "label_rows",
     "markdown_table",
     "paper_markdown",
+    "PAPER_INTERVAL_NOTE",
+    "paper_cells",
     "corrected_markdown",
 ]
 
@@ -126,6 +128,25 @@ def paper_markdown(frame: pd.DataFrame, table: _PerHeadTable) -> str:
             its interval columns (``<statistic>_lower``, ``<statistic>_upper``).
         table: its entry of :data:`kpca_repro.analysis.tables.TABLES` (``statistics``, ``id_column``).
     """
+    note = f"\n{PAPER_INTERVAL_NOTE}; the CSV beside this file has every other column.\n"
+    return markdown_table(paper_cells(frame, table)) + note
+
+
+#: What the brackets of :func:`paper_cells` are (the Markdown's note, the report's page).
+PAPER_INTERVAL_NOTE = "In brackets: for MDC and MOC the interval of sampling and solver variation together, for LCKA and KCKA the bootstrap over the inputs (docs/uncertainty.md)"
+
+
+def paper_cells(frame: pd.DataFrame, table: _PerHeadTable) -> pd.DataFrame:
+    """The cells of :func:`paper_markdown` (also the head of the report's page of the table): the id
+    columns and each statistic as the text ``value [lower, upper]`` to three decimals
+    (``0.124 [0.061, 0.181]``), the value alone without a finite interval, ``NaN`` without a value.
+
+    Args:
+        frame, table: as :func:`paper_markdown`.
+
+    Returns:
+        One row per row of ``frame``; columns ``model``, ``table.id_column``, then the statistics; str cells.
+    """
     names = [name for name, _, _ in table.statistics]
     rows = []
     for _, r in frame.iterrows():
@@ -135,11 +156,7 @@ def paper_markdown(frame: pd.DataFrame, table: _PerHeadTable) -> str:
             interval = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None and np.isfinite(lo) and np.isfinite(hi) else ""
             cells[name] = f"{r[name]:.3f}{interval}" if np.isfinite(r[name]) else "NaN"
         rows.append(cells)
-    note = (
-        "\nIn brackets: for MDC and MOC the interval of sampling and solver variation together, for LCKA and KCKA "
-        "the bootstrap over the inputs (docs/uncertainty.md); the CSV beside this file has every other column.\n"
-    )
-    return markdown_table(pd.DataFrame(rows, columns=["model", table.id_column, *names])) + note
+    return pd.DataFrame(rows, columns=["model", table.id_column, *names])
 
 
 def corrected_markdown(table: pd.DataFrame, metrics: tuple) -> str:

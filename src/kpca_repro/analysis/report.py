@@ -61,7 +61,44 @@ def caption_html(rst: str) -> str:
     return publish_parts(rst, writer=html5_polyglot.Writer(), settings_overrides={"halt_level": 2, "report_level": 2, "_disable_config": True})["body"]
 
 
-def table_html(csv_path: str | os.PathLike, title: str, metadata_path: str | os.PathLike | None = None, caption: str = "") -> str:
+def _interval(lo, hi) -> str:
+    """``[lo, hi]`` (:func:`format_number` each), or "" when either end is missing or not finite."""
+    ends = [format_number(lo), format_number(hi)]
+    return f"[{ends[0]}, {ends[1]}]" if all(ends) else ""
+
+
+def _folded(frame: pd.DataFrame, described: dict[str, str]) -> list[tuple[str, str, list[str]]]:
+    """The columns of ``frame`` as the page shows them one per row: ``(name, tooltip, cells)``, each
+    ``X`` with ``X_lower`` and ``X_upper`` as one cell ``value [lower, upper]``, and a pair
+    ``P_lower``, ``P_upper`` without ``P`` (``MDC_solver_lower``, ``MDC_solver_upper``) as one cell ``[lower, upper]`` named ``P``."""
+    out, done = [], set()
+    for c in frame.columns:
+        if c in done:
+            continue
+        base = c.removesuffix("_lower")
+        if base != c and f"{base}_upper" in frame and base not in frame:  # an interval alone
+            done.add(f"{base}_upper")
+            tip = " / ".join(filter(None, (described.get(c), described.get(f"{base}_upper"))))
+            out.append((base, tip, [_interval(lo, hi) for lo, hi in zip(frame[c], frame[f"{base}_upper"])]))
+        elif f"{c}_lower" in frame and f"{c}_upper" in frame:  # a value and its interval
+            done |= {f"{c}_lower", f"{c}_upper"}
+            tip = " / in brackets: ".join(filter(None, (described.get(c), described.get(f"{c}_lower"))))
+            cells = [" ".join(filter(None, (format_number(v), _interval(lo, hi)))) for v, lo, hi in zip(frame[c], frame[f"{c}_lower"], frame[f"{c}_upper"])]
+            out.append((c, tip, cells))
+        else:
+            out.append((c, described.get(c, ""), [format_number(v) for v in frame[c]]))
+    return out
+
+
+def table_html(
+    csv_path: str | os.PathLike,
+    title: str,
+    metadata_path: str | os.PathLike | None = None,
+    caption: str = "",
+    headline: pd.DataFrame | None = None,
+    note: str = "",
+    by_column: bool = False,
+) -> str:
     """A self-contained HTML page with the table of ``csv_path``: the report's view of a table.
 
     Floats keep :data:`SIGNIFICANT_DIGITS` significant digits (:func:`format_number`), NaN is an
@@ -69,11 +106,20 @@ def table_html(csv_path: str | os.PathLike, title: str, metadata_path: str | os.
     With ``metadata_path`` (the CSVW ``<csv>-metadata.json`` beside the CSV), every column's
     description is its header's tooltip and, under the table, a legend.
 
+    With ``by_column`` (a table of one row per model), every column of the CSV is shown one per
+    row (one column per row of the CSV, headed by its first column), each statistic with its
+    interval in one cell (``X``, ``X_lower``, ``X_upper`` as ``value [lower, upper]``): a page as
+    wide as the models, not as the CSV's columns. ``headline`` (the paper's columns as text cells,
+    :func:`kpca_repro.analysis.rendering.paper_cells`) and ``note`` come before it.
+
     Args:
         csv_path: a results table (``results/table1.csv``, ...).
         title: heading of the page.
         metadata_path: the table's column metadata, or None (no tooltips, no legend).
         caption: reST printed between the heading and the table (:func:`caption_html`); "" for none.
+        headline: str cells shown first, or None.
+        note: text under ``headline``.
+        by_column: the CSV one column per row (implied by ``headline``); False: the CSV as it is, one row per row.
 
     Returns:
         The HTML text.
@@ -88,9 +134,23 @@ def table_html(csv_path: str | os.PathLike, title: str, metadata_path: str | os.
             frame[col] = frame[col].astype(str).str[:12] + "…"
     described = _descriptions(metadata_path)
     esc = html.escape
-    header = "".join(f'<th title="{esc(described[c])}">{esc(c)}</th>' if c in described else f"<th>{esc(c)}</th>" for c in frame.columns)
-    rows = "".join("<tr>" + "".join(f"<td>{esc(format_number(x))}</td>" for x in row) + "</tr>" for row in frame.itertuples(index=False))
-    body = (caption_html(caption) if caption else "") + f"<table><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>"
+
+    def th(name: str, tip: str) -> str:
+        return f'<th title="{esc(tip)}">{esc(name)}</th>' if tip else f"<th>{esc(name)}</th>"
+
+    body = caption_html(caption) if caption else ""
+    if headline is not None:
+        header = "".join(th(c, described.get(c, "")) for c in headline.columns)
+        rows = "".join("<tr>" + "".join(f"<td>{esc(str(x))}</td>" for x in row) + "</tr>" for row in headline.itertuples(index=False))
+        body += f"<table><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>" + (f"<p>{esc(note)}</p>" if note else "") + "<h4>Every column</h4>"
+    if headline is None and not by_column:
+        header = "".join(th(c, described.get(c, "")) for c in frame.columns)
+        rows = "".join("<tr>" + "".join(f"<td>{esc(format_number(x))}</td>" for x in row) + "</tr>" for row in frame.itertuples(index=False))
+        body += f"<table><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>"
+    else:
+        heads = "".join(f"<th>{esc(str(x))}</th>" for x in frame.iloc[:, 0])
+        rows = "".join("<tr>" + th(name, tip) + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>" for name, tip, cells in _folded(frame.iloc[:, 1:], described))
+        body += f"<table><thead><tr>{th(frame.columns[0], described.get(frame.columns[0], ''))}{heads}</tr></thead><tbody>{rows}</tbody></table>"
     if described:
         body += "<h4>Columns</h4><dl>" + "".join(f"<dt>{esc(c)}</dt><dd>{esc(described[c])}</dd>" for c in frame.columns if c in described) + "</dl>"
     return f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{esc(title)}</title>{_STYLE}</head><body><h3>{esc(title)}</h3>{body}</body></html>\n"
