@@ -50,6 +50,8 @@ include: "workflow/rules/resources.smk"
 include: "workflow/rules/extract.smk"
 include: "workflow/rules/activations.smk"
 include: "workflow/rules/kpca.smk"
+# the column metadata of the records of kpca.smk, spectra.smk and decoders.smk (a local rule of its own)
+include: "workflow/rules/metadata.smk"
 include: "workflow/rules/tables.smk"
 include: "workflow/rules/spectra.smk"
 include: "workflow/rules/norms.smk"

@@ -74,6 +74,10 @@ def test_the_method_is_no_input_of_sampling_extraction_or_training():
         assert "method" not in stages(script), script
     assert "capture" not in stages("sample_images.py") | stages("sample_text.py")
     assert "analysis" not in stages("kpca_heads.py") and "figures" not in stages("table.py") and "method" not in stages("figure3.py")
+    # the records' column metadata (rule records_metadata): a description edit reruns it, never the KPCA jobs
+    metadata = {p.relative_to(LIB).as_posix() for p in script_modules(SCRIPTS / "records_metadata.py")}
+    assert "analysis/columns.py" in metadata and not {m for m in metadata if m.startswith(("method/", "capture/"))}
+    assert all(LIB / "analysis" / "columns.py" not in script_modules(SCRIPTS / s) for s in ("kpca_heads.py", "eigenvalues_vision.py", "gamma_vision.py"))
     assert LIB / "projection.py" in script_modules(SCRIPTS / "train.py")
 
 

@@ -50,12 +50,14 @@ def decoder_run(tmp_path_factory):
 
 
 def test_a_csvw_validator_accepts_every_metadata_file_of_the_run(decoder_run):
-    """Every CSV of the decoders' run (tables, prefix profile, norms; not yet the records) has its
-    metadata beside it, and ``csvwvalidate``'s check accepts each (kpca_tools.csvw_check)."""
+    """Every CSV of the decoders' run (tables, prefix profile, norms, and the per-head records of the full
+    rows and of each prefix, rule records_metadata) has its metadata beside it, and ``csvwvalidate``'s
+    check accepts each (kpca_tools.csvw_check)."""
     pytest.importorskip("csvw")
     from kpca_tools.csvw_check import results_problems
 
     assert any((decoder_run / "results" / "norms").rglob("decoder.csv-metadata.json"))
+    assert any((decoder_run / "results" / "heads").rglob(f"*_p{PREFIX}.csv-metadata.json"))
     assert results_problems(decoder_run / "results") == []
 
 

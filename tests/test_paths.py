@@ -84,10 +84,12 @@ def test_a_new_table_is_one_registry_entry(monkeypatch):
     paper = paths.table_inputs(cfg, toy, "paper")
     assert paper["heads"] == expand("results/heads/paper/{slug}/text_5_{shard}.csv", slug=["org--b", "a"], shard=["0of2", "1of2"])
     assert paper["meta"] == [f.replace(".csv", ".json") for f in paper["heads"]] and paper["signs"] == [f.replace(".csv", "_signs.h5") for f in paper["heads"]]
-    assert set(paths.table_inputs(cfg, toy, "corrected")) == {"heads", "meta"}
+    assert paper["columns"] == [f"{f}-metadata.json" for f in paper["heads"]]  # rule records_metadata, built with the table
+    assert set(paths.table_inputs(cfg, toy, "corrected")) == {"heads", "meta", "columns"}
     for bad in (("paper_comparison", "vision"), ("table9", "audio")):  # another rule's file name; no models to read
         with pytest.raises(ValueError, match="table<N>"):
             tables.Table(*bad, toy.row)
     cfg = _config(vision={"models": ["m", "n"], "shards": 2}, spectra={"n_images": 5})
     spectra = expand("results/spectra/corrected/{model}/vision_5_{shard}_{keys}.csv", model=["m", "n"], shard=["0of2", "1of2"], keys=["standardized", "raw"])
-    assert paths.table_inputs(cfg, tables.TABLES["table3"], "corrected") == {"records": spectra}  # model, then shard, then keys
+    columns = [f"{f}-metadata.json" for f in spectra]
+    assert paths.table_inputs(cfg, tables.TABLES["table3"], "corrected") == {"records": spectra, "columns": columns}  # model, then shard, then keys

@@ -506,11 +506,11 @@ def test_truncated_activation_file_is_named_by_every_reader(fresh_run, tmp_path)
 # --------------------------------------------------------------------------------------
 
 RERUN_CASES = [
-    pytest.param({"spectra": {"n_components": 6}}, {"eigenvalues_vision": 2, "table": 1}, id="tables-2-3-parameter"),
-    pytest.param({"figure3": {"noise": 0.2}}, {"gamma_vision": 1, "figure3": 1}, id="figure-3-parameter"),
+    pytest.param({"spectra": {"n_components": 6}}, {"eigenvalues_vision": 2, "records_metadata": 2, "table": 1}, id="tables-2-3-parameter"),
+    pytest.param({"figure3": {"noise": 0.2}}, {"gamma_vision": 1, "records_metadata": 1, "figure3": 1}, id="figure-3-parameter"),
     pytest.param(
         {"vision": {"n_images": 3}},
-        {"sample_images": 1, "extract_vision": 1, "kpca_heads": 2, "table": 2},
+        {"sample_images": 1, "extract_vision": 1, "kpca_heads": 2, "records_metadata": 2, "table": 2},
         id="image-count",
     ),
     pytest.param({}, {}, id="nothing-changed"),
@@ -530,16 +530,18 @@ CODE_CHANGES = [
     pytest.param(
         "src/kpca_repro/method/kpca.py",
         STATEMENT,
-        {"kpca_heads": 2, "eigenvalues_vision": 2, "gamma_vision": 1, "table": 3, "figure3": 1},
+        {"kpca_heads": 2, "eigenvalues_vision": 2, "gamma_vision": 1, "records_metadata": 5, "table": 3, "figure3": 1},
         id="kpca-module",
     ),
     pytest.param(
         "src/kpca_repro/capture/extraction.py",
         STATEMENT,
-        {"extract_vision": 1, "kpca_heads": 2, "eigenvalues_vision": 2, "gamma_vision": 1, "table": 3, "figure3": 1},
+        {"extract_vision": 1, "kpca_heads": 2, "eigenvalues_vision": 2, "gamma_vision": 1, "records_metadata": 5, "table": 3, "figure3": 1},
         id="extraction-module",
     ),
     pytest.param("src/kpca_repro/analysis/tables.py", STATEMENT, {"table": 3}, id="tables-module"),
+    # the column descriptions: the records' metadata (rule records_metadata) and the tables and figure, no KPCA job
+    pytest.param("src/kpca_repro/analysis/columns.py", STATEMENT, {"records_metadata": 5, "table": 3, "figure3": 1}, id="columns-module"),
     pytest.param("src/kpca_repro/figures/plots.py", STATEMENT, {"figure3": 1}, id="figures-module"),
     pytest.param("src/kpca_repro/method/kpca.py", COMMENT, {}, id="kpca-module-comment"),
 ]

@@ -68,15 +68,13 @@ TARGETS = (
 
 
 def test_every_results_csv_has_its_column_metadata(tiny_run):
-    """Each CSV the run wrote under results/, the per-model norms included (not yet the method's records:
-    kpca_tools.csvw_check.WITHOUT_METADATA), has ``<name>.csv-metadata.json`` beside it
+    """Each CSV the run wrote under results/, the per-model norms and the method's records (per-head,
+    eigenvalue, gamma; rule records_metadata) included, has ``<name>.csv-metadata.json`` beside it
     (kpca_repro.analysis.columns): CSVW, naming that CSV and its header's columns in order, each described."""
-    from kpca_tools.csvw_check import WITHOUT_METADATA
-
     work, _, _ = tiny_run
-    csvs = [p for p in sorted((work / "results").rglob("*.csv")) if p.relative_to(work / "results").parts[0] not in WITHOUT_METADATA]
-    assert {p.name for p in csvs} >= {"table1.csv", "table1_corrected.csv", "table2.csv", "table3_corrected.csv", "figure2.csv", "figure3_corrected.csv", "paper_comparison.csv"}
-    assert any(p.relative_to(work / "results").parts[0] == "norms" for p in csvs)
+    csvs = sorted((work / "results").rglob("*.csv"))
+    assert {p.name for p in csvs} >= {"table1.csv", "table1_corrected.csv", "table2.csv", "table3_corrected.csv", "figure2.csv", "figure3_corrected.csv", "paper_comparison.csv", "gamma_paper.csv"}
+    assert {p.relative_to(work / "results").parts[0] for p in csvs} >= {"norms", "heads", "spectra", "figure3"}
     for csv in csvs:
         meta = json.loads(csv.with_name(csv.name + "-metadata.json").read_text(encoding="utf-8"))
         assert meta["url"] == csv.name and meta["@context"] == "http://www.w3.org/ns/csvw"
@@ -471,5 +469,5 @@ def test_real_deit_tiny_through_the_chain(tmp_path):
     assert 0 < row["LCKA"] < 1 and 0 < row["KCKA"] < 1 and row["MOC"] > row["MDC"]
     samples = pd.read_csv(tmp_path / "results" / "samples" / "vision_3.tsv", sep="\t")
     assert samples["path"].str.endswith("n04461696_tow_truck.JPEG").iloc[0]  # docs/method.md: seed 0 -> index 864
-    meta = json.loads(next((tmp_path / "results" / "heads" / "paper").rglob("*.json")).read_text())
+    meta = json.loads((tmp_path / "results" / "heads" / "paper" / "deit_tiny_patch16_224" / "vision_3_0of1.json").read_text())
     assert meta["n_images"] == 3

@@ -1,5 +1,5 @@
-"""The CSVW check of a run's results: every CSV under ``results/`` (but :data:`WITHOUT_METADATA`) has ``<name>.csv-metadata.json``
-beside it (:mod:`kpca_repro.analysis.columns`), and a CSVW validator accepts each metadata file with
+"""The CSVW check of a run's results: every CSV under ``results/``, the method's records included, has ``<name>.csv-metadata.json``
+beside it (:mod:`kpca_repro.analysis.columns`; the records' from rule records_metadata), and a CSVW validator accepts each metadata file with
 its CSV: the check ``csvwvalidate`` (the ``csvw`` package) makes, ``csvw.CSVW(url, validate=True,
 strict=True)``, called in-process (one child per file would cost a second each).
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-__all__ = ["WITHOUT_METADATA", "metadata_problems", "results_problems"]
+__all__ = ["metadata_problems", "results_problems"]
 
 
 def metadata_problems(meta: str | Path) -> list[str]:
@@ -35,16 +35,9 @@ def metadata_problems(meta: str | Path) -> list[str]:
     return [f"{meta.name}: {w.message}" for w in table.warnings[:5]] or [f"{meta.name}: not valid"]
 
 
-#: The records of the method's jobs, which have no metadata file yet (kpca_repro.analysis.columns: those jobs import
-#: nothing of ``analysis``, so that editing a description reruns none of them): folders under results/.
-WITHOUT_METADATA = ("heads", "spectra", "figure3")
-
-
 def results_problems(results: str | Path) -> list[str]:
-    """Every CSV under ``results`` without its metadata file (but those under :data:`WITHOUT_METADATA`),
-    and :func:`metadata_problems` of every ``*.csv-metadata.json`` under it (a metadata file without
+    """Every CSV under ``results`` without its metadata file, and :func:`metadata_problems` of every ``*.csv-metadata.json`` under it (a metadata file without
     its CSV fails there too)."""
     results = Path(results)
-    csvs = [csv for csv in sorted(results.rglob("*.csv")) if csv.relative_to(results).parts[0] not in WITHOUT_METADATA]
-    missing = [f"{csv.relative_to(results)}: no {csv.name}-metadata.json beside it" for csv in csvs if not csv.with_name(csv.name + "-metadata.json").exists()]
+    missing = [f"{csv.relative_to(results)}: no {csv.name}-metadata.json beside it" for csv in sorted(results.rglob("*.csv")) if not csv.with_name(csv.name + "-metadata.json").exists()]
     return missing + [p for meta in sorted(results.rglob("*.csv-metadata.json")) for p in metadata_problems(meta)]

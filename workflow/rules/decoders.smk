@@ -50,6 +50,7 @@ rule decoders_prefix:
     input:
         models=needs_models("decoders", "The decoders' prefix profile"),
         heads=decoder_prefix_records,
+        columns=lambda wc: [f"{f}-metadata.json" for f in decoder_prefix_records(wc)],
     output:
         csv="results/decoders_prefix{suffix}.csv",
         meta="results/decoders_prefix{suffix}.csv-metadata.json",

@@ -65,6 +65,7 @@ default_target("results/figure3{suffix}.pdf", when=has_vision)
 rule figure3:
     input:
         gamma=lambda wc: f"results/figure3/gamma_{variant_of(wc)}.csv",
+        columns=lambda wc: f"results/figure3/gamma_{variant_of(wc)}.csv-metadata.json",
     output:
         pdf="results/figure3{suffix}.pdf",
         png=report(

@@ -17,7 +17,12 @@ for model, prefix, n_files in smk.params.groups:  # the input's files, in groups
     records[(model, prefix)] = pd.concat([pd.read_csv(next(files)) for _ in range(n_files)], ignore_index=True)
 profile = decoders_prefix_table(records, smk.params.variant)
 for row in profile[profile["cka_all_directions_kept"]].itertuples():
-    log.info("%s at P = %s: every head has P <= d + 1 tokens, so its kept eigenvectors span the whole centered space and LCKA/KCKA test only g (docs/method.md 17.1): marked, and left out of the figure's CKA lines", row.hf_id, row.prefix)
+    log.info(
+        "%s at P = %s: every head has P <= d + 1 tokens, so its kept eigenvectors span the whole centered space "
+        "and LCKA/KCKA test only g (docs/method.md 17.1): marked, and left out of the figure's CKA lines",
+        row.hf_id,
+        row.prefix,
+    )
 meta = metadata_json(profile, "decoders_prefix", os.path.basename(smk.output.csv), smk.params.title)
 with atomic_output(smk.output.pdf) as pdf, atomic_output(smk.output.png) as png:
     plot_prefix_profile(profile, pdf, png, smk.params.title)

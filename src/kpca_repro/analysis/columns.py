@@ -9,12 +9,14 @@ value's words. The per-head tables' statistics (``MDC``, ``LCKA``, ... of
 :data:`kpca_repro.analysis.tables.TABLES`) are described from their entries by
 :func:`statistic_columns`, so a table added to that registry is described by its statistics.
 
-The jobs that write a CSV under ``results/`` write ``<name>.csv-metadata.json`` beside it (W3C CSVW,
-the name a CSVW processor looks for): the table's title and, per column in file order, its name,
-datatype, ``dc:description`` and ``schema:unitText`` (unit or range); a CSVW validator
-(``csvwvalidate``) accepts it with its CSV (tests/test_workflow.py). Not yet the records of the
-method's jobs (``results/heads``, ``results/spectra``, ``results/figure3/gamma_*``): their jobs
-import nothing of ``analysis`` (an edit of a description would rerun them, tests/test_code_deps.py). :func:`describe` raises
+Every CSV under ``results/`` has ``<name>.csv-metadata.json`` beside it (W3C CSVW, the name a CSVW
+processor looks for): the table's title and, per column in file order, its name, datatype,
+``dc:description`` and ``schema:unitText`` (unit or range); a CSVW validator (``csvwvalidate``)
+accepts it with its CSV (tests/test_workflow.py). The job that writes a table or figure writes its
+metadata; the records of the method's jobs (``results/heads``, ``results/spectra``,
+``results/figure3/gamma_*``) get theirs from the local rule ``records_metadata``
+(workflow/rules/metadata.smk), because those jobs import nothing of ``analysis``: an edit of a
+description reruns that rule, never the KPCA work (tests/test_code_deps.py). :func:`describe` raises
 on a column no entry describes, so an unexplained column fails its job before anything is
 written. This module imports nothing of the package: the figure and training jobs use it
 without the method.
@@ -128,7 +130,7 @@ _CONTROLS = {
 
 _HEADS = Schema(
     "Per-head records",
-    "`results/heads/<variant>/<model>/<stem>.csv` (rules `kpca_heads`, `kpca_prefix`): one row per (input, layer, head), the records Tables 1 and 4 aggregate; no metadata file",
+    "`results/heads/<variant>/<model>/<stem>.csv` (rules `kpca_heads`, `kpca_prefix`; metadata: rule `records_metadata`): one row per (input, layer, head), the records Tables 1 and 4 aggregate",
     (
         _MODEL_ID,
         _VARIANT,
@@ -158,7 +160,9 @@ _HEADS = Schema(
         ),
         Column("n_centered_directions", "N − 1, the directions of the centered feature space of the N keys (the most non-zero eigenvalues the centered Gram matrix has)", "count"),
         Column("n_components", "eigenvectors kept, min(d, N)", "count"),
-        Column("all_directions_kept", "n_components ≥ N − 1 (N ≤ d + 1): the kept eigenvectors span the whole centered space, so V_KPCA V_KPCAᵀ = G H G and CKA tests only g (docs/method.md 17.1)", "bool"),
+        Column(
+            "all_directions_kept", "n_components ≥ N − 1 (N ≤ d + 1): the kept eigenvectors span the whole centered space, so V_KPCA V_KPCAᵀ = G H G and CKA tests only g (docs/method.md 17.1)", "bool"
+        ),
         Column(
             "eigengap_min",
             "smallest relative eigengap |λ_i − λ_j| / ‖K‖₂ between neighbouring eigenvalues of which one is selected (among the selected and at the selection boundary; docs/uncertainty.md 2b)",
@@ -300,14 +304,19 @@ _CORRECTED_TABLE = Schema(
         Column("baseline_paper_statistic_value", "the paper's statistic of the metric against a random Gaussian V_KPCA (`baseline_<column>`)", "as the metric"),
         Column("baseline_mean", "mean over heads of the metric against the random baseline", "as the metric"),
         Column("baseline_std", "standard deviation over heads (ddof 1) of the metric against the random baseline", "as the metric"),
-        Column("control_paper_statistic_value", "the paper's statistic of the all-components control (`control_<column>`: V against G H, what g alone gives; NaN for a metric without one; docs/method.md 17)", "as the metric"),
+        Column(
+            "control_paper_statistic_value",
+            "the paper's statistic of the all-components control (`control_<column>`: V against G H, what g alone gives; NaN for a metric without one; docs/method.md 17)",
+            "as the metric",
+        ),
         Column("control_mean", "mean over heads of the all-components control", "as the metric"),
         Column("control_std", "standard deviation over heads (ddof 1) of the all-components control", "as the metric"),
         Column("n_heads", "heads in the records: inputs × layers × heads", "count"),
         Column("n_nonfinite", "heads whose value of this metric is not finite, left out of its statistics", "count"),
         Column(
             "n_all_directions_kept",
-            "CKA metrics: heads with N ≤ d + 1, whose kept eigenvectors span the whole centered space, left out of the statistics (their CKA is the control's; docs/method.md 17.1); 0 for the other metrics",
+            "CKA metrics: heads with N ≤ d + 1, whose kept eigenvectors span the whole centered space, left out of the statistics "
+            "(their CKA is the control's; docs/method.md 17.1); 0 for the other metrics",
             "count",
         ),
         _N_IMAGES,
@@ -441,7 +450,7 @@ _FIGURE3 = Schema(
 
 _GAMMA = Schema(
     "Figure 3 records",
-    "`results/figure3/gamma_<variant>.csv` (rule `gamma_vision`): one row per (image, head, eigenvectors, component); no metadata file",
+    "`results/figure3/gamma_<variant>.csv` (rule `gamma_vision`; metadata: rule `records_metadata`): one row per (image, head, eigenvectors, component)",
     (
         _SAMPLE_RANK,
         _HEAD,
@@ -460,8 +469,8 @@ _GAMMA = Schema(
 
 _SPECTRA = Schema(
     "Eigenvalue records",
-    "`results/spectra/<variant>/<model>/{vision_<n>,user}_<shard>_{standardized,raw}.csv` (rules `eigenvalues_vision`, `eigenvalues_user`): "
-    "one row per (image, layer, head), the records Tables 2 and 3 aggregate; no metadata file",
+    "`results/spectra/<variant>/<model>/{vision_<n>,user}_<shard>_{standardized,raw}.csv` (rules `eigenvalues_vision`, `eigenvalues_user`; "
+    "metadata: rule `records_metadata`): one row per (image, layer, head), the records Tables 2 and 3 aggregate",
     (
         _MODEL_ID,
         _VARIANT,
@@ -575,7 +584,8 @@ _DECODERS_PREFIX = Schema(
         Column("n_heads_nonfinite", "heads with a non-finite value in one of the four per-head columns, skipped by the means", "count"),
         Column(
             "cka_all_directions_kept",
-            "every head has P ≤ d + 1: its kept eigenvectors span the whole centered space, so LCKA and KCKA test only g and carry no kernel-PCA information (docs/method.md 17.1); such rows are left out of the figure's CKA lines",
+            "every head has P ≤ d + 1: its kept eigenvectors span the whole centered space, so LCKA and KCKA test only g "
+            "and carry no kernel-PCA information (docs/method.md 17.1); such rows are left out of the figure's CKA lines",
             "bool",
         ),
         Column("n_heads_all_directions_kept", "heads with N ≤ d + 1", "count"),
@@ -729,14 +739,15 @@ def markdown_page(statistics: dict[str, tuple[tuple[str, str, str], ...]]) -> st
         "[← README](../README.md) · [all pages](../README.md#documentation)",
         "",
         "Generated from the registry `src/kpca_repro/analysis/columns.py` by `python tools/columns_page.py > docs/columns.md`",
-        "(`tests/test_columns.py` checks this page against it). Each CSV under `results/` (the per-model norms",
-        "`results/norms` included; not yet the records of the method's jobs, below) has its columns,",
+        "(`tests/test_columns.py` checks this page against it). Each CSV under `results/` has its columns,",
         "with their datatypes, in `<name>.csv-metadata.json` beside it (W3C CSVW: `dc:description`, `schema:unitText`;",
-        "a boolean column's format is `True|False`, as the CSV holds it), written by the job that writes the CSV;",
-        "`csvwvalidate` (the csvw package) accepts each. The report's HTML tables show them under each table.",
-        "`<...>` in a name stands for each of the values listed under the table. The records of the method's jobs",
-        "(`results/heads`, `results/spectra`, `results/figure3/gamma_*`) are described here only: those jobs import",
-        "nothing of `analysis`, so that editing a description reruns none of them.",
+        "a boolean column's format is `True|False`, as the CSV holds it); `csvwvalidate` (the csvw package) accepts each.",
+        "The job that writes a table or figure writes its metadata; the records of the method's jobs (`results/heads`,",
+        "`results/spectra`, `results/figure3/gamma_*`) get theirs from the local rule `records_metadata`",
+        "(`workflow/rules/metadata.smk`), built with the tables and figures that read them: those jobs import nothing",
+        "of `analysis`, so that editing a description reruns that rule and none of them.",
+        "The report's HTML tables show the descriptions under each table.",
+        "`<...>` in a name stands for each of the values listed under the table.",
         "A new column (of a table's row function, say) needs an entry in the registry: without one, the job that writes",
         "the CSV stops before writing and names the column.",
     ]

@@ -172,10 +172,7 @@ def corrected_markdown(table: pd.DataFrame, metrics: tuple) -> str:
     """
     control = table["control_mean"] if "control_mean" in table else pd.Series(np.nan, index=table.index)
     cells = table.assign(
-        cell=[
-            f"{m:.3f} ± {s:.3f} (random {b:.3f}" + (f", all components {c:.3f})" if np.isfinite(c) else ")")
-            for m, s, b, c in zip(table["mean"], table["std"], table["baseline_mean"], control)
-        ]
+        cell=[f"{m:.3f} ± {s:.3f} (random {b:.3f}" + (f", all components {c:.3f})" if np.isfinite(c) else ")") for m, s, b, c in zip(table["mean"], table["std"], table["baseline_mean"], control)]
     )
     wide = cells.pivot(index="model", columns="metric", values="cell")
     order = list(dict.fromkeys(table["model"]))

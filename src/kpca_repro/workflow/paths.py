@@ -9,6 +9,7 @@ Layout (docs/internals.md):
 * ``results/activations/<model>/vision_<n>_<i>of<S>.h5`` and ``text_<n>_<i>of<S>.h5``: q, k, v, h;
 * ``results/heads/<variant>/<model>/<stem>.csv|.json``: per-head records and their metadata;
 * ``results/spectra/<variant>/<model>/vision_<n>_<i>of<S>_<keys>.csv``: eigenvalues;
+* ``<records>.csv-metadata.json`` beside each records CSV: its column metadata (rule records_metadata);
 * ``results/table<t><suffix>.csv|.md``, ``results/figure<f><suffix>.pdf`` (the variant's
   suffix, :mod:`kpca_repro.method.variant`: ``""`` paper, ``_corrected`` corrected),
   ``results/html/<table><suffix>.html`` (the page ``snakemake --report`` shows, written with the CSV), ``results/paper_comparison.csv``.
@@ -141,11 +142,14 @@ def table_inputs(config: dict, table: Table, variant: str) -> dict[str, list[str
     that kind), all shards, in the order the table's rows take: ``records``, the eigenvalue
     records of ``table.keys`` (Tables 2, 3); else ``heads`` and ``meta``, the per-head records
     and their metadata, and for a variant with sign draws ``signs``, the draws stored beside
-    each records file (``<records>_signs.h5``, docs/uncertainty.md).
+    each records file (``<records>_signs.h5``, docs/uncertainty.md). Always ``columns``: the
+    column metadata of each records CSV (``<records>.csv-metadata.json``, rule records_metadata),
+    so that building a table builds its records' metadata.
     """
     models, users = config[table.domain]["models"], user_models(config, table.domain)
     if table.keys:
-        return {"records": [f for m in models for f in spectra_files(config, variant, m, table.keys)] + [f for u in users for f in user_spectra_files(config, variant, u, table.keys)]}
+        records = [f for m in models for f in spectra_files(config, variant, m, table.keys)] + [f for u in users for f in user_spectra_files(config, variant, u, table.keys)]
+        return {"records": records, "columns": [f"{f}-metadata.json" for f in records]}
 
     def records(model: str, ext: str) -> list[str]:
         return heads_files(config, variant, model, ext) if table.domain == "vision" else text_stage_files(config, model, ext, variant)
@@ -153,6 +157,7 @@ def table_inputs(config: dict, table: Table, variant: str) -> dict[str, list[str
     files = {key: [f for m in models for f in records(m, ext)] + [f for u in users for f in user_files(config, u, ext, variant)] for key, ext in (("heads", "csv"), ("meta", "json"))}
     if get_variant(variant).sign_draws:
         files["signs"] = [f.replace(".csv", "_signs.h5") for f in files["heads"]]
+    files["columns"] = [f"{f}-metadata.json" for f in files["heads"]]
     return files
 
 
