@@ -59,10 +59,7 @@ _checked_config()
 # A run killed with SIGKILL (or out of memory) leaves Snakemake's lock behind; the same command goes on
 # without `snakemake --unlock` when the lock's recorded holder has ended (kpca_repro.workflow.locks).
 if workflow.is_main_process and (killed := locks.remove_stale_lock()):
-    print(
-        f"The run before (process {', '.join(map(str, killed))}) was killed: its lock in {locks.LOCK_DIR} is removed, as `snakemake --unlock` would; going on.",
-        file=sys.stderr,
-    )
+    sys.stderr.write(f"The run before (process {', '.join(map(str, killed))}) was killed: its lock in {locks.LOCK_DIR} is removed, as `snakemake --unlock` would; going on.\n")
 # Online, inputs to download and no network: one short message now, not the download jobs' retries (preflight).
 if workflow.is_main_process and (message := preflight.network_stop(config, REPO / "config")):
     sys.exit(message)
