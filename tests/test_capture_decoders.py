@@ -328,7 +328,7 @@ def test_a_decoder_module_with_another_logit_scale_is_refused():
     torch.manual_seed(0)
     model = AutoModel.from_config(tiny_config("llama"))
     model.layers[1].self_attn.scaling = 0.5
-    with pytest.raises(UnsupportedArchitectureError, match=r"\(layers.1.self_attn\): Hugging Face model type 'llama' is refused: its logit scale is 0.5, not 1/sqrt\(head_dim\)"):
+    with pytest.raises(UnsupportedArchitectureError, match=r"\(layers.1.self_attn\): model type 'llama' is refused: its logit scale is 0.5, not 1/sqrt\(head_dim\)"):
         hf_capture.attention_modules(model, "tiny")
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import REPO
 from kpca_repro.activations import INVARIANT_RTOL, ActivationFile, CaptureMismatchError, attention_invariant, attention_mask_matrix, check_attention_invariant
 from kpca_repro.capture import extraction, hf_capture
 from kpca_repro.capture.vision import UnsupportedArchitectureError
@@ -232,7 +233,10 @@ def test_refused_families_error_in_one_line(name, tmp_path):
         hf_capture.hf_family(cfg, f"org/{name}")
     msg = str(err.value)
     assert "\n" not in msg and f"org/{name}" in msg and reason in msg and f"{model_type!r} is refused" in msg
-    assert all(t in msg for t in ("bert", "roberta", "distilbert", "roformer", "esm", "modernbert", "longformer"))
+    # short: the supported types are in the page it names, every one of them
+    assert len(msg) < 200 and msg.endswith("; supported types: docs/own_models.md"), (len(msg), msg)
+    page = (REPO / "docs" / "own_models.md").read_text()
+    assert all(t in page for t in ("bert", "roberta", "distilbert", "roformer", "esm", "modernbert", "longformer"))
     cfg.save_pretrained(tmp_path)
     with pytest.raises(UnsupportedArchitectureError, match=reason):
         hf_capture.check_text_model(f"org/{name}", str(tmp_path))
@@ -405,7 +409,7 @@ def test_refused_model_fails_its_extraction_job_in_one_line(tmp_path):
 
     model_dir = tmp_path / "deberta"
     AutoConfig.for_model("deberta").save_pretrained(model_dir)
-    with pytest.raises(UnsupportedArchitectureError, match="Hugging Face model type 'deberta' is refused: relative-position"):
+    with pytest.raises(UnsupportedArchitectureError, match=": model type 'deberta' is refused: relative-position"):
         check_text_model("me/deberta", str(model_dir))
 
 

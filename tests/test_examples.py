@@ -250,7 +250,8 @@ def _own_decoder(study: Path) -> None:
     assert row["hf_id"] == "my-org/my-llama" and (row["n_query_heads"], row["n_kv_heads"]) == (4, 2)
     assert row["n_heads"] == 20 * 2 * 2  # rows x layers x KV heads
     profile = pd.read_csv(study / "results/decoders_prefix.csv", dtype={"prefix": str})
-    assert list(profile["prefix"]) == ["16", "32", "64", "N"]
+    defaults = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["decoders"]["prefix_lengths"]
+    assert list(profile["prefix"]) == [*map(str, defaults), "N"]  # the walkthrough keeps the default lengths
 
 
 #: The walkthroughs of docs/own_models.md: marker -> (study directory, what its results must hold).

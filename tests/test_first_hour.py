@@ -163,7 +163,7 @@ def test_allowed_rules_that_read_no_input_need_none(tmp_path):
     for model in TINY_KWARGS:
         (tmp_path / "results" / "activations" / model).mkdir(parents=True)
         (tmp_path / "results" / "activations" / model / "vision_4_0of1.h5").write_bytes(b"")
-    proc = run_snakemake(tmp_path, "results/table1.csv", "--configfile", str(cfg), "--allowed-rules", "kpca_heads", "table", check=False)
+    proc = run_snakemake(tmp_path, "results/table1.csv", "--configfile", str(cfg), "--allowed-rules", "kpca_heads", "records_metadata", "table", check=False)
     out = proc.stdout + proc.stderr
     assert "Cannot start" not in out and "missing pretrained weights" not in out, out[-3000:]
     assert "rule kpca_heads" in out

@@ -201,7 +201,7 @@ def test_default_target_online_with_stand_ins(hub, tmp_path):
     spec.loader.exec_module(memory)
     models = ["deit_tiny_patch16_224", "vit_tiny_patch16_224", "sentence-transformers/all-MiniLM-L6-v2", "google/electra-small-discriminator", decoder.repo_id]
     jobs = memory.per_model(memory.read_benchmarks(online_dir / "benchmarks"), models)
-    per_model_rules = {"download_timm_weights", "extract_vision", "extract_text", "kpca_heads", "kpca_prefix", "eigenvalues_vision", "norms_vision", "norms_text", "norms_decoder"}
+    per_model_rules = {"download_timm_weights", "extract_vision", "extract_text", "kpca_heads", "kpca_prefix", "eigenvalues_vision", "norms_vision", "norms_text", "norms_decoder", "records_metadata"}
     for m in models:
         rules = set(jobs.loc[jobs["model"] == m, "rule"])
         assert {"kpca_heads", "extract_text" if "/" in m else "extract_vision"} <= rules, (m, rules)

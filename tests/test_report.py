@@ -175,13 +175,22 @@ def test_the_report_of_table1_alone_holds_table1_once(tiny_resources, tmp_path):
         assert entry["labels"] == {"result": "Table 1", "variant": "paper", "models": model} and entry["job_properties"]["rule"] == "table"
         page = entry["content"].decode("utf-8")
         contents.append(page)
-        cells = [html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", page)]
-        assert len(cells) == table.size
-        for column, cell in zip(table.columns, cells):
-            value = table[column].iloc[0]
-            if isinstance(value, float) and value != 0 and np.isfinite(value):  # 3 significant digits: within half a unit of the third
-                digits = re.sub(r"e[-+]\d+$|[-.]", "", cell).lstrip("0")
-                assert float(cell) == pytest.approx(value, rel=5e-3) and len(digits) <= max(3, len(str(int(abs(value))))), (column, cell, value)
+        # the page's "Every column" table: one row per column, X with X_lower and X_upper as one
+        # cell "value [lower, upper]", a pair P_lower, P_upper without P as "[lower, upper]" named P
+        every = page.split("<h4>Every column</h4>", 1)[1].split("<h4>Columns</h4>", 1)[0]
+        shown = {html.unescape(n): html.unescape(c) for n, c in re.findall(r"<tr><th[^>]*>([^<]*)</th><td>([^<]*)</td></tr>", every)}
+        assert set(table.columns[1:]) == {c for n in shown for c in (n, f"{n}_lower", f"{n}_upper") if c in table.columns}
+        for column, cell in shown.items():
+            parts = [c for c in (column, f"{column}_lower", f"{column}_upper") if c in table.columns]
+            values = [table[c].iloc[0] for c in parts]
+            if not all(isinstance(v, (float, np.floating, int, np.integer)) and not isinstance(v, bool) for v in values):
+                continue
+            finite = [float(v) for v in values if np.isfinite(v)]
+            numbers = [float(x) for x in re.findall(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?", cell)]
+            assert numbers == pytest.approx(finite, rel=5e-3, abs=1e-12), (column, cell, values)
+            if column in table.columns and np.isfinite(values[0]) and values[0] != 0:  # 3 significant digits
+                digits = re.sub(r"e[-+]\d+$|[-.]", "", cell.split(" [")[0]).lstrip("0")
+                assert len(digits) <= max(3, len(str(int(abs(values[0]))))), (column, cell)
         everything = page + entry["caption"] + entry["job_properties"]["params"] + rc.front_page(tmp_path / name)
         assert everything.count(caption) == 1 and caption in page
         description = re.sub(r"<[^>]+>", "", entry["caption"]).split()[:6]

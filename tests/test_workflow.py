@@ -159,11 +159,14 @@ def test_corrected_table_from_tiny_models(tiny_run):
     table = pd.read_csv(work / "results" / "table1_corrected.csv")
     assert set(table["column"]) >= {"linear_cka", "rbf_cka", "optimal_abs_cos_columns", "projection_cos"}
     # 17 or 18 tokens of d = 64 (32): every head keeps every direction, so no CKA statistic is left
-    # (docs/method.md 17.1); the control, which equals CKA there, is what such a head's CKA says
+    # (docs/method.md 17.1), and each head's CKA is its all-components control's
     cka = table["column"].isin(["linear_cka", "rbf_cka", "linear_cka_unbiased", "rbf_cka_unbiased"])
     assert (table.loc[cka, "n_all_directions_kept"] == table.loc[cka, "n_heads"]).all()
-    assert table.loc[cka, ["mean", "std", "baseline_mean"]].isna().all().all()
-    assert np.isfinite(table.loc[cka & ~table["column"].str.endswith("_unbiased"), "control_mean"]).all()
+    assert table.loc[cka, ["mean", "std", "baseline_mean", "control_mean"]].isna().all().all()
+    for records in (work / "results" / "heads" / "corrected").glob("*/*.csv"):
+        heads = pd.read_csv(records)
+        assert heads["all_directions_kept"].all()
+        np.testing.assert_allclose(heads["linear_cka"], heads["control_linear_cka"], rtol=1e-8)
     others = table[~cka]
     assert (others["n_nonfinite"] == 0).all() and (others["n_all_directions_kept"] == 0).all()
     assert np.isfinite(others[["mean", "std", "baseline_mean"]].to_numpy()).all()

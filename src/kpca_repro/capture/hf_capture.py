@@ -384,7 +384,7 @@ def supported_summary() -> str:
 
 def _refuse(who: str, model_type, reason: str) -> UnsupportedArchitectureError:
     # short: the supported model types (supported_summary()) are listed in docs/own_models.md, not in every refusal
-    return UnsupportedArchitectureError(f"{who}: Hugging Face model type {model_type!r} is refused: {reason}; supported types: docs/own_models.md")
+    return UnsupportedArchitectureError(f"{who}: model type {model_type!r} is refused: {reason}; supported types: docs/own_models.md")
 
 
 def _decoder_types() -> set[str]:
@@ -407,10 +407,7 @@ def _logit_terms(config) -> str | None:
 
 def _kv_groups(heads: int, n_kv: int) -> str:
     """Why ``heads`` query heads on ``n_kv`` key/value heads that do not divide them are refused."""
-    return (
-        f"num_key_value_heads = {n_kv} does not divide num_attention_heads = {heads} ({heads} % {n_kv} = {heads % n_kv}): "
-        "grouped-query attention (repeat_kv) gives each key/value head an equal group of query heads"
-    )
+    return f"num_key_value_heads = {n_kv} does not divide num_attention_heads = {heads}: repeat_kv needs equal query-head groups"
 
 
 def hf_family(config, who: str | None = None, text: bool = False, decoder: bool | None = None) -> Family:
