@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO
 from kpca_repro.activations import INVARIANT_RTOL, ActivationFile, CaptureMismatchError, attention_invariant, attention_mask_matrix, check_attention_invariant
 from kpca_repro.capture import extraction, hf_capture
 from kpca_repro.capture.vision import UnsupportedArchitectureError
 from kpca_repro.inputs import model_info, text
+
+from conftest import REPO
 
 ROWS = [
     " the cat sat on the mat and looked at the dog .\n",
