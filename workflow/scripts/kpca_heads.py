@@ -51,8 +51,8 @@ records, meta = kpca_records(
     seed=smk.params.seed,
     sign_draws=tuple(smk.params.sign_draws) if any(smk.params.sign_draws) else None,
     store=store,
-    # rule kpca_prefix: each row's first P real tokens (a decoder's prefix profile, docs/method.md 16)
-    **({"prefix": smk.params.prefix} if hasattr(smk.params, "prefix") else {}),
+    # None: every token; rule kpca_prefix: each row's first P real tokens (a decoder's prefix profile, docs/method.md 16)
+    prefix=smk.params.prefix,
 )
 # per-head solver draws (signs and rotations), rows as the records CSV (the corrected variant's signs are fixed: none)
 draws = meta.pop("sign_draws", None) or {name: np.empty((len(records), 0), np.float32) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR)}
