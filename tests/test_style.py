@@ -75,6 +75,12 @@ def test_every_lambda_of_the_rule_files_fits_on_its_line():
     assert not long, f"lambdas over more than one line (make them functions of workflow/rules/helpers.smk): {long}"
 
 
+def test_no_rule_file_reads_snakemakes_dag():
+    """The DAG's internals change between Snakemake releases: the check before the first job learns the
+    jobs from their input functions (``in_dag``, common.smk)."""
+    assert not [p.name for p in [*RULES.glob("*.smk"), REPO / "Snakefile"] if re.search(r"\bworkflow\s*\.\s*dag\b|needrun", p.read_text())]
+
+
 def test_the_prefix_profile_reuses_the_kpca_rule():
     """Rule kpca_prefix is rule kpca_heads with other outputs and params (one rule to change), and the
     script reads ``prefix`` as every other parameter."""
