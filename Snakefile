@@ -41,7 +41,7 @@ strict_docutils(REPO / "workflow" / "report" / "docutils.conf")
 
 
 # After the DAG is built, before the first job (Snakemake runs no onstart handler in a dry run): the
-# scheduled samples' image counts, the missing-input block, torch's default thread count (workflow/rules/common.smk).
+# image counts of the samples in the DAG, the missing-input block, torch's default thread count (workflow/rules/common.smk).
 onstart:
     before_first_job()
 

@@ -54,9 +54,12 @@ def test_every_script_rule_passes_the_hash_of_its_own_script():
 
 def test_a_script_depends_on_the_modules_it_imports_transitively():
     """kpca_heads imports the method (its equations through kpca.py and the package __init__ files),
-    not the extraction; the extraction imports the capture, not the method."""
+    not the extraction; the extraction imports the capture, not the method. A package's modules
+    count through its ``__init__.py``: the reader of the activation package, and the modules its
+    ``__init__`` re-exports."""
     kpca = {p.relative_to(LIB).as_posix() for p in script_modules(SCRIPTS / "kpca_heads.py")}
     assert {"__init__.py", "method/__init__.py", "method/records.py", "method/kpca.py", "method/equations.py"} <= kpca
+    assert {"activations/__init__.py", "activations/reader.py", "activations/format.py", "activations/writer.py"} <= kpca
     assert not {m for m in kpca if m.startswith(("capture/", "analysis/", "training/", "workflow/"))}
     extract = {p.relative_to(LIB).as_posix() for p in script_modules(SCRIPTS / "extract_vision.py")}
     assert {"capture/extraction.py", "capture/vision.py"} <= extract and not {m for m in extract if m.startswith("method/")}

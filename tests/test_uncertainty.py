@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import io
+import re
+import tokenize
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -194,3 +200,48 @@ def test_mean_vector_gives_the_observed_direct_mean_and_exact_fresh_draws():
     all_patterns = np.array(np.meshgrid(*[[-1.0, 1.0]] * 4)).reshape(4, -1).T @ m.T  # (16, 3)
     for h in range(3):
         assert np.isin(np.round(fresh[:, h], 9), np.round(all_patterns[:, h], 9)).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# The names of a sign-draws file are typed once, in the table of kpca_repro.method.uncertainty
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src" / "kpca_repro"
+#: The modules that make and read the draws. The four sign-draw names are also the records' metric
+#: columns (method/kpca.py, method/records.py, analysis/tables.py, analysis/columns.py), checked here
+#: in these only.
+DRAW_MODULES = (
+    SRC / "method" / "uncertainty.py",
+    SRC / "method" / "solver_variation.py",
+    SRC / "analysis" / "intervals.py",
+    REPO / "workflow" / "scripts" / "kpca_heads.py",
+)
+
+
+def _string_literals(path: Path) -> list[str]:
+    """The values of the plain string literals of a Python file (an f-string's parts aside)."""
+    out = []
+    for tok in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+        if tok.type == tokenize.STRING and not re.match(r"^[a-zA-Z]*[fF]", tok.string):
+            out.append(ast.literal_eval(tok.string))
+    return out
+
+
+def test_literals_finds_plain_strings_only(tmp_path):
+    (tmp_path / "a.py").write_text("x = {'a': 1, \"b\": f'{y}a'}\n# 'c'\n")
+    assert _string_literals(tmp_path / "a.py") == ["a", "b"]
+
+
+def test_each_draw_and_bound_name_is_typed_in_one_place():
+    """Each name of a sign-draws file is a string literal once, in uncertainty.py's table; the
+    modules that write, gather and read the draws name them by its constants."""
+    once_in_src = (unc.MEAN_VECTOR, *unc.BOUND_NAMES, *unc.RANGE_NAMES, unc.MATCHED_BOUND, unc.COLLISION_BOUND)
+    found = {name: [] for name in (*unc.SIGN_DRAW_NAMES, *once_in_src)}
+    for path in sorted({*SRC.rglob("*.py"), *DRAW_MODULES}):
+        for value in _string_literals(path):
+            if value in found and (value in once_in_src or path in DRAW_MODULES):
+                found[value].append(path.relative_to(REPO).as_posix())
+    assert found == dict.fromkeys(found, ["src/kpca_repro/method/uncertainty.py"])
+    assert (unc.DIRECT_COS_MEAN, unc.DIRECT_COS_MAX, unc.OPTIMAL_COS_MEAN, unc.OPTIMAL_COS_MAX) == unc.SIGN_DRAW_NAMES
+    assert (unc.DIRECT_COS_MEAN_RANGE_LOWER, unc.DIRECT_COS_MEAN_RANGE_UPPER) == unc.RANGE_NAMES
+    assert (unc.DIRECT_COS_MEAN_LOWER, unc.DIRECT_COS_MEAN_UPPER, unc.DIRECT_COS_MEAN_OWN_LOWER, unc.DIRECT_COS_MEAN_OWN_UPPER) == unc.BOUND_NAMES

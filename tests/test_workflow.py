@@ -421,8 +421,9 @@ def test_a_dry_run_imports_no_model_library(tiny_resources, tmp_path):
 
 
 def test_input_and_params_functions_have_no_side_effects():
-    """The functions of the rule files print nothing, exit nothing and register nothing: only the
-    parse-time checkout and configuration checks and the onstart handler may end the run or set anything."""
+    """The functions of the rule files print nothing, exit nothing and register nothing but the notes of
+    ``in_dag`` (common.smk: which jobs Snakemake placed, for the onstart handler): only the parse-time
+    checkout and configuration checks and the onstart handler may end the run or set anything."""
     import ast
 
     allowed = {"_check_package_checkout", "_checked_config", "before_first_job"}

@@ -160,15 +160,33 @@ def text_model_files(wildcards):
     return [str(p) for p in sorted(Path(source).iterdir()) if p.name in ("config.json", "model.safetensors", "pytorch_model.bin")]
 
 
+# (rule, wildcards) of each job of the rules that read external inputs (the downloads, the image samples,
+# the text extractions) that Snakemake placed in the DAG: their input function `in_dag` notes it, and the
+# check before the first job (before_first_job) reads the notes.
+IN_DAG = {}
+
+
+def in_dag(rule):
+    """Input function (no files) of `rule`: notes the job's wildcards in IN_DAG for the check before the first
+    job, which needs the jobs Snakemake placed (a download job is placed only for a missing file: its rule
+    exists only then, resources.smk; training.smk's check their paths)."""
+
+    def note(wildcards):
+        IN_DAG[(rule, *sorted(wildcards.items()))] = (rule, dict(wildcards.items()))
+        return []
+
+    return note
+
+
 def before_first_job():
-    """The Snakefile's onstart handler (after the DAG is built, with the lock held; Snakemake runs none in a dry run):
-    the lock's holder is recorded (kpca_repro.workflow.locks). A scheduled
-    sample larger than its image set, or inputs missing that cannot be downloaded, end the run in one block
-    (kpca_repro.workflow.preflight). Then, for kpca.*_threads: auto, torch's default thread count is asked of
-    one child process for all local jobs (they inherit the variable), instead of one per job."""
+    """The Snakefile's onstart handler (after the DAG is built, with the lock held; Snakemake runs none in a dry run,
+    nor when nothing is to be done): the lock's holder is recorded (kpca_repro.workflow.locks). A sample of
+    the DAG larger than its image set, or inputs of its jobs missing that cannot be downloaded, end the run in one
+    block (kpca_repro.workflow.preflight; the jobs from their input functions, in_dag). Then, for
+    kpca.*_threads: auto, torch's default thread count is asked of one child process for all local jobs (they
+    inherit the variable), instead of one per job: Snakemake's own process has no torch to ask."""
     locks.record_owner()  # this process holds the lock now: a rerun after a kill removes it (common.smk, above)
-    jobs = [(job.rule.name, dict(job.wildcards_dict)) for job in workflow.dag.needrun_jobs()]
-    if message := preflight.stop_message(config, REPO / "config", jobs):
+    if message := preflight.stop_message(config, REPO / "config", list(IN_DAG.values())):
         sys.exit(message)  # the block alone on stderr: a raised error would add Snakefile lines
-    if "auto" in (config["kpca"]["eigh_threads"], config["kpca"]["intra_op_threads"]) and jobs:
+    if "auto" in (config["kpca"]["eigh_threads"], config["kpca"]["intra_op_threads"]):
         os.environ[DEFAULT_THREADS_ENV] = str(torch_default_threads())

@@ -4,9 +4,9 @@
 # prefix profile's records, its table and figure, and the decoders' squared norms.
 
 
-rule kpca_prefix:
-    input:
-        activations="results/activations/{model}/{stem}.h5",
+# rule kpca_heads (kpca.smk) on each row's first P real tokens: its input, script, threads and
+# params, the prefix P from the file name
+use rule kpca_heads as kpca_prefix with:
     output:
         heads="results/heads/{variant}/{model}/{stem}_p{prefix}.csv",
         meta="results/heads/{variant}/{model}/{stem}_p{prefix}.json",
@@ -18,24 +18,10 @@ rule kpca_prefix:
     wildcard_constraints:
         stem=r"text_\d+_\d+of\d+",
         prefix=r"\d+",
-    conda:
-        ENV
-    threads: config["kpca"]["threads"]
-    resources:
-        gpu=GPU,
-        mem_mb=8000,
     params:
-        code=code_of("kpca_heads.py"),
-        device=config["device"],
-        seed=config["seed"],
-        heads_per_chunk=config["kpca"]["heads_per_chunk"],
-        eigh_threads=config["kpca"]["eigh_threads"],
-        gpu_eigensolver=config["kpca"]["gpu_eigensolver"],
         # the profile reports the four metrics, without solver draws
         sign_draws=(0, 0),
         prefix=lambda wc: int(wc.prefix),
-    script:
-        "../scripts/kpca_heads.py"
 
 
 default_target(

@@ -4,6 +4,7 @@
 rule sample_images:
     input:
         images=image_source()[0],
+        in_dag=in_dag("sample_images"),
     output:
         "results/samples/vision_{n}.tsv",
     log:
@@ -77,6 +78,7 @@ rule extract_text:
     input:
         samples="results/samples/text_{sample}.tsv",
         model=text_model_files,
+        in_dag=in_dag("extract_text"),
     output:
         activations_output("results/activations/{slug}/text_{sample}_{shard}.h5"),
     log:

@@ -22,6 +22,15 @@ def variant_of(wildcards):
     return variant_from_suffix(wildcards.suffix).name
 
 
+def sign_draws_of(wildcards):
+    """`params.sign_draws` of rule kpca_heads, per head of the `{variant}` wildcard's variant
+    (sign draws, matched-cosine draws), the config's uncertainty counts for a variant with sign draws
+    (paper), (0, 0) for one without (corrected; docs/uncertainty.md)."""
+    if get_variant(wildcards.variant).sign_draws:
+        return (config["uncertainty"]["sign_draws"], config["uncertainty"]["sign_draws_optimal"])
+    return (0, 0)
+
+
 def table_files(wildcards):
     """Input function (for `unpack`) of the rule `table`. The records of the `{table}` wildcard's entry of
     the table registry for the `{suffix}`'s variant (kpca_repro.workflow.paths.table_inputs)."""
@@ -76,6 +85,23 @@ def norm_figure_labels(figure, models):
 def norm_band_label(wildcards):
     """Legend of the band of rules figure2 and figure5: the corrected variant's central 95 %, the paper's IQR after the trim."""
     return "2.5-97.5th percentile (central 95 %)" if wildcards.suffix else "25-75th percentile after trim"
+
+
+def figure2_title(wildcards):
+    """`params.title` of rule figure2, the corrected variant's sample and scale or the paper's."""
+    if wildcards.suffix:
+        return f"Figure 2, corrected: all {VISION['n_images']} images of Table 1, s = 1/sqrt(head_dim), log domain (float64), no trim"
+    return f"Figure 2, paper variant: {config['figure2']['n_images']} image (seed {config['seed']}), s = 1/8 hard-coded, values above the 95th percentile dropped per layer"
+
+
+def figure5_title(wildcards):
+    """`params.title` of rule figure5, the corrected variant's sample and scale or the paper's."""
+    if wildcards.suffix:
+        return f"Figure 5, corrected: all {TEXT['n_rows']} WikiText rows, padding excluded, s = 1/sqrt(head_dim), log domain (float64), no trim"
+    return (
+        f"Figure 5, paper variant: the {len(FIGURE5['sentences'])} figure5.sentences, every padded position, "
+        "s = 1/8 hard-coded, h without attention mask, values above the 95th percentile dropped per layer"
+    )
 
 
 def needs_models(kind, what):

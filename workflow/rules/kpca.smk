@@ -30,7 +30,8 @@ rule kpca_heads:
         heads_per_chunk=config["kpca"]["heads_per_chunk"],
         eigh_threads=config["kpca"]["eigh_threads"],
         gpu_eigensolver=config["kpca"]["gpu_eigensolver"],
-        # eigenvector sign-and-rotation draws per head (a variant with sign_draws: paper; docs/uncertainty.md)
-        sign_draws=lambda wc: (config["uncertainty"]["sign_draws"], config["uncertainty"]["sign_draws_optimal"]) if get_variant(wc.variant).sign_draws else (0, 0),
+        sign_draws=sign_draws_of,
+        # all of each row's tokens; rule kpca_prefix (decoders.smk): its first P real tokens
+        prefix=None,
     script:
         "../scripts/kpca_heads.py"

@@ -99,11 +99,7 @@ rule figure2:
         ENV
     params:
         code=code_of("figure_norms.py"),
-        title=lambda wc: (
-            f"Figure 2, corrected: all {VISION['n_images']} images of Table 1, s = 1/sqrt(head_dim), log domain (float64), no trim"
-            if wc.suffix
-            else f"Figure 2, paper variant: {config['figure2']['n_images']} image (seed {config['seed']}), s = 1/8 hard-coded, " "values above the 95th percentile dropped per layer"
-        ),
+        title=figure2_title,
         band_label=norm_band_label,
     script:
         "../scripts/figure_norms.py"
@@ -137,12 +133,7 @@ rule figure5:
         ENV
     params:
         code=code_of("figure_norms.py"),
-        title=lambda wc: (
-            f"Figure 5, corrected: all {TEXT['n_rows']} WikiText rows, padding excluded, s = 1/sqrt(head_dim), log domain (float64), no trim"
-            if wc.suffix
-            else f"Figure 5, paper variant: the {len(FIGURE5['sentences'])} figure5.sentences, every padded position, "
-            "s = 1/8 hard-coded, h without attention mask, values above the 95th percentile dropped per layer"
-        ),
+        title=figure5_title,
         band_label=norm_band_label,
     script:
         "../scripts/figure_norms.py"

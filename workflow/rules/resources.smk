@@ -17,6 +17,8 @@ WEIGHTS_TO_FETCH = (rf"(?!(?:{'|'.join(map(re.escape, WEIGHTS_HERE))})\.safetens
 
 
 rule download_timm_weights:
+    input:
+        in_dag=in_dag("download_timm_weights"),
     output:
         f"{RESOURCES}/weights/timm/{{model}}.safetensors",
     log:
@@ -37,6 +39,8 @@ rule download_timm_weights:
 if not os.path.exists(f"{RESOURCES}/images/imagenet-sample"):
 
     rule download_imagenet_sample:
+        input:
+            in_dag=in_dag("download_imagenet_sample"),
         output:
             directory(f"{RESOURCES}/images/imagenet-sample"),
         log:
@@ -56,6 +60,8 @@ if not os.path.exists(f"{RESOURCES}/images/imagenet-sample"):
 if not os.path.exists(f"{RESOURCES}/text/wikitext-103/wiki.test.raw"):
 
     rule download_wikitext:
+        input:
+            in_dag=in_dag("download_wikitext"),
         output:
             f"{RESOURCES}/text/wikitext-103/wiki.test.raw",
         log:

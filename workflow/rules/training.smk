@@ -17,11 +17,13 @@ from kpca_repro.training.summary import run_dir, run_logs, run_scale, scale_seed
 FIGURE1_SEED_RUNS = with_seeds(TRAINING, [(model, scale, scale_tokens(TRAINING["scales"][scale])) for model, scale in map(run_model_scale, FIGURE1["runs"])])
 
 
-# The download rules always exist and have no input (as in resources.smk): files placed by hand or a
+# The download rules always exist and have no input file (as in resources.smk): files placed by hand or a
 # read-only ../shared/assets are never rebuilt.
 
 
 rule download_fashion_mnist:
+    input:
+        in_dag=in_dag("download_fashion_mnist"),
     output:
         FASHION_MNIST,
     log:
@@ -38,6 +40,8 @@ rule download_fashion_mnist:
 
 
 rule download_training_logs:
+    input:
+        in_dag=in_dag("download_training_logs"),
     output:
         directory(f"{RESOURCES}/training_logs"),
     log:

@@ -10,7 +10,7 @@ import torch
 from kpca_repro.h5io import atomic_output
 from kpca_repro.method.placement import plan
 from kpca_repro.method.records import kpca_records
-from kpca_repro.method.uncertainty import MEAN_VECTOR, SIGN_DRAW_NAMES, write_sign_draws
+from kpca_repro.method.uncertainty import MEAN_VECTOR, OPTIMAL_COS_MEAN, SIGN_DRAW_NAMES, write_sign_draws
 from kpca_repro.resume import PartStore, file_identity
 from kpca_repro.smk import check_writable, setup_logging
 
@@ -51,8 +51,8 @@ records, meta = kpca_records(
     seed=smk.params.seed,
     sign_draws=tuple(smk.params.sign_draws) if any(smk.params.sign_draws) else None,
     store=store,
-    # rule kpca_prefix: each row's first P real tokens (a decoder's prefix profile, docs/method.md 16)
-    **({"prefix": smk.params.prefix} if hasattr(smk.params, "prefix") else {}),
+    # None: every token; rule kpca_prefix: each row's first P real tokens (a decoder's prefix profile, docs/method.md 16)
+    prefix=smk.params.prefix,
 )
 # per-head solver draws (signs and rotations), rows as the records CSV (the corrected variant's signs are fixed: none)
 draws = meta.pop("sign_draws", None) or {name: np.empty((len(records), 0), np.float32) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR)}
@@ -65,7 +65,7 @@ log.info(
     os.environ.get("GOMP_SPINCOUNT", "libgomp's default"),
 )
 if "matched_draws_computed" in meta:
-    log.info("matched-cosine draws kept: %d of %d (the others cannot be a replicate maximum: floor %.6f)", meta["matched_draws_computed"], draws["optimal_cos_mean"].size, meta["matched_draws_floor"])
+    log.info("matched-cosine draws kept: %d of %d (the others cannot be a replicate maximum: floor %.6f)", meta["matched_draws_computed"], draws[OPTIMAL_COS_MEAN].size, meta["matched_draws_floor"])
 with atomic_output(smk.output.heads) as tmp:
     records.to_csv(tmp, index=False)
 with atomic_output(smk.output.signs) as tmp:

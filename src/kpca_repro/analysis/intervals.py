@@ -173,9 +173,9 @@ def _solver_intervals(
     if draws is None:
         return None, None
     sc, cov = cfg["sign_coverage"], cfg["coverage"]
-    if col == "direct_cos_mean" and all(k in draws and draws[k].shape[1] > 0 for k in unc.BOUND_NAMES):
+    if col == unc.DIRECT_COS_MEAN and all(k in draws and draws[k].shape[1] > 0 for k in unc.BOUND_NAMES):
         return _rotation_bound_intervals(draws, rows, point, rep, how, sc, cov)
-    mean_vector = draws.get(unc.MEAN_VECTOR) if col == "direct_cos_mean" else None
+    mean_vector = draws.get(unc.MEAN_VECTOR) if col == unc.DIRECT_COS_MEAN else None
     if mean_vector is not None and len(mean_vector) and mean_vector.shape[1] > 0:
         return _fresh_sign_intervals(mean_vector[rows], rep, how, sc, cov)
     stored = draws.get(col) if name in SIGN_DEPENDENT else None
@@ -193,9 +193,9 @@ def _rotation_bound_intervals(draws: dict[str, np.ndarray], rows: np.ndarray, po
     hold the reproduced per-head value). Joint (a mean over heads only): the same with the images
     resampled, joined with the bootstrap of that own range.
     """
-    own_lo = np.fmin(draws["direct_cos_mean_own_lower"][rows, 0].astype(np.float64), point[0])[None, :]
-    own_hi = np.fmax(draws["direct_cos_mean_own_upper"][rows, 0].astype(np.float64), point[0])[None, :]
-    lo_d, hi_d = draws["direct_cos_mean_lower"][rows], draws["direct_cos_mean_upper"][rows]
+    own_lo = np.fmin(draws[unc.DIRECT_COS_MEAN_OWN_LOWER][rows, 0].astype(np.float64), point[0])[None, :]
+    own_hi = np.fmax(draws[unc.DIRECT_COS_MEAN_OWN_UPPER][rows, 0].astype(np.float64), point[0])[None, :]
+    lo_d, hi_d = draws[unc.DIRECT_COS_MEAN_LOWER][rows], draws[unc.DIRECT_COS_MEAN_UPPER][rows]
     lo, hi = _replicate_pair(lo_d, hi_d, rep.rng, rep.n)
     q_lo, q_hi = rep.central(lo, how, sc)[0], rep.central(hi, how, sc)[1]
     own_range = (rep.statistic(own_lo, how)[0], rep.statistic(own_hi, how)[0])
@@ -310,8 +310,8 @@ def with_intervals(row: dict, intervals: dict[str, float], settings: dict, draws
         "bootstrap_resamples": int(cfg["bootstrap"]),
         "coverage": float(cfg["coverage"]),
         "sign_coverage": float(cfg["sign_coverage"]),
-        "sign_draws": int(draws["direct_cos_mean"].shape[1]) if draws is not None else 0,
-        "sign_draws_optimal": int(draws["optimal_cos_mean"].shape[1]) if draws is not None else 0,
+        "sign_draws": int(draws[unc.DIRECT_COS_MEAN].shape[1]) if draws is not None else 0,
+        "sign_draws_optimal": int(draws[unc.OPTIMAL_COS_MEAN].shape[1]) if draws is not None else 0,
         "solver_rotations": bool(draws is not None and all(k in draws for k in unc.BOUND_NAMES)),
     }
     out = {**{k: row[k] for k in keys[:at]}, **intervals, **{k: row[k] for k in keys[at:]}, **tail}

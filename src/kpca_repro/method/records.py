@@ -20,7 +20,7 @@ from kpca_repro.method.equations import all_directions_kept
 from kpca_repro.method.kpca import gamma_test, head_metrics, solve_heads, top_eigenvalues
 from kpca_repro.method.placement import Placement, plan
 from kpca_repro.method.solver_variation import RunningFloor, head_solver_draws, prune_below_floor
-from kpca_repro.method.uncertainty import BOUND_NAMES, COLLISION_BOUND, MATCHED_BOUND, MEAN_VECTOR, RANGE_NAMES, SIGN_DRAW_NAMES
+from kpca_repro.method.uncertainty import BOUND_NAMES, COLLISION_BOUND, MATCHED_BOUND, MEAN_VECTOR, OPTIMAL_COS_MEAN, RANGE_NAMES, SIGN_DRAW_NAMES
 from kpca_repro.method.variant import Variant
 from kpca_repro.method.variant import get as get_variant
 from kpca_repro.resume import JobInterrupted, PartStore
@@ -410,7 +410,7 @@ def _gathered_draws(draw_parts: list[dict[str, np.ndarray]], floor: RunningFloor
     out = {"sign_draws": prune_below_floor({name: np.concatenate([p[name] for p in draw_parts]) for name in names}, floor.value if floor is not None else np.nan)}
     if floor is not None:
         out["matched_draws_floor"] = float(floor.value)
-        out["matched_draws_computed"] = int(np.isfinite(out["sign_draws"]["optimal_cos_mean"]).sum())
+        out["matched_draws_computed"] = int(np.isfinite(out["sign_draws"][OPTIMAL_COS_MEAN]).sum())
     return out
 
 

@@ -65,7 +65,26 @@ import torch
 
 from kpca_repro.method.equations import row_normalize, v_kpca
 from kpca_repro.method.numerics import assignment_similarities
-from kpca_repro.method.uncertainty import COLLISION_BOUND, MATCHED_BOUND, MEAN_VECTOR, RANGE_NAMES, direct_sign_statistics, head_generator, sign_patterns
+from kpca_repro.method.uncertainty import (
+    COLLISION_BOUND,
+    DIRECT_COS_MAX,
+    DIRECT_COS_MEAN,
+    DIRECT_COS_MEAN_LOWER,
+    DIRECT_COS_MEAN_OWN_LOWER,
+    DIRECT_COS_MEAN_OWN_UPPER,
+    DIRECT_COS_MEAN_RANGE_LOWER,
+    DIRECT_COS_MEAN_RANGE_UPPER,
+    DIRECT_COS_MEAN_UPPER,
+    MATCHED_BOUND,
+    MEAN_VECTOR,
+    OPTIMAL_COS_MAX,
+    OPTIMAL_COS_MEAN,
+    RANGE_NAMES,
+    SIGN_DRAW_NAMES,
+    direct_sign_statistics,
+    head_generator,
+    sign_patterns,
+)
 from kpca_repro.projection import ROW_NORM_EPS
 
 __all__ = [
@@ -479,13 +498,13 @@ def _start_chunk(rows: dict, *, n_direct: int, n_optimal: int, token_max: bool, 
         inv_g=rows["inv_g"].detach().to("cpu", torch.float64),
     )
     h = st.vn.shape[0]
-    names = ("direct_cos_mean", "direct_cos_max", "optimal_cos_mean", "optimal_cos_max")
-    st.out = {name: np.full((h, n_optimal if name.startswith("optimal") else (n_direct if (token_max or name == "direct_cos_mean") else 0)), np.nan) for name in names}
+    widths = {DIRECT_COS_MEAN: n_direct, DIRECT_COS_MAX: n_direct if token_max else 0, OPTIMAL_COS_MEAN: n_optimal, OPTIMAL_COS_MAX: n_optimal}
+    st.out = {name: np.full((h, widths[name]), np.nan) for name in SIGN_DRAW_NAMES}
     st.out[MEAN_VECTOR] = (st.vn * st.vkn).mean(-2).numpy()
-    st.out["direct_cos_mean_lower"] = np.full((h, n_direct), np.nan)
-    st.out["direct_cos_mean_upper"] = np.full((h, n_direct), np.nan)
-    st.out["direct_cos_mean_own_lower"] = np.full((h, 1), np.nan)
-    st.out["direct_cos_mean_own_upper"] = np.full((h, 1), np.nan)
+    st.out[DIRECT_COS_MEAN_LOWER] = np.full((h, n_direct), np.nan)
+    st.out[DIRECT_COS_MEAN_UPPER] = np.full((h, n_direct), np.nan)
+    st.out[DIRECT_COS_MEAN_OWN_LOWER] = np.full((h, 1), np.nan)
+    st.out[DIRECT_COS_MEAN_OWN_UPPER] = np.full((h, 1), np.nan)
     for name in RANGE_NAMES:
         st.out[name] = np.full((h, 1), np.nan)
     if bounded:
@@ -510,13 +529,13 @@ def _sign_only_head(st: _ChunkDraws, i: int, own: float, s_direct: np.ndarray, s
     """
     out, vn, vkn = st.out, st.vn[i], st.vkn[i]
     t = direct_sign_statistics(vn[None], vkn[None], torch.from_numpy(s_direct)[None], token_max=st.token_max)
-    out["direct_cos_mean"][i] = t["direct_cos_mean"][0].numpy()
-    out["direct_cos_mean_lower"][i] = out["direct_cos_mean_upper"][i] = out["direct_cos_mean"][i]
-    out["direct_cos_mean_own_lower"][i] = out["direct_cos_mean_own_upper"][i] = own
+    out[DIRECT_COS_MEAN][i] = t[DIRECT_COS_MEAN][0].numpy()
+    out[DIRECT_COS_MEAN_LOWER][i] = out[DIRECT_COS_MEAN_UPPER][i] = out[DIRECT_COS_MEAN][i]
+    out[DIRECT_COS_MEAN_OWN_LOWER][i] = out[DIRECT_COS_MEAN_OWN_UPPER][i] = own
     m_abs = float(np.abs(out[MEAN_VECTOR][i]).sum())
-    out["direct_cos_mean_range_lower"][i], out["direct_cos_mean_range_upper"][i] = -m_abs, m_abs
+    out[DIRECT_COS_MEAN_RANGE_LOWER][i], out[DIRECT_COS_MEAN_RANGE_UPPER][i] = -m_abs, m_abs
     if st.token_max:
-        out["direct_cos_max"][i] = t["direct_cos_max"][0].numpy()
+        out[DIRECT_COS_MAX][i] = t[DIRECT_COS_MAX][0].numpy()
     if st.n_optimal:
         st.matched.append((i, vkn[None] * torch.from_numpy(s_opt)[:, None, :]))
         if bounded:  # bounds from the float32 rows: no float64 product for a pruned draw
@@ -565,9 +584,9 @@ def _rotated_head(st: _ChunkDraws, i: int, key: tuple, own: float, sel: np.ndarr
         vkn_r = _normalised_v_kpca(_configurations(a64, s_direct[:n_rot, :d], bases, gens[2]), st.inv_g[i], dv)
     vn = st.vn[i].numpy()
     value, lo, hi, full_lo, full_hi = _bounded_direct_means(vn, vkn_r, bases)
-    st.out["direct_cos_mean"][i], st.out["direct_cos_mean_lower"][i], st.out["direct_cos_mean_upper"][i] = value[reps], lo[reps], hi[reps]
+    st.out[DIRECT_COS_MEAN][i], st.out[DIRECT_COS_MEAN_LOWER][i], st.out[DIRECT_COS_MEAN_UPPER][i] = value[reps], lo[reps], hi[reps]
     if st.token_max:
-        st.out["direct_cos_max"][i] = (vn[None] * vkn_r).sum(-1).max(-1)[reps]
+        st.out[DIRECT_COS_MAX][i] = (vn[None] * vkn_r).sum(-1).max(-1)[reps]
     _own_bounds(st, i, own, vn, own_conf, bases, full_lo, full_hi)
     if st.n_optimal:
         if interior:
@@ -588,9 +607,9 @@ def _own_bounds(st: _ChunkDraws, i: int, own: float, vn: np.ndarray, own_conf: n
     """
     _, olo, ohi, ofull_lo, ofull_hi = _bounded_direct_means(vn, own_conf, bases)
     delta = own - float((vn * own_conf[0]).sum(-1).mean())  # float32 point estimate vs float64 rebuild
-    st.out["direct_cos_mean_own_lower"][i], st.out["direct_cos_mean_own_upper"][i] = olo[0] + min(delta, 0.0), ohi[0] + max(delta, 0.0)
-    st.out["direct_cos_mean_range_lower"][i] = min(float(full_lo.min()), float(ofull_lo[0]) + min(delta, 0.0))
-    st.out["direct_cos_mean_range_upper"][i] = max(float(full_hi.max()), float(ofull_hi[0]) + max(delta, 0.0))
+    st.out[DIRECT_COS_MEAN_OWN_LOWER][i], st.out[DIRECT_COS_MEAN_OWN_UPPER][i] = olo[0] + min(delta, 0.0), ohi[0] + max(delta, 0.0)
+    st.out[DIRECT_COS_MEAN_RANGE_LOWER][i] = min(float(full_lo.min()), float(ofull_lo[0]) + min(delta, 0.0))
+    st.out[DIRECT_COS_MEAN_RANGE_UPPER][i] = max(float(full_hi.max()), float(ofull_hi[0]) + max(delta, 0.0))
 
 
 def _matched_draws(st: _ChunkDraws, valid: torch.Tensor | None, nan_to_zero: bool, own_optimal: np.ndarray | None, floor: RunningFloor | None) -> None:
@@ -632,9 +651,9 @@ def _matched_draws(st: _ChunkDraws, valid: torch.Tensor | None, nan_to_zero: boo
         if todo.any():
             sim = vn[None] @ conf[torch.from_numpy(todo)].transpose(-1, -2)
             matched = assignment_similarities(sim, None if ok is None else ok[: int(todo.sum())], nan_to_zero=nan_to_zero)
-            st.out["optimal_cos_mean"][i, todo], st.out["optimal_cos_max"][i, todo] = matched.mean(-1).numpy(), matched.amax(-1).numpy()
+            st.out[OPTIMAL_COS_MEAN][i, todo], st.out[OPTIMAL_COS_MAX][i, todo] = matched.mean(-1).numpy(), matched.amax(-1).numpy()
         if floor is not None and own_optimal is not None and todo.all():
-            floor.offer(float(np.min([own_optimal[i], *st.out["optimal_cos_mean"][i]])))
+            floor.offer(float(np.min([own_optimal[i], *st.out[OPTIMAL_COS_MEAN][i]])))
 
 
 def head_solver_draws(
@@ -719,6 +738,6 @@ def prune_below_floor(draws: dict[str, np.ndarray], floor: float) -> dict[str, n
             reach = draws[MATCHED_BOUND] >= floor
             draws[MATCHED_BOUND] = np.where(reach, tight, draws[MATCHED_BOUND]).astype(draws[MATCHED_BOUND].dtype)
         below = draws[MATCHED_BOUND] < floor
-        for name in ("optimal_cos_mean", "optimal_cos_max"):
+        for name in (OPTIMAL_COS_MEAN, OPTIMAL_COS_MAX):
             draws[name][below] = np.nan
     return draws

@@ -38,9 +38,19 @@ if TYPE_CHECKING:  # torch and the KPCA module load only where sign draws are co
 
 __all__ = [
     "SIGN_DRAW_NAMES",
+    "DIRECT_COS_MEAN",
+    "DIRECT_COS_MAX",
+    "OPTIMAL_COS_MEAN",
+    "OPTIMAL_COS_MAX",
     "MEAN_VECTOR",
     "BOUND_NAMES",
+    "DIRECT_COS_MEAN_LOWER",
+    "DIRECT_COS_MEAN_UPPER",
+    "DIRECT_COS_MEAN_OWN_LOWER",
+    "DIRECT_COS_MEAN_OWN_UPPER",
     "RANGE_NAMES",
+    "DIRECT_COS_MEAN_RANGE_LOWER",
+    "DIRECT_COS_MEAN_RANGE_UPPER",
     "MATCHED_BOUND",
     "COLLISION_BOUND",
     "fresh_direct_means",
@@ -60,10 +70,12 @@ __all__ = [
     "replicate_statistics",
 ]
 
-# The names of the per-head arrays of a sign-draws file (the one table of them; written by the
-# kpca_heads job, read by the tables):
+# The names of the per-head arrays of a sign-draws file (the one table of them, each name typed here
+# only, tests/test_uncertainty.py; written by the kpca_heads job, read by the tables). Each tuple is
+# also unpacked into one constant per name, the name in capitals.
 #: Sign draws: direct/optimal cosine, token mean (Table 1) / token max (Table 4).
 SIGN_DRAW_NAMES = ("direct_cos_mean", "direct_cos_max", "optimal_cos_mean", "optimal_cos_max")
+DIRECT_COS_MEAN, DIRECT_COS_MAX, OPTIMAL_COS_MEAN, OPTIMAL_COS_MAX = SIGN_DRAW_NAMES
 #: Per-head ``m = mean_i P_i`` ``(heads, d)``: the direct token mean under signs ``sigma`` is
 #: ``m . sigma``, so the tables draw fresh patterns from it (exact, no stored-draw tails).
 MEAN_VECTOR = "direct_cos_mean_vector"
@@ -71,10 +83,12 @@ MEAN_VECTOR = "direct_cos_mean_vector"
 #: eigenspaces, per draw and at the solver's own signs and subspaces
 #: (:func:`kpca_repro.method.solver_variation.head_solver_draws`; optional when read).
 BOUND_NAMES = ("direct_cos_mean_lower", "direct_cos_mean_upper", "direct_cos_mean_own_lower", "direct_cos_mean_own_upper")
+DIRECT_COS_MEAN_LOWER, DIRECT_COS_MEAN_UPPER, DIRECT_COS_MEAN_OWN_LOWER, DIRECT_COS_MEAN_OWN_UPPER = BOUND_NAMES
 #: Exact range of the token-mean direct cosine over every sign and every rotation inside groups
 #: within the selection (for a group straddling the selection boundary: over its drawn
 #: subspaces and the solver's own); optional when read.
 RANGE_NAMES = ("direct_cos_mean_range_lower", "direct_cos_mean_range_upper")
+DIRECT_COS_MEAN_RANGE_LOWER, DIRECT_COS_MEAN_RANGE_UPPER = RANGE_NAMES
 #: Upper bounds of the matched-cosine draws, written where a table maximum pruned them (Table 1):
 #: the collision bound where the cheap bound reaches the job's final floor, the cheap bound
 #: elsewhere (:func:`kpca_repro.method.solver_variation.prune_below_floor`). A NaN draw has a
@@ -123,9 +137,9 @@ def direct_sign_statistics(vn: torch.Tensor, vkn: torch.Tensor, signs: torch.Ten
     import torch
 
     p = vn * vkn  # (H, N, d)
-    out = {"direct_cos_mean": torch.einsum("hd,hrd->hr", p.mean(-2), signs)}
+    out = {DIRECT_COS_MEAN: torch.einsum("hd,hrd->hr", p.mean(-2), signs)}
     if token_max:
-        out["direct_cos_max"] = torch.stack([(p[h] @ signs[h].T).amax(0) for h in range(p.shape[0])]) if p.shape[0] else p.new_empty((0, signs.shape[1]))
+        out[DIRECT_COS_MAX] = torch.stack([(p[h] @ signs[h].T).amax(0) for h in range(p.shape[0])]) if p.shape[0] else p.new_empty((0, signs.shape[1]))
     return out
 
 
@@ -159,8 +173,8 @@ def optimal_sign_statistics(vn: torch.Tensor, vkn: torch.Tensor, signs: torch.Te
     h = vn.shape[0]
     empty = torch.empty((h, 0), dtype=torch.float64)
     return {
-        "optimal_cos_mean": torch.stack(means, -1) if means else empty,
-        "optimal_cos_max": torch.stack(maxes, -1) if maxes else empty,
+        OPTIMAL_COS_MEAN: torch.stack(means, -1) if means else empty,
+        OPTIMAL_COS_MAX: torch.stack(maxes, -1) if maxes else empty,
     }
 
 
@@ -207,7 +221,7 @@ def head_sign_draws(
 
     direct = direct_sign_statistics(vn64, vkn64, patterns(n_direct, 0), token_max=token_max)
     if not token_max:
-        direct["direct_cos_max"] = torch.empty((h, 0), dtype=torch.float64)
+        direct[DIRECT_COS_MAX] = torch.empty((h, 0), dtype=torch.float64)
     optimal = optimal_sign_statistics(vn64, vkn64, patterns(n_optimal, 1), valid, nan_to_zero)
     out = {name: t.numpy().astype(np.float32) for name, t in {**direct, **optimal}.items()}
     out[MEAN_VECTOR] = (vn64 * vkn64).mean(-2).numpy().astype(np.float32)
