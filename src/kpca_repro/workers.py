@@ -87,6 +87,17 @@ class WorkerPool:
         while pending:
             yield pending.popleft().result()
 
+    def start(self, fn: Callable, items: Iterable) -> Callable[[], list]:
+        """Start ``fn(item)`` for every item on the workers and return without waiting; calling
+        the returned function waits and gives the results in order (an exception in ``fn`` is
+        raised there). The calling thread is free meanwhile: the KPCA job solves the next batch
+        on it while the workers analyse this one. ``workers <= 1``: nothing runs until the call."""
+        items = list(items)
+        if self._pool is None:
+            return lambda: [fn(item) for item in items]
+        futures = [self._pool.submit(fn, item) for item in items]
+        return lambda: [future.result() for future in futures]
+
 
 def ordered_map(fn: Callable, items: Iterable, *, workers: int = 1, max_pending: int | None = None, blas_threads: int | None = None) -> Iterator:
     """``fn(item)`` for each item, in order, on a :class:`WorkerPool` of ``workers`` threads

@@ -20,7 +20,7 @@ rule kpca_prefix:
         prefix=r"\d+",
     conda:
         ENV
-    threads: config["kpca"]["threads"]
+    threads: job_threads
     resources:
         gpu=GPU,
         mem_mb=8000,
@@ -90,7 +90,7 @@ rule norms_decoder:
     localrule: True
     conda:
         ENV
-    threads: config["kpca"]["threads"]
+    threads: job_threads
     resources:
         mem_mb=4000,
     params:

@@ -35,7 +35,7 @@ rule norms_vision:
     localrule: True
     conda:
         ENV
-    threads: config["kpca"]["threads"]
+    threads: job_threads
     resources:
         mem_mb=4000,
     params:
@@ -58,7 +58,7 @@ rule norms_text:
     localrule: True
     conda:
         ENV
-    threads: config["kpca"]["threads"]
+    threads: job_threads
     resources:
         mem_mb=4000,
     params:
