@@ -532,7 +532,9 @@ def kpca_records(
         try:
             with (
                 progress_bar(total=total, desc=f"kpca {variant.name} {model_id}", unit="head", disable=not progress, mininterval=5) as bar,
-                WorkerPool(placement.workers, placement.blas_threads) as pool,
+                # the workers at the lowest priority while this thread's team of eigh threads
+                # solves: a worker that preempts one of them stalls every barrier of the eigh
+                WorkerPool(placement.workers, placement.blas_threads, background=solve_first) as pool,
             ):
 
                 def finish(index, results, kept=None):
