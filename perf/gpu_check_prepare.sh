@@ -19,8 +19,10 @@ cd "$(dirname "$0")/.."
 authors=${1:?usage: bash perf/gpu_check_prepare.sh PATH/TO/value_vectors.py [ASSETS]}
 assets=${2:-../shared/assets}
 G=.gpucheck
-grep -qx '/.gpucheck/' .git/info/exclude 2>/dev/null || echo '/.gpucheck/' >> .git/info/exclude
-grep -qx '/.gpucheck4/' .git/info/exclude 2>/dev/null || echo '/.gpucheck4/' >> .git/info/exclude
+X=$(git rev-parse --git-common-dir)/info/exclude   # .git/info/exclude, also from a worktree
+mkdir -p "$(dirname "$X")"
+grep -qx '/.gpucheck/' "$X" 2>/dev/null || echo '/.gpucheck/' >> "$X"
+grep -qx '/.gpucheck4/' "$X" 2>/dev/null || echo '/.gpucheck4/' >> "$X"
 if [ -n "${NLP:-}" ]; then
   rm -rf .gpucheck4 && mkdir -p .gpucheck4/text/wikitext-103
   cp "$NLP" .gpucheck4/nlp_value_vectors.py
