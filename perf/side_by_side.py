@@ -66,7 +66,7 @@ NLP_PATCHES = {
 #: Table -> (the authors' script, its output folder, the line it prints last, the records' stem, default configuration, model).
 TABLES = {
     1: ("value_vectors.py", "value_vectors_outputs", "Analysis completed", "vision_*.csv", "config/offline_deit_tiny.yaml", "deit_tiny_patch16_224"),
-    4: ("nlp_value_vectors.py", "nlp_value_vectors_outputs", "JSON \u2192", "text_*.csv", "config/offline_minilm.yaml", "sentence-transformers/all-MiniLM-L6-v2"),
+    4: ("nlp_value_vectors.py", "nlp_value_vectors_outputs", "_summary.json", "text_*.csv", "config/offline_minilm.yaml", "sentence-transformers/all-MiniLM-L6-v2"),
 }
 
 
