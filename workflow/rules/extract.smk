@@ -34,7 +34,7 @@ rule extract_vision:
         "benchmarks/extract_vision/{model}/vision_{n}_{shard}.tsv"
     conda:
         ENV
-    threads: config["kpca"]["threads"]
+    threads: job_threads
     resources:
         gpu=GPU,
         # ViT-Large, batches of 25: two batches held at once, 8,046 MiB peak (docs/hub_fixture.md)
@@ -87,7 +87,7 @@ rule extract_text:
         "benchmarks/extract_text/{slug}/text_{sample}_{shard}.tsv"
     conda:
         ENV
-    threads: config["kpca"]["threads"]
+    threads: job_threads
     resources:
         gpu=GPU,
         mem_mb=8000,

@@ -12,6 +12,16 @@ from kpca_repro.method.variant import suffix_pattern
 # "cpu" or "auto" without a GPU, so that jobs of several models then run side by side up to --cores. On a
 # cluster whose submitting node has no GPU, set device: cuda (docs/scaleout.md).
 GPU = gpu_resource(config["device"])
+
+
+def job_threads(wildcards):
+    """`threads:` of the extraction, KPCA, eigenvalue, norm and gamma jobs: every core Snakemake has
+    (`--cores`), or at most `kpca.threads` where that is a number. The jobs use what they get (the
+    KPCA jobs one worker thread per core, docs/performance.md#thread-budgets); no number depends on it."""
+    cap = config["kpca"]["threads"]
+    return workflow.cores if cap == "all" else min(cap, workflow.cores)
+
+
 # The `{suffix}` wildcard of the user-facing outputs (results/table1{suffix}.csv): every
 # variant's suffix, from kpca_repro.method.variant ("" paper, "_corrected" corrected).
 SUFFIXES = suffix_pattern()

@@ -19,7 +19,7 @@ rule kpca_heads:
         stem=r"(vision_\d+|text_(\d+|sentences)|user)_\d+of\d+",
     conda:
         ENV
-    threads: config["kpca"]["threads"]
+    threads: job_threads
     resources:
         gpu=GPU,
         mem_mb=8000,

@@ -36,7 +36,7 @@ rule norms_vision:
     localrule: True
     conda:
         ENV
-    threads: config["kpca"]["threads"]
+    threads: job_threads
     resources:
         mem_mb=4000,
     params:
@@ -60,7 +60,7 @@ rule norms_text:
     localrule: True
     conda:
         ENV
-    threads: config["kpca"]["threads"]
+    threads: job_threads
     resources:
         mem_mb=4000,
     params:

@@ -13,7 +13,7 @@ rule eigenvalues_vision:
         "benchmarks/eigenvalues_vision/{variant}/{model}/vision_{n}_{shard}_{keyset}.tsv"
     conda:
         ENV
-    threads: config["kpca"]["threads"]
+    threads: job_threads
     resources:
         gpu=GPU,
         mem_mb=8000,
@@ -42,7 +42,7 @@ rule gamma_vision:
         "benchmarks/gamma_vision/{variant}.tsv"
     conda:
         ENV
-    threads: config["kpca"]["threads"]
+    threads: job_threads
     resources:
         gpu=GPU,
     params:

@@ -451,8 +451,8 @@ def head_metrics(
             diagonal of ``G``, every eigenvalue the solver returned) for the rotations of
             :mod:`kpca_repro.method.solver_variation`.
         solved: :func:`solve_heads` of these heads, when the caller solved them already (the
-            ``kpca_heads`` job solves the paper variant on its main thread, then compares on
-            its workers).
+            ``kpca_heads`` job solves the paper variant on its main thread and compares on
+            its workers, one batch behind).
         queries: ``(q, h)``, each ``(heads, G, M, d)``: ``M`` queries of the ``G`` query heads
             that read each head's keys, attending to all ``N`` keys, and the attention's own
             outputs ``h`` of them; adds the projection test (``projection_*``, docs/method.md 17.3).

@@ -70,9 +70,9 @@ class Placement:
         blas_threads: numpy's and scipy's BLAS threads while the workers run (None: unchanged).
         streams: one CUDA stream per worker thread.
         solve_on_main: the Gram matrices, ``eigh`` and V_KPCA of each chunk on the job's main
-            thread on :attr:`eigh_threads` threads, before the workers compare (the paper
-            variant on the CPU: its ``eigh`` runs on several threads, and one team of OpenMP
-            threads at a time never outnumbers the cores, docs/performance.md).
+            thread on :attr:`eigh_threads` threads, while the workers compare the previous
+            batch (the paper variant on the CPU: torch sets MKL's and OpenMP's thread counts
+            per thread, so each ``eigh`` keeps the authors' count, docs/performance.md).
     """
 
     device: torch.device

@@ -443,10 +443,11 @@ def kpca_records(
     Chunks of ``heads_per_chunk`` heads go through :func:`kpca_repro.method.kpca.head_metrics`
     in a plain loop over batches of ``placement.workers`` chunks: with
     ``placement.solve_on_main`` (the paper variant on the CPU) the batch's Gram matrices,
-    ``eigh`` and V_KPCA are solved first on this thread with ``placement.eigh_threads`` threads
+    ``eigh`` and V_KPCA are solved on this thread with ``placement.eigh_threads`` threads
     (the authors' thread count: each head's eigenvectors are then those of the authors'
-    per-head loop on the same machine, docs/fidelity.md); then the workers analyse the chunks
-    (:func:`chunk_records`: comparisons, assignments, draws), one thread each. ``placement`` is :func:`kpca_repro.method.placement.plan`'s decision
+    per-head loop on the same machine, docs/fidelity.md) while the workers analyse the
+    previous batch's chunks (:func:`chunk_records`: comparisons, assignments, draws), one
+    thread each. ``placement`` is :func:`kpca_repro.method.placement.plan`'s decision
     for the job (the rule passes it); without one, ``plan(variant, device=device,
     cores=workers, eigh_threads=eigh_threads)``. Each head's numbers depend on the device and
     on ``eigh_threads``, on nothing of the workers, the chunking or the sharding; for
@@ -531,22 +532,45 @@ def kpca_records(
         try:
             with (
                 progress_bar(total=total, desc=f"kpca {variant.name} {model_id}", unit="head", disable=not progress, mininterval=5) as bar,
-                WorkerPool(placement.workers, placement.blas_threads) as pool,
+                # the workers at the lowest priority while this thread's team of eigh threads
+                # solves: a worker that preempts one of them stalls every barrier of the eigh
+                WorkerPool(placement.workers, placement.blas_threads, background=solve_first) as pool,
             ):
-                for index, batch in enumerate(_batches(chunks, placement.workers)):
-                    kept = store.load(index) if store is not None else None
+
+                def finish(index, results, kept=None):
+                    """Batch ``index``'s parts: the workers' ``results()`` (then kept in the store) or the ``kept`` ones read back."""
                     if kept is not None:
                         done = _parts_from_arrays(kept)
                         if floor is not None:  # the floor as it stood after this batch: the rest is computed as without the interrupt
                             floor.offer(float(kept["floor"]))
                     else:
-                        solved = [solve_heads(c[1].to(placement.device), c[2].shape[-1], variant, placement) if solve_first else None for _, c in batch]
-                        done = list(pool.imap(work, zip(batch, solved)))
+                        done = results()
                         if store is not None:
                             store.save(index, {**_part_arrays(done), "floor": np.array(floor.value if floor is not None else np.nan)})
                     parts.extend(done)
                     # heads read back from an interrupted run count as done, not in the rate
                     (bar.update if kept is None else bar.skip)(sum(len(frame) for _, _, frame in done))
+
+                # A pipeline of two batches: this thread reads and solves batch i + 1 (on the
+                # variant's thread count) while the workers analyse batch i, so every core stays
+                # busy. Each eigh still runs on placement.eigh_threads threads of this thread
+                # (torch sets MKL's and OpenMP's counts per thread), so its eigenvectors are those
+                # of the same call alone (docs/performance.md#thread-budgets measures it).
+                running = None  # (index, results) of the batch on the workers
+                for index, batch in enumerate(_batches(chunks, placement.workers)):
+                    kept = store.load(index) if store is not None else None
+                    solved = None
+                    if kept is None:
+                        solved = [solve_heads(c[1].to(placement.device), c[2].shape[-1], variant, placement) if solve_first else None for _, c in batch]
+                    if running is not None:
+                        finish(*running)
+                        running = None
+                    if kept is not None:
+                        finish(index, None, kept)
+                    else:
+                        running = (index, pool.start(work, zip(batch, solved)))
+                if running is not None:
+                    finish(*running)
         except KeyboardInterrupt:
             if store is None:
                 raise
