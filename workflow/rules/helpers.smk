@@ -2,6 +2,8 @@
 # Snakemake's linter asks for rules and functions in separate files. Included right after common.smk,
 # whose configuration checks and path helpers they use.
 
+from snakemake.exceptions import WorkflowError
+
 from kpca_repro.analysis.tables import TABLES
 from kpca_repro.method.variant import from_suffix as variant_from_suffix
 from kpca_repro.method.variant import get as get_variant
@@ -17,9 +19,15 @@ GPU = gpu_resource(config["device"])
 def job_threads(wildcards):
     """`threads:` of the extraction, KPCA, eigenvalue, norm and gamma jobs: every core Snakemake has
     (`--cores`), or at most `kpca.threads` where that is a number. The jobs use what they get (the
-    KPCA jobs one worker thread per core, docs/performance.md#thread-budgets); no number depends on it."""
+    KPCA jobs one worker thread per core, docs/performance.md#thread-budgets); no number depends on it.
+    Without a total (a cluster profile's `jobs:` and no `--cores`) each job takes the cap, or one core
+    for `all`: the cluster profile sets the threads per rule (profiles/slurm, set-threads)."""
     cap = config["kpca"]["threads"]
-    return workflow.cores if cap == "all" else min(cap, workflow.cores)
+    try:
+        cores = workflow.cores
+    except WorkflowError:  # no --cores: Snakemake asks for it before any job may take a share of it
+        return 1 if cap == "all" else cap
+    return cores if cap == "all" else min(cap, cores)
 
 
 # The `{suffix}` wildcard of the user-facing outputs (results/table1{suffix}.csv): every
