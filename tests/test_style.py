@@ -38,6 +38,18 @@ def test_ruff_format_is_clean():
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
 
 
+def test_no_src_line_is_over_120_characters():
+    """The package keeps to 120 characters a line (``src/ruff.toml``), so that it reads side by side in a review;
+    ruff's E501 leaves out what it cannot wrap (a long word, a URL), this counts every line."""
+    long = [
+        f"{path.relative_to(REPO)}:{number} ({len(line)})"
+        for path in sorted((REPO / "src").rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if len(line) > 120
+    ]
+    assert not long, f"{len(long)} lines over 120 characters: {long[:40]}"
+
+
 def test_snakefmt_is_clean():
     exe = shutil.which("snakefmt")
     if exe is None:

@@ -6,7 +6,7 @@ there. Into the rule's log file (:func:`kpca_repro.smk.setup_logging` registers 
 :func:`set_log_stream`) it writes one plain line every ``KPCA_PROGRESS_INTERVAL`` seconds
 (default 30) and one at the end, e.g.::
 
-    2026-11-23 04:41:07,512 progress INFO kpca paper deit_tiny_patch16_224: 1200/3600 head (33%), 41.20 head/s, elapsed 0:00:29, ETA 0:00:58
+    2026-11-23 04:41:07,512 progress INFO epoch 3/100: 120/469 it (26%), 8.10 it/s, elapsed 0:00:15, ETA 0:00:43
 
 without the carriage-return frames of a bar. Without a terminal and without a log file the
 plain lines go to stderr.
@@ -56,7 +56,17 @@ def _hms(seconds: float) -> str:
 class Progress:
     """Counts work done; see :func:`progress` for the arguments."""
 
-    def __init__(self, iterable: Iterable | None = None, *, total: int | None = None, desc: str = "", unit: str = "it", disable: bool = False, leave: bool = True, **_ignored):
+    def __init__(
+        self,
+        iterable: Iterable | None = None,
+        *,
+        total: int | None = None,
+        desc: str = "",
+        unit: str = "it",
+        disable: bool = False,
+        leave: bool = True,
+        **_ignored,
+    ):
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable)
         self.iterable, self.total, self.desc, self.unit = iterable, total, desc, unit
@@ -79,13 +89,16 @@ class Progress:
             self._plain = None if term is not None else sys.stderr
 
     def line(self) -> str:
-        """The plain progress line, in the log format: ``<time> progress INFO desc: n/total unit (pct)[, K kept], rate, elapsed, ETA``.
+        """The plain progress line, in the log format:
+        ``<time> progress INFO desc: n/total unit (pct)[, K kept], rate, elapsed, ETA``.
 
         The rate (units per second) counts only the units done in this process, not the ``K``
         a resumed job read back (:meth:`skip`); the ETA divides what is left by it."""
         elapsed = time.monotonic() - self.start
         rate = (self.n - self.kept) / elapsed if elapsed > 0 else 0.0
-        parts = [f"{self.desc}: {self.n}/{self.total} {self.unit}" if self.total else f"{self.desc}: {self.n} {self.unit}"]
+        parts = [
+            f"{self.desc}: {self.n}/{self.total} {self.unit}" if self.total else f"{self.desc}: {self.n} {self.unit}"
+        ]
         if self.total:
             parts[0] += f" ({100 * self.n / self.total:.0f}%)"
         if self.kept:
@@ -143,7 +156,16 @@ class Progress:
         self.close()
 
 
-def progress(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "", unit: str = "it", disable: bool = False, leave: bool = True, **kwargs) -> Progress:
+def progress(
+    iterable: Iterable | None = None,
+    *,
+    total: int | None = None,
+    desc: str = "",
+    unit: str = "it",
+    disable: bool = False,
+    leave: bool = True,
+    **kwargs,
+) -> Progress:
     """A progress counter used like ``tqdm``: iterate over it, or ``with`` it and ``update(n)``.
 
     Args:

@@ -64,11 +64,19 @@ def _causal_keys(n_queries: int, n_keys: int, device) -> torch.Tensor:
         ValueError: queries and keys are not the same positions (``N != M``).
     """
     if n_queries != n_keys:
-        raise ValueError(f"a causal mask needs the queries and keys of the same positions; got {n_queries} queries and {n_keys} keys")
+        raise ValueError(
+            f"a causal mask needs the queries and keys of the same positions; got {n_queries} queries and {n_keys} keys"
+        )
     return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril_()
 
 
-def log_feature_norm_sq(q: torch.Tensor, k: torch.Tensor, scale: float | None = None, key_mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+def log_feature_norm_sq(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scale: float | None = None,
+    key_mask: torch.Tensor | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
     """``log ||phi(q_i)||^2 = s ||q_i||^2 - 2 LSE_j(s q_i . k_j)``, in the log domain.
 
     By the kernel trick ``||phi(q_i)||^2 = k(q_i, q_i) / g(q_i)^2`` with
@@ -147,7 +155,9 @@ def feature_norm_sq(
     return torch.exp(s * (q * q).sum(-1)) / e.sum(-1) ** 2
 
 
-def attention_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+def attention_output(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, key_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Per-head attention output ``h_i = sum_j softmax_j(s q_i . k_j) v_j`` (docs/method.md 0.1, 0.4).
 
     Args:
@@ -170,7 +180,9 @@ def output_norm_sq(h: torch.Tensor) -> torch.Tensor:
     return (h * h).sum(-1)
 
 
-def projection_errors(phi_sq: torch.Tensor, h_sq: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-8) -> dict[str, torch.Tensor]:
+def projection_errors(
+    phi_sq: torch.Tensor, h_sq: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-8
+) -> dict[str, torch.Tensor]:
     """The projection loss J_proj and its parts, as the training code logs them (docs/method.md 6.1).
 
     With ``e_i = |phi_i - ||h_i||^2|`` over all the given (batch, head, token) entries:

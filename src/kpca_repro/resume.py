@@ -68,7 +68,9 @@ class PartStore:
         return self.directory / f"part_{index:06d}.npz"
 
     def __len__(self) -> int:
-        return sum(1 for _ in self.directory.glob("part_[0-9][0-9][0-9][0-9][0-9][0-9].npz"))  # not a .tmp.npz an interrupt left
+        return sum(
+            1 for _ in self.directory.glob("part_[0-9][0-9][0-9][0-9][0-9][0-9].npz")
+        )  # not a .tmp.npz an interrupt left
 
     def finished(self) -> int:
         """How many parts ``0, 1, ...`` are kept in a row: a job that keeps its batches in order goes on after them."""

@@ -1,4 +1,5 @@
-"""Helpers for the thin rule scripts: logging into the rule's log file, one line for a bad input file, library versions."""
+"""Helpers for the thin rule scripts: logging into the rule's log file, one line for a bad input file, library
+versions."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ from pathlib import Path
 
 from kpca_repro.errors import JobStop, OutputNotWritable
 
-__all__ = ["check_writable", "end_on_input_file_errors", "fail_cleanly", "library_versions", "quiet_hub_logging", "setup_logging"]
+__all__ = [
+    "check_writable",
+    "end_on_input_file_errors",
+    "fail_cleanly",
+    "library_versions",
+    "quiet_hub_logging",
+    "setup_logging",
+]
 
 
 class _Tee:
@@ -121,7 +129,9 @@ def setup_logging(snakemake, name: str) -> logging.Logger:
     log_file = open(snakemake.log[0], "w", buffering=1)
     sys.stderr = _Tee(log_file, sys.__stderr__)
     set_log_stream(log_file)
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True
+    )
     logging.captureWarnings(True)
     quiet_hub_logging(progress_bars=_isatty(sys.__stderr__))
     log = logging.getLogger(name)
@@ -132,7 +142,8 @@ def setup_logging(snakemake, name: str) -> logging.Logger:
 
 
 def _interrupt(signum, frame):
-    """SIGTERM (a scheduler's time limit or preemption) as Ctrl-C: the job keeps what it finished and ends in one line."""
+    """SIGTERM (a scheduler's time limit or preemption) as Ctrl-C: the job keeps what it finished and ends in one
+    line."""
     raise KeyboardInterrupt
 
 
@@ -154,7 +165,9 @@ def check_writable(paths: list[str | os.PathLike]) -> None:
             with tempfile.TemporaryFile(dir=folder):
                 pass
         except OSError as exc:
-            raise OutputNotWritable(f"{path}: cannot write here ({exc.strerror or exc}); make {folder} writable and rerun") from None
+            raise OutputNotWritable(
+                f"{path}: cannot write here ({exc.strerror or exc}); make {folder} writable and rerun"
+            ) from None
         finally:
             for f in created:
                 try:

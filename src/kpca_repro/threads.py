@@ -91,10 +91,19 @@ def torch_default_threads() -> int:
     if (known := os.environ.get(DEFAULT_THREADS_ENV, "")).isdigit() and int(known) >= 1:
         return int(known)
     env = {k: v for k, v in os.environ.items() if k not in _THREAD_ENV and k != DEFAULT_THREADS_ENV}
-    proc = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     out = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not out or not out[-1].isdigit() or int(out[-1]) < 1:
-        raise RuntimeError(f"could not read torch's default thread count from a child process (exit {proc.returncode}): {proc.stderr[-2000:]}")
+        raise RuntimeError(
+            f"could not read torch's default thread count from a child process (exit {proc.returncode}): "
+            f"{proc.stderr[-2000:]}"
+        )
     return int(out[-1])
 
 

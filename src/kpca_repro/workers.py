@@ -80,7 +80,14 @@ class WorkerPool:
             import torch
 
             threads = torch.get_num_threads()
-            self._pool = self._stack.enter_context(ThreadPoolExecutor(self.workers, thread_name_prefix="kpca", initializer=_start_worker, initargs=(threads, self.background)))
+            self._pool = self._stack.enter_context(
+                ThreadPoolExecutor(
+                    self.workers,
+                    thread_name_prefix="kpca",
+                    initializer=_start_worker,
+                    initargs=(threads, self.background),
+                )
+            )
         return self
 
     def __exit__(self, *exc) -> None:
@@ -112,7 +119,9 @@ class WorkerPool:
         return lambda: [future.result() for future in futures]
 
 
-def ordered_map(fn: Callable, items: Iterable, *, workers: int = 1, max_pending: int | None = None, blas_threads: int | None = None) -> Iterator:
+def ordered_map(
+    fn: Callable, items: Iterable, *, workers: int = 1, max_pending: int | None = None, blas_threads: int | None = None
+) -> Iterator:
     """``fn(item)`` for each item, in order, on a :class:`WorkerPool` of ``workers`` threads
     opened for the map (``blas_threads``: its BLAS cap; ``max_pending``: :meth:`WorkerPool.imap`'s)."""
     with WorkerPool(workers, blas_threads) as pool:

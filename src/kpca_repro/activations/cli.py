@@ -14,11 +14,20 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m kpca_repro.activations validate FILE [--kind vision|text] [--no-invariant]``."""
-    parser = argparse.ArgumentParser(prog="python -m kpca_repro.activations", description="Check an activation file against docs/activations.md.")
+    parser = argparse.ArgumentParser(
+        prog="python -m kpca_repro.activations", description="Check an activation file against docs/activations.md."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    val = sub.add_parser("validate", help="name the first violation and its fix (exit 1), or print ok and a summary (exit 0)")
+    val = sub.add_parser(
+        "validate", help="name the first violation and its fix (exit 1), or print ok and a summary (exit 0)"
+    )
     val.add_argument("file")
-    val.add_argument("--kind", choices=KINDS, default=None, help="vision (no attention_mask) or text (attention_mask required); default: from the file")
+    val.add_argument(
+        "--kind",
+        choices=KINDS,
+        default=None,
+        help="vision (no attention_mask) or text (attention_mask required); default: from the file",
+    )
     val.add_argument("--no-invariant", action="store_true", help="skip the capture invariant (format only)")
     args = parser.parse_args(argv)
     try:

@@ -50,7 +50,8 @@ KINDS = ("vision", "text")
 #: The layout a language model's projections computed in (attribute ``hooked_layout``,
 #: :mod:`kpca_repro.capture.hf_capture`); the tensors are stored batch-first either way.
 BATCH_FIRST, SEQUENCE_FIRST = "batch_first", "sequence_first"
-#: Largest accepted ``max |h - h_hat| / max |v|`` of a checked head (the tolerance's reasoning: :mod:`kpca_repro.activations.invariant`).
+#: Largest accepted ``max |h - h_hat| / max |v|`` of a checked head (the tolerance's reasoning:
+#: :mod:`kpca_repro.activations.invariant`).
 INVARIANT_RTOL = 1e-4
 _SCALE_RTOL = 1e-6  # float32 round-off of 1/sqrt(d) as another tool may have stored it
 #: Unit roundoff of the half-precision dtypes (2^-11, 2^-8): the relative error of a tensor rounded to them.
@@ -133,9 +134,14 @@ class Summary:
 
     def line(self) -> str:
         err = "not checked" if self.capture_max_rel_error is None else f"{self.capture_max_rel_error:.3g} x max|v|"
-        kv = f" ({self.n_kv_heads} KV head{'s' if self.n_kv_heads > 1 else ''})" if self.n_kv_heads != self.n_heads else ""
+        kv = (
+            f" ({self.n_kv_heads} KV head{'s' if self.n_kv_heads > 1 else ''})"
+            if self.n_kv_heads != self.n_heads
+            else ""
+        )
         return (
-            f"ok: format_version {self.format_version}, model_id {self.model_id!r}, {self.kind}{', causal' if self.causal else ''}, "
+            f"ok: format_version {self.format_version}, model_id {self.model_id!r}, "
+            f"{self.kind}{', causal' if self.causal else ''}, "
             f"{self.n_inputs} inputs x {self.n_layers} layers x {self.n_heads} heads{kv}, N = {self.n_tokens}, "
             f"d = {self.head_dim}, s = {self.attention_scale:.6g}, capture error {err}"
         )

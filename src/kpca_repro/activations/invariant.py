@@ -24,7 +24,13 @@ import numpy as np
 
 from kpca_repro.activations.format import HALF_ROUNDING, INVARIANT_RTOL, CaptureMismatchError
 
-__all__ = ["half_precision_problem", "InvariantResult", "attention_mask_matrix", "attention_invariant", "check_attention_invariant"]
+__all__ = [
+    "half_precision_problem",
+    "InvariantResult",
+    "attention_mask_matrix",
+    "attention_invariant",
+    "check_attention_invariant",
+]
 
 
 def half_precision_problem(tensors: Mapping[str, object], tolerance: float | None) -> str | None:
@@ -49,8 +55,10 @@ def half_precision_problem(tensors: Mapping[str, object], tolerance: float | Non
         dtype = str(getattr(x, "dtype", "")).removeprefix("torch.")
         if dtype in HALF_ROUNDING:
             return (
-                f"{name} is {dtype}: half precision rounds to about {HALF_ROUNDING[dtype]:.0e} relative, more than the capture invariant's "
-                f"default tolerance {INVARIANT_RTOL:g} x max|v| allows, so every head would fail; pass float32 tensors (the model run in float32) "
+                f"{name} is {dtype}: half precision rounds to about {HALF_ROUNDING[dtype]:.0e} relative, more than "
+                "the capture invariant's "
+                f"default tolerance {INVARIANT_RTOL:g} x max|v| allows, so every head would fail; pass float32 "
+                "tensors (the model run in float32) "
                 f"or a tolerance suited to {dtype}"
             )
     return None
@@ -102,7 +110,9 @@ def attention_mask_matrix(n_tokens: int, key_mask=None, window: int | None = Non
     return allowed
 
 
-def attention_invariant(q, k, v, h, *, scale: float, allowed=None, query_mask=None, inputs=None, kv_head_of_query=None) -> InvariantResult:
+def attention_invariant(
+    q, k, v, h, *, scale: float, allowed=None, query_mask=None, inputs=None, kv_head_of_query=None
+) -> InvariantResult:
     """Compare ``h`` with ``softmax(scale * q k^T + mask) v`` recomputed in float64.
 
     Args:
@@ -126,7 +136,10 @@ def attention_invariant(q, k, v, h, *, scale: float, allowed=None, query_mask=No
     """
     import torch
 
-    t = {name: (x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))).detach() for name, x in (("q", q), ("k", k), ("v", v), ("h", h))}
+    t = {
+        name: (x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))).detach()
+        for name, x in (("q", q), ("k", k), ("v", v), ("h", h))
+    }
     qs, ks, vs, hs = (tuple(t[n].shape) for n in ("q", "k", "v", "h"))
     n_kv = qs[1] if kv_head_of_query is None else ks[1]
     if len(qs) != 4 or ks != (qs[0], n_kv, *qs[2:]) or vs[:3] != ks[:3] or hs != (*qs[:3], vs[3]):
@@ -148,7 +161,9 @@ def attention_invariant(q, k, v, h, *, scale: float, allowed=None, query_mask=No
     err = (hh - h_hat).abs()
     if query_mask is not None:
         qm = torch.as_tensor(np.asarray(query_mask)).bool()[sel]
-        err = torch.where(qm[:, None, :, None], err, torch.zeros_like(err))  # not err * qm: a padded query whose window holds no real key has NaN
+        err = torch.where(
+            qm[:, None, :, None], err, torch.zeros_like(err)
+        )  # not err * qm: a padded query whose window holds no real key has NaN
     abs_err = err.amax(dim=(-1, -2))  # (b, H)
     ref = vv.abs().amax(dim=(-1, -2)).clamp_min(torch.finfo(torch.float32).tiny)
     rel = abs_err / ref
@@ -158,7 +173,9 @@ def attention_invariant(q, k, v, h, *, scale: float, allowed=None, query_mask=No
     return InvariantResult(float(rel.max()), float(abs_err.max()), (int(sel[b]), head), int(rel.numel()))
 
 
-def check_attention_invariant(model_id: str, layer: int, *args, tolerance: float = INVARIANT_RTOL, **kwargs) -> InvariantResult:
+def check_attention_invariant(
+    model_id: str, layer: int, *args, tolerance: float = INVARIANT_RTOL, **kwargs
+) -> InvariantResult:
     """:func:`attention_invariant`, raising when the capture does not explain ``h``.
 
     Args:

@@ -46,7 +46,10 @@ class ActivationFile:
             self.attention_mask = self.f["attention_mask"][:] if "attention_mask" in self.f else None
             self.causal, self.n_kv_heads, self.kv_head_of_query = _heads_layout(self.attrs)
         except (OSError, KeyError, ValueError) as exc:
-            raise CorruptActivationFileError(f"activation file {self.path} is unreadable, truncated or incomplete ({exc}); delete it and rerun the extraction rule") from exc
+            raise CorruptActivationFileError(
+                f"activation file {self.path} is unreadable, truncated or incomplete ({exc}); delete it and rerun "
+                "the extraction rule"
+            ) from exc
 
     def attr_json(self, name: str):
         """A root attribute decoded from JSON."""
@@ -66,7 +69,10 @@ class ActivationFile:
             grp = self.f[layer_key(layer)]
             return {t: grp[t][sel] for t in names}
         except (OSError, KeyError, ValueError) as exc:
-            raise CorruptActivationFileError(f"activation file {self.path}: cannot read layer {layer} ({exc}); delete it and rerun the extraction rule") from exc
+            raise CorruptActivationFileError(
+                f"activation file {self.path}: cannot read layer {layer} ({exc}); delete it and rerun the extraction "
+                "rule"
+            ) from exc
 
     def close(self) -> None:
         self.f.close()

@@ -17,7 +17,16 @@ from kpca_repro.h5io import atomic_output
 __all__ = ["install_user_file", "check_user_config"]
 
 
-def install_user_file(source: str | os.PathLike, target: str | os.PathLike, *, name: str, kind: str, shard: int, n_shards: int, tolerance: float | None = None) -> Summary:
+def install_user_file(
+    source: str | os.PathLike,
+    target: str | os.PathLike,
+    *,
+    name: str,
+    kind: str,
+    shard: int,
+    n_shards: int,
+    tolerance: float | None = None,
+) -> Summary:
     """Validate a user's activation file (format and capture invariant) and copy it into the pipeline.
 
     The copy at ``target`` (``results/activations/<slug>/user_<i>of<S>.h5``) gets the
@@ -33,7 +42,9 @@ def install_user_file(source: str | os.PathLike, target: str | os.PathLike, *, n
     summary = validate(source, kind=kind, tolerance=tolerance)
     if summary.model_id != name:
         raise ActivationFormatError(
-            source, f"model_id is {summary.model_id!r} but the config entry activations.{name} names it {name!r}", f"rename the entry to {summary.model_id!r} or set model_id = {name!r}"
+            source,
+            f"model_id is {summary.model_id!r} but the config entry activations.{name} names it {name!r}",
+            f"rename the entry to {summary.model_id!r} or set model_id = {name!r}",
         )
     with atomic_output(target) as tmp:
         shutil.copyfile(source, tmp)
@@ -62,9 +73,18 @@ def check_user_config(config: dict) -> None:
     for name, entry in config.get("activations", {}).items():
         key = f"config key activations.{name}"
         if not _NAME.match(name) or "--" in name:
-            raise ValueError(f"{key}: the name must be letters, digits, '_', '.', '-' (no '--'), with at most one '/' (docs/activations.md)")
+            raise ValueError(
+                f"{key}: the name must be letters, digits, '_', '.', '-' (no '--'), with at most one '/' "
+                "(docs/activations.md)"
+            )
         if name in config["vision"]["models"] or name in config["text"]["models"]:
-            raise ValueError(f"{key}: {name} is also in vision.models or text.models; give your activations another name (docs/activations.md)")
+            raise ValueError(
+                f"{key}: {name} is also in vision.models or text.models; give your activations another name "
+                "(docs/activations.md)"
+            )
         for i, file in enumerate(entry["files"]):
             if not os.path.isfile(file):
-                raise ValueError(f"{key}.files[{i}]: {file} does not exist (relative paths are read from the working directory; docs/activations.md)")
+                raise ValueError(
+                    f"{key}.files[{i}]: {file} does not exist (relative paths are read from the working directory; "
+                    "docs/activations.md)"
+                )

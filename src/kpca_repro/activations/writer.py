@@ -15,7 +15,15 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from kpca_repro.activations.format import _SCALE_RTOL, FORMAT_VERSION, INVARIANT_RTOL, TENSORS, Summary, _kv_map_problem, layer_key
+from kpca_repro.activations.format import (
+    _SCALE_RTOL,
+    FORMAT_VERSION,
+    INVARIANT_RTOL,
+    TENSORS,
+    Summary,
+    _kv_map_problem,
+    layer_key,
+)
 from kpca_repro.activations.invariant import attention_mask_matrix, check_attention_invariant, half_precision_problem
 from kpca_repro.h5io import atomic_output
 
@@ -68,7 +76,13 @@ class ActivationWriter:
         causal: bool = False,
         kv_head_of_query=None,
     ):
-        self.path, self.model_id, self.n_inputs, self.check, self.windows = Path(path), model_id, n_inputs, check, windows
+        self.path, self.model_id, self.n_inputs, self.check, self.windows = (
+            Path(path),
+            model_id,
+            n_inputs,
+            check,
+            windows,
+        )
         self.tolerance = INVARIANT_RTOL if tolerance is None else float(tolerance)
         self.causal = bool(causal)
         self.kv_map = None if kv_head_of_query is None else np.asarray(kv_head_of_query).reshape(-1)
@@ -90,7 +104,8 @@ class ActivationWriter:
         return self
 
     def __exit__(self, *exc):
-        # the pool first (it waits for the last write; an error in it is lost only behind another), then the file, then the rename
+        # the pool first (it waits for the last write; an error in it is lost only behind another), then the file,
+        # then the rename
         return self._stack.__exit__(*exc)
 
     def add(self, layers: Sequence[Mapping[str, np.ndarray]], mask: np.ndarray | None = None) -> None:
@@ -113,21 +128,32 @@ class ActivationWriter:
         b = layers[0]["q"].shape[0]
         if self.shape is None:
             if self.kv_map is not None and len(self.kv_map) != layers[0]["q"].shape[1]:
-                raise ValueError(f"{self.model_id}: kv_head_of_query has {len(self.kv_map)} entries, q has {layers[0]['q'].shape[1]} heads")
+                raise ValueError(
+                    f"{self.model_id}: kv_head_of_query has {len(self.kv_map)} entries, q has "
+                    f"{layers[0]['q'].shape[1]} heads"
+                )
             self._create(len(layers), *layers[0]["q"].shape[1:])
         n_layers, n_heads, n_tokens, d = self.shape
         n_kv = self._n_kv()
         want = {t: (b, n_kv if t in "kv" else n_heads, n_tokens, d) for t in TENSORS}
         if len(layers) != n_layers or any(tuple(x[t].shape) != want[t] for x in layers for t in TENSORS):
             got = f"{len(layers)} layers of {sorted({(t, tuple(x[t].shape)) for x in layers for t in TENSORS})}"
-            raise ValueError(f"{self.model_id}: every layer's q, h must be (b, H, N, d) = {want['q']} and k, v (b, H_kv, N, d) = {want['k']} in all {n_layers} layers; got {got}")
+            raise ValueError(
+                f"{self.model_id}: every layer's q, h must be (b, H, N, d) = {want['q']} and k, v (b, H_kv, N, d) = "
+                f"{want['k']} in all {n_layers} layers; got {got}"
+            )
         if mask is not None:
             mask = np.asarray(mask, dtype=np.int64)
             if mask.shape[0] != b or mask.shape[1] > n_tokens:
-                raise ValueError(f"{self.model_id}: the attention sees {n_tokens} tokens of {b} inputs, the padding mask is {mask.shape}")
+                raise ValueError(
+                    f"{self.model_id}: the attention sees {n_tokens} tokens of {b} inputs, the padding mask is "
+                    f"{mask.shape}"
+                )
             mask = np.pad(mask, ((0, 0), (0, n_tokens - mask.shape[1])))
             if not np.isin(mask, (0, 1)).all() or not mask.any(axis=1).all():
-                raise ValueError(f"{self.model_id}: the padding mask must be 0/1 (1 = real token) with a real token in every input")
+                raise ValueError(
+                    f"{self.model_id}: the padding mask must be 0/1 (1 = real token) with a real token in every input"
+                )
         if b == 0:  # nothing to check or write (a user's last batch may be empty)
             return
         if self.check is not None:
@@ -156,25 +182,64 @@ class ActivationWriter:
         if self.shape is None or (self.n_inputs is not None and self.rows != self.n_inputs):
             raise ValueError(f"{self.model_id}: {self.rows} inputs captured, {self.n_inputs or 'at least 1'} expected")
         for name, values in (("sample_rank", sample_rank), ("dataset_index", dataset_index)):
-            self.f.create_dataset(name, data=np.arange(self.rows) if values is None else np.asarray(values), dtype=np.int64, track_times=False)
+            self.f.create_dataset(
+                name,
+                data=np.arange(self.rows) if values is None else np.asarray(values),
+                dtype=np.int64,
+                track_times=False,
+            )
         masks = [np.ones((b, self.shape[2]), np.int64) if m is None else m for b, m in self.masks]
         text = any(m is not None for _, m in self.masks)
         if text:
             self.f.create_dataset("attention_mask", data=np.concatenate(masks), track_times=False)
         n_layers, n_heads, n_tokens, d = self.shape
         kv_map = np.arange(n_heads, dtype=np.int64) if self.kv_map is None else self.kv_map
-        root = dict(format_version=FORMAT_VERSION, model_id=self.model_id, n_layers=n_layers, n_heads=n_heads, head_dim=d, n_tokens=n_tokens, attention_scale=1.0 / math.sqrt(d))
+        root = dict(
+            format_version=FORMAT_VERSION,
+            model_id=self.model_id,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            head_dim=d,
+            n_tokens=n_tokens,
+            attention_scale=1.0 / math.sqrt(d),
+        )
         root.update(causal=np.bool_(self.causal), n_kv_heads=self._n_kv(), kv_head_of_query=kv_map)
-        root.update(weights_sha256="", shard=0, n_shards=1, dtype="float32", capture_adapter="", capture_check="not checked")
+        root.update(
+            weights_sha256="", shard=0, n_shards=1, dtype="float32", capture_adapter="", capture_check="not checked"
+        )
         if self.check is not None:
-            root.update(capture_rtol=self.tolerance, capture_check=f"every batch, every layer, all heads of {self.check}: max |h - softmax(s q k^T + mask) v| / max |v|")
+            root.update(
+                capture_rtol=self.tolerance,
+                capture_check=(
+                    f"every batch, every layer, all heads of {self.check}: max |h - softmax(s q k^T + mask) v| / "
+                    "max |v|"
+                ),
+            )
             root.update(zip(("capture_max_rel_error", "capture_max_abs_error", "capture_heads_checked"), self.errors))
         root.update(attrs or {})
         for name, value in root.items():
-            self.f.attrs[name] = value if isinstance(value, (str, int, float, np.integer, np.floating, np.bool_, np.ndarray)) else json.dumps(value, sort_keys=True)
+            self.f.attrs[name] = (
+                value
+                if isinstance(value, (str, int, float, np.integer, np.floating, np.bool_, np.ndarray))
+                else json.dumps(value, sort_keys=True)
+            )
         error = root.get("capture_max_rel_error")
         kind = "text" if text else "vision"
-        return Summary(FORMAT_VERSION, self.model_id, kind, self.rows, n_layers, n_heads, n_tokens, d, root["attention_scale"], error, self.causal, self._n_kv(), root)
+        return Summary(
+            FORMAT_VERSION,
+            self.model_id,
+            kind,
+            self.rows,
+            n_layers,
+            n_heads,
+            n_tokens,
+            d,
+            root["attention_scale"],
+            error,
+            self.causal,
+            self._n_kv(),
+            root,
+        )
 
     def _n_kv(self) -> int:
         return self.shape[1] if self.kv_map is None else int(self.kv_map.max()) + 1
@@ -186,7 +251,14 @@ class ActivationWriter:
             grp = self.f.create_group(layer_key(layer), track_order=False)
             for t in TENSORS:
                 heads = n_kv if t in ("k", "v") else n_heads
-                grp.create_dataset(t, shape=(n or 0, heads, n_tokens, d), maxshape=(n, heads, n_tokens, d), dtype="float32", chunks=(1, heads, n_tokens, d), track_times=False)
+                grp.create_dataset(
+                    t,
+                    shape=(n or 0, heads, n_tokens, d),
+                    maxshape=(n, heads, n_tokens, d),
+                    dtype="float32",
+                    chunks=(1, heads, n_tokens, d),
+                    track_times=False,
+                )
 
     def _check_invariant(self, layers, mask) -> None:
         import torch
@@ -196,9 +268,22 @@ class ActivationWriter:
         km = None if mask is None else torch.from_numpy(mask).bool()
         rel, abs_, n = self.errors
         for layer, x in enumerate(layers):
-            allowed = attention_mask_matrix(n_tokens, key_mask=km, window=self.windows[layer] if self.windows else None, causal=self.causal)
+            allowed = attention_mask_matrix(
+                n_tokens, key_mask=km, window=self.windows[layer] if self.windows else None, causal=self.causal
+            )
             res = check_attention_invariant(
-                self.model_id, layer, x["q"], x["k"], x["v"], x["h"], scale=1.0 / math.sqrt(d), allowed=allowed, query_mask=km, inputs=inputs, tolerance=self.tolerance, kv_head_of_query=self.kv_map
+                self.model_id,
+                layer,
+                x["q"],
+                x["k"],
+                x["v"],
+                x["h"],
+                scale=1.0 / math.sqrt(d),
+                allowed=allowed,
+                query_mask=km,
+                inputs=inputs,
+                tolerance=self.tolerance,
+                kv_head_of_query=self.kv_map,
             )
             rel, abs_, n = max(rel, res.max_rel_error), max(abs_, res.max_abs_error), n + res.n_heads_checked
         self.errors = (rel, abs_, n)
@@ -278,7 +363,9 @@ def write_activations(
         arrays = [{**a, "q": a["q"] * factor} for a in arrays]
     mask = None if attention_mask is None else _to_numpy(attention_mask)
     check = "every input" if check_invariant else None
-    with ActivationWriter(path, model_id=model_id, check=check, tolerance=tolerance, causal=causal, kv_head_of_query=kv_head_of_query) as writer:
+    with ActivationWriter(
+        path, model_id=model_id, check=check, tolerance=tolerance, causal=causal, kv_head_of_query=kv_head_of_query
+    ) as writer:
         writer.add(arrays, mask)
         return writer.finish({"capture_adapter": "write_activations", **(attrs or {})}, sample_rank, dataset_index)
 
@@ -286,4 +373,8 @@ def write_activations(
 def _to_numpy(x) -> np.ndarray:
     if hasattr(x, "detach"):
         x = x.detach().float().cpu().numpy()
-    return np.ascontiguousarray(np.asarray(x, dtype=np.float32)) if np.asarray(x).dtype.kind == "f" else np.ascontiguousarray(np.asarray(x))
+    return (
+        np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+        if np.asarray(x).dtype.kind == "f"
+        else np.ascontiguousarray(np.asarray(x))
+    )

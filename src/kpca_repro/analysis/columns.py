@@ -28,7 +28,17 @@ import json
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["Column", "Schema", "SCHEMAS", "UndescribedColumnError", "statistic_columns", "describe", "metadata", "metadata_json", "markdown_page"]
+__all__ = [
+    "Column",
+    "Schema",
+    "SCHEMAS",
+    "UndescribedColumnError",
+    "statistic_columns",
+    "describe",
+    "metadata",
+    "metadata_json",
+    "markdown_page",
+]
 
 
 @dataclass(frozen=True)
@@ -79,19 +89,38 @@ class UndescribedColumnError(KeyError):
 # Shared entries
 # --------------------------------------------------------------------------------------
 
-_MODEL = Column("model", "the model's short name in the paper (DeiT-Tiny, MiniLM, ...) or its id; ' (stand-in weights)' or ' (user activations)' appended for such rows", "text")
+_MODEL = Column(
+    "model",
+    "the model's short name in the paper (DeiT-Tiny, MiniLM, ...) or its id; ' (stand-in weights)' or ' (user "
+    "activations)' appended for such rows",
+    "text",
+)
 _TIMM_ID = Column("timm_id", "the timm model id (config vision.models)", "text", "vision tables")
-_HF_ID = Column("hf_id", "the Hugging Face model id (config text.models, decoders.models)", "text", "text and decoder tables")
+_HF_ID = Column(
+    "hf_id", "the Hugging Face model id (config text.models, decoders.models)", "text", "text and decoder tables"
+)
 _MODEL_ID = Column("model", "the model id (timm or Hugging Face) of the activation files", "text")
-_VARIANT = Column("variant", "the variant that computed the row: paper (the authors' code) or corrected (docs/results.md, 'The two variants')", "paper | corrected")
+_VARIANT = Column(
+    "variant",
+    "the variant that computed the row: paper (the authors' code) or corrected (docs/results.md, 'The two variants')",
+    "paper | corrected",
+)
 _N_IMAGES = Column("n_images", "images analysed (summed over shards)", "count", "vision tables")
 _N_SENTENCES = Column("n_sentences", "WikiText rows (sentences) analysed (summed over shards)", "count", "text tables")
 _SHA = Column("weights_sha256", "SHA-256 of the weights file the activations were extracted with", "hex digest")
-_BOOTSTRAP = Column("bootstrap_resamples", "replicates of the percentile bootstrap over the inputs (config uncertainty.bootstrap)", "count")
-_COVERAGE = Column("coverage", "central coverage of the bootstrap intervals (config uncertainty.coverage)", "fraction in (0, 1)")
+_BOOTSTRAP = Column(
+    "bootstrap_resamples",
+    "replicates of the percentile bootstrap over the inputs (config uncertainty.bootstrap)",
+    "count",
+)
+_COVERAGE = Column(
+    "coverage", "central coverage of the bootstrap intervals (config uncertainty.coverage)", "fraction in (0, 1)"
+)
 _LAYER = Column("layer", "transformer block, 0-based", "index")
 _HEAD = Column("head", "attention head within the layer, 0-based", "index")
-_SAMPLE_RANK = Column("sample_rank", "the input's rank in the seeded draw of images or sentences (docs/method.md 1)", "index")
+_SAMPLE_RANK = Column(
+    "sample_rank", "the input's rank in the seeded draw of images or sentences (docs/method.md 1)", "index"
+)
 _DATASET_INDEX = Column("dataset_index", "the input's index in the image list or the dataset's rows", "index")
 _COSINE = "cosine in [-1, 1]"
 
@@ -101,21 +130,48 @@ _COSINE = "cosine in [-1, 1]"
 
 #: Per-head metric columns (the records' similarity statistics), also the values of ``<col>``.
 _HEAD_METRICS = {
-    "direct_cos_mean": ("mean over tokens i of the direct cosine cos(v_i, v^KPCA_i) between row i of V and row i of V_KPCA", _COSINE),
+    "direct_cos_mean": (
+        "mean over tokens i of the direct cosine cos(v_i, v^KPCA_i) between row i of V and row i of V_KPCA",
+        _COSINE,
+    ),
     "direct_cos_max": ("largest direct cosine cos(v_i, v^KPCA_i) over the tokens i", _COSINE),
     "direct_cos_min": ("smallest direct cosine cos(v_i, v^KPCA_i) over the tokens i", _COSINE),
     "direct_cos_frac_negative": ("share of tokens whose direct cosine is negative", "fraction in [0, 1]"),
-    "optimal_cos_mean": ("mean over tokens of the cosine between each row of V and the row of V_KPCA the optimal (Hungarian) token matching assigns to it", _COSINE),
+    "optimal_cos_mean": (
+        "mean over tokens of the cosine between each row of V and the row of V_KPCA the optimal (Hungarian) token "
+        "matching assigns to it",
+        _COSINE,
+    ),
     "optimal_cos_max": ("largest matched cosine over tokens (optimal token matching)", _COSINE),
     "optimal_cos_min": ("smallest matched cosine over tokens (optimal token matching)", _COSINE),
     "linear_cka": ("linear CKA between V and V_KPCA (docs/method.md 2)", "[0, 1]"),
     "rbf_cka": ("RBF-kernel CKA between V and V_KPCA, bandwidth the median distance (docs/method.md 2)", "[0, 1]"),
-    "direct_abs_cos_columns": ("mean over the d columns c of |cos| between column c of V and column c of V_KPCA (docs/method.md 15.3)", "[0, 1]"),
-    "optimal_abs_cos_columns": ("mean |cos| between the columns of V and of V_KPCA under the optimal column matching (docs/method.md 15.3)", "[0, 1]"),
-    "linear_cka_unbiased": ("linear CKA between V and V_KPCA with the unbiased HSIC estimator of Song et al. 2012 (near 0 for unrelated matrices at any N; NaN for N < 4; docs/method.md 17.2)", "≤ 1"),
-    "rbf_cka_unbiased": ("RBF-kernel CKA between V and V_KPCA with the unbiased HSIC estimator (docs/method.md 17.2)", "≤ 1"),
-    "projection_cos": ("mean over the tested queries i of cos(ĥ_i, h_i), ĥ_i = Σ_j softmax_j(s q_i·k_j) V_KPCA_j the claimed projection, h_i the attention's output (docs/method.md 17.3)", _COSINE),
-    "projection_rel_error": ("‖Ĥ − H‖_F / ‖H‖_F over the tested queries, V_KPCA at its true scale (docs/method.md 17.3)", "≥ 0"),
+    "direct_abs_cos_columns": (
+        "mean over the d columns c of |cos| between column c of V and column c of V_KPCA (docs/method.md 15.3)",
+        "[0, 1]",
+    ),
+    "optimal_abs_cos_columns": (
+        "mean |cos| between the columns of V and of V_KPCA under the optimal column matching (docs/method.md 15.3)",
+        "[0, 1]",
+    ),
+    "linear_cka_unbiased": (
+        "linear CKA between V and V_KPCA with the unbiased HSIC estimator of Song et al. 2012 (near 0 for unrelated "
+        "matrices at any N; NaN for N < 4; docs/method.md 17.2)",
+        "≤ 1",
+    ),
+    "rbf_cka_unbiased": (
+        "RBF-kernel CKA between V and V_KPCA with the unbiased HSIC estimator (docs/method.md 17.2)",
+        "≤ 1",
+    ),
+    "projection_cos": (
+        "mean over the tested queries i of cos(ĥ_i, h_i), ĥ_i = Σ_j softmax_j(s q_i·k_j) V_KPCA_j the claimed "
+        "projection, h_i the attention's output (docs/method.md 17.3)",
+        _COSINE,
+    ),
+    "projection_rel_error": (
+        "‖Ĥ − H‖_F / ‖H‖_F over the tested queries, V_KPCA at its true scale (docs/method.md 17.3)",
+        "≥ 0",
+    ),
     "projection_norm_ratio": ("‖Ĥ‖_F / ‖H‖_F over the tested queries (docs/method.md 17.3)", "≥ 0"),
 }
 _CORRECTED_ONLY = ("direct_abs_cos_columns", "optimal_abs_cos_columns", "linear_cka_unbiased", "rbf_cka_unbiased")
@@ -125,12 +181,16 @@ _CONTROLS = {
     "rbf_cka": "RBF CKA",
     "linear_cka_unbiased": "unbiased linear CKA",
     "rbf_cka_unbiased": "unbiased RBF CKA",
-    "projection_norm_ratio": "the largest ‖Ĥ‖_F / ‖H‖_F that any principal directions reach, ‖H G Sᵀ‖_F / ‖H‖_F; projection_rel_error ≥ 1 − it",
+    "projection_norm_ratio": (
+        "the largest ‖Ĥ‖_F / ‖H‖_F that any principal directions reach, ‖H G Sᵀ‖_F / ‖H‖_F; projection_rel_error "
+        "≥ 1 − it"
+    ),
 }
 
 _HEADS = Schema(
     "Per-head records",
-    "`results/heads/<variant>/<model>/<stem>.csv` (rules `kpca_heads`, `kpca_prefix`; metadata: rule `records_metadata`): one row per (input, layer, head), the records Tables 1 and 4 aggregate",
+    "`results/heads/<variant>/<model>/<stem>.csv` (rules `kpca_heads`, `kpca_prefix`; metadata: rule "
+    "`records_metadata`): one row per (input, layer, head), the records Tables 1 and 4 aggregate",
     (
         _MODEL_ID,
         _VARIANT,
@@ -141,7 +201,12 @@ _HEADS = Schema(
         Column("n_tokens", "N, the tokens of the head (paper text variant: the padded length)", "count"),
         Column("head_dim", "d, the head dimension", "count"),
         Column("exp_overflow", "some exp(s k_i·k_j) of the Gram matrix overflows float32", "bool", "paper"),
-        Column("outer_overflow", "g_i g_j overflows float32 while g is finite: those Gram entries are zeroed, the head kept", "bool", "paper"),
+        Column(
+            "outer_overflow",
+            "g_i g_j overflows float32 while g is finite: those Gram entries are zeroed, the head kept",
+            "bool",
+            "paper",
+        ),
         Column("finite", "the centered Gram matrix is finite", "bool"),
         Column(
             "dropped",
@@ -150,30 +215,58 @@ _HEADS = Schema(
             "bool",
         ),
         Column("allclose", "torch.allclose(V, V_KPCA, rtol=1e-3, atol=1e-5) holds", "bool"),
-        *(Column(name, text, unit, "corrected" if name in _CORRECTED_ONLY else "") for name, (text, unit) in _HEAD_METRICS.items()),
-        Column("baseline_<col>", "<col> with a standard normal matrix in place of V_KPCA, seeded by (seed, input, layer)", "as <col>", "corrected"),
+        *(
+            Column(name, text, unit, "corrected" if name in _CORRECTED_ONLY else "")
+            for name, (text, unit) in _HEAD_METRICS.items()
+        ),
+        Column(
+            "baseline_<col>",
+            "<col> with a standard normal matrix in place of V_KPCA, seeded by (seed, input, layer)",
+            "as <col>",
+            "corrected",
+        ),
         Column(
             "control_<ctl>",
-            "the all-components control of <ctl>: V against G H, what the normaliser g alone gives, equal to the metric where every direction is kept (docs/method.md 17)",
+            "the all-components control of <ctl>: V against G H, what the normaliser g alone gives, equal to the "
+            "metric where every direction is kept (docs/method.md 17)",
             "as the metric",
             "corrected; projection: decoders too",
         ),
-        Column("n_centered_directions", "N − 1, the directions of the centered feature space of the N keys (the most non-zero eigenvalues the centered Gram matrix has)", "count"),
+        Column(
+            "n_centered_directions",
+            "N − 1, the directions of the centered feature space of the N keys (the most non-zero eigenvalues the "
+            "centered Gram matrix has)",
+            "count",
+        ),
         Column("n_components", "eigenvectors kept, min(d, N)", "count"),
         Column(
-            "all_directions_kept", "n_components ≥ N − 1 (N ≤ d + 1): the kept eigenvectors span the whole centered space, so V_KPCA V_KPCAᵀ = G H G and CKA tests only g (docs/method.md 17.1)", "bool"
+            "all_directions_kept",
+            "n_components ≥ N − 1 (N ≤ d + 1): the kept eigenvectors span the whole centered space, so V_KPCA "
+            "V_KPCAᵀ = G H G and CKA tests only g (docs/method.md 17.1)",
+            "bool",
         ),
         Column(
             "eigengap_min",
-            "smallest relative eigengap |λ_i − λ_j| / ‖K‖₂ between neighbouring eigenvalues of which one is selected (among the selected and at the selection boundary; docs/uncertainty.md 2b)",
+            "smallest relative eigengap |λ_i − λ_j| / ‖K‖₂ between neighbouring eigenvalues of which one is selected "
+            "(among the selected and at the selection boundary; docs/uncertainty.md 2b)",
             "≥ 0",
             "paper",
         ),
-        Column("solver_groups", "near-degenerate eigenvalue groups (gap below the float32 solver's tolerance) touching the selection", "count", "paper"),
+        Column(
+            "solver_groups",
+            "near-degenerate eigenvalue groups (gap below the float32 solver's tolerance) touching the selection",
+            "count",
+            "paper",
+        ),
         Column("solver_group_max", "size of the largest such group (1: none)", "count", "paper"),
-        Column("solver_boundary_group", "a near-degenerate group straddles the top-d selection boundary", "bool", "paper"),
+        Column(
+            "solver_boundary_group", "a near-degenerate group straddles the top-d selection boundary", "bool", "paper"
+        ),
     ),
-    {"col": {name: f"`{name}`" for name in _HEAD_METRICS}, "ctl": {name: f"`{name}` ({text})" for name, text in _CONTROLS.items()}},
+    {
+        "col": {name: f"`{name}`" for name in _HEAD_METRICS},
+        "ctl": {name: f"`{name}` ({text})" for name, text in _CONTROLS.items()},
+    },
 )
 
 # --------------------------------------------------------------------------------------
@@ -213,13 +306,15 @@ def statistic_columns(statistics: tuple[tuple[str, str, str], ...]) -> tuple[Col
             Column(
                 f"{name}_lower",
                 f"lower end of {name}'s interval: the percentile bootstrap over the inputs (coverage `coverage`), "
-                "for a statistic with solver draws (MDC, MOC) combined with the solver variation (docs/uncertainty.md 3)",
+                "for a statistic with solver draws (MDC, MOC) combined with the solver variation "
+                "(docs/uncertainty.md 3)",
                 unit,
             ),
             Column(f"{name}_upper", f"upper end of {name}'s interval (as `{name}_lower`)", unit),
             Column(
                 f"{name}_solver_lower",
-                f"lower end of what the eigensolver's freedom (each eigenvector's sign, rotations inside near-degenerate eigenspaces) can print for {name} "
+                "lower end of what the eigensolver's freedom (each eigenvector's sign, rotations inside "
+                f"near-degenerate eigenspaces) can print for {name} "
                 "on all inputs (docs/uncertainty.md 2-3); NaN without solver draws",
                 unit,
             ),
@@ -230,56 +325,166 @@ def statistic_columns(statistics: tuple[tuple[str, str, str], ...]) -> tuple[Col
 
 #: The projection test's means over heads (docs/method.md 17.3): the decoders' table and profile.
 _PROJECTION_MEANS = (
-    Column("projection_cos", "mean over heads (NaN skipped) of the per-head cos(ĥ, h) of the projection test at the last real token (docs/method.md 17.3)", _COSINE, "decoders"),
-    Column("projection_rel_error", "mean over heads (NaN skipped) of ‖ĥ − h‖ / ‖h‖ of the projection test", "≥ 0", "decoders"),
-    Column("projection_norm_ratio", "mean over heads (NaN skipped) of ‖ĥ‖ / ‖h‖ of the projection test", "≥ 0", "decoders"),
-    Column("control_projection_norm_ratio", "mean over heads (NaN skipped) of the largest ‖ĥ‖ / ‖h‖ any principal directions reach (all components)", "≥ 0", "decoders"),
+    Column(
+        "projection_cos",
+        "mean over heads (NaN skipped) of the per-head cos(ĥ, h) of the projection test at the last real token "
+        "(docs/method.md 17.3)",
+        _COSINE,
+        "decoders",
+    ),
+    Column(
+        "projection_rel_error",
+        "mean over heads (NaN skipped) of ‖ĥ − h‖ / ‖h‖ of the projection test",
+        "≥ 0",
+        "decoders",
+    ),
+    Column(
+        "projection_norm_ratio", "mean over heads (NaN skipped) of ‖ĥ‖ / ‖h‖ of the projection test", "≥ 0", "decoders"
+    ),
+    Column(
+        "control_projection_norm_ratio",
+        "mean over heads (NaN skipped) of the largest ‖ĥ‖ / ‖h‖ any principal directions reach (all components)",
+        "≥ 0",
+        "decoders",
+    ),
 )
 
 _PER_HEAD_TABLE = Schema(
     "Tables 1 and 4, `paper` variant",
-    "`results/table1.csv`, `results/table4.csv` (and every per-head table of the registry `TABLES`): one row per model, "
-    "its statistics over heads of the per-head records with their intervals (docs/method.md 2-3, docs/uncertainty.md 3)",
+    "`results/table1.csv`, `results/table4.csv` (and every per-head table of the registry `TABLES`): one row per "
+    "model, "
+    "its statistics over heads of the per-head records with their intervals (docs/method.md 2-3, docs/uncertainty.md "
+    "3)",
     (
         _MODEL,
         _TIMM_ID,
         _HF_ID,
-        Column("MDC_mean_over_heads", "mean over the kept heads (NaN skipped) of the per-head `direct_cos_mean`, beside MDC, their maximum", _COSINE, "Table 1"),
-        Column("MOC_mean_over_heads", "mean over the kept heads (NaN skipped) of the per-head `optimal_cos_mean`, beside MOC, their maximum", _COSINE, "Table 1"),
-        Column("MDC_table1_statistic", "Table 1's MDC on these records: maximum over heads of the per-head `direct_cos_mean`", _COSINE, "Table 4"),
-        Column("MOC_table1_statistic", "Table 1's MOC on these records: maximum over heads of the per-head `optimal_cos_mean`", _COSINE, "Table 4"),
-        Column("<decided>_layer", "layer of the head whose `direct_cos_mean` is the maximum, the head that decides <decided>; -1 when no value is finite", "index"),
+        Column(
+            "MDC_mean_over_heads",
+            "mean over the kept heads (NaN skipped) of the per-head `direct_cos_mean`, beside MDC, their maximum",
+            _COSINE,
+            "Table 1",
+        ),
+        Column(
+            "MOC_mean_over_heads",
+            "mean over the kept heads (NaN skipped) of the per-head `optimal_cos_mean`, beside MOC, their maximum",
+            _COSINE,
+            "Table 1",
+        ),
+        Column(
+            "MDC_table1_statistic",
+            "Table 1's MDC on these records: maximum over heads of the per-head `direct_cos_mean`",
+            _COSINE,
+            "Table 4",
+        ),
+        Column(
+            "MOC_table1_statistic",
+            "Table 1's MOC on these records: maximum over heads of the per-head `optimal_cos_mean`",
+            _COSINE,
+            "Table 4",
+        ),
+        Column(
+            "<decided>_layer",
+            "layer of the head whose `direct_cos_mean` is the maximum, the head that decides <decided>; -1 when no "
+            "value is finite",
+            "index",
+        ),
         Column("<decided>_head", "head index of the head that decides <decided>; -1 when no value is finite", "index"),
-        Column("<decided>_sample_rank", "`sample_rank` of the input of the head that decides <decided>; -1 when no value is finite", "index"),
-        Column("<decided>_dataset_index", "`dataset_index` of the input of the head that decides <decided>; -1 when no value is finite", "index"),
-        Column("<decided>_eigengap", "`eigengap_min` of the head that decides <decided>: a tiny gap means the solver's rotation in that one head moves the statistic (docs/uncertainty.md 2b)", "≥ 0"),
+        Column(
+            "<decided>_sample_rank",
+            "`sample_rank` of the input of the head that decides <decided>; -1 when no value is finite",
+            "index",
+        ),
+        Column(
+            "<decided>_dataset_index",
+            "`dataset_index` of the input of the head that decides <decided>; -1 when no value is finite",
+            "index",
+        ),
+        Column(
+            "<decided>_eigengap",
+            "`eigengap_min` of the head that decides <decided>: a tiny gap means the solver's rotation in that one "
+            "head moves the statistic (docs/uncertainty.md 2b)",
+            "≥ 0",
+        ),
         _N_IMAGES,
         _N_SENTENCES,
         Column("n_heads", "heads in the records: inputs × layers × heads", "count"),
         Column("n_heads_analysed", "heads the table aggregates: those the reference does not drop", "count", "Table 1"),
-        Column("n_heads_dropped", "heads the reference drops (non-finite centered Gram matrix or V_KPCA), left out of every statistic", "count", "Table 1"),
+        Column(
+            "n_heads_dropped",
+            "heads the reference drops (non-finite centered Gram matrix or V_KPCA), left out of every statistic",
+            "count",
+            "Table 1",
+        ),
         Column(
             "n_heads_nonfinite",
-            "aggregated heads with a non-finite value in a per-head column of the statistics (Table 1: kept, their NaN makes a mean NaN; Table 4: skipped by the means)",
+            "aggregated heads with a non-finite value in a per-head column of the statistics (Table 1: kept, their "
+            "NaN makes a mean NaN; Table 4: skipped by the means)",
             "count",
         ),
         Column("n_exp_overflow", "heads whose exp(s k_i·k_j) overflows float32", "count"),
-        Column("n_outer_overflow", "heads whose g_i g_j overflows float32: their Gram entries are zeroed and the heads kept", "count"),
+        Column(
+            "n_outer_overflow",
+            "heads whose g_i g_j overflows float32: their Gram entries are zeroed and the heads kept",
+            "count",
+        ),
         Column("n_allclose", "heads where torch.allclose(V, V_KPCA, rtol=1e-3, atol=1e-5) holds", "count"),
         *_PROJECTION_MEANS,
-        Column("n_heads_all_directions_kept", "heads with N ≤ d + 1, whose kept eigenvectors span the whole centered space (docs/method.md 17.1)", "count", "decoders"),
+        Column(
+            "n_heads_all_directions_kept",
+            "heads with N ≤ d + 1, whose kept eigenvectors span the whole centered space (docs/method.md 17.1)",
+            "count",
+            "decoders",
+        ),
         Column("n_query_heads", "query heads per layer", "count", "decoders"),
-        Column("n_kv_heads", "key-value heads per layer, the heads of the records: fewer than the query heads with grouped-query attention (docs/method.md 16)", "count", "decoders"),
-        Column("n_tokens", "N, the largest token count of a head (Table 4: the padded length; decoders: the longest row's real tokens)", "count", "Table 4, decoders"),
-        Column("longformer_transposed", "the activations were stored from Longformer's (sequence, batch) layout and read as the reference misreads them (docs/results.md, Table 4)", "bool", "Table 4"),
+        Column(
+            "n_kv_heads",
+            "key-value heads per layer, the heads of the records: fewer than the query heads with grouped-query "
+            "attention (docs/method.md 16)",
+            "count",
+            "decoders",
+        ),
+        Column(
+            "n_tokens",
+            "N, the largest token count of a head (Table 4: the padded length; decoders: the longest row's real "
+            "tokens)",
+            "count",
+            "Table 4, decoders",
+        ),
+        Column(
+            "longformer_transposed",
+            "the activations were stored from Longformer's (sequence, batch) layout and read as the reference "
+            "misreads them (docs/results.md, Table 4)",
+            "bool",
+            "Table 4",
+        ),
         _SHA,
         _BOOTSTRAP,
         _COVERAGE,
-        Column("sign_coverage", "central coverage of the solver draws in the solver intervals (config uncertainty.sign_coverage)", "fraction in (0, 1)"),
-        Column("sign_draws", "stored solver draws per head of the closed-form direct statistics (config uncertainty.sign_draws); 0: none", "count"),
-        Column("sign_draws_optimal", "stored solver draws per head of the matched cosines (config uncertainty.sign_draws_optimal); 0: none", "count"),
-        Column("solver_rotations", "the draws vary rotations inside near-degenerate eigenspaces as well as signs", "bool"),
-        Column("interval_note", "why a reproduced value lies outside its own interval; empty when every value is inside", "text"),
+        Column(
+            "sign_coverage",
+            "central coverage of the solver draws in the solver intervals (config uncertainty.sign_coverage)",
+            "fraction in (0, 1)",
+        ),
+        Column(
+            "sign_draws",
+            "stored solver draws per head of the closed-form direct statistics (config uncertainty.sign_draws); 0: "
+            "none",
+            "count",
+        ),
+        Column(
+            "sign_draws_optimal",
+            "stored solver draws per head of the matched cosines (config uncertainty.sign_draws_optimal); 0: none",
+            "count",
+        ),
+        Column(
+            "solver_rotations", "the draws vary rotations inside near-degenerate eigenspaces as well as signs", "bool"
+        ),
+        Column(
+            "interval_note",
+            "why a reproduced value lies outside its own interval; empty when every value is inside",
+            "text",
+        ),
     ),
     {"decided": {"MDC": "MDC (Table 1)", "MDC_table1_statistic": "MDC_table1_statistic (Table 4)"}},
 )
@@ -290,23 +495,35 @@ _PER_HEAD_TABLE = Schema(
 
 _CORRECTED_TABLE = Schema(
     "Tables 1 and 4, `corrected` variant",
-    "`results/table1_corrected.csv`, `results/table4_corrected.csv`: one row per (model, metric), each metric beside a random Gaussian baseline (docs/method.md 15)",
+    "`results/table1_corrected.csv`, `results/table4_corrected.csv`: one row per (model, metric), each metric beside "
+    "a random Gaussian baseline (docs/method.md 15)",
     (
         _MODEL,
         _TIMM_ID,
         _HF_ID,
         Column("metric", "the metric's label (direct cosine (token rows), linear CKA, ...)", "text"),
         Column("column", "the per-head records column it aggregates (`direct_cos_mean`, `linear_cka`, ...)", "text"),
-        Column("paper_statistic", "the paper's statistic over heads for this metric", "max over heads | mean over heads"),
+        Column(
+            "paper_statistic", "the paper's statistic over heads for this metric", "max over heads | mean over heads"
+        ),
         Column("paper_statistic_value", "that statistic over the heads with a finite value", "as the metric"),
         Column("mean", "mean over the heads with a finite value", "as the metric"),
         Column("std", "standard deviation over the heads with a finite value (ddof 1)", "as the metric"),
-        Column("baseline_paper_statistic_value", "the paper's statistic of the metric against a random Gaussian V_KPCA (`baseline_<column>`)", "as the metric"),
+        Column(
+            "baseline_paper_statistic_value",
+            "the paper's statistic of the metric against a random Gaussian V_KPCA (`baseline_<column>`)",
+            "as the metric",
+        ),
         Column("baseline_mean", "mean over heads of the metric against the random baseline", "as the metric"),
-        Column("baseline_std", "standard deviation over heads (ddof 1) of the metric against the random baseline", "as the metric"),
+        Column(
+            "baseline_std",
+            "standard deviation over heads (ddof 1) of the metric against the random baseline",
+            "as the metric",
+        ),
         Column(
             "control_paper_statistic_value",
-            "the paper's statistic of the all-components control (`control_<column>`: V against G H, what g alone gives; NaN for a metric without one; docs/method.md 17)",
+            "the paper's statistic of the all-components control (`control_<column>`: V against G H, what g alone "
+            "gives; NaN for a metric without one; docs/method.md 17)",
             "as the metric",
         ),
         Column("control_mean", "mean over heads of the all-components control", "as the metric"),
@@ -315,7 +532,8 @@ _CORRECTED_TABLE = Schema(
         Column("n_nonfinite", "heads whose value of this metric is not finite, left out of its statistics", "count"),
         Column(
             "n_all_directions_kept",
-            "CKA metrics: heads with N ≤ d + 1, whose kept eigenvectors span the whole centered space, left out of the statistics "
+            "CKA metrics: heads with N ≤ d + 1, whose kept eigenvectors span the whole centered space, left out of "
+            "the statistics "
             "(their CKA is the control's; docs/method.md 17.1); 0 for the other metrics",
             "count",
         ),
@@ -331,29 +549,65 @@ _CORRECTED_TABLE = Schema(
 
 _STAT = {"max": "largest", "min": "smallest", "mean": "mean", "median": "lower median"}
 _WHAT = {"mean": "mean", "std": "standard deviation (ddof 1)"}
-_SPECTRUM_CELL = "<what> over images of the per-image <stat> of the rank-wise mean over layers × heads of the top eigenvalues of the centered Gram matrix"
+_SPECTRUM_CELL = (
+    "<what> over images of the per-image <stat> of the rank-wise mean over layers × heads of the top eigenvalues "
+    "of the centered Gram matrix"
+)
 _SPECTRUM_UNIT = "10⁻⁶ (the number is the eigenvalue × 10⁶)"
 
 _SPECTRUM_TABLE = Schema(
     "Tables 2 and 3",
-    "`results/table2.csv`, `results/table3.csv` and their `_corrected` files: one row per model; keys standardized per token, Table 3 also raw (docs/method.md 4-5)",
+    "`results/table2.csv`, `results/table3.csv` and their `_corrected` files: one row per model; keys standardized "
+    "per token, Table 3 also raw (docs/method.md 4-5)",
     (
         _MODEL,
         _TIMM_ID,
         _VARIANT,
         Column("<stat>_<what>", f"{_SPECTRUM_CELL}, standardized keys", _SPECTRUM_UNIT),
         Column("<stat>_<what>_raw", f"{_SPECTRUM_CELL}, raw (unstandardized) keys", _SPECTRUM_UNIT, "Table 3"),
-        Column("<stat>_<what>_lower", "lower end of the percentile bootstrap over images of `<stat>_<what>` (coverage `coverage`)", _SPECTRUM_UNIT),
-        Column("<stat>_<what>_upper", "upper end of the percentile bootstrap over images of `<stat>_<what>`", _SPECTRUM_UNIT),
-        Column("<stat>_<what>_raw_lower", "lower end of the percentile bootstrap over images of `<stat>_<what>_raw`", _SPECTRUM_UNIT, "Table 3"),
-        Column("<stat>_<what>_raw_upper", "upper end of the percentile bootstrap over images of `<stat>_<what>_raw`", _SPECTRUM_UNIT, "Table 3"),
-        Column("<stat>_change_pct", "change without standardization: (`<stat>_mean_raw` / `<stat>_mean` − 1) × 100", "%", "Table 3"),
+        Column(
+            "<stat>_<what>_lower",
+            "lower end of the percentile bootstrap over images of `<stat>_<what>` (coverage `coverage`)",
+            _SPECTRUM_UNIT,
+        ),
+        Column(
+            "<stat>_<what>_upper",
+            "upper end of the percentile bootstrap over images of `<stat>_<what>`",
+            _SPECTRUM_UNIT,
+        ),
+        Column(
+            "<stat>_<what>_raw_lower",
+            "lower end of the percentile bootstrap over images of `<stat>_<what>_raw`",
+            _SPECTRUM_UNIT,
+            "Table 3",
+        ),
+        Column(
+            "<stat>_<what>_raw_upper",
+            "upper end of the percentile bootstrap over images of `<stat>_<what>_raw`",
+            _SPECTRUM_UNIT,
+            "Table 3",
+        ),
+        Column(
+            "<stat>_change_pct",
+            "change without standardization: (`<stat>_mean_raw` / `<stat>_mean` − 1) × 100",
+            "%",
+            "Table 3",
+        ),
         Column("n_images", "images analysed, standardized keys", "count"),
         Column("n_heads", "heads analysed, standardized keys: images × layers × heads", "count"),
-        Column("n_nonfinite_heads", "heads with a non-finite eigenvalue, standardized keys (they make their image's statistics NaN)", "count"),
+        Column(
+            "n_nonfinite_heads",
+            "heads with a non-finite eigenvalue, standardized keys (they make their image's statistics NaN)",
+            "count",
+        ),
         Column("n_images_raw", "images analysed, raw keys", "count", "Table 3"),
         Column("n_heads_raw", "heads analysed, raw keys", "count", "Table 3"),
-        Column("n_nonfinite_heads_raw", "heads with a non-finite eigenvalue, raw keys (paper: float32 exp overflow)", "count", "Table 3"),
+        Column(
+            "n_nonfinite_heads_raw",
+            "heads with a non-finite eigenvalue, raw keys (paper: float32 exp overflow)",
+            "count",
+            "Table 3",
+        ),
         _BOOTSTRAP,
         _COVERAGE,
     ),
@@ -374,18 +628,31 @@ _COMPARISON = Schema(
         Column("column", "the published column (MDC, max_mean, ...)", "text"),
         Column("published", "the published number; empty where the source is unreadable", "as the column"),
         Column("reproduced", "the `paper` variant's value of that column; empty when not run", "as the column"),
-        Column("lower", "lower end of the reproduced value's interval (`<column>_lower` of the table)", "as the column"),
+        Column(
+            "lower", "lower end of the reproduced value's interval (`<column>_lower` of the table)", "as the column"
+        ),
         Column("upper", "upper end of the reproduced value's interval (`<column>_upper`)", "as the column"),
-        Column("solver_lower", "lower end of the solver interval (`<column>_solver_lower`; MDC and MOC only)", "as the column"),
-        Column("solver_upper", "upper end of the solver interval (`<column>_solver_upper`; MDC and MOC only)", "as the column"),
+        Column(
+            "solver_lower",
+            "lower end of the solver interval (`<column>_solver_lower`; MDC and MOC only)",
+            "as the column",
+        ),
+        Column(
+            "solver_upper",
+            "upper end of the solver interval (`<column>_solver_upper`; MDC and MOC only)",
+            "as the column",
+        ),
         Column("corrected", "the `corrected` variant's value of the same statistic", "as the column"),
         Column("difference", "reproduced − published", "as the column"),
         Column(
             "status",
-            "within rounding, consistent with (or differs beyond) sampling and solver variation, consistent with (or differs beyond) sampling variation, not comparable, not run, not published",
+            "within rounding, consistent with (or differs beyond) sampling and solver variation, consistent with (or "
+            "differs beyond) sampling variation, not comparable, not run, not published",
             "text",
         ),
-        Column("reason", "why a number is not comparable, not run or not published, or why an interval is missing", "text"),
+        Column(
+            "reason", "why a number is not comparable, not run or not published, or why an interval is missing", "text"
+        ),
         Column("source", "where the published number comes from", "text"),
     ),
 )
@@ -396,8 +663,10 @@ _COMPARISON = Schema(
 
 _NORMS = Schema(
     "Figures 2 and 5 (and the decoders'): squared norms per layer",
-    "`results/figure2.csv`, `results/figure5.csv`, `results/figure_decoders_norms.csv` and their `_corrected` files (rules `figure2`, `figure5`, "
-    "`figure_decoders_norms`), and the per-model records `results/norms/<variant>/<model>/{vision,text,decoder}.csv` they concatenate (rules `norms_vision`, `norms_text`, `norms_decoder`): "
+    "`results/figure2.csv`, `results/figure5.csv`, `results/figure_decoders_norms.csv` and their `_corrected` files "
+    "(rules `figure2`, `figure5`, "
+    "`figure_decoders_norms`), and the per-model records `results/norms/<variant>/<model>/{vision,text,decoder}.csv` "
+    "they concatenate (rules `norms_vision`, `norms_text`, `norms_decoder`): "
     "one row per (model, layer, quantity), the values pooled over inputs, heads and tokens (docs/method.md 8-9, 15)",
     (
         _MODEL_ID,
@@ -406,8 +675,14 @@ _NORMS = Schema(
         Column("quantity", "phi: ‖φ(q_i)‖²; h: ‖h_i‖²", "phi | h"),
         Column("n_sequences", "images or sentences pooled", "count"),
         Column("head_dim", "d, the head dimension", "count"),
-        Column("scale", "s of ‖φ(q_i)‖² = exp(s‖q_i‖²) / g(q_i)²: 1/8 hard-coded (paper), 1/√head_dim (corrected)", "> 0"),
-        Column("trim_percentile", "values above this percentile are dropped before the statistics; empty: no trim (corrected)", "percentile"),
+        Column(
+            "scale", "s of ‖φ(q_i)‖² = exp(s‖q_i‖²) / g(q_i)²: 1/8 hard-coded (paper), 1/√head_dim (corrected)", "> 0"
+        ),
+        Column(
+            "trim_percentile",
+            "values above this percentile are dropped before the statistics; empty: no trim (corrected)",
+            "percentile",
+        ),
         Column("band", "the percentiles of the shaded band", "25-75 (paper) | 2.5-97.5 (corrected)"),
         Column("n_values", "finite values pooled", "count"),
         Column("n_nonfinite", "non-finite values, left out", "count"),
@@ -429,15 +704,24 @@ _NORMS = Schema(
 # Figure 3 (rules gamma_vision, figure3)
 # --------------------------------------------------------------------------------------
 
-_EIGENVECTORS = Column("eigenvectors", "true: the eigenvectors A of the centered Gram matrix; perturbed: QR(A + noise · N(0, 1))", "true | perturbed")
+_EIGENVECTORS = Column(
+    "eigenvectors",
+    "true: the eigenvectors A of the centered Gram matrix; perturbed: QR(A + noise · N(0, 1))",
+    "true | perturbed",
+)
 _COMPONENT = Column("component", "principal component, 0-based", "index")
 
 _FIGURE3 = Schema(
     "Figure 3: the γ-constancy test",
-    "`results/figure3.csv`, `results/figure3_corrected.csv` (rule `figure3`): one row per (eigenvectors, measure, component), over the heads of the block (docs/method.md 10)",
+    "`results/figure3.csv`, `results/figure3_corrected.csv` (rule `figure3`): one row per (eigenvectors, measure, "
+    "component), over the heads of the block (docs/method.md 10)",
     (
         _EIGENVECTORS,
-        Column("measure", "abs_mean: mean over token pairs of |γ_i − γ_j|; rel_mean: of |γ_i − γ_j| / max(|γ_i|, |γ_j|)", "abs_mean | rel_mean"),
+        Column(
+            "measure",
+            "abs_mean: mean over token pairs of |γ_i − γ_j|; rel_mean: of |γ_i − γ_j| / max(|γ_i|, |γ_j|)",
+            "abs_mean | rel_mean",
+        ),
         _COMPONENT,
         Column("mean", "mean over heads of the measure", "≥ 0"),
         Column("std", "standard deviation over heads (ddof 0; the reference's band)", "≥ 0"),
@@ -450,7 +734,8 @@ _FIGURE3 = Schema(
 
 _GAMMA = Schema(
     "Figure 3 records",
-    "`results/figure3/gamma_<variant>.csv` (rule `gamma_vision`; metadata: rule `records_metadata`): one row per (image, head, eigenvectors, component)",
+    "`results/figure3/gamma_<variant>.csv` (rule `gamma_vision`; metadata: rule `records_metadata`): one row per "
+    "(image, head, eigenvectors, component)",
     (
         _SAMPLE_RANK,
         _HEAD,
@@ -469,7 +754,8 @@ _GAMMA = Schema(
 
 _SPECTRA = Schema(
     "Eigenvalue records",
-    "`results/spectra/<variant>/<model>/{vision_<n>,user}_<shard>_{standardized,raw}.csv` (rules `eigenvalues_vision`, `eigenvalues_user`; "
+    "`results/spectra/<variant>/<model>/{vision_<n>,user}_<shard>_{standardized,raw}.csv` (rules "
+    "`eigenvalues_vision`, `eigenvalues_user`; "
     "metadata: rule `records_metadata`): one row per (image, layer, head), the records Tables 2 and 3 aggregate",
     (
         _MODEL_ID,
@@ -480,7 +766,12 @@ _SPECTRA = Schema(
         _LAYER,
         _HEAD,
         Column("finite", "every eigenvalue is finite", "bool"),
-        Column("lambda_<r>", "the <r>th largest |eigenvalue| of the centered Gram matrix (not divided by N); NaN where the paper variant overflows", "eigenvalue"),
+        Column(
+            "lambda_<r>",
+            "the <r>th largest |eigenvalue| of the centered Gram matrix (not divided by N); NaN where the paper "
+            "variant overflows",
+            "eigenvalue",
+        ),
     ),
     {"r": r"\d+"},
 )
@@ -491,19 +782,29 @@ _SPECTRA = Schema(
 
 _TRAINING_CURVES = Schema(
     "Figures 1 and 4: training curves",
-    "`results/figure1.csv`, `results/figure4.csv` (rule `figure_training`): one row per plotted point (docs/method.md 6-7, docs/training.md)",
+    "`results/figure1.csv`, `results/figure4.csv` (rule `figure_training`): one row per plotted point "
+    "(docs/method.md 6-7, docs/training.md)",
     (
         Column("source", "whose run: the authors' W&B logs or this pipeline's runs at a scale", "text"),
         Column("model", "the trained architecture (vit_tiny, deit_tiny)", "text"),
-        Column("split", "the fixed batch: train (a training batch, train mode) or test (the first validation batch, eval mode)", "train | test"),
+        Column(
+            "split",
+            "the fixed batch: train (a training batch, train mode) or test (the first validation batch, eval mode)",
+            "train | test",
+        ),
         Column(
             "metric",
-            "error: J_proj = mean |‖φ(q_i)‖² − ‖h_i‖²|; h_norms_ave, phiq_norms_ave: the means of ‖h_i‖², ‖φ(q_i)‖²; error_median, h_norms_median, phiq_norms_median: medians over tokens; "
+            "error: J_proj = mean |‖φ(q_i)‖² − ‖h_i‖²|; h_norms_ave, phiq_norms_ave: the means of ‖h_i‖², ‖φ(q_i)‖²; "
+            "error_median, h_norms_median, phiq_norms_median: medians over tokens; "
             "rel_error_wrt_h, rel_error_wrt_phiq: the relative errors (Figure 4)",
             "text",
         ),
         Column("epoch", "epoch, 0-based", "index"),
-        Column("x", "the x drawn: the epoch, or for the authors' logs W&B Step / 15 as they plot it (docs/method.md 6.2)", "epochs"),
+        Column(
+            "x",
+            "the x drawn: the epoch, or for the authors' logs W&B Step / 15 as they plot it (docs/method.md 6.2)",
+            "epochs",
+        ),
         Column("n_seeds", "seeds with a value at this point", "count"),
         Column("value", "median over seeds of the metric", "as the metric"),
         Column("value_min", "smallest value over seeds", "as the metric"),
@@ -515,15 +816,24 @@ _TRAINING_CURVES = Schema(
 
 _CLAIMS = Schema(
     "Training claims",
-    "`results/training_claims.csv` (rule `training_claims`): in how many seeds and epochs each of the authors' Figure 1 observations holds (docs/training.md)",
+    "`results/training_claims.csv` (rule `training_claims`): in how many seeds and epochs each of the authors' "
+    "Figure 1 observations holds (docs/training.md)",
     (
         Column("model", "the trained architecture", "text"),
         Column("scale", "the training scale (config training.scales)", "text"),
         Column("tokens", "N, tokens per image", "count"),
         Column("split", "the fixed batch the statistics are logged on", "train | test"),
-        Column("claim", "the observation (its words: `definition`)", "phiq_much_smaller_than_h | jproj_close_to_h | jproj_falls | jproj_falls_second_half"),
+        Column(
+            "claim",
+            "the observation (its words: `definition`)",
+            "phiq_much_smaller_than_h | jproj_close_to_h | jproj_falls | jproj_falls_second_half",
+        ),
         Column("statistic", "mean: as the authors log it; median: over the tokens of the batch", "mean | median"),
-        Column("scope", "what is counted: (seed, epoch) pairs, seeds at their last epoch, or whole runs (seeds)", "every epoch | last epoch | whole run"),
+        Column(
+            "scope",
+            "what is counted: (seed, epoch) pairs, seeds at their last epoch, or whole runs (seeds)",
+            "every epoch | last epoch | whole run",
+        ),
         Column("holds", "pairs or seeds where the claim holds", "count"),
         Column("total", "pairs or seeds counted (0: the statistic is not logged)", "count"),
         Column("fraction", "holds / total; empty when total is 0", "fraction in [0, 1]"),
@@ -533,7 +843,11 @@ _CLAIMS = Schema(
 )
 
 _WHEN = {"first": "the first epoch", "last": "the last epoch"}
-_SPREAD = {"": "median over the run's seeds", "_min": "smallest value over the seeds", "_max": "largest value over the seeds"}
+_SPREAD = {
+    "": "median over the run's seeds",
+    "_min": "smallest value over the seeds",
+    "_max": "largest value over the seeds",
+}
 _ABLATION_QUANTITY = {
     "j_proj": "J_proj (mean |‖φ(q_i)‖² − ‖h_i‖²|, as logged)",
     "j_proj_median": "median over tokens of |‖φ(q_i)‖² − ‖h_i‖²|",
@@ -548,7 +862,8 @@ _ABLATION_QUANTITY = {
 
 _ABLATION = Schema(
     "Token ablation",
-    "`results/token_ablation.csv` (rule `token_ablation`): one row per (model, scale, split) (docs/training.md, 'The ablation')",
+    "`results/token_ablation.csv` (rule `token_ablation`): one row per (model, scale, split) (docs/training.md, 'The "
+    "ablation')",
     (
         Column("model", "the trained architecture", "text"),
         Column("scale", "the training scale (config training.scales)", "text"),
@@ -567,30 +882,61 @@ _ABLATION = Schema(
 
 _DECODERS_PREFIX = Schema(
     "The decoders' prefix profile",
-    "`results/decoders_prefix.csv` and `results/decoders_prefix_corrected.csv`: one row per (decoder, prefix length), Table 4's metrics "
+    "`results/decoders_prefix.csv` and `results/decoders_prefix_corrected.csv`: one row per (decoder, prefix "
+    "length), Table 4's metrics "
     "of V[:P] against V_KPCA^(P) on each row's first P real tokens (docs/method.md 16)",
     (
         _MODEL,
         _HF_ID,
         _VARIANT,
-        Column("prefix", "the prefix length P (config decoders.prefix_lengths), or N: each row's full length (the decoders table's records)", "tokens, or N"),
+        Column(
+            "prefix",
+            "the prefix length P (config decoders.prefix_lengths), or N: each row's full length (the decoders "
+            "table's records)",
+            "tokens, or N",
+        ),
         Column("n_tokens", "mean token count of a head: P, or the mean row length at N", "tokens"),
         Column("n_rows", "rows with at least P real tokens (shorter rows are left out at P)", "count"),
         Column("n_heads", "heads analysed: rows × layers × KV heads", "count"),
-        Column("MDC", "mean over heads (NaN skipped) of the per-head maximum over tokens of the direct cosine of V[:P] and V_KPCA^(P)", _COSINE),
-        Column("MOC", "mean over heads (NaN skipped) of the per-head maximum over tokens of the optimal-matching cosine", _COSINE),
+        Column(
+            "MDC",
+            "mean over heads (NaN skipped) of the per-head maximum over tokens of the direct cosine of V[:P] and "
+            "V_KPCA^(P)",
+            _COSINE,
+        ),
+        Column(
+            "MOC",
+            "mean over heads (NaN skipped) of the per-head maximum over tokens of the optimal-matching cosine",
+            _COSINE,
+        ),
         Column("LCKA", "mean over heads (NaN skipped) of the linear CKA of V[:P] and V_KPCA^(P)", "[0, 1]"),
         Column("KCKA", "mean over heads (NaN skipped) of the RBF CKA of V[:P] and V_KPCA^(P)", "[0, 1]"),
-        Column("n_heads_nonfinite", "heads with a non-finite value in one of the four per-head columns, skipped by the means", "count"),
+        Column(
+            "n_heads_nonfinite",
+            "heads with a non-finite value in one of the four per-head columns, skipped by the means",
+            "count",
+        ),
         Column(
             "cka_all_directions_kept",
-            "every head has P ≤ d + 1: its kept eigenvectors span the whole centered space, so LCKA and KCKA test only g "
-            "and carry no kernel-PCA information (docs/method.md 17.1); such rows are left out of the figure's CKA lines",
+            "every head has P ≤ d + 1: its kept eigenvectors span the whole centered space, so LCKA and KCKA test "
+            "only g "
+            "and carry no kernel-PCA information (docs/method.md 17.1); such rows are left out of the figure's CKA "
+            "lines",
             "bool",
         ),
         Column("n_heads_all_directions_kept", "heads with N ≤ d + 1", "count"),
-        Column("LCKA_unbiased", "mean over heads (NaN skipped) of the linear CKA with the unbiased HSIC estimator (docs/method.md 17.2)", "≤ 1", "corrected"),
-        Column("KCKA_unbiased", "mean over heads (NaN skipped) of the RBF CKA with the unbiased HSIC estimator", "≤ 1", "corrected"),
+        Column(
+            "LCKA_unbiased",
+            "mean over heads (NaN skipped) of the linear CKA with the unbiased HSIC estimator (docs/method.md 17.2)",
+            "≤ 1",
+            "corrected",
+        ),
+        Column(
+            "KCKA_unbiased",
+            "mean over heads (NaN skipped) of the RBF CKA with the unbiased HSIC estimator",
+            "≤ 1",
+            "corrected",
+        ),
         *_PROJECTION_MEANS,
     ),
 )
@@ -665,13 +1011,20 @@ def describe(names, schema: str, extra: tuple[Column, ...] = ()) -> list[dict[st
         for column in (*extra, *entry.columns):
             values = _match(column, name, entry.placeholders)
             if values is not None:
-                out.append({"name": name, "description": _fill(column.description, values, entry.placeholders), "unit": _fill(column.unit, values, entry.placeholders)})
+                out.append(
+                    {
+                        "name": name,
+                        "description": _fill(column.description, values, entry.placeholders),
+                        "unit": _fill(column.unit, values, entry.placeholders),
+                    }
+                )
                 break
         else:
             missing.append(name)
     if missing:
         raise UndescribedColumnError(
-            f"column(s) {', '.join(missing)} of a {schema!r} CSV have no description: add an entry to SCHEMAS[{schema!r}] in src/kpca_repro/analysis/columns.py (docs/columns.md)"
+            f"column(s) {', '.join(missing)} of a {schema!r} CSV have no description: add an entry to "
+            f"SCHEMAS[{schema!r}] in src/kpca_repro/analysis/columns.py (docs/columns.md)"
         )
     return out
 
@@ -705,7 +1058,16 @@ def metadata(frame, schema: str, csv_name: str, title: str, extra: tuple[Column,
         UndescribedColumnError: as :func:`describe`.
     """
     described = describe(list(frame.columns), schema, extra)
-    columns = [{"name": d["name"], "titles": d["name"], "datatype": _datatype(frame[d["name"]].dtype), "dc:description": d["description"], "schema:unitText": d["unit"]} for d in described]
+    columns = [
+        {
+            "name": d["name"],
+            "titles": d["name"],
+            "datatype": _datatype(frame[d["name"]].dtype),
+            "dc:description": d["description"],
+            "schema:unitText": d["unit"],
+        }
+        for d in described
+    ]
     return {
         "@context": "http://www.w3.org/ns/csvw",
         "url": csv_name,
@@ -738,17 +1100,20 @@ def markdown_page(statistics: dict[str, tuple[tuple[str, str, str], ...]]) -> st
         "",
         "[← README](../README.md) · [all pages](../README.md#documentation)",
         "",
-        "Generated from the registry `src/kpca_repro/analysis/columns.py` by `python tools/columns_page.py > docs/columns.md`",
+        "Generated from the registry `src/kpca_repro/analysis/columns.py` by `python tools/columns_page.py > "
+        "docs/columns.md`",
         "(`tests/test_columns.py` checks this page against it). Each CSV under `results/` has its columns,",
         "with their datatypes, in `<name>.csv-metadata.json` beside it (W3C CSVW: `dc:description`, `schema:unitText`;",
-        "a boolean column's format is `True|False`, as the CSV holds it); `csvwvalidate` (the csvw package) accepts each.",
+        "a boolean column's format is `True|False`, as the CSV holds it); `csvwvalidate` (the csvw package) accepts "
+        "each.",
         "The job that writes a table or figure writes its metadata; the records of the method's jobs (`results/heads`,",
         "`results/spectra`, `results/figure3/gamma_*`) get theirs from the local rule `records_metadata`",
         "(`workflow/rules/metadata.smk`), built with the tables and figures that read them: those jobs import nothing",
         "of `analysis`, so that editing a description reruns that rule and none of them.",
         "The report's HTML tables show the descriptions under each table.",
         "`<...>` in a name stands for each of the values listed under the table.",
-        "A new column (of a table's row function, say) needs an entry in the registry: without one, the job that writes",
+        "A new column (of a table's row function, say) needs an entry in the registry: without one, the job that "
+        "writes",
         "the CSV stops before writing and names the column.",
     ]
     for key, schema in SCHEMAS.items():
@@ -762,13 +1127,21 @@ def markdown_page(statistics: dict[str, tuple[tuple[str, str, str], ...]]) -> st
             lines += ["`<S>`: " + "; ".join(f"`{n}` ({', '.join(w)})" for n, w in names.items()) + ".", ""]
             generic = statistic_columns((("<S>", "<per-head column>", "max"),))
             columns = (
-                Column("<S>", "the statistic over heads (max, mean, or NaN-skipping mean) of its per-head column", "as the per-head column"),
+                Column(
+                    "<S>",
+                    "the statistic over heads (max, mean, or NaN-skipping mean) of its per-head column",
+                    "as the per-head column",
+                ),
                 *generic[1:],
                 *columns,
             )
         lines += ["| column | meaning | unit or range | only in |", "|---|---|---|---|"]
         lines += [f"| `{c.name}` | {_cell(c.description)} | {_cell(c.unit)} | {_cell(c.variants)} |" for c in columns]
         for name, spec in schema.placeholders.items():
-            values = f"`{spec}` (regular expression)" if isinstance(spec, str) else ", ".join(f"`{v}`" if v else "(empty)" for v in spec)
+            values = (
+                f"`{spec}` (regular expression)"
+                if isinstance(spec, str)
+                else ", ".join(f"`{v}`" if v else "(empty)" for v in spec)
+            )
             lines += ["", f"`<{name}>`: {values}."]
     return "\n".join(lines) + "\n"

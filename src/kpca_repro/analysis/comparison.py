@@ -75,13 +75,28 @@ NOT_COMPARABLE = "not comparable"
 NOT_RUN = "not run"
 #: The reason of a stand-in's rows (config ``comparison.stand_in_models``).
 #: The reason of the rows of a model analysed from user activations (config ``activations:``).
-USER_ACTIVATIONS_REASON = "user activations, not comparable (config activations:, docs/activations.md): a user's q, k, v, h, not the paper's model and sample"
-STAND_IN_REASON = "stand-in weights (random weights of the exact architecture, config comparison.stand_in_models): never compared with the paper"
+USER_ACTIVATIONS_REASON = (
+    "user activations, not comparable (config activations:, docs/activations.md): a user's q, k, v, h, not the "
+    "paper's model and sample"
+)
+STAND_IN_REASON = (
+    "stand-in weights (random weights of the exact architecture, config comparison.stand_in_models): never "
+    "compared with the paper"
+)
 NOT_PUBLISHED = "not published"
 #: Former name of :data:`WITHIN_ROUNDING`.
 MATCH = WITHIN_ROUNDING
 #: Row groups, in the order of the comparison table.
-STATUS_ORDER = {WITHIN_ROUNDING: 0, CONSISTENT: 0, DIFFERS: 0, CONSISTENT_SAMPLING: 0, DIFFERS_SAMPLING: 0, NOT_COMPARABLE: 1, NOT_RUN: 2, NOT_PUBLISHED: 2}
+STATUS_ORDER = {
+    WITHIN_ROUNDING: 0,
+    CONSISTENT: 0,
+    DIFFERS: 0,
+    CONSISTENT_SAMPLING: 0,
+    DIFFERS_SAMPLING: 0,
+    NOT_COMPARABLE: 1,
+    NOT_RUN: 2,
+    NOT_PUBLISHED: 2,
+}
 
 
 #: Value of config ``comparison.published_tables`` naming the copy of the paper's tables shipped
@@ -163,7 +178,9 @@ def decimals(cell: str) -> int:
     return len(cell.split(".", 1)[1]) if "." in cell else 0
 
 
-def status(published: str, reproduced: float, lower: float = float("nan"), upper: float = float("nan"), solver: bool = True) -> str:
+def status(
+    published: str, reproduced: float, lower: float = float("nan"), upper: float = float("nan"), solver: bool = True
+) -> str:
     """The statistical status of one published number.
 
     * :data:`WITHIN_ROUNDING`: ``|reproduced - published| <=`` half a unit of the published
@@ -192,7 +209,9 @@ def status(published: str, reproduced: float, lower: float = float("nan"), upper
     return DIFFERS if solver else DIFFERS_SAMPLING
 
 
-def not_comparable_reason(model_id: str, model_kwargs: dict, checksums: dict, weights_sha256: str | None, stand_ins=()) -> str | None:
+def not_comparable_reason(
+    model_id: str, model_kwargs: dict, checksums: dict, weights_sha256: str | None, stand_ins=()
+) -> str | None:
     """Why a model that ran cannot be set beside the paper's number, or None (issue 16 item 4).
 
     Not comparable when (0) the model is in ``stand_ins`` (config ``comparison.stand_in_models``):
@@ -212,7 +231,10 @@ def not_comparable_reason(model_id: str, model_kwargs: dict, checksums: dict, we
     expected = checksums.get(model_id)
     if expected and weights_sha256 and weights_sha256 != "nan":
         if str(weights_sha256).lower() != str(expected).lower():
-            return f"weights SHA-256 {str(weights_sha256)[:12]}... is not {str(expected)[:12]}... of config checksums.{model_id}"
+            return (
+                f"weights SHA-256 {str(weights_sha256)[:12]}... is not {str(expected)[:12]}... of config "
+                f"checksums.{model_id}"
+            )
     return None
 
 
@@ -272,7 +294,17 @@ def compare_table(
     for _, pub in published.iterrows():
         model_id = pub[id_column]
         ran = reproduced is not None and id_column in reproduced and (reproduced[id_column] == model_id).any()
-        incomparable = not_comparable_reason(model_id, model_kwargs or {}, checksums or {}, _lookup(reproduced, id_column, model_id, "weights_sha256", str, None), stand_ins) if ran else None
+        incomparable = (
+            not_comparable_reason(
+                model_id,
+                model_kwargs or {},
+                checksums or {},
+                _lookup(reproduced, id_column, model_id, "weights_sha256", str, None),
+                stand_ins,
+            )
+            if ran
+            else None
+        )
         for col, (rep_col, cor_col) in table.compared.items():
             cell = pub.get(col, "")
             cells = _reproduced_cell(reproduced, id_column, model_id, rep_col)
@@ -302,11 +334,15 @@ def _reproduced_cell(reproduced: pd.DataFrame | None, id_column: str, model_id: 
     (``<column>_solver_*``); NaN where the table has none (no table, row or column)."""
     cells = {"reproduced": _lookup(reproduced, id_column, model_id, column)}
     cells.update({b: _lookup(reproduced, id_column, model_id, f"{column}_{b}") for b in ("lower", "upper")})
-    cells.update({f"solver_{b}": _lookup(reproduced, id_column, model_id, f"{column}_solver_{b}") for b in ("lower", "upper")})
+    cells.update(
+        {f"solver_{b}": _lookup(reproduced, id_column, model_id, f"{column}_solver_{b}") for b in ("lower", "upper")}
+    )
     return cells
 
 
-def _cell_status(cell: str, cells: dict[str, float], ran: bool, incomparable: str | None, not_run_reason: str) -> tuple[str, str]:
+def _cell_status(
+    cell: str, cells: dict[str, float], ran: bool, incomparable: str | None, not_run_reason: str
+) -> tuple[str, str]:
     """``(status, reason)`` of one published cell (the module docstring's statuses, in their order of precedence).
 
     Args:
@@ -333,7 +369,23 @@ def _cell_status(cell: str, cells: dict[str, float], ran: bool, incomparable: st
     return st, ""
 
 
-COLUMNS = ["table", "model", "model_id", "column", "published", "reproduced", "lower", "upper", "solver_lower", "solver_upper", "corrected", "difference", "status", "reason", "source"]
+COLUMNS = [
+    "table",
+    "model",
+    "model_id",
+    "column",
+    "published",
+    "reproduced",
+    "lower",
+    "upper",
+    "solver_lower",
+    "solver_upper",
+    "corrected",
+    "difference",
+    "status",
+    "reason",
+    "source",
+]
 
 
 def comparison_table(
@@ -374,7 +426,9 @@ def comparison_table(
         else:
             where = str(directory / table.published)
         source = f"arXiv:2505.07908 {table.title} ({where})"
-        frames.append(compare_table(table, published, reproduced, corrected, not_run, source, model_kwargs, checksums, stand_ins))
+        frames.append(
+            compare_table(table, published, reproduced, corrected, not_run, source, model_kwargs, checksums, stand_ins)
+        )
     frames = [f for f in frames if len(f)]
     if not frames:
         return pd.DataFrame(columns=COLUMNS)
@@ -386,7 +440,10 @@ def comparison_table(
 def comparison_markdown(table: pd.DataFrame) -> str:
     """Markdown of the comparison (no source column), numbers to 3 significant decimals."""
     if not len(table):
-        return "No published tables were compared (config key comparison.published_tables is null, or names a directory without them).\n"
+        return (
+            "No published tables were compared (config key comparison.published_tables is null, or names a "
+            "directory without them).\n"
+        )
     shown = table.drop(columns=["source"]).copy()
     for col in ("published", "reproduced", "lower", "upper", "solver_lower", "solver_upper", "corrected", "difference"):
         if col in shown:

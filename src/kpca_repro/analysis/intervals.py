@@ -44,10 +44,13 @@ class _Replicates:
     """The resampling of one table row: the heads' resampling units, the bootstrap's replicates and the generator.
 
     Attributes:
-        codes: ``(H,)`` int, each head's image (sentence) as ``0 .. n_groups - 1`` (:func:`kpca_repro.method.uncertainty.group_codes`).
+        codes: ``(H,)`` int, each head's image (sentence) as ``0 .. n_groups - 1``
+            (:func:`kpca_repro.method.uncertainty.group_codes`).
         n_groups: the number of images.
-        idx: ``(B, n_groups)`` the images of each bootstrap replicate (:func:`kpca_repro.method.uncertainty.bootstrap_indices`).
-        rng: the generator of every solver draw of the row, drawn from after ``idx`` (the order of the draws sets the bits).
+        idx: ``(B, n_groups)`` the images of each bootstrap replicate
+            (:func:`kpca_repro.method.uncertainty.bootstrap_indices`).
+        rng: the generator of every solver draw of the row, drawn from after ``idx`` (the order of the draws sets the
+            bits).
     """
 
     codes: np.ndarray
@@ -78,7 +81,9 @@ def _replicate_pair(lo: np.ndarray, hi: np.ndarray, rng: np.random.Generator, n:
     return np.asarray(lo)[rows, pick].astype(np.float64), np.asarray(hi)[rows, pick].astype(np.float64)
 
 
-def combine_for_maximum(value: float, solver: tuple[float, float], bootstrap: tuple[float, float]) -> tuple[float, float]:
+def combine_for_maximum(
+    value: float, solver: tuple[float, float], bootstrap: tuple[float, float]
+) -> tuple[float, float]:
     """The combined interval of a maximum over heads: the solver interval widened by the bootstrap's deviations.
 
     ``[s_lo - max(v - b_lo, 0), s_hi + max(b_hi - v, 0)]`` for the reproduced value ``v``, the
@@ -97,7 +102,9 @@ def combine_for_maximum(value: float, solver: tuple[float, float], bootstrap: tu
     return float(s_lo - max(value - b_lo, 0.0)), float(s_hi + max(b_hi - value, 0.0))
 
 
-def similarity_intervals(df: pd.DataFrame, statistics: tuple, draws: dict[str, np.ndarray] | None, settings: dict, tag: str, model: str) -> dict[str, float]:
+def similarity_intervals(
+    df: pd.DataFrame, statistics: tuple, draws: dict[str, np.ndarray] | None, settings: dict, tag: str, model: str
+) -> dict[str, float]:
     """Solver and bootstrap intervals of one row of Table 1 or Table 4 (docs/uncertainty.md).
 
     Resampling units are the images (``sample_rank``; sentences for Table 4). For each
@@ -155,12 +162,23 @@ def similarity_intervals(df: pd.DataFrame, statistics: tuple, draws: dict[str, n
             out[f"{name}_lower"], out[f"{name}_upper"] = own_boot
             continue
         out[f"{name}_solver_lower"], out[f"{name}_solver_upper"] = solver
-        out[f"{name}_lower"], out[f"{name}_upper"] = combine_for_maximum(own, solver, own_boot) if how == "max" else joint
+        out[f"{name}_lower"], out[f"{name}_upper"] = (
+            combine_for_maximum(own, solver, own_boot) if how == "max" else joint
+        )
     return out
 
 
 def _solver_intervals(
-    name: str, col: str, how: str, draws: dict[str, np.ndarray] | None, rows: np.ndarray, point: np.ndarray, own: float, own_boot: Interval, rep: _Replicates, cfg: dict
+    name: str,
+    col: str,
+    how: str,
+    draws: dict[str, np.ndarray] | None,
+    rows: np.ndarray,
+    point: np.ndarray,
+    own: float,
+    own_boot: Interval,
+    rep: _Replicates,
+    cfg: dict,
 ) -> tuple[Interval | None, Interval | None]:
     """``(solver, joint)`` of one statistic from the draws its per-head column has, or ``(None, None)`` without any.
 
@@ -184,7 +202,9 @@ def _solver_intervals(
     return None, None
 
 
-def _rotation_bound_intervals(draws: dict[str, np.ndarray], rows: np.ndarray, point: np.ndarray, rep: _Replicates, how: str, sc: float, cov: float) -> tuple[Interval, Interval | None]:
+def _rotation_bound_intervals(
+    draws: dict[str, np.ndarray], rows: np.ndarray, point: np.ndarray, rep: _Replicates, how: str, sc: float, cov: float
+) -> tuple[Interval, Interval | None]:
     """Table 1's MDC with the exact bounds over rotations stored per sign draw (``direct_cos_mean_lower`` / ``_upper``).
 
     Solver: the lower ``sc`` quantile of the lower envelope and the upper one of the upper
@@ -208,7 +228,9 @@ def _rotation_bound_intervals(draws: dict[str, np.ndarray], rows: np.ndarray, po
     return solver, (float(min(b_lo, o_lo)), float(max(b_hi, o_hi)))
 
 
-def _fresh_sign_intervals(m: np.ndarray, rep: _Replicates, how: str, sc: float, cov: float) -> tuple[Interval, Interval | None]:
+def _fresh_sign_intervals(
+    m: np.ndarray, rep: _Replicates, how: str, sc: float, cov: float
+) -> tuple[Interval, Interval | None]:
     """The token mean of the direct cosine from sign-only files: ``m . sigma`` for fresh sign patterns ``sigma``
     (:func:`kpca_repro.method.uncertainty.fresh_direct_means`, exact), ``m`` the heads' ``(H, d)`` mean vectors.
     Solver: the central ``sc`` range; joint (a mean over heads only): the bootstrap with fresh patterns."""
@@ -217,8 +239,11 @@ def _fresh_sign_intervals(m: np.ndarray, rep: _Replicates, how: str, sc: float, 
     return solver, joint
 
 
-def _stored_draw_intervals(per_head: np.ndarray, own: float, own_boot: Interval, rep: _Replicates, how: str, sc: float, cov: float) -> tuple[Interval, Interval | None]:
-    """Table 4's MDC and every MOC: every head takes one of its stored sign-and-rotation draws (``per_head``, ``(H, S)``).
+def _stored_draw_intervals(
+    per_head: np.ndarray, own: float, own_boot: Interval, rep: _Replicates, how: str, sc: float, cov: float
+) -> tuple[Interval, Interval | None]:
+    """Table 4's MDC and every MOC: every head takes one of its stored sign-and-rotation draws (``per_head``,
+    ``(H, S)``).
 
     Another solver changes the configuration of (nearly) every head at once: every head takes a
     random stored draw, and the solver's own configuration (the reproduced value ``own``) is one
@@ -251,11 +276,16 @@ def spectrum_intervals(eigenvalues: np.ndarray, settings: dict, model: str, keys
     cfg = {**UNCERTAINTY_DEFAULTS, **settings}
     stats = per_image_spectrum(eigenvalues)
     n = eigenvalues.shape[0]
-    idx = unc.bootstrap_indices(np.random.default_rng(unc.stable_seed(cfg["seed"], "spectra", model, keys)), n, int(cfg["bootstrap"]))
+    idx = unc.bootstrap_indices(
+        np.random.default_rng(unc.stable_seed(cfg["seed"], "spectra", model, keys)), n, int(cfg["bootstrap"])
+    )
     out: dict[str, float] = {}
     for name in SPECTRUM_STATS:
         sample = stats[name][idx] * 1e6  # (B, images)
-        for what, values in (("mean", sample.mean(axis=1)), ("std", sample.std(axis=1, ddof=1) if n > 1 else np.full(len(sample), np.nan))):
+        for what, values in (
+            ("mean", sample.mean(axis=1)),
+            ("std", sample.std(axis=1, ddof=1) if n > 1 else np.full(len(sample), np.nan)),
+        ):
             out[f"{name}_{what}_lower"], out[f"{name}_{what}_upper"] = unc.percentile_interval(values, cfg["coverage"])
     return out
 
@@ -270,12 +300,18 @@ def outside_note(row: dict, statistics: tuple) -> str:
     notes = []
     for name, _, _ in statistics:
         value = row.get(name)
-        for kind, lo_key, hi_key in (("solver", f"{name}_solver_lower", f"{name}_solver_upper"), ("combined", f"{name}_lower", f"{name}_upper")):
+        for kind, lo_key, hi_key in (
+            ("solver", f"{name}_solver_lower", f"{name}_solver_upper"),
+            ("combined", f"{name}_lower", f"{name}_upper"),
+        ):
             lo, hi = row.get(lo_key), row.get(hi_key)
             if value is None or lo is None or hi is None or not all(np.isfinite([value, lo, hi])):
                 continue
             if not lo <= value <= hi:
-                notes.append(f"{name} outside its {kind} interval: that interval is a central range of random draws, and the solver's own configuration lies in their tail")
+                notes.append(
+                    f"{name} outside its {kind} interval: that interval is a central range of random draws, and the "
+                    "solver's own configuration lies in their tail"
+                )
     return "; ".join(notes)
 
 
@@ -300,7 +336,9 @@ def deciding_head(df: pd.DataFrame, col: str, prefix: str = "MDC_") -> dict:
     return out
 
 
-def with_intervals(row: dict, intervals: dict[str, float], settings: dict, draws: dict | None, statistics: tuple) -> dict:
+def with_intervals(
+    row: dict, intervals: dict[str, float], settings: dict, draws: dict | None, statistics: tuple
+) -> dict:
     """``row`` with the interval columns after the last statistic (KCKA), the settings at the end and
     ``interval_note`` (:func:`outside_note`: why a value lies outside its own interval, '' when none does)."""
     keys = list(row)

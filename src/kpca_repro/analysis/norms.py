@@ -154,10 +154,15 @@ def read_attention_mask(af: ActivationFile) -> np.ndarray:
     try:
         mask = af.f["attention_mask"][:]
     except (KeyError, OSError) as exc:
-        raise CorruptActivationFileError(f"activation file {af.path} has no root dataset 'attention_mask' (B, N) needed for padding ({exc})") from exc
+        raise CorruptActivationFileError(
+            f"activation file {af.path} has no root dataset 'attention_mask' (B, N) needed for padding ({exc})"
+        ) from exc
     n_tokens = int(af.attrs["n_tokens"])
     if mask.shape != (len(af.sample_rank), n_tokens):
-        raise CorruptActivationFileError(f"activation file {af.path}: attention_mask has shape {mask.shape}, expected ({len(af.sample_rank)}, {n_tokens})")
+        raise CorruptActivationFileError(
+            f"activation file {af.path}: attention_mask has shape {mask.shape}, expected ({len(af.sample_rank)}, "
+            f"{n_tokens})"
+        )
     return mask.astype(bool)
 
 
@@ -198,13 +203,24 @@ def norm_statistics(
     try:
         model_id, n_layers, head_dim = _common_model(files)
         causal = files[0].causal
-        masks = [read_attention_mask(af) if (language and variant.text_padding == "excluded") or (causal and af.attention_mask is not None) else None for af in files]
-        trim, band, scale = (PAPER_NORMS_TRIM, PAPER_NORMS_BAND, PAPER_NORMS_SCALE) if variant.authors_formulas else (None, CORRECTED_NORMS_BAND, 1.0 / math.sqrt(head_dim))
+        masks = [
+            read_attention_mask(af)
+            if (language and variant.text_padding == "excluded") or (causal and af.attention_mask is not None)
+            else None
+            for af in files
+        ]
+        trim, band, scale = (
+            (PAPER_NORMS_TRIM, PAPER_NORMS_BAND, PAPER_NORMS_SCALE)
+            if variant.authors_formulas
+            else (None, CORRECTED_NORMS_BAND, 1.0 / math.sqrt(head_dim))
+        )
         if causal:
             scale = 1.0 / math.sqrt(head_dim)
         n_seq = sum(len(af.sample_rank) for af in files)
         rows = []
-        for layer in progress_bar(range(n_layers), desc=f"norms {variant} {model_id}", unit="layer", disable=not progress, mininterval=5):
+        for layer in progress_bar(
+            range(n_layers), desc=f"norms {variant} {model_id}", unit="layer", disable=not progress, mininterval=5
+        ):
             pooled = _pooled_layer(files, masks, layer, variant, language, head_dim)
             for name in QUANTITIES:
                 stats = layer_norm_statistics(pooled[name], trim=trim, band=band)
@@ -237,12 +253,24 @@ def _common_model(files: Sequence[ActivationFile]) -> tuple[str, int, int]:
     first = files[0]
     model_id, n_layers, head_dim = str(first.attrs["model_id"]), first.n_layers, int(first.attrs["head_dim"])
     for af in files[1:]:
-        if (str(af.attrs["model_id"]), af.n_layers, int(af.attrs["head_dim"]), af.causal) != (model_id, n_layers, head_dim, first.causal):
+        if (str(af.attrs["model_id"]), af.n_layers, int(af.attrs["head_dim"]), af.causal) != (
+            model_id,
+            n_layers,
+            head_dim,
+            first.causal,
+        ):
             raise ValueError(f"{af.path} is not from the same model as {first.path}")
     return model_id, n_layers, head_dim
 
 
-def _pooled_layer(files: Sequence[ActivationFile], masks: list[np.ndarray | None], layer: int, variant: Variant, language: bool, head_dim: int) -> dict[str, np.ndarray]:
+def _pooled_layer(
+    files: Sequence[ActivationFile],
+    masks: list[np.ndarray | None],
+    layer: int,
+    variant: Variant,
+    language: bool,
+    head_dim: int,
+) -> dict[str, np.ndarray]:
     """One layer's squared norms of every file, sequence, head and valid token (:func:`squared_norms`).
 
     Args:
@@ -299,7 +327,9 @@ PAPER_NORMS_BAND = (25.0, 75.0)
 CORRECTED_NORMS_BAND = (2.5, 97.5)
 
 
-def layer_norm_statistics(values: np.ndarray, trim: float | None = None, band: tuple[float, float] = PAPER_NORMS_BAND) -> dict[str, float]:
+def layer_norm_statistics(
+    values: np.ndarray, trim: float | None = None, band: tuple[float, float] = PAPER_NORMS_BAND
+) -> dict[str, float]:
     """Per-layer statistics of one squared-norm quantity (Figures 2 and 5, docs/method.md 8-9).
 
     The paper's recipe (``norms.py``, ``nlp_norms.py``): drop the values above the

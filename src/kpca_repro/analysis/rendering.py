@@ -133,7 +133,10 @@ def paper_markdown(frame: pd.DataFrame, table: _PerHeadTable) -> str:
 
 
 #: What the brackets of :func:`paper_cells` are (the Markdown's note, the report's page).
-PAPER_INTERVAL_NOTE = "In brackets: for MDC and MOC the interval of sampling and solver variation together, for LCKA and KCKA the bootstrap over the inputs (docs/uncertainty.md)"
+PAPER_INTERVAL_NOTE = (
+    "In brackets: for MDC and MOC the interval of sampling and solver variation together, for LCKA and KCKA the "
+    "bootstrap over the inputs (docs/uncertainty.md)"
+)
 
 
 def paper_cells(frame: pd.DataFrame, table: _PerHeadTable) -> pd.DataFrame:
@@ -153,26 +156,35 @@ def paper_cells(frame: pd.DataFrame, table: _PerHeadTable) -> pd.DataFrame:
         cells = {"model": r["model"], table.id_column: r[table.id_column]}
         for name in names:
             lo, hi = r.get(f"{name}_lower"), r.get(f"{name}_upper")
-            interval = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None and np.isfinite(lo) and np.isfinite(hi) else ""
+            interval = (
+                f" [{lo:.3f}, {hi:.3f}]"
+                if lo is not None and hi is not None and np.isfinite(lo) and np.isfinite(hi)
+                else ""
+            )
             cells[name] = f"{r[name]:.3f}{interval}" if np.isfinite(r[name]) else "NaN"
         rows.append(cells)
     return pd.DataFrame(rows, columns=["model", table.id_column, *names])
 
 
 def corrected_markdown(table: pd.DataFrame, metrics: tuple) -> str:
-    """Markdown of a corrected table: one row per model, one column per metric, ``mean ± std (random: mean, all components: mean)``
-    (the all-components control where the metric has one, docs/method.md 17).
+    """Markdown of a corrected table: one row per model, one column per metric,
+    ``mean ± std (random: mean, all components: mean)`` (the all-components control where the metric has one,
+    docs/method.md 17).
 
     Args:
         table: the long table of :func:`kpca_repro.analysis.tables.table_corrected` (one row per
-            model and metric: ``model``, ``metric``, ``mean``, ``std``, ``baseline_mean``, ``n_heads``, ``n_nonfinite``).
+            model and metric: ``model``, ``metric``, ``mean``, ``std``, ``baseline_mean``, ``n_heads``,
+            ``n_nonfinite``).
         metrics: the entry's ``corrected`` (per-head column, label, statistic) triples, e.g.
             :data:`kpca_repro.analysis.tables.CORRECTED_METRICS`: the columns, in their order
             (labels absent from ``table`` are left out), then ``heads (non-finite)``.
     """
     control = table["control_mean"] if "control_mean" in table else pd.Series(np.nan, index=table.index)
     cells = table.assign(
-        cell=[f"{m:.3f} ± {s:.3f} (random {b:.3f}" + (f", all components {c:.3f})" if np.isfinite(c) else ")") for m, s, b, c in zip(table["mean"], table["std"], table["baseline_mean"], control)]
+        cell=[
+            f"{m:.3f} ± {s:.3f} (random {b:.3f}" + (f", all components {c:.3f})" if np.isfinite(c) else ")")
+            for m, s, b, c in zip(table["mean"], table["std"], table["baseline_mean"], control)
+        ]
     )
     wide = cells.pivot(index="model", columns="metric", values="cell")
     order = list(dict.fromkeys(table["model"]))

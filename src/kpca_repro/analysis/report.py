@@ -12,8 +12,10 @@ import pandas as pd
 __all__ = ["SIGNIFICANT_DIGITS", "format_number", "caption_html", "table_html"]
 
 _STYLE = (
-    "<style>table{border-collapse:collapse;font:13px sans-serif}th,td{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#eee}"
-    "td:first-child,th:first-child{text-align:left}th[title]{text-decoration:underline dotted}dl{font:13px sans-serif}dt{font-weight:bold;margin-top:4px}</style>"
+    "<style>table{border-collapse:collapse;font:13px sans-serif}th,td{border:1px solid #ccc;padding:3px "
+    "6px;text-align:right}th{background:#eee}"
+    "td:first-child,th:first-child{text-align:left}th[title]{text-decoration:underline dotted}dl{font:13px "
+    "sans-serif}dt{font-weight:bold;margin-top:4px}</style>"
 )
 
 #: Significant digits of a float in the HTML tables (an eigengap of 8.4e-7 must not print as 0.000).
@@ -58,7 +60,11 @@ def caption_html(rst: str) -> str:
     from docutils.core import publish_parts
     from docutils.writers import html5_polyglot
 
-    return publish_parts(rst, writer=html5_polyglot.Writer(), settings_overrides={"halt_level": 2, "report_level": 2, "_disable_config": True})["body"]
+    return publish_parts(
+        rst,
+        writer=html5_polyglot.Writer(),
+        settings_overrides={"halt_level": 2, "report_level": 2, "_disable_config": True},
+    )["body"]
 
 
 def _interval(lo, hi) -> str:
@@ -70,7 +76,8 @@ def _interval(lo, hi) -> str:
 def _folded(frame: pd.DataFrame, described: dict[str, str]) -> list[tuple[str, str, list[str]]]:
     """The columns of ``frame`` as the page shows them one per row: ``(name, tooltip, cells)``, each
     ``X`` with ``X_lower`` and ``X_upper`` as one cell ``value [lower, upper]``, and a pair
-    ``P_lower``, ``P_upper`` without ``P`` (``MDC_solver_lower``, ``MDC_solver_upper``) as one cell ``[lower, upper]`` named ``P``."""
+    ``P_lower``, ``P_upper`` without ``P`` (``MDC_solver_lower``, ``MDC_solver_upper``) as one cell ``[lower, upper]``
+    named ``P``."""
     out, done = [], set()
     for c in frame.columns:
         if c in done:
@@ -83,7 +90,10 @@ def _folded(frame: pd.DataFrame, described: dict[str, str]) -> list[tuple[str, s
         elif f"{c}_lower" in frame and f"{c}_upper" in frame:  # a value and its interval
             done |= {f"{c}_lower", f"{c}_upper"}
             tip = " / in brackets: ".join(filter(None, (described.get(c), described.get(f"{c}_lower"))))
-            cells = [" ".join(filter(None, (format_number(v), _interval(lo, hi)))) for v, lo, hi in zip(frame[c], frame[f"{c}_lower"], frame[f"{c}_upper"])]
+            cells = [
+                " ".join(filter(None, (format_number(v), _interval(lo, hi))))
+                for v, lo, hi in zip(frame[c], frame[f"{c}_lower"], frame[f"{c}_upper"])
+            ]
             out.append((c, tip, cells))
         else:
             out.append((c, described.get(c, ""), [format_number(v) for v in frame[c]]))
@@ -141,16 +151,39 @@ def table_html(
     body = caption_html(caption) if caption else ""
     if headline is not None:
         header = "".join(th(c, described.get(c, "")) for c in headline.columns)
-        rows = "".join("<tr>" + "".join(f"<td>{esc(str(x))}</td>" for x in row) + "</tr>" for row in headline.itertuples(index=False))
-        body += f"<table><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>" + (f"<p>{esc(note)}</p>" if note else "") + "<h4>Every column</h4>"
+        rows = "".join(
+            "<tr>" + "".join(f"<td>{esc(str(x))}</td>" for x in row) + "</tr>"
+            for row in headline.itertuples(index=False)
+        )
+        body += (
+            f"<table><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>"
+            + (f"<p>{esc(note)}</p>" if note else "")
+            + "<h4>Every column</h4>"
+        )
     if headline is None and not by_column:
         header = "".join(th(c, described.get(c, "")) for c in frame.columns)
-        rows = "".join("<tr>" + "".join(f"<td>{esc(format_number(x))}</td>" for x in row) + "</tr>" for row in frame.itertuples(index=False))
+        rows = "".join(
+            "<tr>" + "".join(f"<td>{esc(format_number(x))}</td>" for x in row) + "</tr>"
+            for row in frame.itertuples(index=False)
+        )
         body += f"<table><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>"
     else:
         heads = "".join(f"<th>{esc(str(x))}</th>" for x in frame.iloc[:, 0])
-        rows = "".join("<tr>" + th(name, tip) + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>" for name, tip, cells in _folded(frame.iloc[:, 1:], described))
-        body += f"<table><thead><tr>{th(frame.columns[0], described.get(frame.columns[0], ''))}{heads}</tr></thead><tbody>{rows}</tbody></table>"
+        rows = "".join(
+            "<tr>" + th(name, tip) + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>"
+            for name, tip, cells in _folded(frame.iloc[:, 1:], described)
+        )
+        body += (
+            f"<table><thead><tr>{th(frame.columns[0], described.get(frame.columns[0], ''))}{heads}</tr></thead>"
+            f"<tbody>{rows}</tbody></table>"
+        )
     if described:
-        body += "<h4>Columns</h4><dl>" + "".join(f"<dt>{esc(c)}</dt><dd>{esc(described[c])}</dd>" for c in frame.columns if c in described) + "</dl>"
-    return f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{esc(title)}</title>{_STYLE}</head><body><h3>{esc(title)}</h3>{body}</body></html>\n"
+        body += (
+            "<h4>Columns</h4><dl>"
+            + "".join(f"<dt>{esc(c)}</dt><dd>{esc(described[c])}</dd>" for c in frame.columns if c in described)
+            + "</dl>"
+        )
+    return (
+        "<!DOCTYPE html><html><head><meta "
+        f"charset='utf-8'><title>{esc(title)}</title>{_STYLE}</head><body><h3>{esc(title)}</h3>{body}</body></html>\n"
+    )

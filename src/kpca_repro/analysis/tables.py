@@ -19,9 +19,22 @@ import numpy as np
 import pandas as pd
 
 from kpca_repro.analysis.columns import Column, statistic_columns
-from kpca_repro.analysis.intervals import UNCERTAINTY_DEFAULTS, deciding_head, similarity_intervals, spectrum_intervals, with_intervals
+from kpca_repro.analysis.intervals import (
+    UNCERTAINTY_DEFAULTS,
+    deciding_head,
+    similarity_intervals,
+    spectrum_intervals,
+    with_intervals,
+)
 from kpca_repro.analysis.rendering import display_name
-from kpca_repro.analysis.statistics import SPECTRUM_STATS, eigenvalue_array, exact_mean, exact_std, over_heads, spectrum_statistics
+from kpca_repro.analysis.statistics import (
+    SPECTRUM_STATS,
+    eigenvalue_array,
+    exact_mean,
+    exact_std,
+    over_heads,
+    spectrum_statistics,
+)
 
 __all__ = [
     "Table",
@@ -83,7 +96,9 @@ TEXT_CORRECTED_METRICS = (
 )
 
 
-def read_head_records(head_files: list[str], meta_files: list[str], count_key: str) -> tuple[pd.DataFrame, dict[str, dict]]:
+def read_head_records(
+    head_files: list[str], meta_files: list[str], count_key: str
+) -> tuple[pd.DataFrame, dict[str, dict]]:
     """Concatenate the per-head records of all shards and sum their metadata per model.
 
     Args:
@@ -109,8 +124,8 @@ def read_head_records(head_files: list[str], meta_files: list[str], count_key: s
 def _head_order(df: pd.DataFrame) -> pd.DataFrame:
     """One model's records in canonical (layer, input, head) order, however they were sharded.
 
-    Statistics are order-independent by themselves (:func:`~kpca_repro.analysis.statistics.exact_mean`); the order makes the
-    selected rows and any further per-row output reproducible.
+    Statistics are order-independent by themselves (:func:`~kpca_repro.analysis.statistics.exact_mean`); the order makes
+    the selected rows and any further per-row output reproducible.
     """
     keys = [c for c in ("layer", "sample_rank", "head") if c in df.columns]
     return df.sort_values(keys, kind="stable") if keys else df
@@ -118,12 +133,28 @@ def _head_order(df: pd.DataFrame) -> pd.DataFrame:
 
 #: (table column, per-head column, statistic over heads) of Table 1 (docs/method.md 2): its
 #: registry entry's ``statistics`` (:data:`TABLES`).
-TABLE1_STATISTICS = (("MDC", "direct_cos_mean", "max"), ("MOC", "optimal_cos_mean", "max"), ("LCKA", "linear_cka", "mean"), ("KCKA", "rbf_cka", "mean"))
+TABLE1_STATISTICS = (
+    ("MDC", "direct_cos_mean", "max"),
+    ("MOC", "optimal_cos_mean", "max"),
+    ("LCKA", "linear_cka", "mean"),
+    ("KCKA", "rbf_cka", "mean"),
+)
 #: The same for Table 4 (docs/method.md 3): NaN-skipping means over heads.
-TABLE4_STATISTICS = (("MDC", "direct_cos_max", "nanmean"), ("MOC", "optimal_cos_max", "nanmean"), ("LCKA", "linear_cka", "nanmean"), ("KCKA", "rbf_cka", "nanmean"))
+TABLE4_STATISTICS = (
+    ("MDC", "direct_cos_max", "nanmean"),
+    ("MOC", "optimal_cos_max", "nanmean"),
+    ("LCKA", "linear_cka", "nanmean"),
+    ("KCKA", "rbf_cka", "nanmean"),
+)
 
 
-def paper_table(table: Table, heads: pd.DataFrame, meta: dict[str, dict], draws: dict[str, np.ndarray] | None = None, uncertainty: dict | None = None) -> pd.DataFrame:
+def paper_table(
+    table: Table,
+    heads: pd.DataFrame,
+    meta: dict[str, dict],
+    draws: dict[str, np.ndarray] | None = None,
+    uncertainty: dict | None = None,
+) -> pd.DataFrame:
     """A per-head table of the paper variant: the reference's aggregation, one row per model.
 
     Per model, its heads in :func:`_head_order`: ``model``, the id column, each statistic of
@@ -136,10 +167,11 @@ def paper_table(table: Table, heads: pd.DataFrame, meta: dict[str, dict], draws:
         table: a per-head entry of :data:`TABLES`.
         heads: per-head records of the paper variant with a ``model`` column.
         meta: model id -> metadata (``weights_sha256``, the count ``table.count_key``, ...).
-        draws: per-head solver draws (signs and rotations), rows as ``heads`` (:func:`kpca_repro.method.uncertainty.read_sign_draws`).
+        draws: per-head solver draws (signs and rotations), rows as ``heads``
+            (:func:`kpca_repro.method.uncertainty.read_sign_draws`).
         uncertainty: with it (``seed``, ``bootstrap``, ``coverage``, ``sign_coverage``), the
-            interval columns of :func:`~kpca_repro.analysis.intervals.similarity_intervals` (over the aggregated heads) after the
-            last statistic and the settings at the end; without it, no interval columns.
+            interval columns of :func:`~kpca_repro.analysis.intervals.similarity_intervals` (over the aggregated heads)
+            after the last statistic and the settings at the end; without it, no interval columns.
 
     Returns:
         One row per model, in the order of first appearance in ``heads``.
@@ -151,9 +183,20 @@ def paper_table(table: Table, heads: pd.DataFrame, meta: dict[str, dict], draws:
     for model, df in heads.groupby("model", sort=False):
         df = _head_order(df)
         kept = df[~df["dropped"].astype(bool)] if table.drops else df
-        row = {"model": display_name(model), table.id_column: model, **{name: over_heads(kept[col], how) for name, col, how in table.statistics}, **table.row(df, kept, meta[model])}
+        row = {
+            "model": display_name(model),
+            table.id_column: model,
+            **{name: over_heads(kept[col], how) for name, col, how in table.statistics},
+            **table.row(df, kept, meta[model]),
+        }
         if uncertainty is not None:
-            row = with_intervals(row, similarity_intervals(kept, table.statistics, draws, uncertainty, table.name, model), uncertainty, draws, table.statistics)
+            row = with_intervals(
+                row,
+                similarity_intervals(kept, table.statistics, draws, uncertainty, table.name, model),
+                uncertainty,
+                draws,
+                table.statistics,
+            )
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -308,7 +351,9 @@ def all_directions_kept(df: pd.DataFrame) -> pd.Series:
     predate the column."""
     if "all_directions_kept" in df:
         return df["all_directions_kept"].astype(bool)
-    if "n_tokens" not in df or "head_dim" not in df:  # records without their sizes: nothing is known to be in the regime
+    if (
+        "n_tokens" not in df or "head_dim" not in df
+    ):  # records without their sizes: nothing is known to be in the regime
         return pd.Series(False, index=df.index)
     return pd.Series(np.minimum(df["head_dim"], df["n_tokens"]) >= df["n_tokens"] - 1, index=df.index)
 
@@ -391,7 +436,11 @@ def table_spectra(records: dict[tuple[str, str], pd.DataFrame], uncertainty: dic
     rows = []
     for model in models:
         row: dict = {"model": display_name(model), "timm_id": model}
-        std = spectrum_statistics(eigenvalue_array(records[(model, "standardized")])) if (model, "standardized") in records else None
+        std = (
+            spectrum_statistics(eigenvalue_array(records[(model, "standardized")]))
+            if (model, "standardized") in records
+            else None
+        )
         raw = spectrum_statistics(eigenvalue_array(records[(model, "raw")])) if (model, "raw") in records else None
         if std:
             row.update(std)
@@ -404,7 +453,12 @@ def table_spectra(records: dict[tuple[str, str], pd.DataFrame], uncertainty: dic
             for keys, suffix in (("standardized", ""), ("raw", "_raw")):
                 if (model, keys) in records:
                     bounds = spectrum_intervals(eigenvalue_array(records[(model, keys)]), uncertainty, model, keys)
-                    row.update({k.replace("_lower", f"{suffix}_lower").replace("_upper", f"{suffix}_upper"): v for k, v in bounds.items()})
+                    row.update(
+                        {
+                            k.replace("_lower", f"{suffix}_lower").replace("_upper", f"{suffix}_upper"): v
+                            for k, v in bounds.items()
+                        }
+                    )
             row["bootstrap_resamples"] = int({**UNCERTAINTY_DEFAULTS, **uncertainty}["bootstrap"])
             row["coverage"] = float({**UNCERTAINTY_DEFAULTS, **uncertainty}["coverage"])
         rows.append(row)
@@ -476,8 +530,15 @@ class Table:
     label: str = ""
 
     def __post_init__(self):
-        if not re.fullmatch(r"table\w+", self.name) or self.domain not in ("vision", "text", "decoders") or not (self.row or self.keys):
-            raise ValueError(f"table {self.name!r}: a name table<N>, the domain vision, text or decoders, and a row function or key treatments")
+        if (
+            not re.fullmatch(r"table\w+", self.name)
+            or self.domain not in ("vision", "text", "decoders")
+            or not (self.row or self.keys)
+        ):
+            raise ValueError(
+                f"table {self.name!r}: a name table<N>, the domain vision, text or decoders, and a row function or "
+                "key treatments"
+            )
 
     @property
     def title(self) -> str:
@@ -530,7 +591,8 @@ closer than that tolerance (a near-degenerate group, also across the top-d bound
 equally correct answers; MDC's solver interval takes the exact extremes over those rotations
 (for the solver's own signs, and for random signs at the central 99 % of draws), MOC's
 interval is the central 99 % of draws with random signs and Haar-random rotations inside the
-groups, joined with the reproduced value; LCKA and KCKA vary the sample only. ``MDC_layer``, ``MDC_head``, ``MDC_sample_rank``
+groups, joined with the reproduced value; LCKA and KCKA vary the sample only. """
+            r"""``MDC_layer``, ``MDC_head``, ``MDC_sample_rank``
 and ``MDC_eigengap`` name the head that decides MDC and its smallest relative eigengap: a
 maximum over thousands of heads is decided by one head, so one head's near-degenerate
 eigenpair can move the whole statistic. ``interval_note`` says why a value lies outside its

@@ -60,7 +60,9 @@ def forward_batch_size(setting: int | str, device, n_inputs: int) -> int:
     raise ValueError(f"a forward batch size is 'auto' or a positive integer, got {setting!r}")
 
 
-def prefetch_batches(load: Callable[[str], torch.Tensor], batches: Sequence[Sequence[str]], threads: int) -> Iterator[torch.Tensor]:
+def prefetch_batches(
+    load: Callable[[str], torch.Tensor], batches: Sequence[Sequence[str]], threads: int
+) -> Iterator[torch.Tensor]:
     """Yield ``torch.stack([load(p) for p in batch])`` for each batch, decoding ahead.
 
     A pool of ``threads`` threads decodes and transforms the next batch's images while the
@@ -90,7 +92,9 @@ def prefetch_batches(load: Callable[[str], torch.Tensor], batches: Sequence[Sequ
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _part_store(resume: tuple[str | os.PathLike, dict] | None, attrs: dict, shard: tuple[int, int], n_batches: int) -> tuple[PartStore | None, int]:
+def _part_store(
+    resume: tuple[str | os.PathLike, dict] | None, attrs: dict, shard: tuple[int, int], n_batches: int
+) -> tuple[PartStore | None, int]:
     """The store of an extraction job's finished batches and how many of them are kept (0 without ``resume``).
 
     ``resume`` is ``(directory, key)``; the store's key adds the file's attributes known before
@@ -108,7 +112,20 @@ def _part_store(resume: tuple[str | os.PathLike, dict] | None, attrs: dict, shar
 
 
 def _record(
-    model: nn.Module, capture: HeadCapture, inputs: Iterable, samples: pd.DataFrame, out_path, *, model_id, attrs: dict, shard, batches: list, progress: bool, windows=None, store=None, kept=0
+    model: nn.Module,
+    capture: HeadCapture,
+    inputs: Iterable,
+    samples: pd.DataFrame,
+    out_path,
+    *,
+    model_id,
+    attrs: dict,
+    shard,
+    batches: list,
+    progress: bool,
+    windows=None,
+    store=None,
+    kept=0,
 ) -> None:
     """Both adapters' loop: one shard of ``samples`` through :func:`record_activations`.
 
@@ -123,11 +140,14 @@ def _record(
     from kpca_repro.progress import progress as progress_bar
 
     rows = samples.iloc[img.shard_slice(len(samples), shard[1], shard[0])]
-    bar = progress_bar(inputs, total=len(batches) - kept, desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5)
+    bar = progress_bar(
+        inputs, total=len(batches) - kept, desc=f"extract {model_id}", unit="batch", disable=not progress, mininterval=5
+    )
     record_activations(
-        model, capture, bar, out_path, model_id=model_id, attrs={**attrs, "versions": library_versions(), "shard": shard[0], "n_shards": shard[1]},
-        sample_rank=rows["sample_rank"].to_numpy(), dataset_index=rows["dataset_index"].to_numpy(), keep=[keep for _, keep, _ in batches],
-        check="the first and last input", windows=windows, store=store,
+        model, capture, bar, out_path, model_id=model_id,
+        attrs={**attrs, "versions": library_versions(), "shard": shard[0], "n_shards": shard[1]},
+        sample_rank=rows["sample_rank"].to_numpy(), dataset_index=rows["dataset_index"].to_numpy(),
+        keep=[keep for _, keep, _ in batches], check="the first and last input", windows=windows, store=store,
     )  # fmt: skip
 
 
@@ -191,13 +211,32 @@ def extract_vision(
             "normalize_std": img.IMAGENET_STD,
             "reference": "docs/method.md Section 1",
         },
-        "inputs": [os.path.basename(p) for p in samples["path"].iloc[img.shard_slice(len(samples), shard[1], shard[0])]],
+        "inputs": [
+            os.path.basename(p) for p in samples["path"].iloc[img.shard_slice(len(samples), shard[1], shard[0])]
+        ],
     }
     paths, batches = list(samples["path"]), img.shard_batches(len(samples), shard[1], shard[0], batch_size)
     store, kept = _part_store(resume, attrs, shard, len(batches))
-    with closing(prefetch_batches(lambda p: transform(img.load_image(p)), [paths[run] for run, _, _ in batches[kept:]], decode_threads)) as decoded:  # decoding stops on an error
+    with closing(
+        prefetch_batches(
+            lambda p: transform(img.load_image(p)), [paths[run] for run, _, _ in batches[kept:]], decode_threads
+        )
+    ) as decoded:  # decoding stops on an error
         inputs = (x.to(device) for x in decoded)
-        _record(model, CaptureRecorder(plan, model_id), inputs, samples, out_path, model_id=model_id, attrs=attrs, shard=shard, batches=batches, progress=progress, store=store, kept=kept)
+        _record(
+            model,
+            CaptureRecorder(plan, model_id),
+            inputs,
+            samples,
+            out_path,
+            model_id=model_id,
+            attrs=attrs,
+            shard=shard,
+            batches=batches,
+            progress=progress,
+            store=store,
+            kept=kept,
+        )
 
 
 def extract_text(
@@ -251,18 +290,31 @@ def extract_text(
         MissingModelError: the model cannot be loaded (id and configuration key named).
         kpca_repro.capture.vision.UnsupportedArchitectureError: the model's attention is refused or
             the hooks do not fit it (one line: model, reason, supported families; a decoder's
-            sliding window shorter than the padded rows), or a hook did not fire (:class:`kpca_repro.capture.module_capture.HooksDidNotFireError`).
+            sliding window shorter than the padded rows), or a hook did not fire
+            (:class:`kpca_repro.capture.module_capture.HooksDidNotFireError`).
         kpca_repro.activations.CaptureMismatchError: the stored q, k, v do not reproduce h; no file is left.
     """
-    from kpca_repro.capture.hf_capture import HFAttentionRecorder, attention_modules, check_rows, check_text_model, decoder_position_ids, hf_family
+    from kpca_repro.capture.hf_capture import (
+        HFAttentionRecorder,
+        attention_modules,
+        check_rows,
+        check_text_model,
+        decoder_position_ids,
+        hf_family,
+    )
     from kpca_repro.inputs.resources import check_checksum
 
-    check_text_model(model_id, source, decoder=decoder, revision=revision)  # refuse from config.json before loading any weights
+    check_text_model(
+        model_id, source, decoder=decoder, revision=revision
+    )  # refuse from config.json before loading any weights
     model, tokenizer = load_text_model(model_id, source, offline, revision=revision, decoder=decoder)
     hf_family(model.config, model_id, text=True, decoder=decoder)  # a hub model not in the cache was not checked above
     wf = weights_file(model_id, source, revision)
     if wf is None and checksum:
-        raise MissingModelError(f"{model_id}: no model.safetensors or pytorch_model.bin found in {source} to check against config key checksums")
+        raise MissingModelError(
+            f"{model_id}: no model.safetensors or pytorch_model.bin found in {source} to check against config key "
+            "checksums"
+        )
     model = model.to(device)
     attns = attention_modules(model, model_id)
     enc = tokenize_sample(tokenizer, list(samples["text"]), max_length)
@@ -285,18 +337,22 @@ def extract_text(
     }
     if decoder:
         attrs["revision"] = revision or ""
-        attrs["tokenizer"]["pad_token"] = tokenizer.pad_token + (" (the eos token)" if tokenizer.pad_token == tokenizer.eos_token else "")
+        attrs["tokenizer"]["pad_token"] = tokenizer.pad_token + (
+            " (the eos token)" if tokenizer.pad_token == tokenizer.eos_token else ""
+        )
     batches = img.shard_batches(len(samples), shard[1], shard[0], batch_size)
     store, kept = _part_store(resume, attrs, shard, len(batches))
 
     def forward_batch(run):
         batch = {k: v[run].to(device) for k, v in enc.items()}
-        if decoder:  # positions from the mask, as generation; no generation cache (it would only hold copies of k and v)
+        if (
+            decoder
+        ):  # positions from the mask, as generation; no generation cache (it would only hold copies of k and v)
             batch.update(position_ids=decoder_position_ids(batch["attention_mask"]), use_cache=False)
         return batch
 
     inputs = (forward_batch(run) for run, _, _ in batches[kept:])
     _record(
-        model, HFAttentionRecorder(attns), inputs, samples, out_path, model_id=model_id, attrs=attrs, shard=shard, batches=batches, progress=progress,
-        windows=[a.window for a in attns], store=store, kept=kept,
+        model, HFAttentionRecorder(attns), inputs, samples, out_path, model_id=model_id, attrs=attrs, shard=shard,
+        batches=batches, progress=progress, windows=[a.window for a in attns], store=store, kept=kept,
     )  # fmt: skip

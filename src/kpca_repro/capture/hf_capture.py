@@ -101,7 +101,9 @@ def _model_fn(module: nn.Module, name: str) -> Callable:
     """The function ``name`` of the module that defines ``type(module)``: the one its forward calls."""
     fn = getattr(sys.modules[type(module).__module__], name, None)
     if fn is None:
-        raise UnsupportedArchitectureError(f"{type(module).__module__} has no {name}; this transformers version is not supported by the capture")
+        raise UnsupportedArchitectureError(
+            f"{type(module).__module__} has no {name}; this transformers version is not supported by the capture"
+        )
     return fn
 
 
@@ -151,7 +153,8 @@ def _split_gpt2(attn: HFAttention, out: torch.Tensor):
 
 
 def _split_neox(attn: HFAttention, out: torch.Tensor):
-    """GPT-NeoX's ``query_key_value`` output, per head ``[q | k | v]``: ``view(B, N, H, 3 d).transpose(1, 2).chunk(3, -1)``."""
+    """GPT-NeoX's ``query_key_value`` output, per head ``[q | k | v]``:
+    ``view(B, N, H, 3 d).transpose(1, 2).chunk(3, -1)``."""
     b, n, _ = out.shape
     return out.view(b, n, attn.n_heads, 3 * attn.head_dim).transpose(1, 2).chunk(3, dim=-1)
 
@@ -236,7 +239,10 @@ FAMILIES: dict[str, Family] = {
             _HEADS,
             _DIM,
             window=lambda m: int(m.one_sided_attn_window_size),
-            what="query/key/value outputs (computed sequence-first, stored batch-first); sliding window |i-j| <= attention_window/2 as a mask",
+            what=(
+                "query/key/value outputs (computed sequence-first, stored batch-first); sliding window |i-j| <= "
+                "attention_window/2 as a mask"
+            ),
         ),
         Family(
             "distilbert",
@@ -270,7 +276,9 @@ FAMILIES: dict[str, Family] = {
             _DIM,
             extras=("position_embeddings",),
             transform=_esm_scale_rotary,
-            what="q, k after the model's query pre-scaling and rotary embedding; q stored / d^-1/2 so that s = 1/sqrt(d)",
+            what=(
+                "q, k after the model's query pre-scaling and rotary embedding; q stored / d^-1/2 so that s = 1/sqrt(d)"
+            ),
         ),
         Family(
             "modernbert",
@@ -284,7 +292,10 @@ FAMILIES: dict[str, Family] = {
             transform=_rope_qk,
             window=lambda m: int(m.config.sliding_window) if getattr(m, "sliding_window", None) is not None else None,
             split=_split_modernbert,
-            what="fused Wqkv split, q and k after the model's rotary embedding; local layers |i-j| <= local_attention/2 as a mask",
+            what=(
+                "fused Wqkv split, q and k after the model's rotary embedding; local layers |i-j| <= "
+                "local_attention/2 as a mask"
+            ),
         ),
         Family(
             "vit",
@@ -321,7 +332,10 @@ FAMILIES: dict[str, Family] = {
             transform=_rope_qk,
             kv_heads=("config.num_key_value_heads",),
             causal=True,
-            what="q_proj/k_proj/v_proj, q and k after the model's rotary embedding, k and v per KV head (grouped-query); h = input of o_proj; causal",
+            what=(
+                "q_proj/k_proj/v_proj, q and k after the model's rotary embedding, k and v per KV head "
+                "(grouped-query); h = input of o_proj; causal"
+            ),
         ),
         Family(
             "gpt_neox",
@@ -335,7 +349,10 @@ FAMILIES: dict[str, Family] = {
             transform=_rope_qk,
             split=_split_neox,
             causal=True,
-            what="fused query_key_value split per head as [q | k | v], q and k after the model's partial rotary embedding; h = input of dense; causal",
+            what=(
+                "fused query_key_value split per head as [q | k | v], q and k after the model's partial rotary "
+                "embedding; h = input of dense; causal"
+            ),
         ),
     )
 }
@@ -368,8 +385,12 @@ REFUSED: dict[str, str] = {
     "mpt": "ALiBi: a linear position bias is added to the logits",
     "gpt_oss": "attention sinks: a learned logit per head joins the softmax's denominator",
     "gemma2": "logit soft-capping: the logits pass through c * tanh(logits / c) before the softmax",
-    "gemma3": "q and k are normalised per head (qk-norm), and local layers use a sliding window; not supported by the capture",
-    "gemma3_text": "q and k are normalised per head (qk-norm), and local layers use a sliding window; not supported by the capture",
+    "gemma3": (
+        "q and k are normalised per head (qk-norm), and local layers use a sliding window; not supported by the capture"
+    ),
+    "gemma3_text": (
+        "q and k are normalised per head (qk-norm), and local layers use a sliding window; not supported by the capture"
+    ),
     "qwen3": "q and k are normalised per head (qk-norm); not supported by the capture",
     "qwen3_moe": "q and k are normalised per head (qk-norm); not supported by the capture",
     "olmo2": "q and k are normalised over all heads (qk-norm); not supported by the capture",
@@ -384,13 +405,18 @@ def supported_summary() -> str:
 
 def _refuse(who: str, model_type, reason: str) -> UnsupportedArchitectureError:
     # short: the supported model types (supported_summary()) are listed in docs/own_models.md, not in every refusal
-    return UnsupportedArchitectureError(f"{who}: model type {model_type!r} is refused: {reason}; supported types: docs/own_models.md")
+    return UnsupportedArchitectureError(
+        f"{who}: model type {model_type!r} is refused: {reason}; supported types: docs/own_models.md"
+    )
 
 
 def _decoder_types() -> set[str]:
     """Model types with a causal-LM class and no masked-LM class (decoders)."""
     try:
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        from transformers.models.auto.modeling_auto import (
+            MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+            MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        )
     except ImportError:  # pragma: no cover - other transformers layouts
         return {"gpt2", "gpt_neo", "gptj", "llama", "mistral", "qwen2", "opt", "bloom", "falcon", "gemma", "phi"}
     return set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) - set(MODEL_FOR_MASKED_LM_MAPPING_NAMES)
@@ -401,13 +427,19 @@ def _logit_terms(config) -> str | None:
     if getattr(config, "alibi", False):
         return "ALiBi: a linear position bias is added to the logits"
     if getattr(config, "attn_logit_softcapping", None):
-        return f"logit soft-capping (attn_logit_softcapping = {config.attn_logit_softcapping}): logits pass through c * tanh(logits / c)"
+        return (
+            f"logit soft-capping (attn_logit_softcapping = {config.attn_logit_softcapping}): logits pass through "
+            "c * tanh(logits / c)"
+        )
     return None
 
 
 def _kv_groups(heads: int, n_kv: int) -> str:
     """Why ``heads`` query heads on ``n_kv`` key/value heads that do not divide them are refused."""
-    return f"num_key_value_heads = {n_kv} does not divide num_attention_heads = {heads}: repeat_kv needs equal query-head groups"
+    return (
+        f"num_key_value_heads = {n_kv} does not divide num_attention_heads = {heads}: repeat_kv needs equal "
+        "query-head groups"
+    )
 
 
 def hf_family(config, who: str | None = None, text: bool = False, decoder: bool | None = None) -> Family:
@@ -439,7 +471,11 @@ def hf_family(config, who: str | None = None, text: bool = False, decoder: bool 
     if getattr(config, "is_encoder_decoder", False):
         raise _refuse(who, model_type, "an encoder-decoder model: its decoder uses cross-attention")
     if getattr(config, "add_cross_attention", False):
-        raise _refuse(who, model_type, "configured with cross-attention (add_cross_attention): the keys come from another sequence")
+        raise _refuse(
+            who,
+            model_type,
+            "configured with cross-attention (add_cross_attention): the keys come from another sequence",
+        )
     family = MODEL_TYPES.get(model_type)
     reason = _logit_terms(config)
     if reason is None and family is None:
@@ -459,10 +495,17 @@ def hf_family(config, who: str | None = None, text: bool = False, decoder: bool 
     elif reason is None:
         if getattr(config, "is_decoder", False):
             reason = "configured as a decoder (is_decoder): causal mask and cross-attention"
-        elif family.name == "esm" and getattr(config, "position_embedding_type", "absolute") not in ("absolute", "rotary"):
-            reason = f"position_embedding_type {config.position_embedding_type!r} adds relative position terms to the logits"
+        elif family.name == "esm" and getattr(config, "position_embedding_type", "absolute") not in (
+            "absolute",
+            "rotary",
+        ):
+            reason = (
+                f"position_embedding_type {config.position_embedding_type!r} adds relative position terms to the logits"
+            )
         elif text and family.name not in TEXT_FAMILIES:
-            reason = "a vision model (pixel inputs); the text pipeline needs a tokenizer, and vision models run through timm"
+            reason = (
+                "a vision model (pixel inputs); the text pipeline needs a tokenizer, and vision models run through timm"
+            )
         elif decoder:
             reason = "an encoder (every query sees every key): list it under text.models, not decoders.models"
     if reason is not None:
@@ -478,7 +521,11 @@ def sliding_window(config) -> int | None:
     """
     w = getattr(config, "sliding_window", None)
     types = getattr(config, "layer_types", None)
-    if not w or (types is not None and "sliding_attention" not in types) or getattr(config, "use_sliding_window", True) is False:
+    if (
+        not w
+        or (types is not None and "sliding_attention" not in types)
+        or getattr(config, "use_sliding_window", True) is False
+    ):
         return None
     return int(w)
 
@@ -498,13 +545,19 @@ def check_rows(config, who: str, n_tokens: int) -> None:
     """
     positions = getattr(config, "n_positions", None) if getattr(config, "model_type", None) == "gpt2" else None
     if positions is not None and positions < n_tokens:
-        raise _refuse(who, "gpt2", f"rows of {n_tokens} tokens, longer than its {positions} learned positions (n_positions); lower text.max_length to {positions}")
+        raise _refuse(
+            who,
+            "gpt2",
+            f"rows of {n_tokens} tokens, longer than its {positions} learned positions (n_positions); lower "
+            f"text.max_length to {positions}",
+        )
     w = sliding_window(config)
     if w is not None and w < n_tokens:
         raise _refuse(
             who,
             getattr(config, "model_type", None),
-            f"a sliding window of {w} tokens, shorter than the rows ({n_tokens} tokens): the format's causal mask cannot express it; lower text.max_length to {w}",
+            f"a sliding window of {w} tokens, shorter than the rows ({n_tokens} tokens): the format's causal mask "
+            f"cannot express it; lower text.max_length to {w}",
         )
 
 
@@ -562,13 +615,19 @@ def check_text_model(model_id: str, source: str, decoder: bool = False, revision
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(source, local_files_only=True, revision=None if Path(source).is_dir() else revision)
+        config = AutoConfig.from_pretrained(
+            source, local_files_only=True, revision=None if Path(source).is_dir() else revision
+        )
     except OSError:
         return None
     except (ValueError, KeyError) as exc:
         path = Path(source) / "config.json"
         model_type = json.loads(path.read_text()).get("model_type") if path.is_file() else None
-        raise _refuse(model_id, model_type, f"transformers cannot read its configuration ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+        raise _refuse(
+            model_id,
+            model_type,
+            f"transformers cannot read its configuration ({type(exc).__name__}: {str(exc).splitlines()[0]})",
+        ) from None
     return hf_family(config, model_id, text=True, decoder=decoder).name
 
 
@@ -608,10 +667,15 @@ class HFAttention:
 
 
 def _widths(module) -> tuple[int, int] | None:
-    """``(in, out)`` features of an ``nn.Linear`` or of transformers' ``Conv1D`` (weight ``(in, out)``, ``nf`` = out), else None."""
+    """``(in, out)`` features of an ``nn.Linear`` or of transformers' ``Conv1D`` (weight ``(in, out)``, ``nf`` = out),
+    else None."""
     if isinstance(module, nn.Linear):
         return module.in_features, module.out_features
-    if type(module).__name__ == "Conv1D" and isinstance(getattr(module, "nf", None), int) and isinstance(getattr(module, "nx", None), int):
+    if (
+        type(module).__name__ == "Conv1D"
+        and isinstance(getattr(module, "nf", None), int)
+        and isinstance(getattr(module, "nx", None), int)
+    ):
         return module.nx, module.nf
     return None
 
@@ -659,29 +723,49 @@ def attention_modules(model: nn.Module, model_id: str | None = None) -> list[HFA
         heads, dim = _attr(mod, family.heads), _attr(mod, family.head_dim)
         n_kv = _attr(mod, family.kv_heads) or heads
         if not heads or not dim:
-            raise UnsupportedArchitectureError(f"{who}: {name} ({type(mod).__name__}) has {'/'.join(names)} but no head count {family.heads} or head size {family.head_dim}")
+            raise UnsupportedArchitectureError(
+                f"{who}: {name} ({type(mod).__name__}) has {'/'.join(names)} but no head count {family.heads} or "
+                f"head size {family.head_dim}"
+            )
         if getattr(mod, "is_causal", family.causal) != family.causal:
             what = "causal (is_causal)" if not family.causal else "not causal (is_causal False: cross-attention)"
             raise _refuse(f"{who} ({name})", config.model_type, f"the attention module is {what}")
         scaling = getattr(mod, "scaling", None)
         if family.causal and (scaling is None or abs(float(scaling) * dim**0.5 - 1) > 1e-6):
-            raise _refuse(f"{who} ({name})", config.model_type, f"its logit scale is {scaling}, not 1/sqrt(head_dim) = {dim**-0.5:g}")
+            raise _refuse(
+                f"{who} ({name})",
+                config.model_type,
+                f"its logit scale is {scaling}, not 1/sqrt(head_dim) = {dim**-0.5:g}",
+            )
         width = heads * dim
-        projections = {t: getattr(mod, a) for t, a in zip(("q", "k", "v"), names)} if family.projections else {"qkv": getattr(mod, family.fused)}
+        projections = (
+            {t: getattr(mod, a) for t, a in zip(("q", "k", "v"), names)}
+            if family.projections
+            else {"qkv": getattr(mod, family.fused)}
+        )
         want = {"q": width, "k": n_kv * dim, "v": n_kv * dim, "qkv": 3 * width}
         if heads % n_kv:
             raise UnsupportedArchitectureError(f"{who}: {name}: {_kv_groups(heads, n_kv)}")
         if any(_widths(p)[1] != want[t] for t, p in projections.items()):
-            raise UnsupportedArchitectureError(f"{who}: {name}: {'/'.join(names)} widths differ from heads x head size = {width} ({n_kv} key/value heads)")
+            raise UnsupportedArchitectureError(
+                f"{who}: {name}: {'/'.join(names)} widths differ from heads x head size = {width} ({n_kv} key/value "
+                "heads)"
+            )
         path = family.out_proj
         out = named.get(name.rsplit(".", 1)[0]) if path.startswith("^.") else mod
         for part in path.removeprefix("^.").split("."):
             out = getattr(out, part, None)
         if _widths(out) is None or _widths(out)[0] != width:
-            raise UnsupportedArchitectureError(f"{who}: {name}: no output projection {path} taking the {width}-wide per-head attention output; h cannot be captured")
+            raise UnsupportedArchitectureError(
+                f"{who}: {name}: no output projection {path} taking the {width}-wide per-head attention output; h "
+                "cannot be captured"
+            )
         found.append(HFAttention(name, mod, family, projections, out, heads, dim, family.window(mod), n_kv))
     if not found:
-        raise UnsupportedArchitectureError(f"{who}: no {family.name} self-attention module with {'/'.join(family.projections or (family.fused,))} Linear layers")
+        raise UnsupportedArchitectureError(
+            f"{who}: no {family.name} self-attention module with {'/'.join(family.projections or (family.fused,))} "
+            "Linear layers"
+        )
     return found
 
 
@@ -697,9 +781,9 @@ class HFAttentionRecorder(HeadRecorder):
     ``(B, H, N, d)`` and ``"k" | "v"`` to ``(B, H_kv, N, d)`` (the key/value heads, not
     repeated) on the model's device, batch-first whatever layout the module computes in, such
     that ``h = softmax(q k^T / sqrt(d) + mask) v`` with the KV head of :attr:`kv_head_of_query`
-    (the family's transform applied; ``mask`` causal for a decoder, :attr:`causal`); ``layouts[layer]`` is ``"batch_first"`` or ``"sequence_first"`` (Longformer
-    applies its projections to ``(N, B, hidden)``), read from the tensors themselves: the
-    projection input must equal the module's hidden states or their transpose. Only the first
+    (the family's transform applied; ``mask`` causal for a decoder, :attr:`causal`); ``layouts[layer]`` is
+    ``"batch_first"`` or ``"sequence_first"`` (Longformer applies its projections to ``(N, B, hidden)``), read from the
+    tensors themselves: the projection input must equal the module's hidden states or their transpose. Only the first
     call of each projection per forward is kept.
 
     Raises (during the forward pass):
@@ -722,7 +806,9 @@ class HFAttentionRecorder(HeadRecorder):
         """
         kinds = {a.family.causal for a in self.attns}
         if len(kinds) != 1:
-            raise UnsupportedArchitectureError(f"{self.attns[0].name}: causal and non-causal attention modules in one model")
+            raise UnsupportedArchitectureError(
+                f"{self.attns[0].name}: causal and non-causal attention modules in one model"
+            )
         return kinds.pop()
 
     @property
@@ -735,7 +821,9 @@ class HFAttentionRecorder(HeadRecorder):
         """
         sizes = {(a.n_heads, a.n_kv_heads) for a in self.attns}
         if len(sizes) != 1:
-            raise UnsupportedArchitectureError(f"{self.attns[0].name}: the layers' (query, key/value) head counts differ: {sorted(sizes)}")
+            raise UnsupportedArchitectureError(
+                f"{self.attns[0].name}: the layers' (query, key/value) head counts differ: {sorted(sizes)}"
+            )
         heads, n_kv = sizes.pop()
         return None if n_kv == heads else repeat_kv_map(heads, n_kv)
 
@@ -746,8 +834,13 @@ class HFAttentionRecorder(HeadRecorder):
             UnsupportedArchitectureError: the layers computed in different layouts.
         """
         if len(set(self.layouts)) != 1:
-            raise UnsupportedArchitectureError(f"{self.attns[0].name}: the attention modules computed in mixed layouts {self.layouts}")
-        return {"capture_adapter": "; ".join(dict.fromkeys(a.family.name for a in self.attns)), "hooked_layout": self.layouts[0]}
+            raise UnsupportedArchitectureError(
+                f"{self.attns[0].name}: the attention modules computed in mixed layouts {self.layouts}"
+            )
+        return {
+            "capture_adapter": "; ".join(dict.fromkeys(a.family.name for a in self.attns)),
+            "hooked_layout": self.layouts[0],
+        }
 
     def _attn_pre_hook(self, layer: int):
         attn = self.attns[layer]
@@ -770,7 +863,10 @@ class HFAttentionRecorder(HeadRecorder):
         def hook(_mod, _args, _out):
             t = self.captured[layer]
             if not all(x in t for x in ("q", "k", "v")):
-                raise UnsupportedArchitectureError(f"{attn.name}: its projections {sorted(attn.projections)} did not all run in its forward; q, k, v cannot be captured")
+                raise UnsupportedArchitectureError(
+                    f"{attn.name}: its projections {sorted(attn.projections)} did not all run in its forward; q, k, "
+                    "v cannot be captured"
+                )
             attn.family.transform(attn, t, self._extras[layer])
 
         return hook
@@ -779,9 +875,17 @@ class HFAttentionRecorder(HeadRecorder):
         hidden = self._hidden[layer]
         if hidden is not None and x.shape == hidden.shape and torch.equal(x, hidden):
             return BATCH_FIRST
-        if hidden is not None and x.ndim == 3 and x.shape == hidden.transpose(0, 1).shape and torch.equal(x, hidden.transpose(0, 1)):
+        if (
+            hidden is not None
+            and x.ndim == 3
+            and x.shape == hidden.transpose(0, 1).shape
+            and torch.equal(x, hidden.transpose(0, 1))
+        ):
             return SEQUENCE_FIRST
-        raise UnsupportedArchitectureError(f"{attn.name}.{what}: its input is neither the attention module's hidden states nor their (sequence, batch) transpose")
+        raise UnsupportedArchitectureError(
+            f"{attn.name}.{what}: its input is neither the attention module's hidden states nor their (sequence, "
+            "batch) transpose"
+        )
 
     def _proj_hook(self, layer: int, name: str):
         attn = self.attns[layer]
@@ -798,7 +902,9 @@ class HFAttentionRecorder(HeadRecorder):
                 t["q"], t["k"], t["v"] = attn.family.split(attn, out)
             else:
                 # a copy: Longformer scales its query projection in place right after this hook
-                t[name] = split_heads(out, attn.n_kv_heads if name in ("k", "v") else attn.n_heads, attn.head_dim).clone()
+                t[name] = split_heads(
+                    out, attn.n_kv_heads if name in ("k", "v") else attn.n_heads, attn.head_dim
+                ).clone()
 
         return hook
 
@@ -808,7 +914,9 @@ class HFAttentionRecorder(HeadRecorder):
         def hook(_mod, args):
             x, hidden = args[0], self._hidden[layer]
             if hidden is None or x.ndim != 3 or x.shape[:2] != hidden.shape[:2]:  # h is batch-first (Longformer too)
-                raise UnsupportedArchitectureError(f"{attn.name}: the output projection's input is not (batch, tokens, heads x head size)")
+                raise UnsupportedArchitectureError(
+                    f"{attn.name}: the output projection's input is not (batch, tokens, heads x head size)"
+                )
             self.captured[layer]["h"] = split_heads(x, attn.n_heads, attn.head_dim)
 
         return hook

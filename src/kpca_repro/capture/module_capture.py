@@ -128,7 +128,14 @@ class ModuleCapture(HeadRecorder):
             (:func:`kpca_repro.capture.torch_attention.torch_attention_qkv`).
     """
 
-    def __init__(self, modules: Iterable[nn.Module], qkv: QKV | None = None, h_input_of: Callable[[nn.Module], nn.Module] | None = None, *, names: Sequence[str] | None = None):
+    def __init__(
+        self,
+        modules: Iterable[nn.Module],
+        qkv: QKV | None = None,
+        h_input_of: Callable[[nn.Module], nn.Module] | None = None,
+        *,
+        names: Sequence[str] | None = None,
+    ):
         super().__init__(modules)
         self.names = list(names) if names is not None else [f"modules[{i}]" for i in range(len(self.attns))]
         self.torch_attention = [ta.is_torch_attention(m) for m in self.attns]
@@ -156,7 +163,10 @@ class ModuleCapture(HeadRecorder):
         """
         found = ta.find_torch_attention(model)
         if not found:
-            raise UnsupportedArchitectureError(f"{type(model).__name__} holds no nn.MultiheadAttention; give ModuleCapture your attention modules and a qkv function")
+            raise UnsupportedArchitectureError(
+                f"{type(model).__name__} holds no nn.MultiheadAttention; give ModuleCapture your attention modules "
+                "and a qkv function"
+            )
         return cls([m for _, m in found], names=[n for n, _ in found])
 
     @property
@@ -173,16 +183,26 @@ class ModuleCapture(HeadRecorder):
         first = got[0][1]
         for layer, m in got[1:]:
             if m.shape != first.shape or not torch.equal(m, first):
-                raise ValueError(f"{self.names[layer]} was called with another key_padding_mask than {self.names[got[0][0]]}; the activation file holds one padding mask")
+                raise ValueError(
+                    f"{self.names[layer]} was called with another key_padding_mask than {self.names[got[0][0]]}; the "
+                    "activation file holds one padding mask"
+                )
         if len(got) != len(self._real_keys):
-            raise ValueError(f"{self.names[got[0][0]]} was called with a key_padding_mask and other layers without; the activation file holds one padding mask")
+            raise ValueError(
+                f"{self.names[got[0][0]]} was called with a key_padding_mask and other layers without; the "
+                "activation file holds one padding mask"
+            )
         return first.to(torch.int64)
 
     def _register(self) -> list:
         handles = []
         try:
             for layer, module in enumerate(self.attns):
-                handles.extend(self._register_torch_attention(layer, module) if self.torch_attention[layer] else self._register_module(layer, module))
+                handles.extend(
+                    self._register_torch_attention(layer, module)
+                    if self.torch_attention[layer]
+                    else self._register_module(layer, module)
+                )
         except BaseException:
             for handle in handles:  # an observation left open would keep F.linear wrapped
                 handle.remove()
@@ -198,14 +218,21 @@ class ModuleCapture(HeadRecorder):
             q = self.captured[layer]["q"]
             self.captured[layer]["h"] = split_heads(args[0], q.shape[1], q.shape[3])
 
-        return [module.register_forward_pre_hook(pre, with_kwargs=True), self.h_input_of(module).register_forward_pre_hook(h_pre)]
+        return [
+            module.register_forward_pre_hook(pre, with_kwargs=True),
+            self.h_input_of(module).register_forward_pre_hook(h_pre),
+        ]
 
     def _register_torch_attention(self, layer: int, module: nn.Module) -> list:
         name = self.names[layer]
-        inside = {"call": None}  # (N, B) of the call in progress: out-projection calls outside it are not this layer's h
+        inside = {
+            "call": None
+        }  # (N, B) of the call in progress: out-projection calls outside it are not this layer's h
 
         def pre(mod, args, kwargs):
-            q, k, v, real = ta.torch_attention_qkv(mod, args, kwargs, name)  # also the refusals, with a qkv function of the user's
+            q, k, v, real = ta.torch_attention_qkv(
+                mod, args, kwargs, name
+            )  # also the refusals, with a qkv function of the user's
             inside["call"] = (q.shape[2], q.shape[0])  # (N, B): the out-projection's input is (N * B, H * d)
             if self.qkv is not None:
                 q, k, v = self.qkv(mod, args, kwargs)
@@ -219,7 +246,9 @@ class ModuleCapture(HeadRecorder):
             if inside["call"] is None:
                 return
             n, b = inside["call"]
-            self.captured[layer]["h"] = ta.split_seq_first(attn_output.reshape(n, b, module.embed_dim), module.num_heads)
+            self.captured[layer]["h"] = ta.split_seq_first(
+                attn_output.reshape(n, b, module.embed_dim), module.num_heads
+            )
 
         if self.h_given:
 
@@ -229,7 +258,11 @@ class ModuleCapture(HeadRecorder):
             h_handle = self.h_input_of(module).register_forward_pre_hook(h_pre)
         else:
             h_handle = ta.observe_out_projection(module, h_seen)  # first: it may refuse, and nothing is registered yet
-        return [h_handle, module.register_forward_pre_hook(pre, with_kwargs=True), module.register_forward_hook(post, always_call=True)]
+        return [
+            h_handle,
+            module.register_forward_pre_hook(pre, with_kwargs=True),
+            module.register_forward_hook(post, always_call=True),
+        ]
 
     def explain_missing(self, layer: int, tensor: str, paths: Mapping[int, str]) -> tuple[str, str]:
         """Why ``(layer, tensor)`` was not captured: ``(subject, reason)``, the subject the hooked
@@ -242,23 +275,36 @@ class ModuleCapture(HeadRecorder):
         where = paths.get(id(module))
         name = repr(where) if where is not None else f"{self.names[layer]} (not a sub-module of the model)"
         if tensor != "h" or not {"q", "k", "v"} <= set(self.captured[layer]):
-            return name, f"{type(module).__name__} not called as a module in the forward pass, so its forward pre-hook (q, k, v) did not fire"
+            return (
+                name,
+                f"{type(module).__name__} not called as a module in the forward pass, so its forward pre-hook (q, k, "
+                "v) did not fire",
+            )
         if self.torch_attention[layer] and not self.h_given:
             return name, (
-                "its out-projection call was not seen at torch.nn.functional.linear (a scripted or compiled module, or a torch version whose "
-                "F.multi_head_attention_forward no longer calls it); record this attention another way (docs/activations.md 4)"
+                "its out-projection call was not seen at torch.nn.functional.linear (a scripted or compiled module, "
+                "or a torch version whose "
+                "F.multi_head_attention_forward no longer calls it); record this attention another way "
+                "(docs/activations.md 4)"
             )
         target = self.h_input_of(module)
         tpath = paths.get(id(target))
         tname = repr(tpath) if tpath is not None else f"{type(target).__name__} (not a sub-module of the model)"
         if self.torch_attention[layer]:
-            why = ta.OUT_PROJ_REASON if target is getattr(module, "out_proj", None) else "nn.MultiheadAttention calls no sub-module with the concatenated heads"
+            why = (
+                ta.OUT_PROJ_REASON
+                if target is getattr(module, "out_proj", None)
+                else "nn.MultiheadAttention calls no sub-module with the concatenated heads"
+            )
             return tname, (
-                f"the h hook cannot fire: {why}. Leave h_input_of unset for nn.MultiheadAttention (ModuleCapture then records h at that "
-                "out-projection call), or use ModuleCapture.for_torch_attention(model) (docs/activations.md, 'PyTorch's own attention')"
+                f"the h hook cannot fire: {why}. Leave h_input_of unset for nn.MultiheadAttention (ModuleCapture "
+                "then records h at that "
+                "out-projection call), or use ModuleCapture.for_torch_attention(model) (docs/activations.md, "
+                "'PyTorch's own attention')"
             )
         return tname, (
-            "the h hook did not fire: the attention's forward did not call it as a module (a functional call such as F.linear(x, m.weight) "
+            "the h hook did not fire: the attention's forward did not call it as a module (a functional call such as "
+            "F.linear(x, m.weight) "
             "bypasses module hooks); give h_input_of the sub-module your forward calls with the concatenated heads"
         )
 
@@ -429,7 +475,8 @@ def record_activations(
         kpca_repro.activations.CaptureMismatchError: the captured q, k, v do not reproduce h
             (the measured error, layer, input and head in the message); no file is written.
         kpca_repro.errors.JobStop: with ``store``, a kept batch cannot be read (the kept batches are deleted).
-        kpca_repro.resume.JobInterrupted: interrupted (``KeyboardInterrupt``), with ``store``: the message says how many batches are kept.
+        kpca_repro.resume.JobInterrupted: interrupted (``KeyboardInterrupt``), with ``store``: the message says how many
+            batches are kept.
     """
     causal = bool(getattr(capture, "causal", False)) if causal is None else causal
     kv_head_of_query = getattr(capture, "kv_head_of_query", None) if kv_head_of_query is None else kv_head_of_query
@@ -443,16 +490,22 @@ def record_activations(
         for rows, (batch, layers) in zip(itertools.repeat(slice(None)) if keep is None else keep[kept:], runs):
             mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
             if mask is None:
-                mask = getattr(capture, "attention_mask", None)  # e.g. the key_padding_mask nn.MultiheadAttention was called with
+                mask = getattr(
+                    capture, "attention_mask", None
+                )  # e.g. the key_padding_mask nn.MultiheadAttention was called with
             if mask is not None:
                 mask = np.asarray(mask.detach().cpu() if hasattr(mask, "detach") else mask)[rows]
             yield [{t: a[rows] for t, a in tensors.items()} for tensors in layers], mask, _found_attrs(capture)
 
     try:
         with (
-            ActivationWriter(path, model_id=model_id, n_inputs=n_inputs, check=check, windows=windows, tolerance=tolerance, **layout) as writer,
+            ActivationWriter(
+                path, model_id=model_id, n_inputs=n_inputs, check=check, windows=windows, tolerance=tolerance, **layout
+            ) as writer,
             closing(runs),
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="keep") as keeper,  # a part is written while the next batch runs; left, the block waits for it
+            ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="keep"
+            ) as keeper,  # a part is written while the next batch runs; left, the block waits for it
         ):
             for index, (layers, mask, found) in enumerate(itertools.chain(_kept_batches(store, kept), computed())):
                 writer.add(layers, mask)
@@ -467,19 +520,28 @@ def record_activations(
         if store is None:
             raise
         of = f" of {len(keep):,}" if keep is not None else ""
-        raise JobInterrupted(f"interrupted after {store.finished():,}{of} batches; rerun the same command to resume") from None
+        raise JobInterrupted(
+            f"interrupted after {store.finished():,}{of} batches; rerun the same command to resume"
+        ) from None
     if store is not None:  # the file is written
         store.remove()
     return summary
 
 
 def _found_attrs(capture) -> dict:
-    """The file attributes a capture knows after a forward pass: ``capture_adapter`` and the capture's ``file_attrs()``."""
-    return {"capture_adapter": type(capture).__name__, **(capture.file_attrs() if hasattr(capture, "file_attrs") else {})}
+    """The file attributes a capture knows after a forward pass: ``capture_adapter`` and the capture's
+    ``file_attrs()``."""
+    return {
+        "capture_adapter": type(capture).__name__,
+        **(capture.file_attrs() if hasattr(capture, "file_attrs") else {}),
+    }
 
 
-def _batch_part(layers: Sequence[Mapping[str, np.ndarray]], mask: np.ndarray | None, found: dict) -> dict[str, np.ndarray]:
-    """One batch as a :class:`~kpca_repro.resume.PartStore` part: every layer's arrays (whatever names and shapes), the mask, the capture's attributes (JSON)."""
+def _batch_part(
+    layers: Sequence[Mapping[str, np.ndarray]], mask: np.ndarray | None, found: dict
+) -> dict[str, np.ndarray]:
+    """One batch as a :class:`~kpca_repro.resume.PartStore` part: every layer's arrays (whatever names and shapes), the
+    mask, the capture's attributes (JSON)."""
     part = {f"{layer}/{name}": a for layer, tensors in enumerate(layers) for name, a in tensors.items()}
     part["n_layers"], part["found_attrs"] = np.array(len(layers)), np.array(json.dumps(found, sort_keys=True))
     if mask is not None:
@@ -487,8 +549,11 @@ def _batch_part(layers: Sequence[Mapping[str, np.ndarray]], mask: np.ndarray | N
     return part
 
 
-def _kept_batches(store: PartStore | None, kept: int) -> Iterator[tuple[list[dict[str, np.ndarray]], np.ndarray | None, dict]]:
-    """The first ``kept`` batches of ``store`` as :func:`record_activations` feeds its writer: ``(layers, mask or None, attrs)``.
+def _kept_batches(
+    store: PartStore | None, kept: int
+) -> Iterator[tuple[list[dict[str, np.ndarray]], np.ndarray | None, dict]]:
+    """The first ``kept`` batches of ``store`` as :func:`record_activations` feeds its writer:
+    ``(layers, mask or None, attrs)``.
 
     Raises:
         kpca_repro.errors.JobStop: a part cannot be read (the kept batches are deleted, so that a rerun computes them).
@@ -497,7 +562,10 @@ def _kept_batches(store: PartStore | None, kept: int) -> Iterator[tuple[list[dic
         part = store.load(index)
         if part is None:
             store.remove()
-            raise JobStop(f"{store.directory}: kept batch {index} cannot be read; the kept batches are deleted, rerun the same command")
+            raise JobStop(
+                f"{store.directory}: kept batch {index} cannot be read; the kept batches are deleted, rerun the same "
+                "command"
+            )
         layers = [{} for _ in range(int(part["n_layers"]))]
         for name, a in part.items():
             if "/" in name:

@@ -1,5 +1,6 @@
 """PyTorch's own attention: q, k, v, h of ``nn.MultiheadAttention`` (so ``nn.TransformerEncoder``,
-``nn.TransformerEncoderLayer`` and ``nn.Transformer``'s encoder) for :class:`~kpca_repro.capture.module_capture.ModuleCapture`.
+``nn.TransformerEncoderLayer`` and ``nn.Transformer``'s encoder) for
+:class:`~kpca_repro.capture.module_capture.ModuleCapture`.
 
 q, k, v are recomputed in a forward pre-hook on the module from its own call: the query
 (the self-attention input) times ``in_proj_weight`` plus ``in_proj_bias``, in the module's
@@ -54,11 +55,20 @@ from torch import nn
 
 from kpca_repro.capture.vision import UnsupportedArchitectureError
 
-__all__ = ["is_torch_attention", "check_torch_attention", "find_torch_attention", "torch_attention_qkv", "key_padding_real", "observe_out_projection", "OUT_PROJ_REASON"]
+__all__ = [
+    "is_torch_attention",
+    "check_torch_attention",
+    "find_torch_attention",
+    "torch_attention_qkv",
+    "key_padding_real",
+    "observe_out_projection",
+    "OUT_PROJ_REASON",
+]
 
 #: Why a hook on ``nn.MultiheadAttention.out_proj`` never fires (named by HooksDidNotFireError).
 OUT_PROJ_REASON = (
-    "nn.MultiheadAttention applies its output projection functionally: F.multi_head_attention_forward passes out_proj.weight and out_proj.bias "
+    "nn.MultiheadAttention applies its output projection functionally: F.multi_head_attention_forward passes "
+    "out_proj.weight and out_proj.bias "
     "to torch.nn.functional.linear and never calls out_proj as a module, so its hooks never fire"
 )
 
@@ -69,7 +79,8 @@ def is_torch_attention(module) -> bool:
 
 
 def check_torch_attention(module: nn.MultiheadAttention, name: str) -> None:
-    """Refuse an ``nn.MultiheadAttention`` whose attention is not ``softmax(q k^T/sqrt(d) + mask) v`` over the input's tokens.
+    """Refuse an ``nn.MultiheadAttention`` whose attention is not ``softmax(q k^T/sqrt(d) + mask) v`` over the input's
+    tokens.
 
     Raises:
         UnsupportedArchitectureError: ``bias_k``/``bias_v`` (a learned key and value appended to
@@ -77,9 +88,15 @@ def check_torch_attention(module: nn.MultiheadAttention, name: str) -> None:
             that is not a token, which format 1 cannot store.
     """
     if module.bias_k is not None or module.bias_v is not None:
-        raise UnsupportedArchitectureError(f"{name} (nn.MultiheadAttention) has add_bias_kv=True: a learned key and value appended to every sequence, which the activation format cannot store")
+        raise UnsupportedArchitectureError(
+            f"{name} (nn.MultiheadAttention) has add_bias_kv=True: a learned key and value appended to every "
+            "sequence, which the activation format cannot store"
+        )
     if module.add_zero_attn:
-        raise UnsupportedArchitectureError(f"{name} (nn.MultiheadAttention) has add_zero_attn=True: a zero key and value appended to every sequence, which the activation format cannot store")
+        raise UnsupportedArchitectureError(
+            f"{name} (nn.MultiheadAttention) has add_zero_attn=True: a zero key and value appended to every "
+            "sequence, which the activation format cannot store"
+        )
 
 
 def find_torch_attention(model: nn.Module) -> list[tuple[str, nn.MultiheadAttention]]:
@@ -92,7 +109,8 @@ def find_torch_attention(model: nn.Module) -> list[tuple[str, nn.MultiheadAttent
 
 
 def _bind(module: nn.Module, args: tuple, kwargs: Mapping) -> dict:
-    """The arguments of one call of ``module`` by name (``query``, ``key``, ``value``, ``key_padding_mask``, ...; defaults applied)."""
+    """The arguments of one call of ``module`` by name (``query``, ``key``, ``value``, ``key_padding_mask``, ...;
+    defaults applied)."""
     bound = inspect.signature(type(module).forward).bind(module, *args, **kwargs)
     bound.apply_defaults()
     return dict(bound.arguments)
@@ -110,14 +128,22 @@ def key_padding_real(mask: torch.Tensor | None, name: str) -> torch.Tensor | Non
     if mask.dtype == torch.bool:
         return ~mask
     if not torch.is_floating_point(mask):
-        raise UnsupportedArchitectureError(f"{name} was called with a key_padding_mask of dtype {mask.dtype}; expected bool (True = padded) or float (-inf = padded)")
+        raise UnsupportedArchitectureError(
+            f"{name} was called with a key_padding_mask of dtype {mask.dtype}; expected bool (True = padded) or "
+            "float (-inf = padded)"
+        )
     padded = torch.isneginf(mask)
     if not bool(((mask == 0) | padded).all()):
-        raise UnsupportedArchitectureError(f"{name} was called with a float key_padding_mask holding values other than 0 and -inf: an additive logit term the activation format cannot store")
+        raise UnsupportedArchitectureError(
+            f"{name} was called with a float key_padding_mask holding values other than 0 and -inf: an additive "
+            "logit term the activation format cannot store"
+        )
     return ~padded
 
 
-def torch_attention_qkv(module: nn.MultiheadAttention, args: tuple, kwargs: Mapping, name: str = "nn.MultiheadAttention"):
+def torch_attention_qkv(
+    module: nn.MultiheadAttention, args: tuple, kwargs: Mapping, name: str = "nn.MultiheadAttention"
+):
     """q, k, v of one ``nn.MultiheadAttention`` call, as ``F.multi_head_attention_forward`` computes them.
 
     Args:
@@ -137,13 +163,25 @@ def torch_attention_qkv(module: nn.MultiheadAttention, args: tuple, kwargs: Mapp
     call = _bind(module, args, kwargs)
     x, key, value = call["query"], call["key"], call["value"]
     if x.is_nested:
-        raise UnsupportedArchitectureError(f"{name} was called with a nested tensor; pass padded tensors with a key_padding_mask")
-    if not (key is x or (key.shape == x.shape and torch.equal(key, x))) or not (value is x or (value.shape == x.shape and torch.equal(value, x))):
-        raise UnsupportedArchitectureError(f"{name} is called as cross-attention (key or value is not the query); the activation format holds self-attention (q and k over the same tokens)")
+        raise UnsupportedArchitectureError(
+            f"{name} was called with a nested tensor; pass padded tensors with a key_padding_mask"
+        )
+    if not (key is x or (key.shape == x.shape and torch.equal(key, x))) or not (
+        value is x or (value.shape == x.shape and torch.equal(value, x))
+    ):
+        raise UnsupportedArchitectureError(
+            f"{name} is called as cross-attention (key or value is not the query); the activation format holds "
+            "self-attention (q and k over the same tokens)"
+        )
     if call.get("attn_mask") is not None or call.get("is_causal", False):
-        raise UnsupportedArchitectureError(f"{name} was called with an attn_mask or is_causal: the activation format knows key padding only (docs/activations.md 1)")
+        raise UnsupportedArchitectureError(
+            f"{name} was called with an attn_mask or is_causal: the activation format knows key padding only "
+            "(docs/activations.md 1)"
+        )
     if module.training and module.dropout > 0:
-        raise UnsupportedArchitectureError(f"{name} is in training mode with attention dropout {module.dropout}: call model.eval() before capturing")
+        raise UnsupportedArchitectureError(
+            f"{name} is in training mode with attention dropout {module.dropout}: call model.eval() before capturing"
+        )
     real = key_padding_real(call.get("key_padding_mask"), name)
     # the module's own layout: sequence first (L, B, E); an unbatched (L, E) input is batch 1
     xs = x.unsqueeze(1) if x.dim() == 2 else (x.transpose(0, 1) if module.batch_first else x)

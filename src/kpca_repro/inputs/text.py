@@ -55,7 +55,9 @@ __all__ = [
 WIKITEXT = {"path": "Salesforce/wikitext", "name": "wikitext-103-raw-v1", "split": "test"}
 
 
-def load_text_model(model_id: str, source: str, offline: bool, revision: str | None = None, decoder: bool = False) -> tuple[nn.Module, object]:
+def load_text_model(
+    model_id: str, source: str, offline: bool, revision: str | None = None, decoder: bool = False
+) -> tuple[nn.Module, object]:
     """``AutoModel`` and fast ``AutoTokenizer`` from ``source`` (docs/method.md 3).
 
     Args:
@@ -76,7 +78,10 @@ def load_text_model(model_id: str, source: str, offline: bool, revision: str | N
     from transformers import AutoModel, AutoTokenizer
 
     local = offline or os.path.isdir(source)
-    where = {"local_files_only": local, **({"revision": revision} if revision is not None and not os.path.isdir(source) else {})}
+    where = {
+        "local_files_only": local,
+        **({"revision": revision} if revision is not None and not os.path.isdir(source) else {}),
+    }
     try:
         model = AutoModel.from_pretrained(source, **where, **({"attn_implementation": "eager"} if decoder else {}))
         tokenizer = AutoTokenizer.from_pretrained(source, use_fast=True, **where)
@@ -84,13 +89,17 @@ def load_text_model(model_id: str, source: str, offline: bool, revision: str | N
         raise MissingModelError(_missing_message(model_id, f"{type(exc).__name__}: {exc}")) from exc
     if decoder and tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise MissingModelError(f"{model_id}: its tokenizer has neither a pad token nor an eos token to pad the sample's rows with; give it a pad_token (tokenizer_config.json)")
+            raise MissingModelError(
+                f"{model_id}: its tokenizer has neither a pad token nor an eos token to pad the sample's rows with; "
+                "give it a pad_token (tokenizer_config.json)"
+            )
         tokenizer.pad_token = tokenizer.eos_token
     return model.eval().float(), tokenizer
 
 
 def weights_file(model_id: str, source: str, revision: str | None = None) -> Path | None:
-    """The weights file behind a loaded model (``model.safetensors`` or ``pytorch_model.bin``; of ``revision`` in the hub cache)."""
+    """The weights file behind a loaded model (``model.safetensors`` or ``pytorch_model.bin``; of ``revision`` in the
+    hub cache)."""
     names = ("model.safetensors", "pytorch_model.bin")
     if os.path.isdir(source):
         for name in names:
@@ -116,7 +125,10 @@ class UnreadableTextError(InputFileError, ValueError):
 
 
 #: What replaces a bad WikiText file (the rule ``download_wikitext`` fetches a missing one).
-_TEXT_SOURCE = "wiki.test.raw of wikitext-103-raw-v1 (one dataset row per line), or delete it and run with offline: false to download it again"
+_TEXT_SOURCE = (
+    "wiki.test.raw of wikitext-103-raw-v1 (one dataset row per line), or delete it and run with offline: false "
+    "to download it again"
+)
 
 
 def read_text_rows(path: str | os.PathLike) -> list[str]:
@@ -130,7 +142,9 @@ def read_text_rows(path: str | os.PathLike) -> list[str]:
         with open(path, encoding="utf-8") as f:
             rows = list(f)
     except UnicodeDecodeError as exc:
-        raise UnreadableTextError(f"text file {path} is binary, not UTF-8 text ({exc.reason}). Replace it with {_TEXT_SOURCE}") from None
+        raise UnreadableTextError(
+            f"text file {path} is binary, not UTF-8 text ({exc.reason}). Replace it with {_TEXT_SOURCE}"
+        ) from None
     if any("\x00" in row for row in rows):
         raise UnreadableTextError(f"text file {path} is binary (it holds NUL bytes). Replace it with {_TEXT_SOURCE}")
     if not any(row.strip() for row in rows):
@@ -138,7 +152,9 @@ def read_text_rows(path: str | os.PathLike) -> list[str]:
     return rows
 
 
-def sample_rows(rows: list[str], n: int, min_chars: int, seed: int, source: str | os.PathLike | None = None) -> pd.DataFrame:
+def sample_rows(
+    rows: list[str], n: int, min_chars: int, seed: int, source: str | os.PathLike | None = None
+) -> pd.DataFrame:
     """The paper's text sample (docs/method.md 3).
 
     ``corpus = [r for r in rows if len(r.strip()) > min_chars]`` (rows kept unstripped),
@@ -158,7 +174,10 @@ def sample_rows(rows: list[str], n: int, min_chars: int, seed: int, source: str 
     """
     corpus = [r for r in rows if len(r.strip()) > min_chars]
     if source is not None and len(corpus) < n:
-        raise UnreadableTextError(f"text file {source} has {len(corpus)} rows longer than {min_chars} characters, {n} requested. Lower text.n_rows, or replace it with {_TEXT_SOURCE}")
+        raise UnreadableTextError(
+            f"text file {source} has {len(corpus)} rows longer than {min_chars} characters, {n} requested. Lower "
+            f"text.n_rows, or replace it with {_TEXT_SOURCE}"
+        )
     idx = sample_indices(len(corpus), n, seed)
     return pd.DataFrame({"sample_rank": range(n), "dataset_index": idx, "text": [corpus[i] for i in idx]})
 
@@ -190,7 +209,10 @@ def download_wikitext(out_path: str | os.PathLike, source: dict | None = None, *
     """
     from kpca_repro.inputs.resources import DownloadPolicy, MissingResourceError, missing_message, with_retries
 
-    src = dict(source or {"dataset": WIKITEXT["path"], "name": WIKITEXT["name"], "split": WIKITEXT["split"], "revision": "main"})
+    src = dict(
+        source
+        or {"dataset": WIKITEXT["path"], "name": WIKITEXT["name"], "split": WIKITEXT["split"], "revision": "main"}
+    )
     policy = policy or DownloadPolicy()
     call = f"load_dataset({src['dataset']!r}, {src['name']!r}, split={src['split']!r}, revision={src['revision']!r})"
 
@@ -203,7 +225,12 @@ def download_wikitext(out_path: str | os.PathLike, source: dict | None = None, *
         rows = with_retries(load, what="WikiText-103", source=call, policy=policy, log=log)
     except Exception as exc:
         raise MissingResourceError(
-            missing_message(out_path, "WikiText-103 raw test split", f"{call} failed {policy.retries + 1} times (last: {type(exc).__name__}: {exc}). Put wiki.test.raw of wikitext-103-raw-v1 there.")
+            missing_message(
+                out_path,
+                "WikiText-103 raw test split",
+                f"{call} failed {policy.retries + 1} times (last: {type(exc).__name__}: {exc}). Put wiki.test.raw of "
+                "wikitext-103-raw-v1 there.",
+            )
         ) from exc
     with atomic_output(out_path) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:

@@ -186,7 +186,9 @@ def center_inplace(m: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------
 
 
-def select_eigenpairs(evals: torch.Tensor, evecs: torch.Tensor, n_components: int, order: str) -> tuple[torch.Tensor, torch.Tensor]:
+def select_eigenpairs(
+    evals: torch.Tensor, evecs: torch.Tensor, n_components: int, order: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``n_components`` eigenpairs that ``order`` keeps, of ``eigh``'s ascending output (docs/method.md 0.2 step 6).
 
     * ``"abs_desc"``: by ``|lambda|`` descending (Table 1, ``value_vectors.py``);
@@ -195,13 +197,16 @@ def select_eigenpairs(evals: torch.Tensor, evecs: torch.Tensor, n_components: in
       ``nlp_value_vectors.py``).
 
     ``eigh`` itself (batched, per matrix, on which device and thread count) is
-    :func:`kpca_repro.method.kpca.eigenpairs`. Shapes ``(..., N)`` and ``(..., N, N)`` in, ``(..., n_components)`` and ``(..., N, n_components)`` out.
+    :func:`kpca_repro.method.kpca.eigenpairs`. Shapes ``(..., N)`` and ``(..., N, N)`` in, ``(..., n_components)`` and
+    ``(..., N, n_components)`` out.
     """
     if order == "asc_top":
         return evals[..., -n_components:], evecs[..., -n_components:]
     key = evals.abs() if order == "abs_desc" else evals
     idx = torch.argsort(key, dim=-1, descending=True, stable=True)[..., :n_components]
-    return torch.gather(evals, -1, idx), torch.gather(evecs, -1, idx[..., None, :].expand(*evecs.shape[:-1], n_components))
+    return torch.gather(evals, -1, idx), torch.gather(
+        evecs, -1, idx[..., None, :].expand(*evecs.shape[:-1], n_components)
+    )
 
 
 def fix_eigenvector_signs(evecs: torch.Tensor) -> torch.Tensor:
@@ -300,7 +305,8 @@ def _linear_hsic(xc: torch.Tensor, yc: torch.Tensor) -> torch.Tensor:
 
 
 def _sums_hsic(a: tuple, b: tuple) -> torch.Tensor:
-    """``sum((H K H) * (H L H))`` of two symmetric kernels from ``(K, K 1, 1^T K 1)`` and the same of ``L``, shape ``(...)``.
+    """``sum((H K H) * (H L H))`` of two symmetric kernels from ``(K, K 1, 1^T K 1)`` and the same of ``L``, shape
+    ``(...)``.
 
     ``tr(H K H L) = sum(K * L) - (2/N) (K 1) . (L 1) + (1^T K 1)(1^T L 1) / N^2`` (``H`` symmetric
     and idempotent, ``K`` and ``L`` symmetric): one pass over the two ``N x N`` matrices and no
@@ -430,7 +436,8 @@ def rbf_cka(x: torch.Tensor, y: torch.Tensor, paper: bool = True, sqrt_of_produc
 
 
 def rbf_side(x: torch.Tensor, paper: bool) -> tuple:
-    """:func:`cka_side` of the RBF kernel of ``x``: centered (paper variant, or not float64), or by sums (corrected, float64)."""
+    """:func:`cka_side` of the RBF kernel of ``x``: centered (paper variant, or not float64), or by sums (corrected,
+    float64)."""
     return cka_side("kernel_sums" if not paper and x.dtype == torch.float64 else "kernel", rbf_kernel(x, paper))
 
 
@@ -490,7 +497,8 @@ def unbiased_side(kernel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
 
 
 def unbiased_hsic(a: tuple, b: tuple) -> torch.Tensor:
-    """The unbiased HSIC estimator of Song et al. 2012 (JMLR 13, "Feature selection via dependence maximization", Eq. 5).
+    """The unbiased HSIC estimator of Song et al. 2012 (JMLR 13, "Feature selection via dependence maximization",
+    Eq. 5).
 
     With ``K~``, ``L~`` the kernels with zeroed diagonals (:func:`unbiased_side`) and ``n >= 4``::
 
@@ -527,11 +535,14 @@ def unbiased_cka_from_sides(sx: tuple, sy: tuple) -> torch.Tensor:
     hxx, hyy = unbiased_hsic(sx, sx), unbiased_hsic(sy, sy)
     denom = torch.sqrt(hxx * hyy)
     ok = (hxx > 0) & (hyy > 0)
-    return torch.where(ok, unbiased_hsic(sx, sy) / torch.where(ok, denom, torch.ones_like(denom)), torch.full_like(denom, float("nan")))
+    return torch.where(
+        ok, unbiased_hsic(sx, sy) / torch.where(ok, denom, torch.ones_like(denom)), torch.full_like(denom, float("nan"))
+    )
 
 
 def projection_test(q: torch.Tensor, k: torch.Tensor, h: torch.Tensor, values: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Teo & Nguyen's claim itself: ``h_i`` is the projection ``h^_i = sum_j softmax_j(s q_i . k_j) V_KPCA_j`` (docs/method.md 17.3).
+    """Teo & Nguyen's claim itself: ``h_i`` is the projection ``h^_i = sum_j softmax_j(s q_i . k_j) V_KPCA_j``
+    (docs/method.md 17.3).
 
     Every query of ``q`` attends to every key of ``k`` (an encoder's queries; for a causal head the
     last query of a prefix, whose key set is the whole prefix). With ``values = V_KPCA`` this is the

@@ -102,8 +102,17 @@ def _eigh_batched(m: torch.Tensor, solver: str) -> tuple[torch.Tensor, torch.Ten
     return torch.from_dlpack(w).to(m.device), torch.from_dlpack(v).to(m.device)
 
 
-def _solve(safe: torch.Tensor, finite: torch.Tensor, n: int, per_matrix: bool, n_components: int, order: str, solver: str = "torch") -> tuple[torch.Tensor, ...]:
-    """``eigh`` of every matrix of ``safe`` (one at a time, or in one ``solver`` call), then :func:`select_eigenpairs`; see :func:`eigenpairs`.
+def _solve(
+    safe: torch.Tensor,
+    finite: torch.Tensor,
+    n: int,
+    per_matrix: bool,
+    n_components: int,
+    order: str,
+    solver: str = "torch",
+) -> tuple[torch.Tensor, ...]:
+    """``eigh`` of every matrix of ``safe`` (one at a time, or in one ``solver`` call), then :func:`select_eigenpairs`;
+    see :func:`eigenpairs`.
 
     One matrix at a time, each matrix's kept columns are selected before anything is stacked,
     so no ``(heads, N, N)`` copy of all eigenvectors is made. Returns ``(selected eigenvalues,
@@ -119,7 +128,12 @@ def _solve(safe: torch.Tensor, finite: torch.Tensor, n: int, per_matrix: bool, n
                 spectra.append(w)
                 pairs.append(select_eigenpairs(w, vecs, n_components, order))
             if not pairs:
-                return safe.new_empty((*safe.shape[:-2], n_components)), safe.new_empty((*safe.shape[:-1], n_components)), finite, safe.new_empty(safe.shape[:-1])
+                return (
+                    safe.new_empty((*safe.shape[:-2], n_components)),
+                    safe.new_empty((*safe.shape[:-1], n_components)),
+                    finite,
+                    safe.new_empty(safe.shape[:-1]),
+                )
             evals = torch.stack([p[0] for p in pairs]).reshape(*safe.shape[:-2], n_components)
             evecs = torch.stack([p[1] for p in pairs]).reshape(*safe.shape[:-1], n_components)
             return evals, evecs, finite, torch.stack(spectra).reshape(safe.shape[:-1])
@@ -219,7 +233,11 @@ def eigenpairs(
     if placement.eigh_device != home:
         kc = kc.to(placement.eigh_device)
     finite = _finite_matrices(kc)
-    safe = kc if bool(finite.all()) else torch.where(finite[..., None, None], kc, torch.zeros((), dtype=kc.dtype, device=kc.device))
+    safe = (
+        kc
+        if bool(finite.all())
+        else torch.where(finite[..., None, None], kc, torch.zeros((), dtype=kc.dtype, device=kc.device))
+    )
     per_matrix = not placement.eigh_batched
     with placement.solver_threads():
         evals, evecs, finite, every = _solve(safe, finite, n, per_matrix, n_components, order, placement.eigensolver)
@@ -245,7 +263,9 @@ def _cka_kernel_sides(x: torch.Tensor, paper: bool) -> dict[str, tuple]:
     return {"linear": cka_side("features", x), "rbf": rbf_side(x, paper)}
 
 
-def _token_row_metrics(v: torch.Tensor, vk: torch.Tensor, valid: torch.Tensor | None, variant: Variant, cache: dict, prefix: str = "") -> dict[str, torch.Tensor]:
+def _token_row_metrics(
+    v: torch.Tensor, vk: torch.Tensor, valid: torch.Tensor | None, variant: Variant, cache: dict, prefix: str = ""
+) -> dict[str, torch.Tensor]:
     """Token-row cosines (direct and optimally matched) and CKAs of ``V`` against ``V_KPCA``,
     with ``variant``'s formulas (``authors_formulas``, ``nan_cost_to_zero``, ``cka_sqrt_of_product``).
 
@@ -301,12 +321,21 @@ def _control_metrics(v: torch.Tensor, inv_g: torch.Tensor, cache: dict) -> dict[
     if "v_linear_sums" not in cache:
         cache["v_linear_sums"] = cka_side("kernel_sums", v @ v.transpose(-1, -2))
     sides = {"linear": cka_side("kernel_sums", kernel), "rbf": cka_side("kernel_sums", rbf)}
-    out = {f"control_{kind}_cka": cka_from_sides(cache["v_linear_sums"] if kind == "linear" else cache["v"]["rbf"], sides[kind], False) for kind in ("linear", "rbf")}
-    out.update(_unbiased_ckas(cache["v_unbiased"], {"linear": unbiased_side(kernel), "rbf": unbiased_side(rbf)}, "control_"))
+    out = {
+        f"control_{kind}_cka": cka_from_sides(
+            cache["v_linear_sums"] if kind == "linear" else cache["v"]["rbf"], sides[kind], False
+        )
+        for kind in ("linear", "rbf")
+    }
+    out.update(
+        _unbiased_ckas(cache["v_unbiased"], {"linear": unbiased_side(kernel), "rbf": unbiased_side(rbf)}, "control_")
+    )
     return out
 
 
-def _projection_metrics(k: torch.Tensor, queries: tuple[torch.Tensor, torch.Tensor], solved: dict, baseline: torch.Tensor | None) -> dict[str, torch.Tensor]:
+def _projection_metrics(
+    k: torch.Tensor, queries: tuple[torch.Tensor, torch.Tensor], solved: dict, baseline: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
     """:func:`projection_test` of ``V_KPCA`` (true scale) and of the random baseline, and the
     all-components bound :func:`projection_norm_bound` (docs/method.md 17.3)."""
     q, h = queries
@@ -317,7 +346,9 @@ def _projection_metrics(k: torch.Tensor, queries: tuple[torch.Tensor, torch.Tens
     return out
 
 
-def _column_metrics(v: torch.Tensor, vk: torch.Tensor, valid: torch.Tensor, cache: dict, prefix: str = "") -> dict[str, torch.Tensor]:
+def _column_metrics(
+    v: torch.Tensor, vk: torch.Tensor, valid: torch.Tensor, cache: dict, prefix: str = ""
+) -> dict[str, torch.Tensor]:
     """Column-wise comparison the paper's text describes (docs/method.md 15.3), sign-invariant.
 
     Column ``c`` of ``V`` (one value dimension across the ``N`` tokens) against column ``c`` of
@@ -470,7 +501,9 @@ def head_metrics(
     """
     variant = get_variant(variant)
     if k.ndim != 3 or v.ndim != 3 or k.shape[:2] != v.shape[:2]:
-        raise ValueError(f"k and v must be (heads, N, d) with equal heads and N; got {tuple(k.shape)} and {tuple(v.shape)}")
+        raise ValueError(
+            f"k and v must be (heads, N, d) with equal heads and N; got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
     if baseline is not None and baseline.shape != v.shape:
         raise ValueError(f"baseline must have V_KPCA's shape {tuple(v.shape)}, got {tuple(baseline.shape)}")
     placement = placement or Placement.local(k.device, per_head_products=variant.authors_threads)
@@ -482,12 +515,29 @@ def head_metrics(
     blocks = []
     for lo in range(0, max(k.shape[0], 1), block):
         part = slice(lo, lo + block)
-        heads = solved_part(solved, part) if solved is not None else solve_heads(k[part], v.shape[-1], variant, placement)
+        heads = (
+            solved_part(solved, part) if solved is not None else solve_heads(k[part], v.shape[-1], variant, placement)
+        )
         block_rows = {} if rows is not None else None
         block_queries = None if queries is None else tuple(x[part] for x in queries)
-        blocks.append((_compare_heads(v[part], heads, variant, None if baseline is None else baseline[part], block_rows, k[part], block_queries), block_rows))
+        blocks.append(
+            (
+                _compare_heads(
+                    v[part],
+                    heads,
+                    variant,
+                    None if baseline is None else baseline[part],
+                    block_rows,
+                    k[part],
+                    block_queries,
+                ),
+                block_rows,
+            )
+        )
     if rows is not None:
-        rows.update({name: torch.cat([r[name] for _, r in blocks]) for name in ("v", "v_kpca", "kc", "a", "inv_g", "spectrum")})
+        rows.update(
+            {name: torch.cat([r[name] for _, r in blocks]) for name in ("v", "v_kpca", "kc", "a", "inv_g", "spectrum")}
+        )
     return {name: np.concatenate([c[name] for c, _ in blocks]) for name in blocks[0][0]}
 
 
@@ -516,7 +566,9 @@ def solve_heads(k: torch.Tensor, dv: int, variant: Variant, placement: Placement
     if variant.gram == "exp":
         with placement.solver_threads():
             g, kc = _paper_centered_gram(k, placement)
-            _, a, finite = eigenpairs(kc, d, variant.order, fix_signs=variant.fix_signs, placement=placement, spectrum=spectrum)
+            _, a, finite = eigenpairs(
+                kc, d, variant.order, fix_signs=variant.fix_signs, placement=placement, spectrum=spectrum
+            )
             inv_g = 1.0 / (g + variant.g_eps)
             vk = _paper_v_kpca(a, inv_g, placement)
         g_finite = torch.isfinite(g).all(-1)
@@ -528,7 +580,9 @@ def solve_heads(k: torch.Tensor, dv: int, variant: Variant, placement: Placement
         inv_g_true = inv_g
     else:
         kc, log_g = _corrected_centered_gram(k)
-        _, a, finite = eigenpairs(kc, d, variant.order, fix_signs=variant.fix_signs, placement=placement, spectrum=spectrum)
+        _, a, finite = eigenpairs(
+            kc, d, variant.order, fix_signs=variant.fix_signs, placement=placement, spectrum=spectrum
+        )
         inv_g = torch.exp(log_g.amin(-1, keepdim=True) - log_g)
         vk = v_kpca(a, inv_g, paper=variant.authors_formulas)
         scale = torch.exp(-log_g.amin(-1))
@@ -536,19 +590,37 @@ def solve_heads(k: torch.Tensor, dv: int, variant: Variant, placement: Placement
     dropped = ~(finite & torch.isfinite(vk).all(-1).all(-1))
     if vk.shape[-1] < dv:  # zero columns change no row cosine, X X^T or distance
         vk = torch.nn.functional.pad(vk, (0, dv - vk.shape[-1]))
-    out.update(kc=kc, spectrum=spectrum["eigenvalues"], a=a, finite=finite, vk=vk, vk_true=vk if scale is None else vk * scale[..., None, None], inv_g=inv_g, inv_g_true=inv_g_true, dropped=dropped)
+    out.update(
+        kc=kc,
+        spectrum=spectrum["eigenvalues"],
+        a=a,
+        finite=finite,
+        vk=vk,
+        vk_true=vk if scale is None else vk * scale[..., None, None],
+        inv_g=inv_g,
+        inv_g_true=inv_g_true,
+        dropped=dropped,
+    )
     return out
 
 
 def _compare_heads(
-    v: torch.Tensor, solved: dict[str, torch.Tensor], variant: Variant, baseline: torch.Tensor | None, rows: dict | None, k: torch.Tensor | None = None, queries: tuple | None = None
+    v: torch.Tensor,
+    solved: dict[str, torch.Tensor],
+    variant: Variant,
+    baseline: torch.Tensor | None,
+    rows: dict | None,
+    k: torch.Tensor | None = None,
+    queries: tuple | None = None,
 ) -> dict[str, np.ndarray]:
     """The comparisons of :func:`head_metrics` (V against V_KPCA, the baselines, the controls and
     with ``queries`` the projection test) of one block of heads ``k``."""
     dtype = variant.torch_dtype
     v = v.to(dtype)
     vk, vk_true, dropped = solved["vk"], solved["vk_true"], solved["dropped"]
-    cols: dict[str, torch.Tensor] = {name: solved[name] for name in ("exp_overflow", "outer_overflow") if name in solved}
+    cols: dict[str, torch.Tensor] = {
+        name: solved[name] for name in ("exp_overflow", "outer_overflow") if name in solved
+    }
     cols["finite"] = solved["finite"]
     cols["dropped"] = dropped
     cols["allclose"] = ((v - vk_true).abs_() <= vk_true.abs().mul_(1e-3).add_(1e-5)).all(-1).all(-1)
@@ -587,7 +659,9 @@ def _compare_heads(
 # --------------------------------------------------------------------------------------
 
 
-def top_eigenvalues(k: torch.Tensor, n_components: int, variant: str | Variant, standardize: bool, placement: Placement | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def top_eigenvalues(
+    k: torch.Tensor, n_components: int, variant: str | Variant, standardize: bool, placement: Placement | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``n_components`` largest eigenvalues of the centered Gram matrix of the keys.
 
     docs/method.md Sections 4-5: optional per-token key standardization, Gram matrix, centering,
@@ -620,7 +694,13 @@ def top_eigenvalues(k: torch.Tensor, n_components: int, variant: str | Variant, 
 
 
 def gamma_test(
-    k: torch.Tensor, n_components: int, variant: str | Variant, standardize: bool, noise: float, generator: torch.Generator, placement: Placement | None = None
+    k: torch.Tensor,
+    n_components: int,
+    variant: str | Variant,
+    standardize: bool,
+    noise: float,
+    generator: torch.Generator,
+    placement: Placement | None = None,
 ) -> dict[str, dict[str, torch.Tensor]]:
     """The gamma-constancy test of one set of heads for true and perturbed eigenvectors.
 

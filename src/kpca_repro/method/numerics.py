@@ -17,7 +17,9 @@ from scipy.optimize import linear_sum_assignment
 __all__ = ["assignment_similarities", "frobenius_dot", "median_nonzero"]
 
 
-def assignment_similarities(sim: torch.Tensor, valid: torch.Tensor | None = None, nan_to_zero: bool = False) -> torch.Tensor:
+def assignment_similarities(
+    sim: torch.Tensor, valid: torch.Tensor | None = None, nan_to_zero: bool = False
+) -> torch.Tensor:
     """Optimal one-to-one matching that maximises total similarity, per matrix.
 
     ``scipy.optimize.linear_sum_assignment(-S)`` (Jonker-Volgenant) on each square

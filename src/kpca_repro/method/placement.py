@@ -87,12 +87,20 @@ class Placement:
     solve_on_main: bool = False
 
     @classmethod
-    def local(cls, device: str | torch.device = "cpu", eigh_threads: int | None = None, per_head_products: bool = False) -> Placement:
+    def local(
+        cls, device: str | torch.device = "cpu", eigh_threads: int | None = None, per_head_products: bool = False
+    ) -> Placement:
         """The placement of a single-threaded call on ``device``: ``eigh`` per matrix on the CPU,
         batched (torch) on a GPU; no workers. What :func:`kpca_repro.method.kpca.head_metrics`
         uses when it is given none."""
         dev = torch.device(device)
-        return cls(device=dev, eigh_device=dev, eigh_batched=dev.type != "cpu", eigh_threads=eigh_threads, per_head_products=per_head_products)
+        return cls(
+            device=dev,
+            eigh_device=dev,
+            eigh_batched=dev.type != "cpu",
+            eigh_threads=eigh_threads,
+            per_head_products=per_head_products,
+        )
 
     def solver_threads(self):
         """Context of a CPU region on :attr:`eigh_threads` intra-op threads of the calling thread
@@ -103,10 +111,18 @@ class Placement:
 
     def describe(self) -> str:
         """One line for a job's log."""
-        solver = f"eigh on {self.eigh_device.type}" + (f", batched ({self.eigensolver})" if self.eigh_batched else ", one matrix per call")
-        threads = f" on {self.eigh_threads} threads" if self.eigh_threads is not None and self.eigh_device.type == "cpu" else ""
+        solver = f"eigh on {self.eigh_device.type}" + (
+            f", batched ({self.eigensolver})" if self.eigh_batched else ", one matrix per call"
+        )
+        threads = (
+            f" on {self.eigh_threads} threads"
+            if self.eigh_threads is not None and self.eigh_device.type == "cpu"
+            else ""
+        )
         main = "; solved on the main thread" if self.solve_on_main else ""
-        return f"{self.device.type}: {solver}{threads}; {self.workers} workers{main}" + ("; a CUDA stream per worker" if self.streams else "")
+        return f"{self.device.type}: {solver}{threads}; {self.workers} workers{main}" + (
+            "; a CUDA stream per worker" if self.streams else ""
+        )
 
 
 def batched_eigensolver(setting: str = "auto") -> str:
@@ -126,7 +142,10 @@ def batched_eigensolver(setting: str = "auto") -> str:
         import jax  # noqa: F401
     except ImportError:
         if setting == "jax":
-            raise ValueError("config key kpca.gpu_eigensolver is 'jax', but JAX cannot be imported: install the gpu extra (pip install -e '.[gpu]') or set it to 'torch'") from None
+            raise ValueError(
+                "config key kpca.gpu_eigensolver is 'jax', but JAX cannot be imported: install the gpu extra (pip "
+                "install -e '.[gpu]') or set it to 'torch'"
+            ) from None
         return "torch"
     if setting == "jax":
         return "jax"
@@ -167,9 +186,30 @@ def plan(
         raise ValueError(f"a job needs at least 1 core, got {cores}")
     workers = int(cores)
     if dev.type == "cpu":
-        threads = resolve_threads(eigh_threads, "kpca.eigh_threads") if v.authors_threads and not sign_invariant else None
+        threads = (
+            resolve_threads(eigh_threads, "kpca.eigh_threads") if v.authors_threads and not sign_invariant else None
+        )
         authors = v.authors_threads and not sign_invariant
-        return Placement(device=dev, eigh_device=dev, eigh_batched=False, eigh_threads=threads, per_head_products=authors, workers=workers, blas_threads=1, solve_on_main=authors)
+        return Placement(
+            device=dev,
+            eigh_device=dev,
+            eigh_batched=False,
+            eigh_threads=threads,
+            per_head_products=authors,
+            workers=workers,
+            blas_threads=1,
+            solve_on_main=authors,
+        )
     # the authors' script calls torch.linalg.eigh on the CUDA tensor; sign-invariant work may take any batched solver
     solver = "torch" if v.authors_threads and not sign_invariant else batched_eigensolver(gpu_eigensolver)
-    return Placement(device=dev, eigh_device=dev, eigh_batched=True, eigh_threads=None, per_head_products=v.authors_threads, eigensolver=solver, workers=workers, blas_threads=1, streams=True)
+    return Placement(
+        device=dev,
+        eigh_device=dev,
+        eigh_batched=True,
+        eigh_threads=None,
+        per_head_products=v.authors_threads,
+        eigensolver=solver,
+        workers=workers,
+        blas_threads=1,
+        streams=True,
+    )

@@ -1,4 +1,5 @@
-"""Solver variation of the paper variant's cosines: eigenvector signs *and* rotations inside eigenspaces a solver cannot resolve.
+"""Solver variation of the paper variant's cosines: eigenvector signs *and* rotations inside eigenspaces a solver cannot
+resolve.
 
 A backward-stable symmetric eigensolver (Householder tridiagonalisation followed by QR,
 divide-and-conquer or MRRR: LAPACK ``syev``/``syevd``/``syevr``/``syevx``, cuSOLVER) returns
@@ -126,7 +127,8 @@ def unit_roundoff(dtype: torch.dtype) -> float:
 
 
 def resolution_tolerance(evals: np.ndarray, n: int, dtype: torch.dtype, factor: float = RESOLUTION_FACTOR) -> float:
-    """``factor * n * u * ||K||_2``: the eigenvalue gap below which a backward-stable solver in ``dtype`` cannot resolve eigenvectors."""
+    """``factor * n * u * ||K||_2``: the eigenvalue gap below which a backward-stable solver in ``dtype`` cannot resolve
+    eigenvectors."""
     return float(factor * n * unit_roundoff(dtype) * np.max(np.abs(evals)))
 
 
@@ -144,7 +146,8 @@ def selected_indices(evals_asc: np.ndarray, d: int, order: str) -> np.ndarray:
 
 
 def eigen_groups(evals_asc: np.ndarray, selected: np.ndarray, tol: float) -> list[np.ndarray]:
-    """Near-degenerate groups: runs of the ascending spectrum with neighbour gaps ``<= tol`` that hold a selected eigenvalue.
+    """Near-degenerate groups: runs of the ascending spectrum with neighbour gaps ``<= tol`` that hold a selected
+    eigenvalue.
 
     Returns:
         Index arrays (into the ascending spectrum), each with at least two members and at
@@ -164,7 +167,8 @@ def eigen_groups(evals_asc: np.ndarray, selected: np.ndarray, tol: float) -> lis
 
 
 def relative_eigengap(evals_asc: np.ndarray, selected: np.ndarray) -> float:
-    """Smallest gap ``|lambda_i - lambda_j| / ||K||_2`` between neighbours of the ascending spectrum of which at least one is selected.
+    """Smallest gap ``|lambda_i - lambda_j| / ||K||_2`` between neighbours of the ascending spectrum of which at least
+    one is selected.
 
     Covers the gaps among the selected pairs and at the selection boundary. NaN for a
     non-finite spectrum.
@@ -180,7 +184,8 @@ def relative_eigengap(evals_asc: np.ndarray, selected: np.ndarray) -> float:
 
 
 def haar_orthogonal(gen: np.random.Generator, m: int, size: int = 1, k: int | None = None) -> np.ndarray:
-    """``size`` Haar-distributed ``m x m`` orthogonal matrices, or their first ``k`` columns (uniform on the Stiefel manifold).
+    """``size`` Haar-distributed ``m x m`` orthogonal matrices, or their first ``k`` columns (uniform on the Stiefel
+    manifold).
 
     QR of a standard Gaussian ``m x k`` matrix with the columns multiplied by the signs of
     ``R``'s diagonal (Mezzadri 2007): the distribution is invariant under left
@@ -206,12 +211,14 @@ def pair_direct_mean(m: np.ndarray, theta: np.ndarray, reflect: bool = False) ->
 
 
 def group_trace_bound(m: np.ndarray) -> np.ndarray:
-    """``max_{Q in O(m)} tr(M Q) = ||M||_*`` (sum of singular values), batched over leading axes; the minimum is its negative."""
+    """``max_{Q in O(m)} tr(M Q) = ||M||_*`` (sum of singular values), batched over leading axes; the minimum is its
+    negative."""
     return torch.linalg.svdvals(torch.from_numpy(np.ascontiguousarray(m))).sum(-1).numpy()
 
 
 def _group_bases(kc64: np.ndarray, a64: np.ndarray, sel: np.ndarray, groups: list[np.ndarray]) -> list[dict]:
-    """Per group: the selected columns of ``A`` in it, and an orthonormal basis of its span (the solver's own columns first)."""
+    """Per group: the selected columns of ``A`` in it, and an orthonormal basis of its span (the solver's own columns
+    first)."""
     col_of = {int(idx): c for c, idx in enumerate(sel)}
     need_extra = any(any(int(i) not in col_of for i in g) for g in groups)
     evecs = torch.linalg.eigh(torch.from_numpy(kc64))[1].numpy() if need_extra else None
@@ -229,7 +236,9 @@ def _group_bases(kc64: np.ndarray, a64: np.ndarray, sel: np.ndarray, groups: lis
     return out
 
 
-def _configurations(a64: np.ndarray, signs: np.ndarray, groups: list[dict], gen: np.random.Generator | None) -> np.ndarray:
+def _configurations(
+    a64: np.ndarray, signs: np.ndarray, groups: list[dict], gen: np.random.Generator | None
+) -> np.ndarray:
     """``(R, N, d)`` eigenvector matrices: columns outside groups times ``signs``; every group
     rotated by a Haar draw (in its own basis, its first ``k`` columns), or kept as the solver's (``gen`` None)."""
     r = signs.shape[0]
@@ -245,7 +254,8 @@ def _configurations(a64: np.ndarray, signs: np.ndarray, groups: list[dict], gen:
 
 
 def _rotated_rows(own: np.ndarray, signs: np.ndarray, groups: list[dict], gen: np.random.Generator) -> np.ndarray:
-    """The row-normalised V_KPCA ``(R, N, d_v)`` of :func:`_configurations`' draws when no group straddles the selection boundary.
+    """The row-normalised V_KPCA ``(R, N, d_v)`` of :func:`_configurations`' draws when no group straddles the selection
+    boundary.
 
     A rotation ``Q`` of a group's columns of ``A`` inside the selection rotates the same columns
     of V_KPCA (Eq. 5 is linear in ``A``) and keeps every row's norm, so the solver's own
@@ -382,14 +392,16 @@ def _collision_lower_bound(cost: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def _collision_side(sim: torch.Tensor, pair: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """``sum u + sum v`` of the dual pair ``(u, v)`` of ``sim`` (:func:`_row_column_reduction`) minus the reduced costs' collision bound."""
+    """``sum u + sum v`` of the dual pair ``(u, v)`` of ``sim`` (:func:`_row_column_reduction`) minus the reduced costs'
+    collision bound."""
     u, v = pair
     reduced = u[..., :, None] + v[..., None, :] - sim  # >= 0: (u, v) is dual feasible
     return u.sum(-1) + v.sum(-1) - _collision_lower_bound(reduced, -1)
 
 
 def assignment_collision_bound(sim: torch.Tensor, pairs: tuple | None = None) -> torch.Tensor:
-    """A tighter upper bound of ``max_pi mean_i S[i, pi(i)]`` than :func:`assignment_upper_bound`, at several times its cost.
+    """A tighter upper bound of ``max_pi mean_i S[i, pi(i)]`` than :func:`assignment_upper_bound`, at several times its
+    cost.
 
     With the dual pair ``(u, v)`` of the row-then-column reduction and the reduced costs
     ``C = u_i + v_j - S_ij >= 0``, every assignment satisfies
@@ -483,8 +495,10 @@ def _start_chunk(rows: dict, *, n_direct: int, n_optimal: int, token_max: bool, 
     ``out``: :data:`kpca_repro.method.uncertainty.SIGN_DRAW_NAMES` (``(heads, n_optimal)`` for the matched
     cosine, ``(heads, n_direct)`` for the direct one, ``direct_cos_max`` ``(heads, 0)`` without
     ``token_max``), :data:`~kpca_repro.method.uncertainty.MEAN_VECTOR` (the solver's own per-column token
-    means ``(heads, d_v)``), :data:`~kpca_repro.method.uncertainty.BOUND_NAMES`, :data:`~kpca_repro.method.uncertainty.RANGE_NAMES` and, ``bounded``,
-    :data:`~kpca_repro.method.uncertainty.MATCHED_BOUND`. ``cols``: no group (0 groups, largest group 1, no boundary group).
+    means ``(heads, d_v)``), :data:`~kpca_repro.method.uncertainty.BOUND_NAMES`,
+    :data:`~kpca_repro.method.uncertainty.RANGE_NAMES` and, ``bounded``,
+    :data:`~kpca_repro.method.uncertainty.MATCHED_BOUND`. ``cols``: no group (0 groups, largest group 1, no boundary
+    group).
     """
     st = _ChunkDraws(
         rows=rows,
@@ -498,7 +512,12 @@ def _start_chunk(rows: dict, *, n_direct: int, n_optimal: int, token_max: bool, 
         inv_g=rows["inv_g"].detach().to("cpu", torch.float64),
     )
     h = st.vn.shape[0]
-    widths = {DIRECT_COS_MEAN: n_direct, DIRECT_COS_MAX: n_direct if token_max else 0, OPTIMAL_COS_MEAN: n_optimal, OPTIMAL_COS_MAX: n_optimal}
+    widths = {
+        DIRECT_COS_MEAN: n_direct,
+        DIRECT_COS_MAX: n_direct if token_max else 0,
+        OPTIMAL_COS_MEAN: n_optimal,
+        OPTIMAL_COS_MAX: n_optimal,
+    }
     st.out = {name: np.full((h, widths[name]), np.nan) for name in SIGN_DRAW_NAMES}
     st.out[MEAN_VECTOR] = (st.vn * st.vkn).mean(-2).numpy()
     st.out[DIRECT_COS_MEAN_LOWER] = np.full((h, n_direct), np.nan)
@@ -517,8 +536,11 @@ def _start_chunk(rows: dict, *, n_direct: int, n_optimal: int, token_max: bool, 
     return st
 
 
-def _sign_only_head(st: _ChunkDraws, i: int, own: float, s_direct: np.ndarray, s_opt: np.ndarray, bounded: bool) -> None:
-    """Head ``i`` without a near-degenerate group: the sign treatment of :mod:`kpca_repro.method.uncertainty`, the same numbers.
+def _sign_only_head(
+    st: _ChunkDraws, i: int, own: float, s_direct: np.ndarray, s_opt: np.ndarray, bounded: bool
+) -> None:
+    """Head ``i`` without a near-degenerate group: the sign treatment of :mod:`kpca_repro.method.uncertainty`, the same
+    numbers.
 
     ``s_direct`` ``(n_direct, d_v)``, ``s_opt`` ``(n_optimal, d_v)``: float64 sign patterns.
     The direct cosine's draws in closed form (:func:`~kpca_repro.method.uncertainty.direct_sign_statistics`);
@@ -544,7 +566,8 @@ def _sign_only_head(st: _ChunkDraws, i: int, own: float, s_direct: np.ndarray, s
 
 
 def _normalised_v_kpca(conf: np.ndarray, inv_g: torch.Tensor, dv: int) -> np.ndarray:
-    """Row-normalised ``V_KPCA = G A - G 1_N A`` (Eq. 5, corrected form) of eigenvector matrices ``conf`` ``(R, N, d)`` float64.
+    """Row-normalised ``V_KPCA = G A - G 1_N A`` (Eq. 5, corrected form) of eigenvector matrices ``conf`` ``(R, N, d)``
+    float64.
 
     ``inv_g`` ``(N,)`` float64 is the diagonal of ``G``; columns are zero-padded to ``d_v``
     where ``d < d_v``; rows normalised with :data:`kpca_repro.projection.ROW_NORM_EPS`.
@@ -556,7 +579,16 @@ def _normalised_v_kpca(conf: np.ndarray, inv_g: torch.Tensor, dv: int) -> np.nda
     return row_normalize(vk, ROW_NORM_EPS).numpy()
 
 
-def _rotated_head(st: _ChunkDraws, i: int, key: tuple, own: float, sel: np.ndarray, groups: list[np.ndarray], s_direct: np.ndarray, s_opt: np.ndarray) -> None:
+def _rotated_head(
+    st: _ChunkDraws,
+    i: int,
+    key: tuple,
+    own: float,
+    sel: np.ndarray,
+    groups: list[np.ndarray],
+    s_direct: np.ndarray,
+    s_opt: np.ndarray,
+) -> None:
     """Head ``i`` with near-degenerate ``groups``: signs and Haar rotations inside the groups (module docstring).
 
     The first ``min(n_direct, ROTATION_DRAWS)`` direct patterns with Haar draws of stream 2
@@ -584,7 +616,11 @@ def _rotated_head(st: _ChunkDraws, i: int, key: tuple, own: float, sel: np.ndarr
         vkn_r = _normalised_v_kpca(_configurations(a64, s_direct[:n_rot, :d], bases, gens[2]), st.inv_g[i], dv)
     vn = st.vn[i].numpy()
     value, lo, hi, full_lo, full_hi = _bounded_direct_means(vn, vkn_r, bases)
-    st.out[DIRECT_COS_MEAN][i], st.out[DIRECT_COS_MEAN_LOWER][i], st.out[DIRECT_COS_MEAN_UPPER][i] = value[reps], lo[reps], hi[reps]
+    st.out[DIRECT_COS_MEAN][i], st.out[DIRECT_COS_MEAN_LOWER][i], st.out[DIRECT_COS_MEAN_UPPER][i] = (
+        value[reps],
+        lo[reps],
+        hi[reps],
+    )
     if st.token_max:
         st.out[DIRECT_COS_MAX][i] = (vn[None] * vkn_r).sum(-1).max(-1)[reps]
     _own_bounds(st, i, own, vn, own_conf, bases, full_lo, full_hi)
@@ -596,23 +632,42 @@ def _rotated_head(st: _ChunkDraws, i: int, key: tuple, own: float, sel: np.ndarr
         st.matched.append((i, torch.from_numpy(conf)))
 
 
-def _own_bounds(st: _ChunkDraws, i: int, own: float, vn: np.ndarray, own_conf: np.ndarray, bases: list[dict], full_lo: np.ndarray, full_hi: np.ndarray) -> None:
+def _own_bounds(
+    st: _ChunkDraws,
+    i: int,
+    own: float,
+    vn: np.ndarray,
+    own_conf: np.ndarray,
+    bases: list[dict],
+    full_lo: np.ndarray,
+    full_hi: np.ndarray,
+) -> None:
     """Head ``i``'s bounds at the solver's own signs and subspaces, and its range over every draw.
 
     ``own`` is the point estimate (the rows' float32 ``V_KPCA``); ``own_conf`` ``(1, N, d_v)``
     float64 its rebuild from ``A``, whose bounds over the interior groups
     (:func:`_bounded_direct_means`) are widened by the difference ``delta`` of the two, so the
     interval holds the point estimate. ``full_lo``, ``full_hi`` ``(R,)``: the draws' bounds over
-    every sign and rotation (:data:`~kpca_repro.method.uncertainty.RANGE_NAMES` is their hull with the own configuration's).
+    every sign and rotation (:data:`~kpca_repro.method.uncertainty.RANGE_NAMES` is their hull with the own
+    configuration's).
     """
     _, olo, ohi, ofull_lo, ofull_hi = _bounded_direct_means(vn, own_conf, bases)
     delta = own - float((vn * own_conf[0]).sum(-1).mean())  # float32 point estimate vs float64 rebuild
-    st.out[DIRECT_COS_MEAN_OWN_LOWER][i], st.out[DIRECT_COS_MEAN_OWN_UPPER][i] = olo[0] + min(delta, 0.0), ohi[0] + max(delta, 0.0)
+    st.out[DIRECT_COS_MEAN_OWN_LOWER][i], st.out[DIRECT_COS_MEAN_OWN_UPPER][i] = (
+        olo[0] + min(delta, 0.0),
+        ohi[0] + max(delta, 0.0),
+    )
     st.out[DIRECT_COS_MEAN_RANGE_LOWER][i] = min(float(full_lo.min()), float(ofull_lo[0]) + min(delta, 0.0))
     st.out[DIRECT_COS_MEAN_RANGE_UPPER][i] = max(float(full_hi.max()), float(ofull_hi[0]) + max(delta, 0.0))
 
 
-def _matched_draws(st: _ChunkDraws, valid: torch.Tensor | None, nan_to_zero: bool, own_optimal: np.ndarray | None, floor: RunningFloor | None) -> None:
+def _matched_draws(
+    st: _ChunkDraws,
+    valid: torch.Tensor | None,
+    nan_to_zero: bool,
+    own_optimal: np.ndarray | None,
+    floor: RunningFloor | None,
+) -> None:
     """The matched (Hungarian) cosine of every configuration on ``st.matched`` (Table 1's MOC, Table 4).
 
     ``sim = Vn C^T`` ``(R, N, N)`` float64 per head, assigned by
@@ -645,13 +700,23 @@ def _matched_draws(st: _ChunkDraws, valid: torch.Tensor | None, nan_to_zero: boo
             if todo.any():  # the tighter bound only where the cheap one reaches the floor
                 tight = np.full(n_optimal, np.nan)
                 pick = torch.from_numpy(todo)
-                tight[todo] = assignment_collision_bound(sim32[pick], tuple((u[pick], v[pick]) for u, v in pairs)).double().numpy() + BOUND_MARGIN
+                tight[todo] = (
+                    assignment_collision_bound(sim32[pick], tuple((u[pick], v[pick]) for u, v in pairs))
+                    .double()
+                    .numpy()
+                    + BOUND_MARGIN
+                )
                 st.out[COLLISION_BOUND][i] = tight
                 todo &= ~(tight < at)
         if todo.any():
             sim = vn[None] @ conf[torch.from_numpy(todo)].transpose(-1, -2)
-            matched = assignment_similarities(sim, None if ok is None else ok[: int(todo.sum())], nan_to_zero=nan_to_zero)
-            st.out[OPTIMAL_COS_MEAN][i, todo], st.out[OPTIMAL_COS_MAX][i, todo] = matched.mean(-1).numpy(), matched.amax(-1).numpy()
+            matched = assignment_similarities(
+                sim, None if ok is None else ok[: int(todo.sum())], nan_to_zero=nan_to_zero
+            )
+            st.out[OPTIMAL_COS_MEAN][i, todo], st.out[OPTIMAL_COS_MAX][i, todo] = (
+                matched.mean(-1).numpy(),
+                matched.amax(-1).numpy(),
+            )
         if floor is not None and own_optimal is not None and todo.all():
             floor.offer(float(np.min([own_optimal[i], *st.out[OPTIMAL_COS_MEAN][i]])))
 
@@ -710,7 +775,9 @@ def head_solver_draws(
         s_direct = sign_patterns(head_generator(*key, 0), n_direct, dv)
         s_opt = sign_patterns(head_generator(*key, 1), n_optimal, dv) if n_optimal else np.empty((0, dv))
         own = float((st.vn[i] * st.vkn[i]).mean(-2).sum())
-        groups, _, gap, sel = _degenerate_groups(st.kc[i], None if spectra is None else spectra[i], st.a.shape[-1], order, st.kc.dtype, factor)
+        groups, _, gap, sel = _degenerate_groups(
+            st.kc[i], None if spectra is None else spectra[i], st.a.shape[-1], order, st.kc.dtype, factor
+        )
         st.cols["eigengap_min"][i] = gap
         if groups:
             _rotated_head(st, i, key, own, sel, groups, s_direct, s_opt)
@@ -727,9 +794,9 @@ def prune_below_floor(draws: dict[str, np.ndarray], floor: float) -> dict[str, n
     After every chunk of a job: the final floor of :class:`RunningFloor` decides which draws a
     table maximum can use, so the stored draws are the same whatever order the worker
     threads computed them in. A draw's bound is its :data:`~kpca_repro.method.uncertainty.COLLISION_BOUND` where its
-    :data:`~kpca_repro.method.uncertainty.MATCHED_BOUND` reaches ``floor`` (there the tighter bound was always computed, because
-    the floor only rises), its :data:`~kpca_repro.method.uncertainty.MATCHED_BOUND` elsewhere; every draw whose bound reaches
-    ``floor`` was computed. :data:`~kpca_repro.method.uncertainty.MATCHED_BOUND` becomes that bound and
+    :data:`~kpca_repro.method.uncertainty.MATCHED_BOUND` reaches ``floor`` (there the tighter bound was always computed,
+    because the floor only rises), its :data:`~kpca_repro.method.uncertainty.MATCHED_BOUND` elsewhere; every draw whose
+    bound reaches ``floor`` was computed. :data:`~kpca_repro.method.uncertainty.MATCHED_BOUND` becomes that bound and
     :data:`~kpca_repro.method.uncertainty.COLLISION_BOUND` is removed.
     """
     tight = draws.pop(COLLISION_BOUND, None)

@@ -82,7 +82,12 @@ MEAN_VECTOR = "direct_cos_mean_vector"
 #: Exact bounds of the token-mean direct cosine over rotations inside near-degenerate
 #: eigenspaces, per draw and at the solver's own signs and subspaces
 #: (:func:`kpca_repro.method.solver_variation.head_solver_draws`; optional when read).
-BOUND_NAMES = ("direct_cos_mean_lower", "direct_cos_mean_upper", "direct_cos_mean_own_lower", "direct_cos_mean_own_upper")
+BOUND_NAMES = (
+    "direct_cos_mean_lower",
+    "direct_cos_mean_upper",
+    "direct_cos_mean_own_lower",
+    "direct_cos_mean_own_upper",
+)
 DIRECT_COS_MEAN_LOWER, DIRECT_COS_MEAN_UPPER, DIRECT_COS_MEAN_OWN_LOWER, DIRECT_COS_MEAN_OWN_UPPER = BOUND_NAMES
 #: Exact range of the token-mean direct cosine over every sign and every rotation inside groups
 #: within the selection (for a group straddling the selection boundary: over its drawn
@@ -99,7 +104,9 @@ MATCHED_BOUND = "optimal_cos_mean_bound"
 COLLISION_BOUND = "optimal_cos_mean_collision_bound"
 
 
-def head_generator(seed: int, layer: int, sample_rank: int, dataset_index: int, head: int, stream: int) -> np.random.Generator:
+def head_generator(
+    seed: int, layer: int, sample_rank: int, dataset_index: int, head: int, stream: int
+) -> np.random.Generator:
     """The random generator of one head's sign draws.
 
     Seeded by ``SeedSequence([seed, layer, sample_rank, dataset_index + 1, head, stream])``:
@@ -122,7 +129,9 @@ def sign_patterns(gen: np.random.Generator, n_draws: int, d: int) -> np.ndarray:
     return gen.integers(0, 2, size=(n_draws, d), dtype=np.int8).astype(np.float64) * 2.0 - 1.0
 
 
-def direct_sign_statistics(vn: torch.Tensor, vkn: torch.Tensor, signs: torch.Tensor, token_max: bool = True) -> dict[str, torch.Tensor]:
+def direct_sign_statistics(
+    vn: torch.Tensor, vkn: torch.Tensor, signs: torch.Tensor, token_max: bool = True
+) -> dict[str, torch.Tensor]:
     """Direct token-row cosine statistics of one or more heads under given sign patterns (closed form).
 
     Args:
@@ -139,11 +148,21 @@ def direct_sign_statistics(vn: torch.Tensor, vkn: torch.Tensor, signs: torch.Ten
     p = vn * vkn  # (H, N, d)
     out = {DIRECT_COS_MEAN: torch.einsum("hd,hrd->hr", p.mean(-2), signs)}
     if token_max:
-        out[DIRECT_COS_MAX] = torch.stack([(p[h] @ signs[h].T).amax(0) for h in range(p.shape[0])]) if p.shape[0] else p.new_empty((0, signs.shape[1]))
+        out[DIRECT_COS_MAX] = (
+            torch.stack([(p[h] @ signs[h].T).amax(0) for h in range(p.shape[0])])
+            if p.shape[0]
+            else p.new_empty((0, signs.shape[1]))
+        )
     return out
 
 
-def optimal_sign_statistics(vn: torch.Tensor, vkn: torch.Tensor, signs: torch.Tensor, valid: torch.Tensor | None = None, nan_to_zero: bool = False) -> dict[str, torch.Tensor]:
+def optimal_sign_statistics(
+    vn: torch.Tensor,
+    vkn: torch.Tensor,
+    signs: torch.Tensor,
+    valid: torch.Tensor | None = None,
+    nan_to_zero: bool = False,
+) -> dict[str, torch.Tensor]:
     """Matched (optimal-assignment) token-row cosine statistics under given sign patterns.
 
     One :func:`kpca_repro.method.numerics.assignment_similarities` call per pattern, on
@@ -216,7 +235,23 @@ def head_sign_draws(
 
     def patterns(n, stream):
         return torch.from_numpy(
-            np.stack([sign_patterns(head_generator(seed, ident["layer"][i], ident["sample_rank"][i], ident["dataset_index"][i], ident["head"][i], stream), n, d) for i in range(h)]).reshape(h, n, d)
+            np.stack(
+                [
+                    sign_patterns(
+                        head_generator(
+                            seed,
+                            ident["layer"][i],
+                            ident["sample_rank"][i],
+                            ident["dataset_index"][i],
+                            ident["head"][i],
+                            stream,
+                        ),
+                        n,
+                        d,
+                    )
+                    for i in range(h)
+                ]
+            ).reshape(h, n, d)
         )
 
     direct = direct_sign_statistics(vn64, vkn64, patterns(n_direct, 0), token_max=token_max)
@@ -237,7 +272,11 @@ def write_sign_draws(path: str | os.PathLike, draws: dict[str, np.ndarray], attr
     import h5py
 
     with h5py.File(path, "w", track_order=False) as f:
-        for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *(n for n in (*BOUND_NAMES, *RANGE_NAMES, MATCHED_BOUND) if n in draws)):
+        for name in (
+            *SIGN_DRAW_NAMES,
+            MEAN_VECTOR,
+            *(n for n in (*BOUND_NAMES, *RANGE_NAMES, MATCHED_BOUND) if n in draws),
+        ):
             f.create_dataset(name, data=np.asarray(draws[name], dtype=np.float32), track_times=False)
         for key, value in attrs.items():
             f.attrs[key] = value
@@ -255,7 +294,9 @@ def read_sign_draws(paths: list[str | os.PathLike]) -> dict[str, np.ndarray]:
     """
     import h5py
 
-    parts: dict[str, list[np.ndarray]] = {name: [] for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *BOUND_NAMES, *RANGE_NAMES)}
+    parts: dict[str, list[np.ndarray]] = {
+        name: [] for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR, *BOUND_NAMES, *RANGE_NAMES)
+    }
     for p in paths:
         with h5py.File(p, "r") as f:
             for name in parts:
@@ -271,7 +312,9 @@ def read_sign_draws(paths: list[str | os.PathLike]) -> dict[str, np.ndarray]:
     for name, arrays in parts.items():
         widths = {a.shape[1] for a in arrays}
         if len(widths) > 1:
-            raise ValueError(f"sign-draw files disagree on the number of {name} draws: {sorted(widths)}; rerun the kpca_heads jobs")
+            raise ValueError(
+                f"sign-draw files disagree on the number of {name} draws: {sorted(widths)}; rerun the kpca_heads jobs"
+            )
         out[name] = np.concatenate(arrays) if arrays else np.empty((0, 0), np.float32)
     return out
 
@@ -283,7 +326,10 @@ def read_sign_draws(paths: list[str | os.PathLike]) -> dict[str, np.ndarray]:
 
 def stable_seed(*parts: int | str) -> np.random.SeedSequence:
     """A ``SeedSequence`` from integers and strings (strings through SHA-256, so stable across runs)."""
-    key = [int(p) if not isinstance(p, str) else int.from_bytes(hashlib.sha256(p.encode()).digest()[:4], "little") for p in parts]
+    key = [
+        int(p) if not isinstance(p, str) else int.from_bytes(hashlib.sha256(p.encode()).digest()[:4], "little")
+        for p in parts
+    ]
     return np.random.SeedSequence(key)
 
 
@@ -312,7 +358,9 @@ def group_codes(keys: np.ndarray) -> tuple[np.ndarray, int]:
     return codes.reshape(-1), len(uniq)
 
 
-def group_aggregate(values: np.ndarray, codes: np.ndarray, n_groups: int, how: str) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+def group_aggregate(
+    values: np.ndarray, codes: np.ndarray, n_groups: int, how: str
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Per-group aggregate of per-head values, for every replicate row at once.
 
     Args:
@@ -342,7 +390,9 @@ def group_aggregate(values: np.ndarray, codes: np.ndarray, n_groups: int, how: s
         return np.add.reduceat(x, starts, axis=1), np.bincount(codes, minlength=n_groups).astype(np.float64)
     if how == "nansum":
         finite = np.isfinite(x)
-        return np.add.reduceat(np.where(finite, x, 0.0), starts, axis=1), np.add.reduceat(finite.astype(np.float64), starts, axis=1)
+        return np.add.reduceat(np.where(finite, x, 0.0), starts, axis=1), np.add.reduceat(
+            finite.astype(np.float64), starts, axis=1
+        )
     raise ValueError(f"unknown aggregate {how!r}")
 
 
@@ -390,7 +440,9 @@ def fresh_direct_means(m: np.ndarray, rng: np.random.Generator, n_replicates: in
     return out
 
 
-def replicate_statistics(values: np.ndarray, codes: np.ndarray, n_groups: int, how: str, idx: np.ndarray | None) -> np.ndarray:
+def replicate_statistics(
+    values: np.ndarray, codes: np.ndarray, n_groups: int, how: str, idx: np.ndarray | None
+) -> np.ndarray:
     """A table statistic (max or mean over heads) for every replicate.
 
     Args:

@@ -72,7 +72,10 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
             "Only a complete checkpoint of tensors and plain values, as train_run writes it, is loaded"
         ) from exc
     if not isinstance(state, dict) or not {"fingerprint", "epoch", "rows", "fixed", "model"} <= set(state):
-        raise UntrustedCheckpointError(f"{path}: refused to load the training checkpoint: it is not a dict with fingerprint, epoch, rows, fixed and model")
+        raise UntrustedCheckpointError(
+            f"{path}: refused to load the training checkpoint: it is not a dict with fingerprint, epoch, rows, fixed "
+            "and model"
+        )
     return state
 
 
@@ -103,7 +106,10 @@ def _check_plain(value, where: str) -> None:
         for i, v in enumerate(value):
             _check_plain(v, f"{where}[{i}]")
     else:
-        raise TypeError(f"checkpoint entry {where} is a {type(value).__module__}.{type(value).__name__}, which torch.load(weights_only=True) would refuse")
+        raise TypeError(
+            f"checkpoint entry {where} is a {type(value).__module__}.{type(value).__name__}, which "
+            "torch.load(weights_only=True) would refuse"
+        )
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict) -> None:

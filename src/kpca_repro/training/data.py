@@ -15,10 +15,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["FASHION_MNIST_FILES", "FASHION_MNIST_MEAN", "FASHION_MNIST_STD", "read_idx", "FashionMNISTGz", "build_datasets"]
+__all__ = [
+    "FASHION_MNIST_FILES",
+    "FASHION_MNIST_MEAN",
+    "FASHION_MNIST_STD",
+    "read_idx",
+    "FashionMNISTGz",
+    "build_datasets",
+]
 
 #: The IDX files of Fashion-MNIST in ``<resources>/datasets/fashion-mnist/``.
-FASHION_MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+FASHION_MNIST_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
 #: Fashion-MNIST pixel statistics (training set, pixels scaled to [0, 1]).
 FASHION_MNIST_MEAN, FASHION_MNIST_STD = 0.2860, 0.3530
 
@@ -67,7 +79,9 @@ def _fashion_mnist_class():
         def _load_data(self):
             prefix = "train" if self.train else "t10k"
             images = torch.from_numpy(read_idx(os.path.join(self.root, f"{prefix}-images-idx3-ubyte.gz")).copy())
-            labels = torch.from_numpy(read_idx(os.path.join(self.root, f"{prefix}-labels-idx1-ubyte.gz")).astype(np.int64))
+            labels = torch.from_numpy(
+                read_idx(os.path.join(self.root, f"{prefix}-labels-idx1-ubyte.gz")).astype(np.int64)
+            )
             return images, labels
 
     return FashionMNISTGz
@@ -76,7 +90,9 @@ def _fashion_mnist_class():
 FashionMNISTGz = _fashion_mnist_class()
 
 
-def build_datasets(scale: dict, resources_dir: str | os.PathLike, download: bool = False) -> tuple[torch.utils.data.Dataset, torch.utils.data.Dataset, int, int]:
+def build_datasets(
+    scale: dict, resources_dir: str | os.PathLike, download: bool = False
+) -> tuple[torch.utils.data.Dataset, torch.utils.data.Dataset, int, int]:
     """Training and validation sets of a configured scale.
 
     * ``dataset: fashion_mnist`` (``small``): :class:`FashionMNISTGz` on
@@ -102,7 +118,8 @@ def build_datasets(scale: dict, resources_dir: str | os.PathLike, download: bool
         missing = [str(root / f) for f in FASHION_MNIST_FILES if not (root / f).is_file()]
         if missing and not download:
             raise FileNotFoundError(
-                f"missing Fashion-MNIST: {', '.join(missing)} (config key resources_dir). Place the four IDX .gz files of https://github.com/zalandoresearch/fashion-mnist there, or run online."
+                f"missing Fashion-MNIST: {', '.join(missing)} (config key resources_dir). Place the four IDX .gz "
+                "files of https://github.com/zalandoresearch/fashion-mnist there, or run online."
             )
         norm = [T.ToTensor(), T.Normalize((FASHION_MNIST_MEAN,), (FASHION_MNIST_STD,))]
         base = [] if size == 28 else [T.Resize(size)]
@@ -116,8 +133,13 @@ def build_datasets(scale: dict, resources_dir: str | os.PathLike, download: bool
 
         root = scale["imagenet_root"]
         if root is None or not all((Path(root) / s).is_dir() for s in ("train", "val")):
-            raise FileNotFoundError(f"config key training.scales.*.imagenet_root: {root} must hold train/ and val/ class folders (ImageNet-1k)")
-        train_tf = create_transform(size, is_training=True, auto_augment=scale["auto_augment"], re_prob=scale["reprob"], interpolation="bicubic")
+            raise FileNotFoundError(
+                f"config key training.scales.*.imagenet_root: {root} must hold train/ and val/ class folders "
+                "(ImageNet-1k)"
+            )
+        train_tf = create_transform(
+            size, is_training=True, auto_augment=scale["auto_augment"], re_prob=scale["reprob"], interpolation="bicubic"
+        )
         val_tf = create_transform(size, is_training=False, interpolation="bicubic", crop_pct=224 / 256)
         train, val = ImageFolder(str(Path(root) / "train"), train_tf), ImageFolder(str(Path(root) / "val"), val_tf)
         num_classes, in_chans = len(train.classes), 3

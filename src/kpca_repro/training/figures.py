@@ -33,7 +33,11 @@ def _keep(curves: pd.DataFrame, skip_epochs: dict[str, float]) -> pd.DataFrame:
 
 #: Figure 1's rows: (metrics drawn, log y-axis). Row 0 is the authors' plot (linear y), row 1 the
 #: same on a log y-axis, row 2 the medians over tokens, which the authors do not log.
-FIGURE1_ROWS = ((("error", "h_norms_ave", "phiq_norms_ave"), False), (("error", "h_norms_ave", "phiq_norms_ave"), True), (("error_median", "h_norms_median", "phiq_norms_median"), True))
+FIGURE1_ROWS = (
+    (("error", "h_norms_ave", "phiq_norms_ave"), False),
+    (("error", "h_norms_ave", "phiq_norms_ave"), True),
+    (("error_median", "h_norms_median", "phiq_norms_median"), True),
+)
 #: How each metric of Figure 1 is drawn: a line (``ls``) or markers (``marker``), and its legend text.
 FIGURE1_STYLE = {
     "error": {"ls": "-", "label": r"line: $J_{proj}$ (mean of $|\|\varphi(q_i)\|^2 - \|h_i\|^2|$)"},
@@ -108,7 +112,9 @@ def plot_figure1(
     data = over_seeds(_keep(curves[curves["metric"].isin(drawn)], skip_epochs))
     sources = list(dict.fromkeys(data["source"]))
     wandb = set(curves.loc[curves["step"].notna(), "source"])  # W&B exports have a Step; this pipeline's logs none
-    fig, axes = plt.subplots(len(FIGURE1_ROWS), len(sources), figsize=(5.5 * len(sources), 12.0), squeeze=False, constrained_layout=True)
+    fig, axes = plt.subplots(
+        len(FIGURE1_ROWS), len(sources), figsize=(5.5 * len(sources), 12.0), squeeze=False, constrained_layout=True
+    )
     colours = {}  # display name -> (train, test) colour, in the order the models first appear
     for c, source in enumerate(sources):
         sd = data[data["source"] == source]
@@ -119,14 +125,22 @@ def plot_figure1(
             _scale_figure1_panel(ax, rd, log_y, from_wandb=source in wandb)
             _label_figure1_panel(ax, row, log_y, source, settings, notes)
     narrow = len(sources) <= 2  # the legend must fit the figure's width (5.5 in per column)
-    fig.legend(handles=_figure1_legend(colours, drawn), loc="outside lower center", ncol=2 if len(sources) == 1 else 3 if narrow else 4, fontsize=8 if narrow else 9, frameon=False)
+    fig.legend(
+        handles=_figure1_legend(colours, drawn),
+        loc="outside lower center",
+        ncol=2 if len(sources) == 1 else 3 if narrow else 4,
+        fontsize=8 if narrow else 9,
+        frameon=False,
+    )
     fig.savefig(pdf, metadata=PDF_METADATA)
     fig.savefig(png, dpi=150)
     plt.close(fig)
     return data.reset_index(drop=True)
 
 
-def _draw_figure1_panel(ax, rd: pd.DataFrame, models: Iterable[str], metrics: tuple[str, ...], colours: dict[str, tuple[str, str]]) -> None:
+def _draw_figure1_panel(
+    ax, rd: pd.DataFrame, models: Iterable[str], metrics: tuple[str, ...], colours: dict[str, tuple[str, str]]
+) -> None:
     """The ``metrics`` of one panel (``rd``: one source, over seeds) for each of ``models``, train
     light and test dark; a model's colour pair is added to ``colours`` (display name -> pair)
     when it first appears, even in a panel with nothing to draw, so every column agrees."""
@@ -145,8 +159,21 @@ def _scale_figure1_panel(ax, rd: pd.DataFrame, log_y: bool, from_wandb: bool) ->
     """A log y-axis, or the authors' linear limits ``(-0.5, ymax + 0.1 (ymax - ymin))``; a panel
     without data says why (the authors' W&B logs hold means only, or an older log lacks medians)."""
     if rd.empty:
-        why = "the authors' logs hold means only" if from_wandb else "these logs were written before\nthe medians were logged"
-        ax.text(0.5, 0.5, f"no medians over tokens:\n{why}", transform=ax.transAxes, ha="center", va="center", fontsize=9, color="0.35")
+        why = (
+            "the authors' logs hold means only"
+            if from_wandb
+            else "these logs were written before\nthe medians were logged"
+        )
+        ax.text(
+            0.5,
+            0.5,
+            f"no medians over tokens:\n{why}",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize=9,
+            color="0.35",
+        )
         ax.set_xticks([])
         ax.set_yticks([])
     elif log_y:
@@ -158,14 +185,18 @@ def _scale_figure1_panel(ax, rd: pd.DataFrame, log_y: bool, from_wandb: bool) ->
             ax.set_ylim(-0.5, v.max() + 0.1 * (v.max() - v.min()))
 
 
-def _label_figure1_panel(ax, row: int, log_y: bool, source: str, settings: dict[str, str], notes: dict[str, str]) -> None:
+def _label_figure1_panel(
+    ax, row: int, log_y: bool, source: str, settings: dict[str, str], notes: dict[str, str]
+) -> None:
     """Panel ``row`` of ``source``'s column: the source and its setting above the top row, the
     epoch axis and the source's note under the bottom row, the y-label, ticks and grid."""
     if row == 0:
         title = source if source not in settings else f"{source}\n{_wrap(settings[source])}"
         ax.set_title(title, fontsize=10)
     if row == len(FIGURE1_ROWS) - 1:
-        ax.set_xlabel("epoch" + (f"\n\n{notes[source]}" if source in notes else ""), fontsize=10 if source not in notes else 8)
+        ax.set_xlabel(
+            "epoch" + (f"\n\n{notes[source]}" if source in notes else ""), fontsize=10 if source not in notes else 8
+        )
     ylabel = r"$J_{proj}$ and squared norms" if row < 2 else "medians over tokens"
     ax.set_ylabel(ylabel + (" (log)" if log_y else ""), fontsize=10)
     ax.tick_params(labelsize=9)
@@ -178,7 +209,11 @@ def _figure1_legend(colours: dict[str, tuple[str, str]], drawn: list[str]) -> li
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    handles = [Line2D([], [], color=colour, lw=2.5, label=f"{name} {split}") for name, pair in colours.items() for split, colour in zip(("train batch", "test batch"), pair)]
+    handles = [
+        Line2D([], [], color=colour, lw=2.5, label=f"{name} {split}")
+        for name, pair in colours.items()
+        for split, colour in zip(("train batch", "test batch"), pair)
+    ]
     for metric in drawn:
         style = FIGURE1_STYLE[metric]
         if "marker" in style:
@@ -196,7 +231,13 @@ def _wrap(text: str, width: int = 60) -> str:
     return "\n".join(textwrap.wrap(text, width))
 
 
-def plot_figure4(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.PathLike, skip_epochs: dict[str, float], settings: dict[str, str] | None = None) -> pd.DataFrame:
+def plot_figure4(
+    curves: pd.DataFrame,
+    pdf: str | os.PathLike,
+    png: str | os.PathLike,
+    skip_epochs: dict[str, float],
+    settings: dict[str, str] | None = None,
+) -> pd.DataFrame:
     """Figure 4: the relative errors ``rel_error_wrt_h`` (top) and ``rel_error_wrt_phiq`` (bottom).
 
     docs/method.md 7, one column per (source, model): train (blue #0066CC) and test (red #CC0000)
@@ -232,19 +273,31 @@ def plot_figure4(curves: pd.DataFrame, pdf: str | os.PathLike, png: str | os.Pat
         top["plotted"] = top["value"]
         bottom = rd[rd["metric"] == "rel_error_wrt_phiq"].assign(panel="rel_phi")
         bottom["plotted"] = bottom["value"]
-        for r, (panel, label) in enumerate(((top, r"rel. error w.r.t. $\|h\|^2$"), (bottom, r"rel. error w.r.t. $\|\varphi(q)\|^2$ (log scale)"))):
+        for r, (panel, label) in enumerate(
+            ((top, r"rel. error w.r.t. $\|h\|^2$"), (bottom, r"rel. error w.r.t. $\|\varphi(q)\|^2$ (log scale)"))
+        ):
             ax = axes[r, c]
             n_seeds = int(panel["n_seeds"].max()) if len(panel) else 0
             for split, colour in (("train", "#0066CC"), ("test", "#CC0000")):
                 s = panel[panel["split"] == split].sort_values("x")
                 ax.fill_between(s["x"], s["value_min"], s["value_max"], color=colour, alpha=0.2, lw=0)
-                ax.plot(s["x"], s["plotted"], "o-", ms=2.5, lw=0.8, color=colour, label=split if n_seeds <= 1 else f"{split}: median, min–max over {n_seeds} seeds")
+                ax.plot(
+                    s["x"],
+                    s["plotted"],
+                    "o-",
+                    ms=2.5,
+                    lw=0.8,
+                    color=colour,
+                    label=split if n_seeds <= 1 else f"{split}: median, min–max over {n_seeds} seeds",
+                )
             if r == 0:
                 v = panel[["value_min", "value_max"]].to_numpy(float).ravel()
                 if len(v) and ((v >= 0.9) & (v <= 1.1)).all():
                     ax.set_ylim(0.9, 1.1)
                 title = f"{TRAINING_MODEL_NAMES.get(model, model)}: {source}"
-                ax.set_title(title if source not in (settings or {}) else f"{title}\n{_wrap(settings[source], 45)}", fontsize=9)
+                ax.set_title(
+                    title if source not in (settings or {}) else f"{title}\n{_wrap(settings[source], 45)}", fontsize=9
+                )
             else:
                 v = panel[["value", "value_min", "value_max"]].to_numpy(float).ravel()
                 v = v[np.isfinite(v)]

@@ -46,7 +46,15 @@ HIGH_QUANTILE = 0.99
 #: linear interpolation) of ``|phi_i - ||h_i||^2|`` (``error_*``), ``||h_i||^2`` and
 #: ``||phi(q_i)||^2``, and the share of tokens with ``||phi(q_i)||^2 > ||h_i||^2``. Not in the
 #: authors' logs.
-TOKEN_STATS = ("error_median", "error_q99", "h_norms_median", "h_norms_q99", "phiq_norms_median", "phiq_norms_q99", "phiq_above_h_frac")
+TOKEN_STATS = (
+    "error_median",
+    "error_q99",
+    "h_norms_median",
+    "h_norms_q99",
+    "phiq_norms_median",
+    "phiq_norms_q99",
+    "phiq_above_h_frac",
+)
 #: The columns every training log has, also those written before :data:`TOKEN_STATS` were logged.
 BASE_LOG_COLUMNS = (
     "epoch",
@@ -110,7 +118,19 @@ def read_training_log(path: str | os.PathLike, model: str, source: str, seed: in
                 continue
             epoch = df["epoch"]
             parts.append(
-                pd.DataFrame({"source": source, "model": model, "seed": int(seed), "split": split, "metric": m, "epoch": epoch, "x": epoch.astype(float), "step": np.nan, "value": df[f"{split}_{m}"]})
+                pd.DataFrame(
+                    {
+                        "source": source,
+                        "model": model,
+                        "seed": int(seed),
+                        "split": split,
+                        "metric": m,
+                        "epoch": epoch,
+                        "x": epoch.astype(float),
+                        "step": np.nan,
+                        "value": df[f"{split}_{m}"],
+                    }
+                )
             )
     return pd.concat(parts, ignore_index=True)[_TIDY]
 
@@ -118,7 +138,9 @@ def read_training_log(path: str | os.PathLike, model: str, source: str, seed: in
 _WANDB_VALUE = re.compile(r"^(?P<run>.+) - (?P<split>train|test)_(?P<metric>.+)$")
 
 
-def read_wandb_logs(directory: str | os.PathLike, source: str = "authors (W&B)", epoch_axis: str = "step") -> pd.DataFrame:
+def read_wandb_logs(
+    directory: str | os.PathLike, source: str = "authors (W&B)", epoch_axis: str = "step"
+) -> pd.DataFrame:
     """The authors' W&B CSV exports (docs/method.md 6.2) as a tidy frame.
 
     Every ``*.csv`` below ``directory`` has a ``"Step"`` column and ``"<run> - <split>_<metric>"``
@@ -151,7 +173,9 @@ def read_wandb_logs(directory: str | os.PathLike, source: str = "authors (W&B)",
         cols = [c for c in df.columns if not c.endswith(("__MIN", "__MAX"))]
         value_cols = [c for c in cols if _WANDB_VALUE.match(c)]
         if "Step" not in df.columns or len(value_cols) != 1:
-            raise ValueError(f"{f}: expected a 'Step' column and one '<run> - <split>_<metric>' column, got {list(df.columns)}")
+            raise ValueError(
+                f"{f}: expected a 'Step' column and one '<run> - <split>_<metric>' column, got {list(df.columns)}"
+            )
         match = _WANDB_VALUE.match(value_cols[0])
         metric = match["metric"]
         if metric not in RECON_METRICS:
@@ -179,7 +203,12 @@ def read_wandb_logs(directory: str | os.PathLike, source: str = "authors (W&B)",
     return pd.concat(parts, ignore_index=True)[_TIDY]
 
 
-def training_curves(runs: Sequence[tuple], reference_dir: str | os.PathLike | None, epoch_axis: str = "step", reference_source: str = "authors (W&B, ImageNet-1k)") -> pd.DataFrame:
+def training_curves(
+    runs: Sequence[tuple],
+    reference_dir: str | os.PathLike | None,
+    epoch_axis: str = "step",
+    reference_source: str = "authors (W&B, ImageNet-1k)",
+) -> pd.DataFrame:
     """The tidy curves of Figures 1 and 4 from any set of runs.
 
     Args:
@@ -204,6 +233,10 @@ def training_curves(runs: Sequence[tuple], reference_dir: str | os.PathLike | No
 
 #: The authors' W&B exports (``scripts/wandb_data`` of KarahanS/Reproduction-Study-KPCA), per model folder.
 WANDB_FILES = {
-    model: [f"{prefix}_{split}_{m}.csv" for split in ("train", "test") for m in ("error", "h", "varphi", "rel_error_wrt_h", "rel_error_wrt_varphi")]
+    model: [
+        f"{prefix}_{split}_{m}.csv"
+        for split in ("train", "test")
+        for m in ("error", "h", "varphi", "rel_error_wrt_h", "rel_error_wrt_varphi")
+    ]
     for model, prefix in (("vit_tiny", "vit"), ("deit_tiny", "deit"))
 }

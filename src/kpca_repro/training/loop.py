@@ -111,8 +111,17 @@ def train_run(
         write_training_log(rows, log_csv)  # drop any row written after the checkpoint
 
     generator = torch.Generator()
-    loader = torch.utils.data.DataLoader(train_set, batch_size=scale["batch_size"], shuffle=True, drop_last=True, num_workers=num_workers, generator=generator)
-    val_loader = torch.utils.data.DataLoader(val_set, batch_size=scale["eval_batch_size"], shuffle=False, num_workers=num_workers)
+    loader = torch.utils.data.DataLoader(
+        train_set,
+        batch_size=scale["batch_size"],
+        shuffle=True,
+        drop_last=True,
+        num_workers=num_workers,
+        generator=generator,
+    )
+    val_loader = torch.utils.data.DataLoader(
+        val_set, batch_size=scale["eval_batch_size"], shuffle=False, num_workers=num_workers
+    )
     if len(loader) == 0:
         raise ValueError(f"{len(train_set)} training images make no batch of {scale['batch_size']} (drop_last)")
     recon_index = min(scale["recon_batch_index"], len(loader) - 1)
@@ -121,16 +130,36 @@ def train_run(
         generator.manual_seed(_seed_epoch(seed, epoch))
         # the fixed "train" batch is taken from the first epoch's loader, before mixup
         keep = recon_index if epoch == 0 else None
-        train_loss = _train_epoch(model, loader, recipe, device, fixed, keep, desc=f"epoch {epoch + 1}/{epochs}", progress=progress)
+        train_loss = _train_epoch(
+            model, loader, recipe, device, fixed, keep, desc=f"epoch {epoch + 1}/{epochs}", progress=progress
+        )
         row = {"epoch": epoch, "lr": recipe.optimizer.param_groups[0]["lr"], "train_loss": train_loss}
-        row.update({f"train_{k}": v for k, v in reconstruction_metrics(model, fixed["train"].to(device), train_mode=True).items()})
+        row.update(
+            {
+                f"train_{k}": v
+                for k, v in reconstruction_metrics(model, fixed["train"].to(device), train_mode=True).items()
+            }
+        )
         row.update(_evaluate(model, val_loader, device, fixed))
-        row.update({f"test_{k}": v for k, v in reconstruction_metrics(model, fixed["test"].to(device), train_mode=False).items()})
+        row.update(
+            {
+                f"test_{k}": v
+                for k, v in reconstruction_metrics(model, fixed["test"].to(device), train_mode=False).items()
+            }
+        )
         recipe.scheduler.step(epoch + 1)
         rows.append(row)
         _save_checkpoint(checkpoint, fingerprint, epoch + 1, rows, fixed, model, recipe)
         write_training_log(rows, log_csv)
-        log.info("epoch %d/%d: loss %.4f, acc1 %.2f, J_proj train %.4g test %.4g", epoch + 1, epochs, row["train_loss"], row["test_acc1"], row["train_error"], row["test_error"])
+        log.info(
+            "epoch %d/%d: loss %.4f, acc1 %.2f, J_proj train %.4g test %.4g",
+            epoch + 1,
+            epochs,
+            row["train_loss"],
+            row["test_acc1"],
+            row["train_error"],
+            row["test_error"],
+        )
         if on_epoch_end is not None:
             on_epoch_end(epoch, row)
     if start >= epochs:
@@ -155,9 +184,25 @@ class _Recipe:
         from timm.scheduler import create_scheduler_v2
 
         optimizer = create_optimizer_v2(model, opt=scale["opt"], lr=scale["lr"], weight_decay=scale["weight_decay"])
-        scheduler, _ = create_scheduler_v2(optimizer, sched=scale["sched"], num_epochs=scale["epochs"], warmup_epochs=scale["warmup_epochs"], min_lr=scale["min_lr"], warmup_lr=scale["min_lr"])
+        scheduler, _ = create_scheduler_v2(
+            optimizer,
+            sched=scale["sched"],
+            num_epochs=scale["epochs"],
+            warmup_epochs=scale["warmup_epochs"],
+            min_lr=scale["min_lr"],
+            warmup_lr=scale["min_lr"],
+        )
         use_mix = scale["mixup"] > 0 or scale["cutmix"] > 0
-        mixup = Mixup(mixup_alpha=scale["mixup"], cutmix_alpha=scale["cutmix"], label_smoothing=scale["smoothing"], num_classes=model.num_classes) if use_mix else None
+        mixup = (
+            Mixup(
+                mixup_alpha=scale["mixup"],
+                cutmix_alpha=scale["cutmix"],
+                label_smoothing=scale["smoothing"],
+                num_classes=model.num_classes,
+            )
+            if use_mix
+            else None
+        )
         criterion = SoftTargetCrossEntropy() if use_mix else nn.CrossEntropyLoss(label_smoothing=scale["smoothing"])
         amp = bool(scale["amp"]) and device.type == "cuda"
         scaler = torch.amp.GradScaler("cuda", enabled=amp)
@@ -187,7 +232,9 @@ class _Recipe:
             self.ema.module.load_state_dict(state["ema"])
 
 
-def _resume(checkpoint: Path, fingerprint: str, model: nn.Module, recipe: _Recipe, epochs: int) -> tuple[int, list[dict], dict]:
+def _resume(
+    checkpoint: Path, fingerprint: str, model: nn.Module, recipe: _Recipe, epochs: int
+) -> tuple[int, list[dict], dict]:
     """``(first epoch to train, rows so far, fixed batches)`` from a checkpoint of the same
     fingerprint (its model and recipe states loaded), else ``(0, [], {})``: no checkpoint, one
     of another fingerprint or one not trusted (:func:`~kpca_repro.training.checkpoint.resumable_state`)."""
@@ -200,7 +247,16 @@ def _resume(checkpoint: Path, fingerprint: str, model: nn.Module, recipe: _Recip
     return state["epoch"], state["rows"], state["fixed"]
 
 
-def _train_epoch(model: nn.Module, loader, recipe: _Recipe, device: torch.device, fixed: dict, keep: int | None, desc: str, progress: bool) -> float:
+def _train_epoch(
+    model: nn.Module,
+    loader,
+    recipe: _Recipe,
+    device: torch.device,
+    fixed: dict,
+    keep: int | None,
+    desc: str,
+    progress: bool,
+) -> float:
     """One pass over ``loader`` in train mode; the mean training loss (per image).
 
     ``fixed["train"]`` becomes a copy of batch ``keep`` (before mixup) when ``keep`` is not None.
@@ -245,8 +301,17 @@ def _evaluate(model: nn.Module, val_loader, device: torch.device, fixed: dict) -
     return {"test_loss": vloss / n, "test_acc1": 100.0 * c1 / n, "test_acc5": 100.0 * c5 / n}
 
 
-def _save_checkpoint(checkpoint: Path, fingerprint: str, epoch: int, rows: list[dict], fixed: dict, model: nn.Module, recipe: _Recipe) -> None:
+def _save_checkpoint(
+    checkpoint: Path, fingerprint: str, epoch: int, rows: list[dict], fixed: dict, model: nn.Module, recipe: _Recipe
+) -> None:
     """Everything :func:`_resume` needs after ``epoch`` completed epochs
     (:func:`~kpca_repro.training.checkpoint.save_checkpoint`)."""
-    state = {"fingerprint": fingerprint, "epoch": epoch, "rows": rows, "fixed": fixed, "model": model.state_dict(), **recipe.state_dict()}
+    state = {
+        "fingerprint": fingerprint,
+        "epoch": epoch,
+        "rows": rows,
+        "fixed": fixed,
+        "model": model.state_dict(),
+        **recipe.state_dict(),
+    }
     save_checkpoint(checkpoint, state)

@@ -29,7 +29,13 @@ from kpca_repro.training.logs import HIGH_QUANTILE, RECON_METRICS
 __all__ = ["RecordingAttention", "build_model", "recording_attentions", "reconstruction_metrics"]
 
 #: :data:`~kpca_repro.training.logs.RECON_METRICS` -> the key of :func:`kpca_repro.projection.projection_errors`.
-_FROM_KPCA = {"error": "error", "rel_error_wrt_h": "rel_error_wrt_h", "rel_error_wrt_phiq": "rel_error_wrt_phiq", "h_norms_ave": "h_ave", "phiq_norms_ave": "phi_ave"}
+_FROM_KPCA = {
+    "error": "error",
+    "rel_error_wrt_h": "rel_error_wrt_h",
+    "rel_error_wrt_phiq": "rel_error_wrt_phiq",
+    "h_norms_ave": "h_ave",
+    "phiq_norms_ave": "phi_ave",
+}
 
 
 def _timm_attention():
@@ -63,7 +69,12 @@ class RecordingAttention(_timm_attention()):
             TypeError: ``attn`` normalises q/k or the head outputs, or is gated (the recorded
                 ``h`` would not be the attention output).
         """
-        if not isinstance(attn.q_norm, nn.Identity) or not isinstance(attn.k_norm, nn.Identity) or not isinstance(attn.norm, nn.Identity) or attn.gate is not None:
+        if (
+            not isinstance(attn.q_norm, nn.Identity)
+            or not isinstance(attn.k_norm, nn.Identity)
+            or not isinstance(attn.norm, nn.Identity)
+            or attn.gate is not None
+        ):
             raise TypeError("RecordingAttention supports timm Attention without qk_norm, scale_norm or gating")
         new = cls(
             attn.qkv.in_features,
@@ -86,7 +97,9 @@ class RecordingAttention(_timm_attention()):
         q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if self.standardize_qk:
             q, k = standardize_tokens(q, eps=0.0), standardize_tokens(k, eps=0.0)
-        h = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0, scale=self.scale)
+        h = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0, scale=self.scale
+        )
         if self.record:
             self.recorded = {"q": q.detach().float(), "k": k.detach().float(), "h": h.detach().float()}
         x = h.transpose(1, 2).reshape(b, n, self.attn_dim)
@@ -121,7 +134,15 @@ def build_model(
     """
     import timm
 
-    kwargs = dict(pretrained=False, num_heads=num_heads, num_classes=num_classes, img_size=img_size, patch_size=patch_size, in_chans=in_chans, drop_path_rate=drop_path)
+    kwargs = dict(
+        pretrained=False,
+        num_heads=num_heads,
+        num_classes=num_classes,
+        img_size=img_size,
+        patch_size=patch_size,
+        in_chans=in_chans,
+        drop_path_rate=drop_path,
+    )
     if depth is not None:
         kwargs["depth"] = depth
     if embed_dim is not None:
@@ -142,7 +163,9 @@ def recording_attentions(model: nn.Module) -> list[RecordingAttention]:
     """
     attns = [blk.attn for blk in model.blocks]
     if not all(isinstance(a, RecordingAttention) for a in attns):
-        raise TypeError("the model's blocks[*].attn are not RecordingAttention; build it with kpca_repro.training.model.build_model")
+        raise TypeError(
+            "the model's blocks[*].attn are not RecordingAttention; build it with kpca_repro.training.model.build_model"
+        )
     return attns
 
 

@@ -104,7 +104,10 @@ def scale_setting(scale: dict, seeds: list[int] | None = None) -> str:
     images = "all images" if scale["n_train"] is None else f"{scale['n_train']} images"
     depth = 12 if scale["depth"] is None else scale["depth"]
     size, patch = scale["img_size"], scale["patch_size"]
-    text = f"{_DATASETS.get(scale['dataset'], scale['dataset'])}, {images}, {size}x{size} in {patch}x{patch} patches: {scale_tokens(scale)} tokens, {depth} blocks, {scale['epochs']} epochs"
+    text = (
+        f"{_DATASETS.get(scale['dataset'], scale['dataset'])}, {images}, {size}x{size} in {patch}x{patch} "
+        f"patches: {scale_tokens(scale)} tokens, {depth} blocks, {scale['epochs']} epochs"
+    )
     if seeds:
         text += f", seed {seeds[0]}" if len(seeds) == 1 else f", {len(seeds)} seeds ({', '.join(map(str, seeds))})"
     return text
@@ -151,7 +154,18 @@ def run_logs(runs: Sequence[tuple]) -> list[str]:
 
 
 #: Columns of :func:`over_seeds`.
-SEED_SUMMARY_COLUMNS = ["source", "model", "split", "metric", "epoch", "x", "n_seeds", "value", "value_min", "value_max"]
+SEED_SUMMARY_COLUMNS = [
+    "source",
+    "model",
+    "split",
+    "metric",
+    "epoch",
+    "x",
+    "n_seeds",
+    "value",
+    "value_min",
+    "value_max",
+]
 
 
 def over_seeds(curves: "pd.DataFrame") -> "pd.DataFrame":
@@ -171,9 +185,19 @@ def over_seeds(curves: "pd.DataFrame") -> "pd.DataFrame":
     """
     keys = ["source", "model", "split", "metric", "epoch"]
     grouped = curves.groupby(keys, sort=False, dropna=False)
-    out = grouped.agg(x=("x", "median"), n_seeds=("value", "count"), value=("value", "median"), value_min=("value", "min"), value_max=("value", "max")).reset_index()
+    out = grouped.agg(
+        x=("x", "median"),
+        n_seeds=("value", "count"),
+        value=("value", "median"),
+        value_min=("value", "min"),
+        value_max=("value", "max"),
+    ).reset_index()
     order = {s: i for i, s in enumerate(dict.fromkeys(curves["source"]))}
-    out = out.assign(_o=out["source"].map(order)).sort_values(["_o", "model", "split", "metric", "epoch"], kind="stable").drop(columns="_o")
+    out = (
+        out.assign(_o=out["source"].map(order))
+        .sort_values(["_o", "model", "split", "metric", "epoch"], kind="stable")
+        .drop(columns="_o")
+    )
     return out[SEED_SUMMARY_COLUMNS].reset_index(drop=True)
 
 
@@ -208,7 +232,12 @@ ABLATION_COLUMNS = (
     "train_loss_first",
     "train_loss_last",
     "test_acc1_last",
-    *(f"{name}_{when}{stat}" for name, _ in ABLATION_QUANTITIES for when in ("first", "last") for stat in ("", "_min", "_max")),
+    *(
+        f"{name}_{when}{stat}"
+        for name, _ in ABLATION_QUANTITIES
+        for when in ("first", "last")
+        for stat in ("", "_min", "_max")
+    ),
 )
 
 
@@ -273,7 +302,9 @@ def token_ablation_table(runs: Sequence[tuple]) -> "pd.DataFrame":
     for (model, scale, tokens), logs in _read_seed_logs(runs).items():
         lengths = {seed: len(log) for seed, log in logs.items()}
         if len(set(lengths.values())) != 1:
-            raise ValueError(f"{model}_{scale}: the seeds' logs have different numbers of epochs {lengths}; is a run unfinished?")
+            raise ValueError(
+                f"{model}_{scale}: the seeds' logs have different numbers of epochs {lengths}; is a run unfinished?"
+            )
         for split in ("train", "test"):
             row = {
                 "model": model,
@@ -325,13 +356,16 @@ def token_ablation_markdown(table: "pd.DataFrame", split: str = "test", names: d
         return f"{_value(row, f'{name}_first')} → {_value(row, f'{name}_last')}"
 
     lines = [
-        "| model | N | epochs | seeds | train loss | test acc@1 (last) | J_proj | mean ‖h‖² | median ‖h‖² | mean ‖φ(q)‖² | median ‖φ(q)‖² |",
+        "| model | N | epochs | seeds | train loss | test acc@1 (last) | J_proj | mean ‖h‖² | median ‖h‖² | mean "
+        "‖φ(q)‖² | median ‖φ(q)‖² |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for _, row in table[table["split"] == split].iterrows():
         lines.append(
-            f"| {names.get(row['model'], row['model'])} | {row['tokens']} | {row['epochs']} | {row['seeds']} | {row['train_loss_first']:.3f} → {row['train_loss_last']:.3f} | "
-            f"{row['test_acc1_last']:.1f} % | {pair(row, 'j_proj')} | {pair(row, 'h_norm_sq')} | {pair(row, 'h_norm_sq_median')} | {pair(row, 'phiq_norm_sq')} | {pair(row, 'phiq_norm_sq_median')} |"
+            f"| {names.get(row['model'], row['model'])} | {row['tokens']} | {row['epochs']} | {row['seeds']} | "
+            f"{row['train_loss_first']:.3f} → {row['train_loss_last']:.3f} | "
+            f"{row['test_acc1_last']:.1f} % | {pair(row, 'j_proj')} | {pair(row, 'h_norm_sq')} | "
+            f"{pair(row, 'h_norm_sq_median')} | {pair(row, 'phiq_norm_sq')} | {pair(row, 'phiq_norm_sq_median')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -360,7 +394,20 @@ CLAIMS = (
     ("jproj_falls_second_half", "whole run"),
 )
 #: Columns of ``results/training_claims.csv``.
-CLAIMS_COLUMNS = ("model", "scale", "tokens", "split", "claim", "statistic", "scope", "holds", "total", "fraction", "n_seeds", "definition")
+CLAIMS_COLUMNS = (
+    "model",
+    "scale",
+    "tokens",
+    "split",
+    "claim",
+    "statistic",
+    "scope",
+    "holds",
+    "total",
+    "fraction",
+    "n_seeds",
+    "definition",
+)
 
 
 def claim_definitions(phiq_ratio_below: float, jproj_h_factor: float) -> dict[str, str]:
@@ -371,13 +418,21 @@ def claim_definitions(phiq_ratio_below: float, jproj_h_factor: float) -> dict[st
     """
     return {
         "phiq_much_smaller_than_h": f"||phi(q)||^2 << ||h||^2: phi < {phiq_ratio_below:g} h",
-        "jproj_close_to_h": f"J_proj ≈ ||h||^2: h / {jproj_h_factor:g} < J < {jproj_h_factor:g} h, i.e. |log(J / h)| < log {jproj_h_factor:g}",
+        "jproj_close_to_h": (
+            f"J_proj ≈ ||h||^2: h / {jproj_h_factor:g} < J < {jproj_h_factor:g} h, i.e. |log(J / h)| < log "
+            f"{jproj_h_factor:g}"
+        ),
         "jproj_falls": "J_proj falls: J at the last epoch < J at the first epoch drawn",
-        "jproj_falls_second_half": "J_proj falls in the second half: J at the last epoch < J at the middle epoch drawn (index n // 2 of the n epochs drawn)",
+        "jproj_falls_second_half": (
+            "J_proj falls in the second half: J at the last epoch < J at the middle epoch drawn (index n // 2 of "
+            "the n epochs drawn)"
+        ),
     }
 
 
-def training_claims(runs: Sequence[tuple], skip_epochs: float = 0, phiq_ratio_below: float = 0.1, jproj_h_factor: float = 1.5) -> "pd.DataFrame":
+def training_claims(
+    runs: Sequence[tuple], skip_epochs: float = 0, phiq_ratio_below: float = 0.1, jproj_h_factor: float = 1.5
+) -> "pd.DataFrame":
     """In how many (seed, epoch) pairs or seeds each of the authors' Figure 1 observations holds.
 
     The authors read three things off Figure 1 (docs/training.md): ``||phi(q)||^2 << ||h||^2``,
@@ -411,7 +466,10 @@ def training_claims(runs: Sequence[tuple], skip_epochs: float = 0, phiq_ratio_be
     import pandas as pd
 
     if not phiq_ratio_below > 0 or not jproj_h_factor > 1:
-        raise ValueError(f"thresholds must be phiq_ratio_below > 0 and jproj_h_factor > 1, got {phiq_ratio_below} and {jproj_h_factor}")
+        raise ValueError(
+            f"thresholds must be phiq_ratio_below > 0 and jproj_h_factor > 1, got {phiq_ratio_below} and "
+            f"{jproj_h_factor}"
+        )
     definitions = claim_definitions(phiq_ratio_below, jproj_h_factor)
     rows = []
     for (model, scale, tokens), logs in _read_seed_logs(runs).items():
@@ -419,18 +477,36 @@ def training_claims(runs: Sequence[tuple], skip_epochs: float = 0, phiq_ratio_be
             counts = {}
             for statistic, names in CLAIM_STATISTICS.items():
                 cols = [f"{split}_{n}" for n in names]
-                for (claim, scope), count in _claim_counts(logs.values(), cols, skip_epochs, phiq_ratio_below, jproj_h_factor).items():
+                for (claim, scope), count in _claim_counts(
+                    logs.values(), cols, skip_epochs, phiq_ratio_below, jproj_h_factor
+                ).items():
                     counts[(claim, scope, statistic)] = count
             for claim, scope in CLAIMS:
                 for statistic in CLAIM_STATISTICS:
                     holds, total = counts[(claim, scope, statistic)]
-                    row = {"model": model, "scale": scale, "tokens": tokens, "split": split, "claim": claim, "statistic": statistic, "scope": scope}
-                    row.update(holds=holds, total=total, fraction=holds / total if total else float("nan"), n_seeds=len(logs), definition=definitions[claim])
+                    row = {
+                        "model": model,
+                        "scale": scale,
+                        "tokens": tokens,
+                        "split": split,
+                        "claim": claim,
+                        "statistic": statistic,
+                        "scope": scope,
+                    }
+                    row.update(
+                        holds=holds,
+                        total=total,
+                        fraction=holds / total if total else float("nan"),
+                        n_seeds=len(logs),
+                        definition=definitions[claim],
+                    )
                     rows.append(row)
     return pd.DataFrame(rows, columns=list(CLAIMS_COLUMNS))
 
 
-def _claim_counts(logs: Iterable["pd.DataFrame"], cols: list[str], skip_epochs: float, phiq_ratio_below: float, jproj_h_factor: float) -> dict[tuple[str, str], list[int]]:
+def _claim_counts(
+    logs: Iterable["pd.DataFrame"], cols: list[str], skip_epochs: float, phiq_ratio_below: float, jproj_h_factor: float
+) -> dict[tuple[str, str], list[int]]:
     """``{(claim, scope): [holds, total]}`` over the seeds' ``logs`` of one run, for every
     :data:`CLAIMS` entry, judged on the columns ``cols`` = (J_proj, ``||h||^2``,
     ``||phi(q)||^2``) of one split and statistic, at epochs ``>= skip_epochs``
@@ -485,12 +561,24 @@ def training_claims_markdown(claims: "pd.DataFrame", split: str = "test", names:
         names: display names of the models (default: the keys).
     """
     names = names or {}
-    lines = ["| model | scale | N | claim | counted over | mean (as logged) | median over tokens |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | scale | N | claim | counted over | mean (as logged) | median over tokens |",
+        "|---|---|---|---|---|---|---|",
+    ]
     sub = claims[claims["split"] == split]
-    for (model, scale, tokens, claim, scope), g in sub.groupby(["model", "scale", "tokens", "claim", "scope"], sort=False):
+    for (model, scale, tokens, claim, scope), g in sub.groupby(
+        ["model", "scale", "tokens", "claim", "scope"], sort=False
+    ):
         cells = {r["statistic"]: claim_cell(int(r["holds"]), int(r["total"])) for _, r in g.iterrows()}
-        over = "(seed, epoch) pairs" if scope == "every epoch" else ("seeds, last epoch" if scope == "last epoch" else "seeds")
-        lines.append(f"| {names.get(model, model)} | {scale} | {tokens} | {CLAIM_LABELS[claim]} | {over} | {cells.get('mean', '')} | {cells.get('median', '')} |")
+        over = (
+            "(seed, epoch) pairs"
+            if scope == "every epoch"
+            else ("seeds, last epoch" if scope == "last epoch" else "seeds")
+        )
+        lines.append(
+            f"| {names.get(model, model)} | {scale} | {tokens} | {CLAIM_LABELS[claim]} | {over} | "
+            f"{cells.get('mean', '')} | {cells.get('median', '')} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -514,15 +602,28 @@ def claims_note(claims: "pd.DataFrame", scale: str, split: str = "test", names: 
     sub = claims[(claims["scale"] == scale) & (claims["split"] == split)]
     if sub.empty:
         return ""
-    shown = (("phiq_much_smaller_than_h", "every epoch"), ("jproj_close_to_h", "every epoch"), ("jproj_falls", "whole run"))
+    shown = (
+        ("phiq_much_smaller_than_h", "every epoch"),
+        ("jproj_close_to_h", "every epoch"),
+        ("jproj_falls", "whole run"),
+    )
     lines = [f"claims on the {split} batch, holding in (mean | median over tokens):"]
     for model in dict.fromkeys(sub["model"]):
         parts = []
         for claim, scope in shown:
             cells = []
             for statistic in CLAIM_STATISTICS:
-                r = sub[(sub["model"] == model) & (sub["claim"] == claim) & (sub["scope"] == scope) & (sub["statistic"] == statistic)]
-                cells.append("–" if r.empty or int(r["total"].iloc[0]) == 0 else f"{int(r['holds'].iloc[0])}/{int(r['total'].iloc[0])}")
+                r = sub[
+                    (sub["model"] == model)
+                    & (sub["claim"] == claim)
+                    & (sub["scope"] == scope)
+                    & (sub["statistic"] == statistic)
+                ]
+                cells.append(
+                    "–"
+                    if r.empty or int(r["total"].iloc[0]) == 0
+                    else f"{int(r['holds'].iloc[0])}/{int(r['total'].iloc[0])}"
+                )
             parts.append(f"{CLAIM_LABELS[claim]} {cells[0]} | {cells[1]}")
         lines.append(f"{names.get(model, model)}: " + "; ".join(parts))
     return "\n".join(lines)

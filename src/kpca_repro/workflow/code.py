@@ -36,7 +36,13 @@ def script_modules(script: str | Path, src: str | Path = SRC) -> tuple[Path, ...
     functions and the packages' ``__init__.py`` included; sorted. Cached per script and ``src``."""
     finder = _PackageFinder(path=[str(src)])
     finder.run_script(str(script))
-    return tuple(sorted(Path(m.__file__).resolve() for name, m in finder.modules.items() if name.split(".")[0] == PACKAGE and m.__file__))
+    return tuple(
+        sorted(
+            Path(m.__file__).resolve()
+            for name, m in finder.modules.items()
+            if name.split(".")[0] == PACKAGE and m.__file__
+        )
+    )
 
 
 def source_digest(path: str | Path) -> str:
@@ -55,7 +61,11 @@ def _tree_digest(source: str) -> str:
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
-            if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            if (
+                isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
                 node.body = body[1:] or [ast.Pass()]
     return hashlib.sha256(ast.dump(tree, include_attributes=False).encode()).hexdigest()
 

@@ -15,7 +15,17 @@ from kpca_repro.inputs.model_info import MissingModelError, resolve_local_dir
 from kpca_repro.inputs.resources import imagenet_sample_dir, timm_weights_path
 from kpca_repro.training.summary import scale_tokens
 
-__all__ = ["ConfigError", "schema_error_message", "checked_config", "check_config", "image_count_error", "run_model_scale", "resolve_scales", "image_source", "weights_path"]
+__all__ = [
+    "ConfigError",
+    "schema_error_message",
+    "checked_config",
+    "check_config",
+    "image_count_error",
+    "run_model_scale",
+    "resolve_scales",
+    "image_source",
+    "weights_path",
+]
 
 
 class ConfigError(ValueError):
@@ -30,8 +40,12 @@ def schema_error_message(config: dict, schema: dict, schema_name: str) -> str | 
     errors = [e for e in errors if e.validator != "required"] or errors
     if not errors:
         return None
-    lines = dict.fromkeys(_schema_line(e) for e in sorted(errors, key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path)))))
-    return "\n".join(lines) + f". Fix it in your --configfile / --config; every key, type and range is in {schema_name}."
+    lines = dict.fromkeys(
+        _schema_line(e) for e in sorted(errors, key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    )
+    return (
+        "\n".join(lines) + f". Fix it in your --configfile / --config; every key, type and range is in {schema_name}."
+    )
 
 
 def _schema_line(err) -> str:
@@ -40,14 +54,21 @@ def _schema_line(err) -> str:
     if err.validator == "additionalProperties":
         allowed = list(err.schema.get("properties", {}))
         unknown = sorted(set(err.instance) - set(allowed))
-        hints = [f"{where}.{key}".lstrip(".") + "".join(f" (did you mean {m!r}?)" for m in difflib.get_close_matches(key, allowed, n=1)) for key in unknown]
+        hints = [
+            f"{where}.{key}".lstrip(".")
+            + "".join(f" (did you mean {m!r}?)" for m in difflib.get_close_matches(key, allowed, n=1))
+            for key in unknown
+        ]
         what = f"unknown config key {', '.join(hints)}; allowed here: {', '.join(allowed)}"
     elif err.validator == "anyOf" and err.context and all(e.validator == "required" for e in err.context):
         # alternatives of required keys (a training scale: `base`, or every key)
         branches: dict = {}
         for e in err.context:
             branches.setdefault(e.schema_path[0], []).append(repr(e.message.split("'")[1]))
-        what = f"config key {where}: set " + ", or ".join(f"{' and '.join(keys)}" if len(keys) < 4 else f"every key (missing: {', '.join(keys)})" for keys in branches.values())
+        what = f"config key {where}: set " + ", or ".join(
+            f"{' and '.join(keys)}" if len(keys) < 4 else f"every key (missing: {', '.join(keys)})"
+            for keys in branches.values()
+        )
     elif err.validator == "oneOf" and err.context:
         # alternatives of one value ('auto' or a positive integer): name them, not the schema
         what = f"config key {where}: {err.instance!r} is not {' or '.join(_describe(b) for b in err.validator_value)}"
@@ -62,7 +83,9 @@ def _describe(branch: dict) -> str:
         return repr(branch["const"])
     if "enum" in branch:
         return " or ".join(repr(x) for x in branch["enum"])
-    kind = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false"}.get(branch.get("type"), str(branch.get("type", "a value")))
+    kind = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false"}.get(
+        branch.get("type"), str(branch.get("type", "a value"))
+    )
     if "minimum" in branch:
         kind += f" >= {branch['minimum']}"
     return kind
@@ -77,9 +100,14 @@ def resolve_scales(scales: dict) -> dict:
         if base is None:
             return own
         if base not in scales:
-            raise ConfigError(f"config key training.scales.{name}.base: {base!r} is not a scale of training.scales ({', '.join(scales)})")
+            raise ConfigError(
+                f"config key training.scales.{name}.base: {base!r} is not a scale of training.scales "
+                f"({', '.join(scales)})"
+            )
         if base in chain:
-            raise ConfigError(f"config key training.scales.{name}.base: the bases form a cycle ({' -> '.join((*chain, name, base))})")
+            raise ConfigError(
+                f"config key training.scales.{name}.base: the bases form a cycle ({' -> '.join((*chain, name, base))})"
+            )
         return {**resolve(base, (*chain, name)), **own}
 
     return {name: resolve(name, ()) for name in scales}
@@ -114,8 +142,13 @@ def _training_problems(config: dict) -> Iterator[str]:
             )
             continue
         sc, root = scales[scale], scales[scale]["imagenet_root"]
-        if sc["dataset"] == "imagenet" and (root is None or not all(os.path.isdir(os.path.join(root, s)) for s in ("train", "val"))):
-            yield f"config key training.scales.{scale}.imagenet_root: {root} must hold train/ and val/ class folders (ImageNet-1k) for run {run}"
+        if sc["dataset"] == "imagenet" and (
+            root is None or not all(os.path.isdir(os.path.join(root, s)) for s in ("train", "val"))
+        ):
+            yield (
+                f"config key training.scales.{scale}.imagenet_root: {root} must hold train/ and val/ class "
+                f"folders (ImageNet-1k) for run {run}"
+            )
         try:
             scale_tokens(sc)
         except ValueError as exc:
@@ -150,7 +183,10 @@ def image_count_error(config: dict, n: int) -> str | None:
     if not os.path.isdir(root) or n <= (available := len(list_images(root, layout))):
         return None
     keys = " / ".join(k for k in IMAGE_COUNT_KEYS if config[k.split(".")[0]]["n_images"] == n) or "vision.n_images"
-    return f"config key {keys}: {n} images requested, but {root} holds {available}; lower {keys} or set vision.imagenet_val_dir to a larger image set"
+    return (
+        f"config key {keys}: {n} images requested, but {root} holds {available}; lower {keys} or set "
+        "vision.imagenet_val_dir to a larger image set"
+    )
 
 
 def _checksum_problems(config: dict, checked: dict[str, str]) -> Iterator[str]:
@@ -187,7 +223,9 @@ def checked_config(config: dict, schema_path: str | os.PathLike, *, main_process
     try:
         validate(config, str(schema_path))
     except WorkflowError:
-        message = schema_error_message(config, yaml.safe_load(Path(schema_path).read_text()), "workflow/schemas/config.schema.yaml")
+        message = schema_error_message(
+            config, yaml.safe_load(Path(schema_path).read_text()), "workflow/schemas/config.schema.yaml"
+        )
         if message is None:
             raise
         raise ConfigError(message) from None
@@ -202,27 +240,44 @@ def check_config(config: dict, *, main_process: bool = True, checksums_done: dic
     Raises:
         ConfigError: every problem found, one line each.
     """
-    if problems := list(dict.fromkeys(_problems(config, main_process, {} if checksums_done is None else checksums_done))):
+    if problems := list(
+        dict.fromkeys(_problems(config, main_process, {} if checksums_done is None else checksums_done))
+    ):
         raise ConfigError("\n".join(problems))
 
 
 def _problems(config: dict, main_process: bool, checksums_done: dict[str, str]) -> Iterator[str]:
     vision, text, decoders = config["vision"], config["text"], config["decoders"]
     for key in [*vision["model_kwargs"], *config["checksums"]]:
-        if key not in vision["models"] and key not in text["models"] and key not in decoders["models"] and key != config["figure3"]["model"]:
-            yield f"config keys vision.model_kwargs / checksums: {key!r} is not in vision.models, text.models, decoders.models or figure3.model"
+        if (
+            key not in vision["models"]
+            and key not in text["models"]
+            and key not in decoders["models"]
+            and key != config["figure3"]["model"]
+        ):
+            yield (
+                f"config keys vision.model_kwargs / checksums: {key!r} is not in vision.models, text.models, "
+                "decoders.models or figure3.model"
+            )
     if vision["models"] and vision["shards"] > vision["n_images"]:
-        yield f"config key vision.shards: {vision['shards']} shards for {vision['n_images']} images (vision.n_images); use at most one shard per image"
+        yield (
+            f"config key vision.shards: {vision['shards']} shards for {vision['n_images']} images "
+            "(vision.n_images); use at most one shard per image"
+        )
     published = config["comparison"]["published_tables"]
     # "builtin" is kpca_repro.analysis.comparison.BUILTIN, the copy shipped in the package (not imported:
     # comparison imports pandas, and these checks run at every parse)
     if published is not None and published != "builtin" and not os.path.isdir(published):
         yield (
-            f"config key comparison.published_tables: {published} is not a directory; point it at a directory of the paper's published tables as CSV, "
+            f"config key comparison.published_tables: {published} is not a directory; point it at a directory of the "
+            "paper's published tables as CSV, "
             "set it to builtin (the copy shipped with kpca_repro, the default) or to null (no comparison)"
         )
     if text["shards"] > text["n_rows"]:
-        yield f"config key text.shards: {text['shards']} shards for {text['n_rows']} rows (text.n_rows); use at most one shard per row"
+        yield (
+            f"config key text.shards: {text['shards']} shards for {text['n_rows']} rows (text.n_rows); use at "
+            "most one shard per row"
+        )
     for section in ("text", "decoders"):
         for model_id, spec in config[section]["local_models"].items():
             if model_id in config[section]["models"]:
@@ -231,12 +286,18 @@ def _problems(config: dict, main_process: bool, checksums_done: dict[str, str]) 
                 except MissingModelError as exc:
                     yield f"config key {section}.local_models[{model_id}]: {exc}"
     for model_id in set(text["models"]) & set(decoders["models"]):
-        yield f"config keys text.models / decoders.models: {model_id!r} is in both; an encoder belongs in text.models, a decoder in decoders.models"
+        yield (
+            f"config keys text.models / decoders.models: {model_id!r} is in both; an encoder belongs in "
+            "text.models, a decoder in decoders.models"
+        )
     root = vision["imagenet_val_dir"]
     if root is not None and not os.path.isdir(root):
         yield f"config key vision.imagenet_val_dir: {root} is not a directory"
     elif root is not None and not any(e.is_dir() for e in os.scandir(root)):
-        yield f"config key vision.imagenet_val_dir: {root} has no class folders; expected <dir>/<wnid>/*.JPEG (the ImageNet validation set sorted into class folders)"
+        yield (
+            f"config key vision.imagenet_val_dir: {root} has no class folders; expected <dir>/<wnid>/*.JPEG (the "
+            "ImageNet validation set sorted into class folders)"
+        )
     if main_process:
         yield from _checksum_problems(config, checksums_done)
     yield from _training_problems(config)
@@ -249,4 +310,6 @@ def _problems(config: dict, main_process: bool, checksums_done: dict[str, str]) 
             yield str(exc)
     for i, model in enumerate(config["figure5"]["models"] or []):
         if model not in text["models"]:
-            yield f"config key figure5.models[{i}]: {model!r} is not in text.models (its extraction is configured there)"
+            yield (
+                f"config key figure5.models[{i}]: {model!r} is not in text.models (its extraction is configured there)"
+            )

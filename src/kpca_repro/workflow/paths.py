@@ -12,7 +12,8 @@ Layout (docs/internals.md):
 * ``<records>.csv-metadata.json`` beside each records CSV: its column metadata (rule records_metadata);
 * ``results/table<t><suffix>.csv|.md``, ``results/figure<f><suffix>.pdf`` (the variant's
   suffix, :mod:`kpca_repro.method.variant`: ``""`` paper, ``_corrected`` corrected),
-  ``results/html/<table><suffix>.html`` (the page ``snakemake --report`` shows, written with the CSV), ``results/paper_comparison.csv``.
+  ``results/html/<table><suffix>.html`` (the page ``snakemake --report`` shows, written with the CSV),
+  ``results/paper_comparison.csv``.
 
 The default targets (rule ``all``): every table of :data:`kpca_repro.analysis.tables.TABLES`
 whose models are configured, and what the rule files register next to the rules that build
@@ -28,8 +29,28 @@ from kpca_repro.inputs.model_info import model_id_from_slug, model_slug
 from kpca_repro.method.variant import CORRECTED, PAPER
 from kpca_repro.method.variant import get as get_variant
 
-__all__ = ["has_models", "has_vision", "default_target", "table_inputs", "model_slug", "model_id_from_slug", "vision_shards", "text_shards"]
-__all__ += ["heads_files", "spectra_files", "text_stage_files", "decoder_prefix_files", "norm_activations", "comparison_tables", "all_targets", "user_models", "user_files", "user_spectra_files"]
+__all__ = [
+    "has_models",
+    "has_vision",
+    "default_target",
+    "table_inputs",
+    "model_slug",
+    "model_id_from_slug",
+    "vision_shards",
+    "text_shards",
+]
+__all__ += [
+    "heads_files",
+    "spectra_files",
+    "text_stage_files",
+    "decoder_prefix_files",
+    "norm_activations",
+    "comparison_tables",
+    "all_targets",
+    "user_models",
+    "user_files",
+    "user_spectra_files",
+]
 
 #: Patterns -> when of every :func:`default_target` call, in the order of the calls.
 _TARGETS: dict[tuple[str, ...], Callable[[dict], bool] | None] = {}
@@ -45,8 +66,8 @@ def default_target(*patterns: str, when: Callable[[dict], bool] | None = None) -
 
 
 def vision_shards(config: dict, n_images: int | None = None) -> list[str]:
-    """Shard labels ``"<i>of<S>"`` of a vision sample: ``vision.shards``, at most one per image of a sample of ``n_images``
-    (Tables 2-3 draw ``spectra.n_images``, which may be fewer than the shards of Table 1's sample)."""
+    """Shard labels ``"<i>of<S>"`` of a vision sample: ``vision.shards``, at most one per image of a sample of
+    ``n_images`` (Tables 2-3 draw ``spectra.n_images``, which may be fewer than the shards of Table 1's sample)."""
     shards = config["vision"]["shards"] if n_images is None else min(config["vision"]["shards"], n_images)
     return [f"{i}of{shards}" for i in range(shards)]
 
@@ -67,18 +88,26 @@ def spectra_files(config: dict, variant: str, model: str, keys: str | list[str])
     ``keys``: ``"standardized"``, ``"raw"`` or a list of them."""
     n = config["spectra"]["n_images"]
     keys = [keys] if isinstance(keys, str) else list(keys)
-    return [f"results/spectra/{variant}/{model}/vision_{n}_{shard}_{keyset}.csv" for shard in vision_shards(config, n) for keyset in keys]
+    return [
+        f"results/spectra/{variant}/{model}/vision_{n}_{shard}_{keyset}.csv"
+        for shard in vision_shards(config, n)
+        for keyset in keys
+    ]
 
 
 def text_stage_files(config: dict, model_id: str, ext: str = "h5", variant: str | None = None) -> list[str]:
     """Activation files (``ext`` h5) or per-head records (csv/json, with ``variant``) of one
     language model on the Table 4 sample, all shards."""
     prefix = "results/activations" if ext == "h5" else f"results/heads/{variant}"
-    return [f"{prefix}/{model_slug(model_id)}/text_{config['text']['n_rows']}_{shard}.{ext}" for shard in text_shards(config)]
+    return [
+        f"{prefix}/{model_slug(model_id)}/text_{config['text']['n_rows']}_{shard}.{ext}"
+        for shard in text_shards(config)
+    ]
 
 
 def has_models(config: dict, domain: str) -> bool:
-    """A model of ``domain`` (``vision``, ``text`` or ``decoders``) to analyse: ``<domain>.models`` or an ``activations:`` entry of that kind."""
+    """A model of ``domain`` (``vision``, ``text`` or ``decoders``) to analyse: ``<domain>.models`` or an
+    ``activations:`` entry of that kind."""
     return bool(config[domain]["models"] or user_models(config, domain))
 
 
@@ -88,7 +117,8 @@ def has_vision(config: dict) -> bool:
 
 
 def user_models(config: dict, kind: str | None = None) -> list[str]:
-    """Names of the ``activations:`` entries (docs/activations.md), those of ``kind`` (``vision`` or ``text``) when given."""
+    """Names of the ``activations:`` entries (docs/activations.md), those of ``kind`` (``vision`` or ``text``) when
+    given."""
     return [name for name, entry in config.get("activations", {}).items() if kind is None or entry["kind"] == kind]
 
 
@@ -104,7 +134,11 @@ def user_files(config: dict, name: str, ext: str = "h5", variant: str | None = N
 def user_spectra_files(config: dict, variant: str, name: str, keys: str | list[str]) -> list[str]:
     """Eigenvalue records of a user model (Tables 2 and 3): every installed file, each key set."""
     keys = [keys] if isinstance(keys, str) else list(keys)
-    return [f.replace("results/activations/", f"results/spectra/{variant}/").replace(".h5", f"_{keyset}.csv") for f in user_files(config, name) for keyset in keys]
+    return [
+        f.replace("results/activations/", f"results/spectra/{variant}/").replace(".h5", f"_{keyset}.csv")
+        for f in user_files(config, name)
+        for keyset in keys
+    ]
 
 
 def decoder_prefix_files(config: dict, variant: str, model_id: str, prefix: int | str, ext: str = "csv") -> list[str]:
@@ -129,14 +163,20 @@ def norm_activations(config: dict, domain: str, variant: str, model: str) -> lis
     if domain == "vision":
         if variant == PAPER.name:
             return [f"results/activations/{model}/vision_{config['figure2']['n_images']}_0of1.h5"]
-        return [f"results/activations/{model}/vision_{config['vision']['n_images']}_{shard}.h5" for shard in vision_shards(config)]
-    if variant == PAPER.name and domain == "text":  # a decoder reads Table 4's rows in both variants (docs/method.md 16)
+        return [
+            f"results/activations/{model}/vision_{config['vision']['n_images']}_{shard}.h5"
+            for shard in vision_shards(config)
+        ]
+    if (
+        variant == PAPER.name and domain == "text"
+    ):  # a decoder reads Table 4's rows in both variants (docs/method.md 16)
         return [f"results/activations/{model}/text_sentences_0of1.h5"]
     return [f"results/activations/{model}/text_{config['text']['n_rows']}_{shard}.h5" for shard in text_shards(config)]
 
 
 def table_inputs(config: dict, table: Table, variant: str) -> dict[str, list[str]]:
-    """The input files of rule ``table`` for ``table`` (an entry of :data:`~kpca_repro.analysis.tables.TABLES`) and ``variant``.
+    """The input files of rule ``table`` for ``table`` (an entry of :data:`~kpca_repro.analysis.tables.TABLES`) and
+    ``variant``.
 
     Every model of the table's domain (``<domain>.models``, then the ``activations:`` entries of
     that kind), all shards, in the order the table's rows take: ``records``, the eigenvalue
@@ -148,13 +188,23 @@ def table_inputs(config: dict, table: Table, variant: str) -> dict[str, list[str
     """
     models, users = config[table.domain]["models"], user_models(config, table.domain)
     if table.keys:
-        records = [f for m in models for f in spectra_files(config, variant, m, table.keys)] + [f for u in users for f in user_spectra_files(config, variant, u, table.keys)]
+        records = [f for m in models for f in spectra_files(config, variant, m, table.keys)] + [
+            f for u in users for f in user_spectra_files(config, variant, u, table.keys)
+        ]
         return {"records": records, "columns": [f"{f}-metadata.json" for f in records]}
 
     def records(model: str, ext: str) -> list[str]:
-        return heads_files(config, variant, model, ext) if table.domain == "vision" else text_stage_files(config, model, ext, variant)
+        return (
+            heads_files(config, variant, model, ext)
+            if table.domain == "vision"
+            else text_stage_files(config, model, ext, variant)
+        )
 
-    files = {key: [f for m in models for f in records(m, ext)] + [f for u in users for f in user_files(config, u, ext, variant)] for key, ext in (("heads", "csv"), ("meta", "json"))}
+    files = {
+        key: [f for m in models for f in records(m, ext)]
+        + [f for u in users for f in user_files(config, u, ext, variant)]
+        for key, ext in (("heads", "csv"), ("meta", "json"))
+    }
     if get_variant(variant).sign_draws:
         files["signs"] = [f.replace(".csv", "_signs.h5") for f in files["heads"]]
     files["columns"] = [f"{f}-metadata.json" for f in files["heads"]]
@@ -162,9 +212,14 @@ def table_inputs(config: dict, table: Table, variant: str) -> dict[str, list[str
 
 
 def comparison_tables(config: dict) -> dict[str, tuple[str, str | None]]:
-    """Table name -> (paper-variant CSV, corrected CSV or None) of the tables compared with the paper that this run builds."""
+    """Table name -> (paper-variant CSV, corrected CSV or None) of the tables compared with the paper that this run
+    builds."""
     corrected = CORRECTED.name in config["variants"]
-    return {t.name: (f"results/{t.name}.csv", CORRECTED.output(f"results/{t.name}", "csv") if corrected else None) for t in TABLES.values() if t.published and has_models(config, t.domain)}
+    return {
+        t.name: (f"results/{t.name}.csv", CORRECTED.output(f"results/{t.name}", "csv") if corrected else None)
+        for t in TABLES.values()
+        if t.published and has_models(config, t.domain)
+    }
 
 
 def all_targets(config: dict) -> list[str]:
@@ -172,8 +227,18 @@ def all_targets(config: dict) -> list[str]:
     page, CSV and Markdown per configured variant), then the :func:`default_target` patterns of the
     rule files, in their order."""
     suffixes = [get_variant(v).suffix for v in config["variants"]]
-    targets = [f"results/{p}" for t in TABLES.values() if has_models(config, t.domain) for s in suffixes for p in (f"html/{t.name}{s}.html", f"{t.name}{s}.csv", f"{t.name}{s}.md")]
+    targets = [
+        f"results/{p}"
+        for t in TABLES.values()
+        if has_models(config, t.domain)
+        for s in suffixes
+        for p in (f"html/{t.name}{s}.html", f"{t.name}{s}.csv", f"{t.name}{s}.md")
+    ]
     for patterns, when in _TARGETS.items():
         if when is None or when(config):
-            targets += [p.format(suffix=s) for s in (suffixes if any("{suffix}" in p for p in patterns) else [""]) for p in patterns]
+            targets += [
+                p.format(suffix=s)
+                for s in (suffixes if any("{suffix}" in p for p in patterns) else [""])
+                for p in patterns
+            ]
     return targets
