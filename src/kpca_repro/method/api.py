@@ -20,12 +20,12 @@ from kpca_repro.method.job import KpcaJob
 __all__ = ["analyze_heads", "analyze_file", "HeadArrays", "KpcaJob"]
 
 
-def _check_capture(q, k4: np.ndarray, v4: np.ndarray, h, mask: np.ndarray | None, layer: int, tolerance: float | None, causal: bool = False, kv: np.ndarray | None = None) -> None:
-    """The capture invariant (docs/method.md 0.1) on in-memory tensors: ``h`` must equal ``softmax(s q k^T + mask) v``.
+def _check_capture(heads: HeadArrays, tolerance: float | None) -> None:
+    """The capture invariant (docs/method.md 0.1) on in-memory heads: ``h`` must equal ``softmax(s q k^T + mask) v``.
 
-    ``k4``, ``v4``: float32 ``(B, H_kv, N, d)``; ``q``, ``h`` (``(B, H, N, d)``) in any form
-    float32 ``(B, H, N, d)``; ``mask``: int64 ``(B, N)`` or None; ``causal``: keys ``j <= i`` only;
-    ``kv``: ``(H,)`` the KV head of each query head (None: ``H_kv = H``, the identity);
+    ``heads.k``, ``heads.v``: float32 ``(B, H_kv, N, d)``; ``heads.q``, ``heads.h`` float32
+    ``(B, H, N, d)``; the mask int64 ``(B, N)`` or None; causal: keys ``j <= i`` only;
+    ``kv_head_of_query``: ``(H,)`` the KV head of each query head (None: ``H_kv = H``);
     ``s = 1/sqrt(d)``; relative error ``max |h - h_hat| / max |v|`` at most ``tolerance`` (default
     :data:`kpca_repro.activations.INVARIANT_RTOL`), recomputed in float64.
 
@@ -35,21 +35,32 @@ def _check_capture(q, k4: np.ndarray, v4: np.ndarray, h, mask: np.ndarray | None
     """
     from kpca_repro.activations import INVARIANT_RTOL, attention_mask_matrix, check_attention_invariant
 
-    if q is None:
+    q4, k4, v4, h4, kv, mask = heads.q, heads.k, heads.v, heads.h, heads.kv_head_of_query, heads.attention_mask
+    if q4 is None:
         raise ValueError("h is given but q is None: the invariant needs q")
-    q4, h4 = q, h
     n_kv = q4.shape[1] if kv is None else k4.shape[1]
     if k4.shape != (q4.shape[0], n_kv, *q4.shape[2:]) or h4.shape != q4.shape:
-        raise ValueError(f"q, k, v, h must have one shape (k and v with the KV heads); got {q4.shape}, {k4.shape}, {v4.shape}, {h4.shape}")
+        shapes = f"{q4.shape}, {k4.shape}, {v4.shape}, {h4.shape}"
+        raise ValueError(f"q, k, v, h must have one shape (k and v with the KV heads); got {shapes}")
     n_tokens, d = k4.shape[2:]
-    allowed = attention_mask_matrix(n_tokens, key_mask=mask, causal=causal)
     check_attention_invariant(
-        "analyze_heads", layer, q4, k4, v4, h4, scale=1.0 / math.sqrt(d), allowed=allowed, query_mask=mask, kv_head_of_query=kv, tolerance=INVARIANT_RTOL if tolerance is None else tolerance
+        "analyze_heads",
+        heads.layer,
+        q4,
+        k4,
+        v4,
+        h4,
+        scale=1.0 / math.sqrt(d),
+        allowed=attention_mask_matrix(n_tokens, key_mask=mask, causal=heads.causal),
+        query_mask=mask,
+        kv_head_of_query=kv,
+        tolerance=INVARIANT_RTOL if tolerance is None else tolerance,
     )
 
 
 def _check_token_counts(heads: HeadArrays, excluded: bool) -> None:
-    """Refuse heads with fewer than :data:`kpca_repro.method.heads.MIN_TOKENS` analysed tokens (the full-prefix reading).
+    """Refuse heads with fewer than :data:`kpca_repro.method.heads.MIN_TOKENS` analysed tokens (the
+    full-prefix reading).
 
     ``excluded``: each input's real tokens are analysed (the mask's counts); else all ``N``.
 
@@ -63,12 +74,17 @@ def _check_token_counts(heads: HeadArrays, excluded: bool) -> None:
         if short.size:
             i, n = int(short[0]), int(lengths[short[0]])
             such = f"{short.size} such input{'s' * (short.size > 1)}"
-            raise ValueError(f"attention_mask: input {i} has {n} real token{'s' * (n != 1)} ({such}); leave it out: {FEW_TOKENS_REASON}")
+            has = f"input {i} has {n} real token{'s' * (n != 1)} ({such})"
+            raise ValueError(f"attention_mask: {has}; leave it out: {FEW_TOKENS_REASON}")
     elif too_few_tokens(n_tokens):
         raise ValueError(f"k: N = {n_tokens} token{'s' * (n_tokens != 1)} per head; {FEW_TOKENS_REASON}")
 
 
-def analyze_heads(heads: HeadArrays, job: KpcaJob | str | None = None, tolerance: float | None = None) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+def analyze_heads(
+    heads: HeadArrays,
+    job: KpcaJob | str | None = None,
+    tolerance: float | None = None,
+) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Per-head KPCA metrics of one or many attention heads held in memory, in either variant (docs/method.md).
 
     The heads' arrays (:class:`~kpca_repro.method.heads.HeadArrays`: ``q, k, v, h``, the mask,
@@ -137,13 +153,15 @@ def analyze_heads(heads: HeadArrays, job: KpcaJob | str | None = None, tolerance
 
     job = KpcaJob.of(job)
     if job.prefix is not None and not heads.causal:
-        raise ValueError(f"prefix={job.prefix}: the prefix profile is of causal heads; pass causal=True (a decoder's heads)")
+        fix = "pass causal=True (a decoder's heads)"
+        raise ValueError(f"prefix={job.prefix}: the prefix profile is of causal heads; {fix}")
     if job.prefix is None:  # a prefix profile leaves out the inputs shorter than P
-        _check_token_counts(heads, excluded=job.variant.reading(text=heads.text, causal=heads.causal).text_padding == "excluded")
+        reading = job.variant.reading(text=heads.text, causal=heads.causal)
+        _check_token_counts(heads, excluded=reading.text_padding == "excluded")
     if heads.h is not None:
         if heads.half_precision is not None and tolerance is None:
             raise ValueError(heads.half_precision)
-        _check_capture(heads.q, heads.k, heads.v, heads.h, heads.attention_mask, heads.layer, tolerance, heads.causal, heads.kv_head_of_query)
+        _check_capture(heads, tolerance)
     records, _, draws = kpca_records(heads, job)
     return records.drop(columns="model"), draws
 

@@ -69,7 +69,8 @@ def check_prefix(prefix) -> None:
         return
     if isinstance(prefix, (bool, np.bool_)) or not isinstance(prefix, (int, np.integer)):
         kind = type(prefix).__name__
-        raise TypeError(f"prefix={prefix!r}: the prefix length P is a number of real tokens and must be an integer, not {kind}")
+        what = "the prefix length P is a number of real tokens and must be an integer"
+        raise TypeError(f"prefix={prefix!r}: {what}, not {kind}")
     if prefix < MIN_TOKENS:
         raise ValueError(f"prefix={prefix}: P must be at least {MIN_TOKENS}; {FEW_TOKENS_REASON}")
 
@@ -95,7 +96,15 @@ def projection_test_wanted(variant: Variant, causal: bool) -> bool:
     return variant.controls or causal
 
 
-def _equal_length_groups(af, t: dict[str, np.ndarray], variant: str | Variant, layer: int, seed: int, transposed: bool, prefix: int | None = None):
+def _equal_length_groups(
+    af,
+    t: dict[str, np.ndarray],
+    variant: str | Variant,
+    layer: int,
+    seed: int,
+    transposed: bool,
+    prefix: int | None = None,
+):
     """Heads of one layer in groups with a common token count ``N``.
 
     ``af``: a :class:`HeadSource` or an :class:`~kpca_repro.activations.ActivationFile` (its
@@ -149,7 +158,8 @@ def _equal_length_groups(af, t: dict[str, np.ndarray], variant: str | Variant, l
 
 
 def _transposed_group(k: np.ndarray, v: np.ndarray) -> tuple:
-    """Longformer as the reference reads it (:func:`_equal_length_groups`): the ``B`` inputs at one position per head."""
+    """Longformer as the reference reads it (:func:`_equal_length_groups`): the ``B`` inputs at one
+    position per head."""
     n_heads = k.shape[1]
     k, v = k.transpose(2, 1, 0, 3), v.transpose(2, 1, 0, 3)
     n_pos = k.shape[0]
@@ -166,8 +176,15 @@ def _transposed_group(k: np.ndarray, v: np.ndarray) -> tuple:
     )
 
 
-def _real_token_groups(af, t: dict[str, np.ndarray], group: np.ndarray | None, prefix: int | None, base) -> Iterator[tuple]:
-    """Each input's real tokens (or first ``prefix`` of them), inputs of one length per group (:func:`_equal_length_groups`)."""
+def _real_token_groups(
+    af,
+    t: dict[str, np.ndarray],
+    group: np.ndarray | None,
+    prefix: int | None,
+    base,
+) -> Iterator[tuple]:
+    """Each input's real tokens (or first ``prefix`` of them), inputs of one length per group
+    (:func:`_equal_length_groups`)."""
     k, v = t["k"], t["v"]
     n_in, n_heads = k.shape[:2]
     causal = bool(getattr(af, "causal", False))
@@ -184,7 +201,11 @@ def _real_token_groups(af, t: dict[str, np.ndarray], group: np.ndarray | None, p
         # the queries tested (docs/method.md 17.3): every real token of an encoder's row; the
         # last real token of a causal prefix, the one query whose key set is the whole prefix
         queries = [np.flatnonzero(mask[i])[-1:] if causal else np.flatnonzero(mask[i]) for i in sel]
-        tested = (None if group is None else torch.from_numpy(np.stack([t[name][i][group][..., at, :] for i, at in zip(sel, queries)])).flatten(0, 1) for name in ("q", "h"))
+        tested = [None, None]
+        if group is not None:
+            for j, name in enumerate(("q", "h")):
+                rows = [t[name][i][group][..., at, :] for i, at in zip(sel, queries)]
+                tested[j] = torch.from_numpy(np.stack(rows)).flatten(0, 1)
         yield (
             torch.from_numpy(kk).reshape(-1, n, kk.shape[-1]),
             torch.from_numpy(vv).reshape(-1, n, vv.shape[-1]),
@@ -218,7 +239,13 @@ def _chunked(groups: Iterator[tuple], layer: int, heads_per_chunk: int) -> Itera
             yield (layer, *(None if x is None else x[lo : lo + heads_per_chunk] for x in group))
 
 
-def layer_chunks(af, layers: Sequence[int], heads_per_chunk: int, names: tuple[str, ...] = ("k", "v"), interleave: bool = False) -> Iterator[tuple[int, np.ndarray, dict[str, torch.Tensor]]]:
+def layer_chunks(
+    af,
+    layers: Sequence[int],
+    heads_per_chunk: int,
+    names: tuple[str, ...] = ("k", "v"),
+    interleave: bool = False,
+) -> Iterator[tuple[int, np.ndarray, dict[str, torch.Tensor]]]:
     """Stream an activation file (or any :class:`HeadSource`) as chunks of at most ``max(heads_per_chunk, H)`` heads.
 
     Reads each layer in blocks of ``max(1, heads_per_chunk // H)`` images (``H``: ``af.n_kv_heads``),
@@ -248,7 +275,8 @@ def layer_chunks(af, layers: Sequence[int], heads_per_chunk: int, names: tuple[s
 
 
 class HeadSource:
-    """The heads of one job with their masks: an activation file (:class:`FileHeads`) or arrays in memory (:class:`HeadArrays`).
+    """The heads of one job with their masks: an activation file (:class:`FileHeads`) or arrays in
+    memory (:class:`HeadArrays`).
 
     Every source sets: ``name`` (str, for messages), ``model_id`` (str), ``attention_mask`` (int
     ``(B, N)``, 1 = real token, or None: every token real), ``causal`` (bool: query ``i`` attends
@@ -273,7 +301,8 @@ class HeadSource:
     sequence_first: bool = False
 
     def read(self, layer: int, names: tuple[str, ...], images: slice | None = None) -> dict[str, np.ndarray]:
-        """Float32 arrays ``(B, heads, N, d)`` of ``layer`` (``images``: a slice of the inputs), those of ``names`` it holds."""
+        """Float32 arrays ``(B, heads, N, d)`` of ``layer`` (``images``: a slice of the inputs), those
+        of ``names`` it holds."""
         raise NotImplementedError
 
     def describe(self) -> dict:
@@ -291,7 +320,16 @@ class HeadSource:
             return self.attention_mask.sum(axis=1)
         return np.full(len(self.sample_rank), self.n_tokens)
 
-    def chunks(self, variant: Variant, layers: list[int], heads_per_chunk: int, seed: int, transposed: bool, interleave: bool, prefix: int | None) -> Iterator[tuple[tuple, tuple]]:
+    def chunks(
+        self,
+        variant: Variant,
+        layers: list[int],
+        heads_per_chunk: int,
+        seed: int,
+        transposed: bool,
+        interleave: bool,
+        prefix: int | None,
+    ) -> Iterator[tuple[tuple, tuple]]:
         """``(position, (layer, k, v, sample_rank, dataset_index, head, baseline or None, q, h))`` per chunk.
 
         ``position`` orders the records (layer by layer) whatever order the chunks come in.
@@ -315,7 +353,7 @@ class HeadSource:
                 position += 1
                 yield (position,), chunk
 
-    def _vision_chunks(self, variant: Variant, layers: list[int], heads_per_chunk: int, seed: int, names, interleave: bool):
+    def _vision_chunks(self, variant: Variant, layers: list[int], heads_per_chunk: int, seed: int, names, interleave):
         """:meth:`chunks` of vision heads, streamed by :func:`layer_chunks`."""
         n_heads = self.n_kv_heads
         for layer, flat, t in layer_chunks(self, layers, heads_per_chunk, names=names, interleave=interleave):
@@ -326,8 +364,8 @@ class HeadSource:
                 noise = {int(i): baseline_noise(seed, self.dataset_index[i], layer, shape) for i in np.unique(images)}
                 base = torch.stack([noise[int(f // n_heads)][f % n_heads] for f in flat])
             queries = tuple(t[name][:, None] for name in ("q", "h")) if "q" in t else (None, None)
-            index = (layer, t["k"], t["v"], self.sample_rank[images], self.dataset_index[images], flat % n_heads, base, *queries)
-            yield (layers.index(layer), int(flat[0])), index
+            ids = (self.sample_rank[images], self.dataset_index[images], flat % n_heads)
+            yield (layers.index(layer), int(flat[0])), (layer, t["k"], t["v"], *ids, base, *queries)
 
 
 class FileHeads(HeadSource):
@@ -344,9 +382,11 @@ class FileHeads(HeadSource):
         self.file = af
         self.name = str(af.path) if name is None else name
         self.model_id = str(af.attrs["model_id"])
-        self.attention_mask, self.causal, self.kv_head_of_query = af.attention_mask, bool(af.causal), af.kv_head_of_query
+        self.attention_mask, self.causal = af.attention_mask, bool(af.causal)
+        self.kv_head_of_query = af.kv_head_of_query
         self.sample_rank, self.dataset_index = af.sample_rank, af.dataset_index
-        self.n_heads, self.n_kv_heads, self.n_tokens = int(af.attrs["n_heads"]), int(af.n_kv_heads), int(af.attrs["n_tokens"])
+        self.n_heads, self.n_kv_heads = int(af.attrs["n_heads"]), int(af.n_kv_heads)
+        self.n_tokens = int(af.attrs["n_tokens"])
         self.layers = range(af.n_layers)
         self.sequence_first = str(af.attrs.get("hooked_layout", "")) == SEQUENCE_FIRST
 
@@ -355,7 +395,12 @@ class FileHeads(HeadSource):
 
     def describe(self) -> dict:
         attrs = self.file.attrs
-        return {"model_id": self.model_id, "weights_sha256": str(attrs["weights_sha256"]), "shard": int(attrs["shard"]), "n_shards": int(attrs["n_shards"])}
+        return {
+            "model_id": self.model_id,
+            "weights_sha256": str(attrs["weights_sha256"]),
+            "shard": int(attrs["shard"]),
+            "n_shards": int(attrs["n_shards"]),
+        }
 
 
 class HeadArrays(HeadSource):
@@ -382,7 +427,20 @@ class HeadArrays(HeadSource):
             ``dataset_index`` not ``(B,)``; each in one line naming the argument.
     """
 
-    def __init__(self, q, k, v, h=None, *, attention_mask=None, causal=False, kv_head_of_query=None, sample_rank=None, dataset_index=None, layer=0):
+    def __init__(
+        self,
+        q,
+        k,
+        v,
+        h=None,
+        *,
+        attention_mask=None,
+        causal=False,
+        kv_head_of_query=None,
+        sample_rank=None,
+        dataset_index=None,
+        layer=0,
+    ):
         from kpca_repro.activations import half_precision_problem
 
         self.k, self.v = _four_d(k, "k"), _four_d(v, "v")
@@ -396,7 +454,8 @@ class HeadArrays(HeadSource):
         self.kv_head_of_query = _kv_map(kv_head_of_query, None if q is None else self.n_heads, self.n_kv_heads)
         identity = self.kv_head_of_query is None or np.array_equal(self.kv_head_of_query, np.arange(self.n_kv_heads))
         if not identity and not self.causal and attention_mask is None:
-            raise ValueError("kv_head_of_query: grouped-query attention is read for causal heads or with an attention_mask")
+            why = "grouped-query attention is read for causal heads or with an attention_mask"
+            raise ValueError(f"kv_head_of_query: {why}")
         self.attention_mask = None if attention_mask is None else _padding_mask(attention_mask, n_in, self.n_tokens)
         self.sample_rank, self.dataset_index = _input_numbers(sample_rank, dataset_index, n_in)
         self.layer = int(layer)
@@ -426,7 +485,8 @@ def _four_d(x, name: str) -> np.ndarray:
     """
     if hasattr(x, "detach"):
         x = x.detach().cpu()
-        x = (x.float() if str(x.dtype) == "torch.bfloat16" else x).numpy()  # numpy has no bfloat16; float32 holds it exactly
+        # numpy has no bfloat16; float32 holds it exactly
+        x = (x.float() if str(x.dtype) == "torch.bfloat16" else x).numpy()
     a = np.asarray(x)
     if a.dtype.kind != "f":
         raise TypeError(f"{name} must be a floating-point array, got dtype {a.dtype}")
@@ -460,12 +520,14 @@ def _kv_map(kv_head_of_query, n_heads: int | None, n_kv_heads: int) -> np.ndarra
     """
     if kv_head_of_query is None:
         if n_heads is not None and n_heads != n_kv_heads:
-            raise ValueError(f"q has {n_heads} heads and k {n_kv_heads}: give kv_head_of_query (grouped-query attention)")
+            fix = "give kv_head_of_query (grouped-query attention)"
+            raise ValueError(f"q has {n_heads} heads and k {n_kv_heads}: {fix}")
         return None
     kv = np.asarray(kv_head_of_query, dtype=np.int64)
     wrong_shape = kv.ndim != 1 or (n_heads is not None and kv.shape != (n_heads,))
     if wrong_shape or kv.min(initial=0) < 0 or kv.max(initial=0) >= n_kv_heads:
-        raise ValueError(f"kv_head_of_query must be ({n_heads},) KV-head indices in [0, {n_kv_heads}), got {kv_head_of_query!r}")
+        want = f"({n_heads},) KV-head indices in [0, {n_kv_heads})"
+        raise ValueError(f"kv_head_of_query must be {want}, got {kv_head_of_query!r}")
     return kv
 
 

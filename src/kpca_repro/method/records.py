@@ -181,7 +181,13 @@ def _parts_from_arrays(arrays: dict[str, np.ndarray]) -> list[tuple]:
     return parts
 
 
-def _records_meta(source: HeadSource, reading: _Reading, placement: Placement, caller_threads: int, prefix: int | None) -> dict:
+def _records_meta(
+    source: HeadSource,
+    reading: _Reading,
+    placement: Placement,
+    caller_threads: int,
+    prefix: int | None,
+) -> dict:
     """The metadata of one source's records: the source's own (:meth:`~kpca_repro.method.heads.HeadSource.describe`:
     model id and, for a file, weights SHA-256 and shard), number of inputs, variant, placement.
 
@@ -228,7 +234,8 @@ def _gathered_draws(draw_parts: list[dict[str, np.ndarray]], floor: RunningFloor
     draws = prune_below_floor(joined, floor.value if floor is not None else np.nan)
     if floor is None:
         return draws, {}
-    return draws, {"matched_draws_floor": float(floor.value), "matched_draws_computed": int(np.isfinite(draws[OPTIMAL_COS_MEAN]).sum())}
+    computed = int(np.isfinite(draws[OPTIMAL_COS_MEAN]).sum())
+    return draws, {"matched_draws_floor": float(floor.value), "matched_draws_computed": computed}
 
 
 class _Reading(NamedTuple):
@@ -249,15 +256,18 @@ def _reading(source: HeadSource, job: KpcaJob) -> _Reading:
         ValueError: ``job.prefix`` for heads that are not causal.
     """
     if job.prefix is not None and not source.causal:
-        raise ValueError(f"prefix={job.prefix}: the prefix profile is of causal (decoder) heads; {source.name} holds an encoder's")
+        why = "the prefix profile is of causal (decoder) heads"
+        raise ValueError(f"prefix={job.prefix}: {why}; {source.name} holds an encoder's")
     text = source.text
     variant = job.variant.reading(text, causal=source.causal)
     n_in = len(source.sample_rank)
-    if text and variant.text_padding == "excluded":  # each row's real tokens: rows too short for any kernel PCA are left out
+    # each row's real tokens: rows too short for any kernel PCA are left out
+    if text and variant.text_padding == "excluded":
         lengths = source.real_tokens()
         short = int(too_few_tokens(lengths).sum())
         if short:
-            _LOG.warning("%s: %d of %d rows have fewer than %d real tokens and are left out (%s)", source.name, short, n_in, MIN_TOKENS, FEW_TOKENS_REASON)
+            message = "%s: %d of %d rows have fewer than %d real tokens and are left out (%s)"
+            _LOG.warning(message, source.name, short, n_in, MIN_TOKENS, FEW_TOKENS_REASON)
         n_in = int((lengths >= (MIN_TOKENS if job.prefix is None else job.prefix)).sum())
     transposed = text and variant.text_padding == "included" and source.sequence_first
     layers = list(job.layers if job.layers is not None else source.layers)
@@ -280,7 +290,15 @@ def _analysed_parts(source: HeadSource, job: KpcaJob, reading: _Reading) -> list
 
     variant, floor, placement, store = reading.variant, reading.floor, job.placement, job.store
     interleave = floor is not None
-    chunks = source.chunks(variant, reading.layers, job.heads_per_chunk, job.seed, reading.transposed, interleave, job.prefix)
+    chunks = source.chunks(
+        variant,
+        reading.layers,
+        job.heads_per_chunk,
+        job.seed,
+        reading.transposed,
+        interleave,
+        job.prefix,
+    )
     solve_first = placement.solve_on_main and variant.gram == "exp"
 
     def work(item):
@@ -298,15 +316,18 @@ def _analysed_parts(source: HeadSource, job: KpcaJob, reading: _Reading) -> list
         ):
 
             def finish(index, results, kept=None):
-                """Batch ``index``'s parts: the workers' ``results()`` (then kept in the store) or the ``kept`` ones read back."""
+                """Batch ``index``'s parts: the workers' ``results()`` (then kept in the store) or the
+                ``kept`` ones read back."""
                 if kept is not None:
                     done = _parts_from_arrays(kept)
-                    if floor is not None:  # the floor as it stood after this batch: the rest is computed as without the interrupt
+                    # the floor as it stood after this batch: the rest is computed as without the interrupt
+                    if floor is not None:
                         floor.offer(float(kept["floor"]))
                 else:
                     done = results()
                     if store is not None:
-                        store.save(index, {**_part_arrays(done), "floor": np.array(floor.value if floor is not None else np.nan)})
+                        floor_now = np.array(floor.value if floor is not None else np.nan)
+                        store.save(index, {**_part_arrays(done), "floor": floor_now})
                 parts.extend(done)
                 # heads read back from an interrupted run count as done, not in the rate
                 (bar.update if kept is None else bar.skip)(sum(len(frame) for _, _, frame in done))
@@ -321,7 +342,7 @@ def _analysed_parts(source: HeadSource, job: KpcaJob, reading: _Reading) -> list
                 kept = store.load(index) if store is not None else None
                 solved = None
                 if kept is None:
-                    solved = [solve_heads(c[1].to(placement.device), c[2].shape[-1], variant, placement) if solve_first else None for _, c in batch]
+                    solved = [_solved(c, variant, placement) if solve_first else None for _, c in batch]
                 if running is not None:
                     finish(*running)
                     running = None
@@ -335,11 +356,20 @@ def _analysed_parts(source: HeadSource, job: KpcaJob, reading: _Reading) -> list
         if store is None:
             raise
         heads = sum(len(frame) for _, _, frame in parts)
-        raise JobInterrupted(f"interrupted after {heads:,} of {reading.total:,} heads; rerun the same command to resume") from None
+        done = f"interrupted after {heads:,} of {reading.total:,} heads"
+        raise JobInterrupted(f"{done}; rerun the same command to resume") from None
     return parts
 
 
-def kpca_records(activations: str | os.PathLike | HeadSource, job: KpcaJob | str | None = None) -> tuple[pd.DataFrame, dict, dict[str, np.ndarray]]:
+def _solved(chunk: tuple, variant: Variant, placement: Placement) -> dict[str, torch.Tensor]:
+    """The chunk's Gram matrices, eigenpairs and V_KPCA (:func:`kpca_repro.method.kpca.solve_heads`), on this thread."""
+    return solve_heads(chunk[1].to(placement.device), chunk[2].shape[-1], variant, placement)
+
+
+def kpca_records(
+    activations: str | os.PathLike | HeadSource,
+    job: KpcaJob | str | None = None,
+) -> tuple[pd.DataFrame, dict, dict[str, np.ndarray]]:
     """Per-head records of one head source: every (input, layer, head) through KPCA, as ``job`` says.
 
     ``activations`` is an activation file's path (read as :class:`~kpca_repro.method.heads.FileHeads`)
