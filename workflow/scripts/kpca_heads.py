@@ -31,7 +31,7 @@ job = KpcaJob(
     heads_per_chunk=smk.params.heads_per_chunk,
     seed=smk.params.seed,
     sign_draws=smk.params.sign_draws,  # (0, 0): none (the corrected variant's signs are fixed; the prefix profile)
-    # None: every token; rule kpca_prefix: each row's first P real tokens (a decoder's prefix profile, docs/method.md 16)
+    # None: every token; rule kpca_prefix: each row's first P real tokens (docs/method.md 16)
     prefix=smk.params.prefix,
     progress=True,
 )
@@ -53,8 +53,8 @@ log.info(
     os.environ.get("GOMP_SPINCOUNT", "libgomp's default"),
 )
 if "matched_draws_computed" in meta:
-    kept, floor = meta["matched_draws_computed"], meta["matched_draws_floor"]
-    log.info("matched-cosine draws kept: %d of %d (the others cannot be a replicate maximum: floor %.6f)", kept, draws[OPTIMAL_COS_MEAN].size, floor)
+    kept, floor, drawn = meta["matched_draws_computed"], meta["matched_draws_floor"], draws[OPTIMAL_COS_MEAN].size
+    log.info("matched-cosine draws kept: %d of %d (the others cannot be a replicate maximum: floor %.6f)", kept, drawn, floor)
 with atomic_output(smk.output.heads) as tmp:
     records.to_csv(tmp, index=False)
 with atomic_output(smk.output.signs) as tmp:
