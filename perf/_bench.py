@@ -385,6 +385,7 @@ def _records_child(spec: dict) -> dict:
     import torch
 
     from kpca_repro.method import records
+    from kpca_repro.method.placement import plan
 
     torch.set_num_threads(1)
     eigh_threads = None
@@ -393,9 +394,8 @@ def _records_child(spec: dict) -> dict:
 
         eigh_threads = torch_default_threads()
     t0 = time.perf_counter()
-    out, _ = records.kpca_records(
-        spec["activations"], PAPER, device=torch.device("cpu"), heads_per_chunk=spec["chunk"], layers=spec["layers"], workers=spec["workers"], eigh_threads=eigh_threads, progress=False
-    )
+    place = plan(PAPER, device="cpu", cores=spec["workers"], eigh_threads=eigh_threads)
+    out, _, _ = records.kpca_records(spec["activations"], records.KpcaJob(PAPER, place, heads_per_chunk=spec["chunk"], layers=spec["layers"]))
     res = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "seconds": time.perf_counter() - t0, "heads": len(out)}
     return {**res, "eigh_threads": eigh_threads, "moc": float(out["optimal_cos_mean"].max())}
 

@@ -312,9 +312,9 @@ def job(args) -> dict:
     numerics.linear_sum_assignment = timed("  assignments (all)", numerics.linear_sum_assignment)
     torch.set_num_threads(1)
     place = plan(args.variant, device="cpu", cores=args.cores, eigh_threads=args.eigh_threads if args.eigh_threads == "auto" else int(args.eigh_threads))
-    draws = tuple(args.sign_draws) if any(args.sign_draws) else None
+    job = records.KpcaJob(args.variant, place, heads_per_chunk=args.heads_per_chunk, sign_draws=args.sign_draws, prune_matched_draws=not args.no_prune)
     t0, c0 = time.perf_counter(), time.process_time()
-    rec, meta = records.kpca_records(args.activations, args.variant, placement=place, sign_draws=draws, heads_per_chunk=args.heads_per_chunk, progress=False, prune_matched_draws=not args.no_prune)
+    rec, meta, _ = records.kpca_records(args.activations, job)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {
         "command": "job",

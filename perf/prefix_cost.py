@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from kpca_repro.activations import write_activations
-from kpca_repro.method.records import kpca_records
+from kpca_repro.method.records import KpcaJob, kpca_records
 
 
 def causal_file(path: Path, rows: int, heads: int, length: int, dim: int, seed: int = 0) -> None:
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         for variant in ("paper", "corrected"):
             for p in [*args.prefixes, None]:
                 start = time.perf_counter()
-                records, _ = kpca_records(path, variant, prefix=p, progress=False)
+                records, _, _ = kpca_records(path, KpcaJob(variant, prefix=p))
                 seconds = time.perf_counter() - start
                 per = f"{1000 * seconds / len(records):.2f}" if len(records) else "–"
                 print(f"| {variant} | {p or 'N'} | {len(records)} | {seconds:.2f} | {per} |", flush=True)

@@ -18,11 +18,12 @@ import pytest
 import torch
 from torch import nn
 
-from kpca_repro import analyze_file, analyze_heads
+from kpca_repro import HeadArrays, KpcaJob, analyze_file, analyze_heads
 from kpca_repro.activations import ActivationFormatError, CaptureMismatchError, install_user_file, main, validate
 from kpca_repro.analysis.comparison import NOT_COMPARABLE, USER_ACTIVATIONS_REASON, mark_user_activations
 from kpca_repro.analysis.rendering import USER_LABEL
 from kpca_repro.capture.module_capture import HeadCapture, ModuleCapture, record_activations
+from kpca_repro.method.placement import plan
 
 # --------------------------------------------------------------------------------------
 # Models the pipeline has never seen: a hand-written ViT and a grouped-query attention
@@ -166,7 +167,15 @@ def _same(a: pd.DataFrame, b: pd.DataFrame, keys=("layer", "sample_rank", "head"
     pd.testing.assert_frame_equal(roundtrip(a), roundtrip(b), check_exact=True)
 
 
-def _api_on_file(path, variant, eigh_threads=None, seed=0, sign_draws=None):
+def heads_records(q, k, v, h=None, *, variant="paper", tolerance=None, seed=0, sign_draws=(0, 0), prefix=None, eigh_threads=None, **arrays):
+    """The records of :func:`kpca_repro.analyze_heads` on these tensors (``arrays``: the other
+    arguments of :class:`kpca_repro.HeadArrays`), in one job of these settings."""
+    job = KpcaJob(variant, plan(variant, device="cpu", eigh_threads=eigh_threads), seed=seed, sign_draws=sign_draws, prefix=prefix)
+    records, _ = analyze_heads(HeadArrays(q, k, v, h, **arrays), job, tolerance)
+    return records
+
+
+def _api_on_file(path, variant, eigh_threads=None, seed=0, sign_draws=(0, 0)):
     """analyze_heads on every layer of an activation file, read with h5py alone; ``sign_draws``
     as the kpca_heads rule passes them (the paper variant's solver draws add per-head columns)."""
     frames = []
@@ -174,13 +183,9 @@ def _api_on_file(path, variant, eigh_threads=None, seed=0, sign_draws=None):
         mask = f["attention_mask"][:] if "attention_mask" in f else None
         for layer in range(int(f.attrs["n_layers"])):
             g = f[f"layers/{layer:02d}"]
-            frames.append(
-                analyze_heads(g["q"][:], g["k"][:], g["v"][:], g["h"][:], variant=variant, attention_mask=mask, layer=layer,
-                              sample_rank=f["sample_rank"][:], dataset_index=f["dataset_index"][:], seed=seed, eigh_threads=eigh_threads,
-                              sign_draws=sign_draws)
-            )  # fmt: skip
-    for frame in frames:  # the draws (arrays) in attrs are not compared, and pandas cannot concatenate them
-        frame.attrs.clear()
+            ids = dict(sample_rank=f["sample_rank"][:], dataset_index=f["dataset_index"][:])
+            tensors = (g["q"][:], g["k"][:], g["v"][:], g["h"][:])
+            frames.append(heads_records(*tensors, variant=variant, attention_mask=mask, layer=layer, seed=seed, eigh_threads=eigh_threads, sign_draws=sign_draws, **ids))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -512,21 +517,21 @@ def test_api_equals_the_records_stage(tmp_path, variant):
 def test_api_shapes_and_errors():
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((6, 4)).astype(np.float32) for _ in range(3))
-    one = analyze_heads(q, k, v)
+    one = heads_records(q, k, v)
     assert len(one) == 1 and (one["n_tokens"].iloc[0], one["head_dim"].iloc[0]) == (6, 4)
     # (H, N, d): one row per head, each head's numbers as if analysed alone
-    many = analyze_heads(np.stack([q, q]), np.stack([k, 2 * k]), np.stack([v, v]))
+    many = heads_records(np.stack([q, q]), np.stack([k, 2 * k]), np.stack([v, v]))
     assert many["head"].tolist() == [0, 1]
     _same(many.iloc[:1], one)
     h = torch.softmax(torch.from_numpy(q @ k.T / 2.0), -1).numpy() @ v
-    analyze_heads(q, k, v, h)  # consistent h: accepted
+    heads_records(q, k, v, h)  # consistent h: accepted
     with pytest.raises(CaptureMismatchError):
-        analyze_heads(q, k, v, h + 1.0)
+        heads_records(q, k, v, h + 1.0)
     with pytest.raises(ValueError, match="one shape"):
-        analyze_heads(q, k, v[:, :3])
+        heads_records(q, k, v[:, :3])
     with pytest.raises(ValueError, match="attention_mask"):
-        analyze_heads(q, k, v, attention_mask=np.ones(5))
-    draws = analyze_heads(q, k, v, sign_draws=(4, 2)).attrs["sign_draws"]
+        heads_records(q, k, v, attention_mask=np.ones(5))
+    _, draws = analyze_heads(HeadArrays(q, k, v), KpcaJob(sign_draws=(4, 2)))
     assert all(a.shape[0] == 1 for a in draws.values())
 
 
@@ -535,7 +540,7 @@ def test_api_cosines_by_brute_force():
     rng = np.random.default_rng(1)
     n, d = 7, 3
     k, v = rng.standard_normal((n, d)), rng.standard_normal((n, d))
-    row = analyze_heads(None, k, v, variant="corrected").iloc[0]
+    row = heads_records(None, k, v, variant="corrected").iloc[0]
     kk = k.astype(np.float32).astype(np.float64)  # the API rounds to float32 as the files store them
     kraw = np.exp(kk @ kk.T / math.sqrt(d))
     g = kraw.sum(1)
@@ -595,7 +600,7 @@ def test_api_refusals_name_the_argument_and_the_reason(case):
     if dtype is not None:
         q, k, v, h = (torch.from_numpy(x).to(dtype) if isinstance(dtype, torch.dtype) else x.astype(dtype) for x in (q, k, v, h))
     with pytest.raises(error) as err:
-        analyze_heads(q, k, v, h, causal=True, **kwargs)
+        heads_records(q, k, v, h, causal=True, **kwargs)
     message = str(err.value)
     assert "\n" not in message and all(name in message for name in names), message
 
@@ -604,13 +609,13 @@ def test_api_edges_that_are_accepted():
     """Half precision with a tolerance chosen for it: the records of the same values in float32;
     three tokens, the fewest accepted: finite CKA; a prefix of 3."""
     q, k, v, h = _causal_heads()
-    half = analyze_heads(*(x.astype(np.float16) for x in (q, k, v, h)), causal=True, tolerance=1e-2)
-    pd.testing.assert_frame_equal(half, analyze_heads(*(x.astype(np.float16).astype(np.float32) for x in (q, k, v, h)), causal=True, tolerance=1e-2))
+    half = heads_records(*(x.astype(np.float16) for x in (q, k, v, h)), causal=True, tolerance=1e-2)
+    pd.testing.assert_frame_equal(half, heads_records(*(x.astype(np.float16).astype(np.float32) for x in (q, k, v, h)), causal=True, tolerance=1e-2))
     with pytest.raises(CaptureMismatchError):  # the tolerance still checks: h of other heads fails
-        analyze_heads(*(x.astype(np.float16) for x in (q, k, v)), h[::-1].astype(np.float16), causal=True, tolerance=1e-2)
-    three = analyze_heads(*_causal_heads(n=3), causal=True, variant="corrected")
+        heads_records(*(x.astype(np.float16) for x in (q, k, v)), h[::-1].astype(np.float16), causal=True, tolerance=1e-2)
+    three = heads_records(*_causal_heads(n=3), causal=True, variant="corrected")
     assert three["n_tokens"].eq(3).all() and np.isfinite(three[["linear_cka", "rbf_cka"]].to_numpy()).all()
-    assert analyze_heads(q, k, v, h, causal=True, prefix=np.int64(3))["n_tokens"].eq(3).all()
+    assert heads_records(q, k, v, h, causal=True, prefix=np.int64(3))["n_tokens"].eq(3).all()
 
 
 def test_the_records_stage_leaves_out_rows_too_short_and_counts_them(tmp_path, caplog):
@@ -634,9 +639,9 @@ def test_the_records_stage_leaves_out_rows_too_short_and_counts_them(tmp_path, c
     assert sorted(set(analyze_file(encoder, "corrected")["sample_rank"])) == [0, 2]
     assert sorted(set(analyze_file(encoder, "paper")["sample_rank"])) == [0, 1, 2]  # padding included: every row has N = 6
     with pytest.raises(ValueError, match=r"prefix=2: P must be at least 3; a head needs at least 3 tokens"):
-        analyze_file(causal, "corrected", prefix=2)
+        analyze_file(causal, KpcaJob("corrected", prefix=2))
     with pytest.raises(TypeError, match=r"prefix=2.5: the prefix length P is a number of real tokens and must be an integer"):
-        analyze_file(causal, "corrected", prefix=2.5)
+        analyze_file(causal, KpcaJob("corrected", prefix=2.5))
 
 
 # --------------------------------------------------------------------------------------

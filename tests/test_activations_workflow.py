@@ -25,7 +25,7 @@ DOC = REPO / "docs" / "activations.md"
 # The solver draws the kpca_heads rule is configured with here (only the paper variant draws): fewer
 # than the default (256, 8), the same code path; the API must give the same draws from the same counts.
 UNCERTAINTY = {"sign_draws": 16, "sign_draws_optimal": 2}
-RULE_DRAWS = {"paper": (UNCERTAINTY["sign_draws"], UNCERTAINTY["sign_draws_optimal"]), "corrected": None}
+RULE_DRAWS = {"paper": (UNCERTAINTY["sign_draws"], UNCERTAINTY["sign_draws_optimal"]), "corrected": (0, 0)}
 
 
 def _doc_writer() -> str:

@@ -16,8 +16,8 @@ import torch
 from kpca_repro.activations import ActivationFile, write_activations
 from kpca_repro.method import equations as method
 from kpca_repro.method import kpca, numerics
-from kpca_repro.method.placement import Placement
-from kpca_repro.method.records import kpca_records, layer_chunks
+from kpca_repro.method.placement import Placement, plan
+from kpca_repro.method.records import KpcaJob, kpca_records, layer_chunks
 from kpca_repro.method.variant import PAPER
 from kpca_repro.workers import WorkerPool, ordered_map
 
@@ -232,9 +232,9 @@ def test_records_do_not_depend_on_chunks_or_workers(tmp_path, variant, eigh_thre
     """Also with the paper variant's eigh on 2 threads while the workers run on 1 (kpca.eigh_threads)."""
     path = _activation_file(tmp_path / "a.h5")
     cpu = torch.device("cpu")
-    ref, _ = kpca_records(path, variant, device=cpu, heads_per_chunk=64, progress=False, eigh_threads=eigh_threads)
+    ref, _, _ = kpca_records(path, KpcaJob(variant, placement=plan(variant, device=cpu, eigh_threads=eigh_threads), heads_per_chunk=64))
     for chunk, workers in ((1, 1), (4, 2), (7, 3)):
-        got, _ = kpca_records(path, variant, device=cpu, heads_per_chunk=chunk, workers=workers, progress=False, eigh_threads=eigh_threads)
+        got, _, _ = kpca_records(path, KpcaJob(variant, placement=plan(variant, device=cpu, cores=workers, eigh_threads=eigh_threads), heads_per_chunk=chunk))
         pd.testing.assert_frame_equal(got, ref, check_exact=True)
     assert torch.get_num_threads() == 1  # the caller's threads are restored
 

@@ -43,13 +43,14 @@ def files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def heads(files):
     """Per-head records, metadata and solver draws: ``{(domain, variant): (records, meta, draws)}``, as rule kpca_heads makes them."""
-    from kpca_repro.method.records import kpca_records
+    from kpca_repro.method.records import KpcaJob, kpca_records
 
     out = {}
     for domain in ("vision", "text"):
         for variant in ("paper", "corrected"):
-            records, meta = kpca_records(files[domain], variant, seed=0, progress=False, sign_draws=(8, 2) if variant == "paper" else None)
-            out[(domain, variant)] = (records, meta, meta.pop("sign_draws", None))
+            job = KpcaJob(variant, seed=0, sign_draws=(8, 2) if variant == "paper" else (0, 0))
+            records, meta, draws = kpca_records(files[domain], job)
+            out[(domain, variant)] = (records, meta, draws if job.draws_wanted else None)
     return out
 
 

@@ -14,12 +14,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from test_activations import heads_records
 
 from kpca_repro.activations import ActivationFile, write_activations
 from kpca_repro.analysis.norms import CORRECTED_NORMS_BAND, PAPER_NORMS_BAND, PAPER_NORMS_TRIM, layer_norm_statistics, norm_statistics, squared_norms
-from kpca_repro.method.api import analyze_heads
 from kpca_repro.method.kpca import head_metrics
-from kpca_repro.method.records import baseline_noise, kpca_records
+from kpca_repro.method.records import KpcaJob, baseline_noise, kpca_records
 from kpca_repro.method.variant import get as get_variant
 
 D = 8
@@ -84,12 +84,12 @@ def by_head(frame: pd.DataFrame) -> pd.DataFrame:
 @pytest.mark.parametrize("variant", ["paper", "corrected"])
 def test_full_prefix_view_is_the_encoder_analysis_of_the_real_tokens(variant):
     rows, kv = heads(), np.arange(2)
-    right = analyze_heads(*padded(rows, 24, "right", kv)[:4], attention_mask=padded(rows, 24, "right", kv)[4], variant=variant, causal=True)
+    right = heads_records(*padded(rows, 24, "right", kv)[:4], attention_mask=padded(rows, 24, "right", kv)[4], variant=variant, causal=True)
     q, k, v, h, mask = padded(rows, 26, "left", kv)
-    left = analyze_heads(q, k, v, h, attention_mask=mask, variant=variant, causal=True)
+    left = heads_records(q, k, v, h, attention_mask=mask, variant=variant, causal=True)
     # the encoder analysis: each row alone, no padding at all (so the paper variant keeps every position)
     encoder = pd.concat(
-        [analyze_heads(None, r["k"], r["v"], variant=variant, sample_rank=[b], dataset_index=[b], attention_mask=np.ones((1, r["k"].shape[1]))) for b, r in enumerate(rows)],
+        [heads_records(None, r["k"], r["v"], variant=variant, sample_rank=[b], dataset_index=[b], attention_mask=np.ones((1, r["k"].shape[1]))) for b, r in enumerate(rows)],
         ignore_index=True,
     )
     right, left, encoder = by_head(right), by_head(left), by_head(encoder)
@@ -104,8 +104,8 @@ def test_padding_is_left_out_in_the_paper_variant_too():
     """An encoder's paper reading keeps padded positions (Table 4); a decoder's never does."""
     rows, kv = heads(), np.arange(2)
     q, k, v, h, mask = padded(rows, 24, "right", kv)
-    causal = analyze_heads(q, k, v, h, attention_mask=mask, variant="paper", causal=True)
-    encoder = analyze_heads(q, k, v, attention_mask=mask, variant="paper")
+    causal = heads_records(q, k, v, h, attention_mask=mask, variant="paper", causal=True)
+    encoder = heads_records(q, k, v, attention_mask=mask, variant="paper")
     assert set(causal["n_tokens"]) == {20, 13, 7} and set(encoder["n_tokens"]) == {24}
 
 
@@ -121,7 +121,7 @@ def test_prefix_profile_equals_per_prefix_brute_force(variant):
     reading = get_variant(variant).reading(text=True, causal=True)
     seed, layer = 3, 5
     for p in (4, 9, 16):
-        got = by_head(analyze_heads(q, k, v, h, attention_mask=mask, variant=variant, causal=True, kv_head_of_query=kv, prefix=p, seed=seed, layer=layer))
+        got = by_head(heads_records(q, k, v, h, attention_mask=mask, variant=variant, causal=True, kv_head_of_query=kv, prefix=p, seed=seed, layer=layer))
         expected = []
         for b, r in enumerate(rows):
             if r["k"].shape[1] < p:
@@ -145,16 +145,16 @@ def test_prefix_profile_equals_per_prefix_brute_force(variant):
 def test_prefix_profile_leaves_out_rows_shorter_than_p():
     rows, kv = heads(lengths=(20, 12, 40)), np.arange(2)
     q, k, v, h, mask = padded(rows, 40, "right", kv)
-    at = {p: analyze_heads(q, k, v, h, attention_mask=mask, variant="corrected", causal=True, prefix=p) for p in (12, 16, 41)}
+    at = {p: heads_records(q, k, v, h, attention_mask=mask, variant="corrected", causal=True, prefix=p) for p in (12, 16, 41)}
     assert sorted(set(at[12]["sample_rank"])) == [0, 1, 2]
     assert sorted(set(at[16]["sample_rank"])) == [0, 2] and len(at[16]) == 4
-    assert at[41].empty and list(at[41].columns) == IDS
+    assert at[41].empty and list(at[41].columns) == ["variant", *IDS]
 
 
 def test_prefix_needs_causal_heads():
     rows = heads()
     with pytest.raises(ValueError, match="causal"):
-        analyze_heads(None, rows[0]["k"], rows[0]["v"], prefix=4)
+        heads_records(None, rows[0]["k"], rows[0]["v"], prefix=4)
 
 
 # --------------------------------------------------------------------------------------
@@ -215,14 +215,14 @@ def test_grouped_query_records_are_per_kv_head_and_the_invariant_uses_the_map():
 
     rows, kv = heads(lengths=(10, 8), n_heads=4, n_kv=2), np.array([0, 0, 1, 1])
     q, k, v, h, mask = padded(rows, 10, "right", kv)
-    out = analyze_heads(q, k, v, h, attention_mask=mask, variant="corrected", causal=True, kv_head_of_query=kv)
+    out = heads_records(q, k, v, h, attention_mask=mask, variant="corrected", causal=True, kv_head_of_query=kv)
     assert len(out) == 2 * 2 and sorted(set(out["head"])) == [0, 1]
     with pytest.raises(CaptureMismatchError):  # a wrong map does not reproduce h
-        analyze_heads(q, k, v, h, attention_mask=mask, variant="corrected", causal=True, kv_head_of_query=[1, 1, 0, 0])
+        heads_records(q, k, v, h, attention_mask=mask, variant="corrected", causal=True, kv_head_of_query=[1, 1, 0, 0])
     with pytest.raises(ValueError, match="kv_head_of_query"):
-        analyze_heads(q, k, v, h, attention_mask=mask, causal=True)
+        heads_records(q, k, v, h, attention_mask=mask, causal=True)
     with pytest.raises(ValueError, match="kv_head_of_query"):
-        analyze_heads(q, k, v, h, attention_mask=mask, causal=True, kv_head_of_query=[0, 0, 1, 2])
+        heads_records(q, k, v, h, attention_mask=mask, causal=True, kv_head_of_query=[0, 0, 1, 2])
 
 
 def test_grouped_query_norms_need_the_right_kv_head():
@@ -267,15 +267,15 @@ def test_full_prefix_records_of_a_causal_file_equal_the_encoder_files(tmp_path, 
     # the paper variant reads an encoder's padding, so its encoder file has none: equal lengths
     lengths = (12, 12) if variant == "paper" else (12, 9, 5)
     rows, kv = heads(lengths=lengths, n_heads=2, n_kv=2), np.arange(2)
-    right, _ = kpca_records(write_causal(tmp_path / "right.h5", rows, 14, "right", kv), variant, progress=False)
-    left, meta = kpca_records(write_causal(tmp_path / "left.h5", rows, 15, "left", kv), variant, progress=False)
+    right, _, _ = kpca_records(write_causal(tmp_path / "right.h5", rows, 14, "right", kv), variant)
+    left, meta, _ = kpca_records(write_causal(tmp_path / "left.h5", rows, 15, "left", kv), variant)
     layers = []
     for layer in range(2):
         shifted = [{name: x + np.float32(0.25 * layer) for name, x in r.items()} for r in rows]
         (q, mask), (k, _), (v, _) = (place([r[name] for r in shifted], 12, "right") for name in "qkv")
         layers.append({"q": q, "k": k, "v": v, "h": encoder_attention(q, k, v, mask).astype(np.float32)})
     write_activations(tmp_path / "encoder.h5", layers, model_id="tiny-decoder", attention_mask=mask)
-    encoder, encoder_meta = kpca_records(tmp_path / "encoder.h5", variant, progress=False)
+    encoder, encoder_meta, _ = kpca_records(tmp_path / "encoder.h5", variant)
     pd.testing.assert_frame_equal(right, left)
     # the causal projection test is the last real query's, the encoder's every query's (docs/method.md 17.3)
     same = [c for c in encoder if not c.startswith(PROJECTION)]
@@ -290,13 +290,13 @@ def test_prefix_records_of_a_gqa_file_equal_analyze_heads(tmp_path):
     with ActivationFile(path) as af:
         t, mask = af.read(1), af.attention_mask
     for p in (8, 12):
-        records, meta = kpca_records(path, "corrected", prefix=p, layers=[1], progress=False, heads_per_chunk=3)
-        direct = analyze_heads(t["q"], t["k"], t["v"], t["h"], attention_mask=mask, variant="corrected", causal=True, kv_head_of_query=kv, prefix=p, layer=1)
+        records, meta, _ = kpca_records(path, KpcaJob("corrected", heads_per_chunk=3, layers=[1], prefix=p))
+        direct = heads_records(t["q"], t["k"], t["v"], t["h"], attention_mask=mask, variant="corrected", causal=True, kv_head_of_query=kv, prefix=p, layer=1)
         assert meta["prefix"] == p and meta["n_kv_heads"] == 2
         assert sorted(set(records["head"])) == [0, 1] and (records["n_tokens"] == p).all()
         assert sorted(set(records["sample_rank"])) == ([0, 1] if p == 8 else [0])
         pd.testing.assert_frame_equal(records.drop(columns=["model", "variant"]), direct.drop(columns="variant"), check_like=True)
-    empty, _ = kpca_records(path, "paper", prefix=15, progress=False)
+    empty, _, _ = kpca_records(path, KpcaJob("paper", prefix=15))
     assert empty.empty
 
 
@@ -305,7 +305,7 @@ def test_prefix_of_an_encoder_file_is_refused(tmp_path):
     q, k, v = (r[None] for r in (rows[0]["q"], rows[0]["k"], rows[0]["v"]))
     write_activations(tmp_path / "enc.h5", [{"q": q, "k": k, "v": v, "h": encoder_attention(q, k, v, np.ones((1, 6))).astype(np.float32)}], model_id="enc")
     with pytest.raises(ValueError, match="causal"):
-        kpca_records(tmp_path / "enc.h5", "corrected", prefix=4, progress=False)
+        kpca_records(tmp_path / "enc.h5", KpcaJob("corrected", prefix=4))
 
 
 @pytest.mark.parametrize("variant", ["paper", "corrected"])
@@ -348,7 +348,7 @@ def test_encoder_records_of_a_version_1_file_equal_version_2(tmp_path, variant):
         for name in src:
             src.copy(name, dst)
         dst.attrs.update({key: val for key, val in src.attrs.items() if key not in ("causal", "n_kv_heads", "kv_head_of_query", "format_version")})
-    new, new_meta = kpca_records(tmp_path / "v2.h5", variant, progress=False)
-    old, old_meta = kpca_records(v1, variant, progress=False)
+    new, new_meta, _ = kpca_records(tmp_path / "v2.h5", variant)
+    old, old_meta, _ = kpca_records(v1, variant)
     pd.testing.assert_frame_equal(new, old)
     assert new_meta == old_meta and "causal" not in new_meta

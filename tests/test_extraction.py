@@ -14,7 +14,7 @@ from kpca_repro.capture.module_capture import record_activations
 from kpca_repro.capture.vision import attention_modules, load_timm_model
 from kpca_repro.h5io import atomic_output
 from kpca_repro.inputs import images, resources
-from kpca_repro.method.records import kpca_records
+from kpca_repro.method.records import KpcaJob, kpca_records
 from kpca_tools.recorders import AttentionRecorder
 
 from conftest import TINY_KWARGS
@@ -65,7 +65,7 @@ def test_extract_and_read_back(tiny_resources, photos_dir, tmp_path):
     with torch.no_grad(), AttentionRecorder(attention_modules(model)) as rec:
         model(x)
     np.testing.assert_allclose(rec.numpy_layer(1)["v"], t["v"], atol=1e-5)
-    records, meta = kpca_records(out, "paper", device=torch.device("cpu"), heads_per_chunk=4, progress=False)
+    records, meta, _ = kpca_records(out, KpcaJob("paper", heads_per_chunk=4))
     assert len(records) == 3 * 2 * 3 and meta["n_images"] == 3
     assert set(records["layer"]) == {0, 1} and set(records["head"]) == {0, 1, 2}
 

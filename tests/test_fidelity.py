@@ -21,7 +21,8 @@ from kpca_repro.activations import ActivationFile
 from kpca_repro.capture.extraction import extract_text, extract_vision
 from kpca_repro.inputs import images, model_info, text
 from kpca_repro.method import equations as method
-from kpca_repro.method.records import kpca_records
+from kpca_repro.method.placement import plan
+from kpca_repro.method.records import KpcaJob, kpca_records
 from kpca_repro.method.variant import PAPER
 from kpca_repro.threads import intra_op_threads, torch_default_threads
 from kpca_tools.reference import head_metrics_reference, head_metrics_reference_nlp
@@ -36,7 +37,7 @@ TOL = {"direct_cos_mean": 1e-5, "direct_cos_max": 1e-5, "optimal_cos_mean": 1e-5
 def _pipeline(path, layers, eigh_threads):
     """Paper-variant records as the kpca_heads rule computes them (1 intra-op thread, 2 workers)."""
     with intra_op_threads(1):
-        records, meta = kpca_records(path, "paper", device=CPU, heads_per_chunk=5, workers=2, layers=layers, progress=False, eigh_threads=eigh_threads)
+        records, meta, _ = kpca_records(path, KpcaJob("paper", placement=plan("paper", device=CPU, cores=2, eigh_threads=eigh_threads), heads_per_chunk=5, layers=layers))
     assert meta["eigh_threads"] == eigh_threads
     return records
 

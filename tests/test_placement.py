@@ -103,7 +103,7 @@ def test_a_two_core_job_solves_on_two_threads_and_compares_on_one(monkeypatch, t
     from test_batching_and_sharding import _activation_file
 
     from kpca_repro.method import records as records_module
-    from kpca_repro.method.records import kpca_records
+    from kpca_repro.method.records import KpcaJob, kpca_records
 
     path = _activation_file(tmp_path / "a.h5", n_images=4, n_heads=3, n_layers=2)
     place = plan("paper", device="cpu", cores=2, eigh_threads=2)
@@ -130,14 +130,14 @@ def test_a_two_core_job_solves_on_two_threads_and_compares_on_one(monkeypatch, t
     monkeypatch.setattr(torch.linalg, "eigh", eigh)
     monkeypatch.setattr(records_module, "chunk_records", chunk_records)
     with intra_op_threads(1):
-        records, meta = kpca_records(path, "paper", placement=place, heads_per_chunk=4, progress=False)
+        records, meta, _ = kpca_records(path, KpcaJob("paper", heads_per_chunk=4, placement=place))
     monkeypatch.undo()
     assert seen and all(main and threads == 2 for main, threads, _ in seen)
     assert any(workers_at_work for _, _, workers_at_work in seen)  # solved while the workers compared
     assert compared and all(not main and threads == 1 and nice == 19 for main, threads, nice in compared)
     assert meta["eigh_threads"] == 2
     with intra_op_threads(1):
-        alone, _ = kpca_records(path, "paper", placement=plan("paper", device="cpu", cores=1, eigh_threads=2), heads_per_chunk=24, progress=False)
+        alone, _, _ = kpca_records(path, KpcaJob("paper", heads_per_chunk=24, placement=plan("paper", device="cpu", cores=1, eigh_threads=2)))
     np.testing.assert_array_equal(records.select_dtypes("number").to_numpy(), alone.select_dtypes("number").to_numpy())
 
 

@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from test_activations import heads_records
 
 from kpca_repro.analysis.tables import TABLES, table_corrected
-from kpca_repro.method.api import analyze_heads
 from kpca_repro.method.equations import projection_test, unbiased_cka_from_sides, unbiased_side
 from kpca_repro.method.kpca import head_metrics
 
@@ -104,7 +104,7 @@ def test_records_say_where_every_direction_is_kept():
     rng = np.random.default_rng(1)
     for n, expected in ((9, True), (10, False), (5, True)):
         k, v = (rng.standard_normal((1, 2, n, D)).astype(np.float32) for _ in range(2))
-        rec = analyze_heads(None, k, v, variant="corrected")
+        rec = heads_records(None, k, v, variant="corrected")
         assert (rec["n_centered_directions"] == n - 1).all() and (rec["n_components"] == min(n, D)).all()
         assert (rec["all_directions_kept"] == expected).all()
 
@@ -168,7 +168,7 @@ def test_projection_test_equals_a_loop_over_queries_encoder_and_causal(variant):
             logits = s * q.astype(np.float64) @ k.transpose(0, 1, 3, 2)
         w = np.exp(logits - logits.max(-1, keepdims=True))
         h = ((w / w.sum(-1, keepdims=True)) @ v).astype(np.float32)
-        rec = analyze_heads(q, k, v, h, variant=variant, causal=causal)
+        rec = heads_records(q, k, v, h, variant=variant, causal=causal)
         assert {"projection_cos", "projection_rel_error", "projection_norm_ratio", "control_projection_norm_ratio"} <= set(rec)
         for b in range(2):
             for head in range(2):
@@ -198,7 +198,7 @@ def test_projection_is_perfect_for_heads_whose_values_are_v_kpca():
     logits = s * q @ k.transpose(0, 1, 3, 2)
     w = np.exp(logits - logits.max(-1, keepdims=True))
     h = (w / w.sum(-1, keepdims=True)) @ v
-    rec = analyze_heads(q, k, v, h, variant="corrected")
+    rec = heads_records(q, k, v, h, variant="corrected")
     np.testing.assert_allclose(rec["projection_cos"], 1.0, atol=1e-9)
     np.testing.assert_allclose(rec["projection_rel_error"], 0.0, atol=1e-6)
     np.testing.assert_allclose(rec["projection_norm_ratio"], 1.0, rtol=1e-6)

@@ -492,7 +492,7 @@ def test_truncated_activation_file_is_named_by_every_reader(fresh_run, tmp_path)
 
     cpu = torch.device("cpu")
     readers = [
-        lambda: kpca_records(cut, "paper", device=cpu, progress=False),
+        lambda: kpca_records(cut, "paper"),
         lambda: eigenvalue_records(cut, "corrected", True, n_components=4, device=cpu),
         lambda: gamma_records(cut, 1, "corrected", standardize=True, noise=0.1, seed=0, n_components=4, device=cpu),
     ]

@@ -28,22 +28,21 @@ from test_batching_and_sharding import _activation_file, one_thread  # noqa: F40
 from kpca_repro.errors import JobInterrupted, OutputNotWritable
 from kpca_repro.method import records as records_module
 from kpca_repro.method.placement import plan
-from kpca_repro.method.records import kpca_records
+from kpca_repro.method.records import KpcaJob, kpca_records
 from kpca_repro.resume import PartStore
 from kpca_repro.smk import check_writable
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _run(path, store=None, **kw):
+def _run(path, store=None):
     place = plan("paper", device="cpu", cores=2, eigh_threads=1)
-    return kpca_records(path, "paper", placement=place, heads_per_chunk=4, seed=3, sign_draws=(8, 8), progress=False, store=store, **kw)
+    return kpca_records(path, KpcaJob("paper", place, heads_per_chunk=4, seed=3, sign_draws=(8, 8), store=store))
 
 
 def _assert_same(a, b):
-    (rec_a, meta_a), (rec_b, meta_b) = a, b
+    (rec_a, meta_a, draws_a), (rec_b, meta_b, draws_b) = a, b
     pd.testing.assert_frame_equal(rec_a, rec_b, check_exact=True)
-    draws_a, draws_b = meta_a.pop("sign_draws"), meta_b.pop("sign_draws")
     assert meta_a == meta_b and set(draws_a) == set(draws_b)
     for name in draws_a:
         np.testing.assert_array_equal(draws_a[name], draws_b[name])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -342,14 +344,14 @@ def test_pruned_matched_draws_give_the_intervals_of_every_draw(tmp_path):
     """Table 1's MOC is a maximum over heads: the draws the kpca_heads job leaves NaN (their
     bound lies below a value every replicate maximum reaches) change no interval, bit for bit,
     and every draw it keeps is the draw computed without pruning."""
-    from kpca_repro.method.records import kpca_records
+    from kpca_repro.method.placement import plan
+    from kpca_repro.method.records import KpcaJob, kpca_records
 
     path = _toy_file(tmp_path / "a.h5")
-    kw = dict(workers=2, eigh_threads=1, heads_per_chunk=5, sign_draws=(16, 6), progress=False)
-    full, meta_full = kpca_records(path, "paper", prune_matched_draws=False, **kw)
-    pruned, meta = kpca_records(path, "paper", **kw)
+    job = KpcaJob("paper", plan("paper", device="cpu", cores=2, eigh_threads=1), heads_per_chunk=5, sign_draws=(16, 6))
+    full, meta_full, d_full = kpca_records(path, dataclasses.replace(job, prune_matched_draws=False))
+    pruned, meta, d = kpca_records(path, job)
     pd.testing.assert_frame_equal(pruned, full)
-    d_full, d = meta_full["sign_draws"], meta["sign_draws"]
     kept = np.isfinite(d["optimal_cos_mean"])
     assert 0 < kept.sum() < kept.size, "the toy heads should leave some draws below the floor"
     np.testing.assert_array_equal(d["optimal_cos_mean"][kept], d_full["optimal_cos_mean"][kept])
@@ -368,17 +370,19 @@ def test_pruned_draws_and_their_bounds_do_not_depend_on_workers_or_chunks(tmp_pa
     """The floor rises in whatever order the workers finish, and the collision bound is computed
     only where the first bound reaches the floor as it stood: the stored draws and bounds are
     still the same, bit for bit, for one worker or two and any chunk size (prune_below_floor)."""
-    from kpca_repro.method.records import kpca_records
+    from kpca_repro.method.placement import plan
+    from kpca_repro.method.records import KpcaJob, kpca_records
 
     path = _toy_file(tmp_path / "a.h5", n_images=10)
-    runs = [kpca_records(path, "paper", workers=w, eigh_threads=1, heads_per_chunk=c, sign_draws=(16, 6), progress=False)[1] for w, c in ((1, 30), (2, 4), (2, 7))]
-    ref = runs[0]["sign_draws"]
+    jobs = [KpcaJob("paper", plan("paper", device="cpu", cores=w, eigh_threads=1), heads_per_chunk=c, sign_draws=(16, 6)) for w, c in ((1, 30), (2, 4), (2, 7))]
+    runs = [kpca_records(path, job)[1:] for job in jobs]
+    ref = runs[0][1]
     assert unc.COLLISION_BOUND not in ref and 0 < np.isfinite(ref["optimal_cos_mean"]).sum() < ref["optimal_cos_mean"].size
-    for meta in runs[1:]:
-        assert meta["matched_draws_floor"] == runs[0]["matched_draws_floor"]
-        assert meta["sign_draws"].keys() == ref.keys()
+    for meta, draws in runs[1:]:
+        assert meta["matched_draws_floor"] == runs[0][0]["matched_draws_floor"]
+        assert draws.keys() == ref.keys()
         for name, x in ref.items():
-            np.testing.assert_array_equal(meta["sign_draws"][name], x, err_msg=name)
+            np.testing.assert_array_equal(draws[name], x, err_msg=name)
 
 
 def test_prune_below_floor_takes_the_collision_bound_where_the_first_reaches_the_floor():

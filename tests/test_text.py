@@ -21,7 +21,8 @@ from kpca_repro.inputs import model_info, text
 from kpca_repro.inputs.resources import sha256_file
 from kpca_repro.method import equations as method
 from kpca_repro.method import kpca
-from kpca_repro.method.records import _equal_length_groups, kpca_records
+from kpca_repro.method.heads import _equal_length_groups
+from kpca_repro.method.records import KpcaJob, kpca_records
 from kpca_repro.method.variant import PAPER
 
 from conftest import REPO, resources_dir_for_real_weights, run_snakemake
@@ -267,7 +268,7 @@ def test_extracted_file_layout_and_mask(tiny_files, tiny_bert_dir, tmp_path):
 
 def test_paper_variant_includes_padding(tiny_files):
     samples, files, _ = tiny_files
-    records, meta = kpca_records(files[0], "paper", device=torch.device("cpu"), heads_per_chunk=5, progress=False)
+    records, meta, _ = kpca_records(files[0], KpcaJob("paper", heads_per_chunk=5))
     with ActivationFile(files[0]) as af:
         n = int(af.attrs["n_tokens"])
         k = torch.from_numpy(af.read(0, ("k",))["k"])
@@ -286,21 +287,21 @@ def test_corrected_variant_excludes_padding(tiny_files):
     with ActivationFile(files[1]) as af:
         lengths = dict(zip(af.sample_rank, af.attention_mask.sum(1)))
         n_pad = int(af.attrs["n_tokens"])
-    rec, meta = kpca_records(files[1], "corrected", device=torch.device("cpu"), progress=False)
+    rec, meta, _ = kpca_records(files[1], "corrected")
     assert meta["padding"] == "excluded"
     for r, n in lengths.items():
         assert (rec.loc[rec["sample_rank"] == r, "n_tokens"] == n).all()
     row = samples.iloc[3]
     assert row["sample_rank"] in lengths and lengths[row["sample_rank"]] < n_pad  # this row is padded in the sample
-    solo, _ = kpca_records(alone, "corrected", device=torch.device("cpu"), progress=False)
+    solo, _, _ = kpca_records(alone, "corrected")
     with ActivationFile(alone) as af:
         assert int(af.attrs["n_tokens"]) == lengths[row["sample_rank"]]  # alone: no padding at all
     cols = ["direct_cos_mean", "optimal_cos_max", "linear_cka", "rbf_cka", "optimal_abs_cos_columns", "baseline_linear_cka"]
     mine = rec[rec["sample_rank"] == row["sample_rank"]].sort_values(["layer", "head"])[cols].to_numpy()
     np.testing.assert_allclose(mine, solo.sort_values(["layer", "head"])[cols].to_numpy(), rtol=1e-5, atol=1e-6)
     # while the paper variant (padding included) does depend on it
-    paper, _ = kpca_records(files[1], "paper", device=torch.device("cpu"), progress=False)
-    paper_solo, _ = kpca_records(alone, "paper", device=torch.device("cpu"), progress=False)
+    paper, _, _ = kpca_records(files[1], "paper")
+    paper_solo, _, _ = kpca_records(alone, "paper")
     a = paper[paper["sample_rank"] == row["sample_rank"]].sort_values(["layer", "head"])["linear_cka"].to_numpy()
     assert not np.allclose(a, paper_solo.sort_values(["layer", "head"])["linear_cka"].to_numpy(), atol=1e-4)
 
@@ -323,9 +324,9 @@ def test_longformer_misreading_in_the_paper_variant(tmp_path):
     i = 2 * h + 1  # position 2, head 1
     assert ranks[i] == 2 and heads[i] == 1
     np.testing.assert_array_equal(kk[i].numpy(), k[:, 1, 2, :])
-    records, meta = kpca_records(path, "paper", device=torch.device("cpu"), progress=False)
+    records, meta, _ = kpca_records(path, "paper")
     assert meta["longformer_transposed"] and len(records) == n * h and (records["n_tokens"] == b).all()
-    corrected, meta = kpca_records(path, "corrected", device=torch.device("cpu"), progress=False)
+    corrected, meta, _ = kpca_records(path, "corrected")
     assert not meta["longformer_transposed"] and len(corrected) == b * h and (corrected["n_tokens"] == n).all()
 
 
@@ -444,8 +445,8 @@ def test_real_minilm_through_the_metrics(tmp_path):
         assert af.attrs["weights_sha256"] == sha256_file(text.weights_file(MINILM, source))
         lengths = af.attention_mask.sum(1)
         n_pad = int(af.attrs["n_tokens"])
-    paper, _ = kpca_records(out, "paper", device=torch.device("cpu"), heads_per_chunk=72, progress=False, layers=[0, 5])
-    corrected, _ = kpca_records(out, "corrected", device=torch.device("cpu"), heads_per_chunk=72, progress=False, layers=[0, 5], seed=0)
+    paper, _, _ = kpca_records(out, KpcaJob("paper", heads_per_chunk=72, layers=[0, 5]))
+    corrected, _, _ = kpca_records(out, KpcaJob("corrected", heads_per_chunk=72, seed=0, layers=[0, 5]))
     assert len(paper) == len(corrected) == 3 * 2 * 12 and (paper["n_tokens"] == n_pad).all()
     assert sorted(set(corrected["n_tokens"])) == sorted(set(lengths.tolist()))
     assert not paper["allclose"].any() and not corrected["allclose"].any()  # V is never V_KPCA

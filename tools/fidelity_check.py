@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from kpca_repro.activations import ActivationFile
-from kpca_repro.method.records import kpca_records
+from kpca_repro.method.placement import plan
+from kpca_repro.method.records import KpcaJob, kpca_records
 from kpca_repro.method.variant import PAPER
 from kpca_repro.threads import intra_op_threads, torch_default_threads
 from kpca_tools.reference import head_metrics_reference, head_metrics_reference_nlp, sampler_order
@@ -122,7 +123,9 @@ def main() -> None:
     with intra_op_threads(1):
         for label, eigh_threads in ((f"eigh on {threads} threads (default)", threads), ("eigh on 1 thread", None)):
             t0 = time.perf_counter()
-            records[label], _ = kpca_records(args.activations, PAPER, device=torch.device("cpu"), layers=layers, workers=2, heads_per_chunk=64, eigh_threads=eigh_threads, progress=False)
+            records[label], _, _ = kpca_records(
+                args.activations, KpcaJob(PAPER, placement=plan(PAPER, device=torch.device("cpu"), cores=2, eigh_threads=eigh_threads), heads_per_chunk=64, layers=layers)
+            )
             print(f"{label}: records of {len(records[label])} heads in {time.perf_counter() - t0:.1f} s", flush=True)
     worst = {label: dict.fromkeys(METRICS, 0.0) for label in records}
     beyond = dict.fromkeys(records, 0)

@@ -85,11 +85,12 @@ def worker(path: str, activations: str, out: str, layers: list[int] | None = Non
     # the CKAs are not part of the check: skip their N x N kernels
     kpca._cka_kernel_sides = lambda x, paper: {"linear": x.shape[0], "rbf": x.shape[0]}
     kpca.cka_from_sides = lambda sx, sy, paper, sqrt=False: torch.full((sx,), float("nan"), dtype=torch.float64)
-    from kpca_repro.method.records import kpca_records
+    from kpca_repro.method.placement import plan
+    from kpca_repro.method.records import KpcaJob, kpca_records
     from kpca_repro.method.variant import PAPER
 
     t0 = time.time()
-    records, _ = kpca_records(activations, PAPER, device=torch.device("cpu"), heads_per_chunk=64, workers=2, seed=0, eigh_threads=threads, progress=False, layers=layers)
+    records, _, _ = kpca_records(activations, KpcaJob(PAPER, placement=plan(PAPER, device=torch.device("cpu"), cores=2, eigh_threads=threads), heads_per_chunk=64, seed=0, layers=layers))
     keep = ["sample_rank", "dataset_index", "layer", "head", "dropped", *COLUMNS]
     records[keep].to_csv(out, index=False)
     print(json.dumps({"path": path, "seconds": time.time() - t0}))

@@ -24,18 +24,19 @@ used by the method, the norms and training).
 Any attention (docs/activations.md): :mod:`kpca_repro.activations` (the activation file
 format), :mod:`kpca_repro.capture.module_capture` (the capture
 interface for any ``torch.nn.Module``), :mod:`kpca_repro.method.api` (``kpca_repro.analyze_heads``,
-``kpca_repro.analyze_file``: per-head metrics in a notebook).
+``kpca_repro.analyze_file``: per-head metrics in a notebook, of ``kpca_repro.HeadArrays`` as a
+``kpca_repro.KpcaJob`` says).
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["analyze_heads", "analyze_file"]
+__all__ = ["analyze_heads", "analyze_file", "HeadArrays", "KpcaJob"]
 
 
 def __getattr__(name):
     # The notebook API (kpca_repro.method.api), imported on first use: `import kpca_repro`
     # (paths, variant, config checks at parse time) stays free of pandas and torch.
-    if name in ("analyze_heads", "analyze_file"):
+    if name in __all__:
         import importlib
 
         return getattr(importlib.import_module(f"{__name__}.method.api"), name)

@@ -4,14 +4,12 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from kpca_repro.h5io import atomic_output
 from kpca_repro.method.placement import plan
-from kpca_repro.method.records import kpca_records
-from kpca_repro.method.uncertainty import MEAN_VECTOR, OPTIMAL_COS_MEAN, SIGN_DRAW_NAMES, write_sign_draws
-from kpca_repro.resume import PartStore, file_identity
+from kpca_repro.method.records import KpcaJob, kpca_records
+from kpca_repro.method.uncertainty import OPTIMAL_COS_MEAN, write_sign_draws
 from kpca_repro.smk import check_writable, setup_logging
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
@@ -27,35 +25,25 @@ placement = plan(
     gpu_eigensolver=smk.params.gpu_eigensolver,
 )
 log.info("placement: %s", placement.describe())
+job = KpcaJob(
+    smk.wildcards.variant,
+    placement,
+    heads_per_chunk=smk.params.heads_per_chunk,
+    seed=smk.params.seed,
+    sign_draws=smk.params.sign_draws,  # (0, 0): none (the corrected variant's signs are fixed; the prefix profile)
+    # None: every token; rule kpca_prefix: each row's first P real tokens (docs/method.md 16)
+    prefix=smk.params.prefix,
+    progress=True,
+)
 # Finished batches are kept beside the output until it is written: a rerun after an interrupt, a
 # kill or a preemption goes on from them (kpca_repro.resume); another input, parameter or code starts afresh.
 parts = Path(smk.output.heads).with_suffix(".parts")
 check_writable([parts / "key.json"])
-store = PartStore(
-    parts,
-    {
-        "activations": file_identity(smk.input.activations),
-        "variant": smk.wildcards.variant,
-        "params": dict(smk.params.items()),
-        "placement": placement.describe(),
-        "eigh_threads": placement.eigh_threads,
-    },
-)
-if len(store):
-    log.info("resuming from %d kept batches in %s", len(store), parts)
-records, meta = kpca_records(
-    smk.input.activations,
-    smk.wildcards.variant,
-    placement=placement,
-    heads_per_chunk=smk.params.heads_per_chunk,
-    seed=smk.params.seed,
-    sign_draws=tuple(smk.params.sign_draws) if any(smk.params.sign_draws) else None,
-    store=store,
-    # None: every token; rule kpca_prefix: each row's first P real tokens (a decoder's prefix profile, docs/method.md 16)
-    prefix=smk.params.prefix,
-)
-# per-head solver draws (signs and rotations), rows as the records CSV (the corrected variant's signs are fixed: none)
-draws = meta.pop("sign_draws", None) or {name: np.empty((len(records), 0), np.float32) for name in (*SIGN_DRAW_NAMES, MEAN_VECTOR)}
+job = job.with_store(parts, smk.input.activations, dict(smk.params.items()))
+if len(job.store):
+    log.info("resuming from %d kept batches in %s", len(job.store), parts)
+# per-head solver draws (signs and rotations), rows as the records CSV
+records, meta, draws = kpca_records(smk.input.activations, job)
 log.info(
     "%d heads, %d dropped, eigh on %s%s, OpenMP spin count %s",
     len(records),
@@ -65,11 +53,12 @@ log.info(
     os.environ.get("GOMP_SPINCOUNT", "libgomp's default"),
 )
 if "matched_draws_computed" in meta:
-    log.info("matched-cosine draws kept: %d of %d (the others cannot be a replicate maximum: floor %.6f)", meta["matched_draws_computed"], draws[OPTIMAL_COS_MEAN].size, meta["matched_draws_floor"])
+    kept, floor, drawn = meta["matched_draws_computed"], meta["matched_draws_floor"], draws[OPTIMAL_COS_MEAN].size
+    log.info("matched-cosine draws kept: %d of %d (the others cannot be a replicate maximum: floor %.6f)", kept, drawn, floor)
 with atomic_output(smk.output.heads) as tmp:
     records.to_csv(tmp, index=False)
 with atomic_output(smk.output.signs) as tmp:
     write_sign_draws(tmp, draws, {"seed": smk.params.seed, "n_heads": len(records), "variant": smk.wildcards.variant})
 with atomic_output(smk.output.meta) as tmp:
     tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-store.remove()
+job.store.remove()
