@@ -78,7 +78,14 @@ def clamp_components(n_components: int, n_tokens: int, key: str) -> int:
     """
     if n_components <= n_tokens:
         return n_components
-    _LOG.warning("config key %s is %d but the heads have %d tokens, so %d eigenpairs: keeping all %d", key, n_components, n_tokens, n_tokens, n_tokens)
+    _LOG.warning(
+        "config key %s is %d but the heads have %d tokens, so %d eigenpairs: keeping all %d",
+        key,
+        n_components,
+        n_tokens,
+        n_tokens,
+        n_tokens,
+    )
     return n_tokens
 
 
@@ -98,15 +105,15 @@ def chunk_records(
     floor: RunningFloor | None = None,
     solved: dict[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, np.ndarray] | None, pd.DataFrame]:
-    """Per-head records of one chunk of heads (``k``, ``v``: ``(heads, N, d)``; ``ranks``,
-    ``index``, ``head``: ``(heads,)``; ``base``: the corrected variant's random baselines):
+    """Per-head records of one chunk of heads (``k``, ``v``: ``(heads, N, d)``; ``ranks``, ``index``, ``head``:
+    ``(heads,)``; ``base``: the corrected variant's random baselines):
     :func:`kpca_repro.method.kpca.head_metrics` as ``variant`` (the source's reading of the job's,
-    :meth:`~kpca_repro.method.variant.Variant.reading`) and ``job.placement`` say, and with
-    ``q``, ``h`` (``(heads, G, M, d)``) the projection test, and with
-    ``job.sign_draws`` the solver draws seeded by ``job.seed`` (:func:`kpca_repro.method.solver_variation.head_solver_draws`;
-    with ``floor``, matched-cosine draws that cannot be a replicate maximum are skipped) and
-    their per-head columns. ``solved``: the chunk's :func:`kpca_repro.method.kpca.solve_heads`,
-    when the caller solved it already. The one per-chunk step of :func:`kpca_records` (and so of
+    :meth:`~kpca_repro.method.variant.Variant.reading`) and ``job.placement`` say, and with ``q``, ``h``
+    (``(heads, G, M, d)``) the projection test, and with ``job.sign_draws`` the solver draws seeded by
+    ``job.seed`` (:func:`kpca_repro.method.solver_variation.head_solver_draws`; with ``floor``,
+    matched-cosine draws that cannot be a replicate maximum are skipped) and their per-head columns.
+    ``solved``: the chunk's :func:`kpca_repro.method.kpca.solve_heads`, when the caller solved it
+    already. The one per-chunk step of :func:`kpca_records` (and so of
     :func:`kpca_repro.method.api.analyze_heads`).
 
     Returns:
@@ -132,12 +139,26 @@ def chunk_records(
         # signs and rotations inside near-degenerate eigenspaces (docs/uncertainty.md); Table 4 takes the token maximum
         draws, gap_cols = head_solver_draws(
             rows, {"layer": layer, "sample_rank": ranks, "dataset_index": index, "head": head},
-            seed=job.seed, n_direct=job.sign_draws[0], n_optimal=job.sign_draws[1], token_max=variant.text, order=variant.order,
+            seed=job.seed,
+            n_direct=job.sign_draws[0],
+            n_optimal=job.sign_draws[1],
+            token_max=variant.text,
+            order=variant.order,
             valid=None if nan_zero else torch.from_numpy(~cols["dropped"]), nan_to_zero=nan_zero,
             own_optimal=cols["optimal_cos_mean"], floor=floor,
         )  # fmt: skip
         cols = {**cols, **gap_cols}
-    frame = pd.DataFrame({"sample_rank": ranks, "dataset_index": index, "layer": layer, "head": head, "n_tokens": k.shape[1], "head_dim": v.shape[2], **cols})
+    frame = pd.DataFrame(
+        {
+            "sample_rank": ranks,
+            "dataset_index": index,
+            "layer": layer,
+            "head": head,
+            "n_tokens": k.shape[1],
+            "head_dim": v.shape[2],
+            **cols,
+        }
+    )
     # the regime where the kept eigenvectors span the whole centered space (docs/method.md 17.1)
     n_components = min(v.shape[2], k.shape[1])
     frame["n_centered_directions"] = k.shape[1] - 1
@@ -159,7 +180,8 @@ def _batches(chunks: Iterator, size: int) -> Iterator[list]:
 
 
 def _part_arrays(parts: list[tuple]) -> dict[str, np.ndarray]:
-    """One batch's ``(position, draws or None, frame)`` parts as plain arrays, for a :class:`~kpca_repro.resume.PartStore`."""
+    """One batch's ``(position, draws or None, frame)`` parts as plain arrays, for a
+    :class:`~kpca_repro.resume.PartStore`."""
     out: dict[str, np.ndarray] = {"n": np.array(len(parts))}
     for j, (position, draws, frame) in enumerate(parts):
         out[f"p{j}.position"] = np.asarray(position, dtype=np.int64)
@@ -176,7 +198,11 @@ def _parts_from_arrays(arrays: dict[str, np.ndarray]) -> list[tuple]:
     parts = []
     for j in range(int(arrays["n"])):
         frame = pd.DataFrame({str(c): arrays[f"p{j}.col{i}"] for i, c in enumerate(arrays[f"p{j}.columns"])})
-        draws = {str(name): arrays[f"p{j}.draw{i}"] for i, name in enumerate(arrays[f"p{j}.draws"])} if f"p{j}.draws" in arrays else None
+        draws = (
+            {str(name): arrays[f"p{j}.draw{i}"] for i, name in enumerate(arrays[f"p{j}.draws"])}
+            if f"p{j}.draws" in arrays
+            else None
+        )
         parts.append((tuple(int(x) for x in arrays[f"p{j}.position"]), draws, frame))
     return parts
 
@@ -495,12 +521,16 @@ def eigenvalue_records(
         placement = plan(variant, device=device, cores=workers, eigh_threads=None, sign_invariant=True)
     with ActivationFile(activations) as af:
         n_heads = int(af.attrs["n_heads"])
-        n_components = clamp_components(n_components, int(af.read(0, ("k",), images=slice(0, 1))["k"].shape[-2]), "spectra.n_components")
+        n_components = clamp_components(
+            n_components, int(af.read(0, ("k",), images=slice(0, 1))["k"].shape[-2]), "spectra.n_components"
+        )
 
         def work(chunk):
             layer, flat, t = chunk
             with device_stream(placement.device, placement.streams):
-                evals, finite = top_eigenvalues(t["k"].to(placement.device), n_components, variant, standardize, placement=placement)
+                evals, finite = top_eigenvalues(
+                    t["k"].to(placement.device), n_components, variant, standardize, placement=placement
+                )
             frame = pd.DataFrame(evals.cpu().numpy(), columns=[f"lambda_{r + 1:02d}" for r in range(n_components)])
             frame.insert(0, "finite", finite.cpu().numpy())
             frame.insert(0, "head", flat % n_heads)
@@ -512,7 +542,9 @@ def eigenvalue_records(
         frames: list[pd.DataFrame] = []
         try:
             with WorkerPool(placement.workers, placement.blas_threads) as pool:
-                for index, batch in enumerate(_batches(layer_chunks(af, range(af.n_layers), heads_per_chunk, ("k",)), placement.workers)):
+                for index, batch in enumerate(
+                    _batches(layer_chunks(af, range(af.n_layers), heads_per_chunk, ("k",)), placement.workers)
+                ):
                     kept = store.load(index) if store is not None else None
                     if kept is not None:
                         done = [frame for _, _, frame in _parts_from_arrays(kept)]
@@ -525,7 +557,9 @@ def eigenvalue_records(
             if store is None:
                 raise
             total = len(af.sample_rank) * n_heads * af.n_layers
-            raise JobInterrupted(f"interrupted after {sum(map(len, frames)):,} of {total:,} heads; rerun the same command to resume") from None
+            raise JobInterrupted(
+                f"interrupted after {sum(map(len, frames)):,} of {total:,} heads; rerun the same command to resume"
+            ) from None
         model_id = str(af.attrs["model_id"])
     out = pd.concat(frames, ignore_index=True)
     out.insert(0, "keys", "standardized" if standardize else "raw")
@@ -583,7 +617,15 @@ def gamma_records(
     n_components = clamp_components(n_components, int(k.shape[-2]), "figure3.n_components")
     if placement is None:
         placement = plan(variant, device=device, eigh_threads=None, sign_invariant=True)
-    result = gamma_test(k.reshape(-1, *k.shape[2:]).to(placement.device), n_components, variant, standardize, noise, torch.Generator().manual_seed(seed), placement=placement)
+    result = gamma_test(
+        k.reshape(-1, *k.shape[2:]).to(placement.device),
+        n_components,
+        variant,
+        standardize,
+        noise,
+        torch.Generator().manual_seed(seed),
+        placement=placement,
+    )
     frames = []
     for kind, spread in result.items():
         arrays = {name: t.detach().cpu().double().numpy() for name, t in spread.items()}
