@@ -205,6 +205,47 @@ def test_worker_pool_start_leaves_the_caller_free_and_keeps_order(workers):
             failing()
 
 
+def test_worker_pool_leaves_queued_items_unstarted_when_the_caller_stops():
+    """An interrupt while batches are queued on the workers (the KPCA job queues two): the running
+    items finish, the queued ones never start, and the pool closes without waiting for them."""
+    started, release = [], threading.Event()
+
+    def item(i):
+        started.append(i)
+        release.wait(timeout=30)
+        return i
+
+    with pytest.raises(KeyboardInterrupt):
+        with WorkerPool(2) as pool:
+            pool.start(item, range(10))
+            threading.Timer(0.2, release.set).start()
+            raise KeyboardInterrupt
+    assert sorted(started) == [0, 1]  # the two running on the workers, none of the eight queued
+
+
+def test_process_usage_counts_the_cpu_time_of_every_thread():
+    """The job's own CPU line (kpca_repro.smk.process_usage): CPU time spent on other threads counts."""
+    import re
+    import time
+
+    from kpca_repro.smk import process_usage
+
+    def spin(seconds):
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    before = float(re.search(r"([\d.]+) CPU-s", process_usage()).group(1))
+    threads = [threading.Thread(target=spin, args=(0.5,)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall, cpu, busy = map(float, re.fullmatch(r"job process: ([\d.]+) s wall, ([\d.]+) CPU-s \(([\d.]+) cores busy\)", process_usage()).groups())
+    assert cpu - before >= 0.9  # both threads' 0.5 s, to the line's 0.1 s
+    assert wall > 0 and busy == pytest.approx(cpu / wall, abs=0.1)  # each number rounded to its last digit
+
+
 def _activation_file(path, n_images=5, n_heads=3, n_layers=2, n=21, d=8):
     gen = np.random.default_rng(0)
     layers = [{t: gen.standard_normal((n_images, n_heads, n, d)).astype(np.float32) * (1 + layer) for t in "qkvh"} for layer in range(n_layers)]

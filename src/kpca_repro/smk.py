@@ -19,6 +19,7 @@ __all__ = [
     "end_on_input_file_errors",
     "fail_cleanly",
     "library_versions",
+    "process_usage",
     "quiet_hub_logging",
     "setup_logging",
 ]
@@ -220,6 +221,24 @@ def fail_cleanly(log: logging.Logger, func, /, *args, **kwargs):
     except Exception as exc:  # noqa: BLE001 - every failure ends the job the same way
         log.error("%s", str(exc) or type(exc).__name__)
         sys.exit(1)
+
+
+def process_usage() -> str:
+    """This process's wall time since it started and its CPU time (user and system, every thread), in
+    seconds, as one log line: ``"job process: 32.1 s wall, 55.3 CPU-s (1.72 cores busy)"``.
+
+    A Snakemake ``benchmark:`` file's ``cpu_time`` is its last sample (every 0.5 s for the first 15 s,
+    then every 30 s: ``snakemake.benchmark``), so it leaves out what a job spends after that sample;
+    docs/performance.md quotes this line.
+    """
+    import time
+
+    import psutil  # a dependency of snakemake
+
+    wall = max(time.time() - psutil.Process().create_time(), 1e-9)
+    times = os.times()
+    cpu = times.user + times.system
+    return f"job process: {wall:.1f} s wall, {cpu:.1f} CPU-s ({cpu / wall:.2f} cores busy)"
 
 
 def library_versions() -> dict[str, str]:

@@ -90,7 +90,10 @@ class WorkerPool:
             )
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None and self._pool is not None:
+            # an interrupt or an error: the queued items are not started, the running ones finish
+            self._pool.shutdown(wait=True, cancel_futures=True)
         self._stack.close()
 
     def imap(self, fn: Callable, items: Iterable, max_pending: int | None = None) -> Iterator:

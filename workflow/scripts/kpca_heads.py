@@ -10,7 +10,7 @@ from kpca_repro.h5io import atomic_output
 from kpca_repro.method.placement import plan
 from kpca_repro.method.records import KpcaJob, kpca_records
 from kpca_repro.method.uncertainty import OPTIMAL_COS_MEAN, write_sign_draws
-from kpca_repro.smk import check_writable, setup_logging
+from kpca_repro.smk import check_writable, process_usage, setup_logging
 
 smk = snakemake  # noqa: F821 (injected by Snakemake)
 log = setup_logging(smk, "kpca_heads")
@@ -62,3 +62,4 @@ with atomic_output(smk.output.signs) as tmp:
 with atomic_output(smk.output.meta) as tmp:
     tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
 job.store.remove()
+log.info(process_usage())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import deque
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -167,6 +168,11 @@ def chunk_records(
     return draws, frame
 
 
+#: Batches of chunks queued on a KPCA job's workers at once (:func:`_analysed_parts`): the main
+#: thread solves the next batch while they analyse these; each holds ``workers`` chunks of solved heads.
+_IN_FLIGHT = 2
+
+
 def _batches(chunks: Iterator, size: int) -> Iterator[list]:
     """``chunks`` in lists of ``size`` (the last one shorter)."""
     batch: list = []
@@ -306,8 +312,8 @@ def _reading(source: HeadSource, job: KpcaJob) -> _Reading:
 def _analysed_parts(source: HeadSource, job: KpcaJob, reading: _Reading) -> list[tuple]:
     """Every chunk of ``source`` through :func:`chunk_records`: ``(position, draws or None, frame)`` parts, unsorted.
 
-    A pipeline of two batches of ``placement.workers`` chunks (:func:`kpca_records`); with
-    ``job.store``, each finished batch kept and a kept one read back.
+    A pipeline of batches of ``placement.workers`` chunks, up to :data:`_IN_FLIGHT` of them on the
+    workers (:func:`kpca_records`); with ``job.store``, each finished batch kept and a kept one read back.
 
     Raises:
         kpca_repro.resume.JobInterrupted: interrupted, with a store (its message: heads kept, how to resume).
@@ -358,26 +364,26 @@ def _analysed_parts(source: HeadSource, job: KpcaJob, reading: _Reading) -> list
                 # heads read back from an interrupted run count as done, not in the rate
                 (bar.update if kept is None else bar.skip)(sum(len(frame) for _, _, frame in done))
 
-            # A pipeline of two batches: this thread reads and solves batch i + 1 (on the
-            # variant's thread count) while the workers analyse batch i, so every core stays
-            # busy. Each eigh still runs on placement.eigh_threads threads of this thread
-            # (torch sets MKL's and OpenMP's counts per thread), so its eigenvectors are those
-            # of the same call alone (docs/performance.md#thread-budgets measures it).
-            running = None  # (index, results) of the batch on the workers
+            # A pipeline: this thread reads and solves the next batch (on the variant's thread
+            # count) while the workers analyse up to _IN_FLIGHT earlier ones, queued, so that a
+            # worker done with its chunk takes the next batch's instead of waiting for the other
+            # worker at the end of every batch. Each eigh still runs on placement.eigh_threads
+            # threads of this thread (torch sets MKL's and OpenMP's counts per thread), so its
+            # eigenvectors are those of the same call alone (docs/performance.md#thread-budgets).
+            running: deque = deque()  # (index, results) of the batches on the workers, in order
             for index, batch in enumerate(_batches(chunks, placement.workers)):
                 kept = store.load(index) if store is not None else None
                 solved = None
                 if kept is None:
                     solved = [_solved(c, variant, placement) if solve_first else None for _, c in batch]
-                if running is not None:
-                    finish(*running)
-                    running = None
+                while running and (kept is not None or len(running) >= _IN_FLIGHT):
+                    finish(*running.popleft())
                 if kept is not None:
                     finish(index, None, kept)
                 else:
-                    running = (index, pool.start(work, zip(batch, solved)))
-            if running is not None:
-                finish(*running)
+                    running.append((index, pool.start(work, zip(batch, solved))))
+            while running:
+                finish(*running.popleft())
     except KeyboardInterrupt:
         if store is None:
             raise
@@ -419,7 +425,7 @@ def kpca_records(
     ``eigh`` and V_KPCA are solved on this thread with ``placement.eigh_threads`` threads
     (the authors' thread count: each head's eigenvectors are then those of the authors'
     per-head loop on the same machine, docs/fidelity.md) while the workers analyse the
-    previous batch's chunks (:func:`chunk_records`: comparisons, assignments, draws), one
+    previous batches' chunks (:func:`chunk_records`: comparisons, assignments, draws), one
     thread each. Each head's numbers depend on the device and on ``eigh_threads``, on nothing
     of the workers, the chunking or the sharding; for bit-identical CPU runs keep torch's
     intra-op threads fixed (the rule uses 1).
