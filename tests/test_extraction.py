@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import h5py
 import numpy as np
 import pytest
@@ -176,6 +179,55 @@ def test_flat_folder_order_equals_imagefolder_order(photos_dir, tmp_path):
     flat = [r.path.split("/")[-1] for r in images.list_images(photos_dir, "flat")]
     folder = [r.path.split("/")[-1] for r in images.list_images(tmp_path, "imagefolder")]
     assert flat == folder
+
+
+def test_imagefolder_listing_equals_torchvisions_imagefolder(photos_dir, tmp_path):
+    # the listing without torchvision (images._image_folder_samples) against ImageFolder itself, on a tree
+    # with what ImageFolder treats specially: nested folders, upper-case and non-image extensions, hidden
+    # files, linked class folders and files, files beside the class folders
+    from torchvision.datasets import ImageFolder
+
+    photos = sorted(photos_dir.iterdir())
+    root = tmp_path / "val"
+    for i, f in enumerate(photos):
+        cls = root / f"n{i:08d}"
+        (cls / "sub" / "deeper").mkdir(parents=True)
+        (cls / f"b_{i}.JPEG").symlink_to(f)
+        (cls / "sub" / f"a_{i}.jpg").symlink_to(f)
+        (cls / "sub" / "deeper" / f"c_{i}.PnG").symlink_to(f)
+        (cls / f".hidden_{i}.jpeg").symlink_to(f)
+        (cls / "notes.txt").write_text("not an image")
+        (cls / f"z_{i}.jpg.bak").symlink_to(f)
+    linked = tmp_path / "elsewhere"
+    (linked / "inner").mkdir(parents=True)
+    (linked / "inner" / "x.webp").symlink_to(photos[0])
+    (linked / "y.tiff").symlink_to(photos[1])
+    (root / "n00000002a").symlink_to(linked, target_is_directory=True)
+    (root / "n00000000" / "linked_sub").symlink_to(linked / "inner", target_is_directory=True)  # os.walk follows it
+    (root / "README.jpg").symlink_to(photos[2])  # beside the class folders: no class, not listed
+    expected = ImageFolder(str(root)).samples
+    got = [(r.path, r.class_index) for r in images.list_images(root, "imagefolder")]
+    assert got == expected and len(got) == 4 * len(photos) + 3
+    assert [r.dataset_index for r in images.list_images(root, "imagefolder")] == list(range(len(got)))
+    (root / "n99999999").mkdir()  # a class folder without an image: both refuse the tree
+    with pytest.raises(FileNotFoundError):
+        ImageFolder(str(root))
+    with pytest.raises(FileNotFoundError, match="n99999999"):
+        images.list_images(root, "imagefolder")
+
+
+def test_listing_images_imports_no_torch(photos_dir, tmp_path):
+    # the workflow's check before its first job lists the images in Snakemake's own process
+    for f in sorted(photos_dir.iterdir()):
+        (tmp_path / f.name[:9]).mkdir()
+        (tmp_path / f.name[:9] / f.name).symlink_to(f)
+    code = (
+        "import sys; from kpca_repro.inputs import images; "
+        f"n = len(images.list_images({str(tmp_path)!r}, 'imagefolder')); "
+        "print(n, sorted(m for m in ('torch', 'torchvision') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["5", "[]"]
 
 
 def test_imagefolder_without_class_folders_fails_clearly(photos_dir):

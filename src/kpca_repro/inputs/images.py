@@ -50,7 +50,7 @@ def list_images(root: str | os.PathLike, layout: str) -> list[ImageRecord]:
 
     Args:
         root: directory.
-        layout: ``"imagefolder"``: class sub-folders read with torchvision's ``ImageFolder``
+        layout: ``"imagefolder"``: class sub-folders in torchvision's ``ImageFolder`` order
             (classes = sorted folder names, files sorted within a class; index = position);
             ``"flat"``: a flat folder of ``<wnid>_<label>.JPEG`` files (the ImageNet sample),
             ordered by sorted file name, which is ImageFolder's order for the same images in
@@ -66,15 +66,7 @@ def list_images(root: str | os.PathLike, layout: str) -> list[ImageRecord]:
     if not root.is_dir():
         raise FileNotFoundError(f"image directory {root} does not exist")
     if layout == "imagefolder":
-        from torchvision.datasets import ImageFolder
-
-        try:
-            ds = ImageFolder(str(root))
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(
-                f"{root} is not an ImageNet validation root: expected class sub-folders <root>/<wnid>/*.JPEG ({exc})"
-            ) from exc
-        return [ImageRecord(i, p, c) for i, (p, c) in enumerate(ds.samples)]
+        return [ImageRecord(i, path, c) for i, (path, c) in enumerate(_image_folder_samples(root))]
     if layout == "flat":
         exts = (".jpeg", ".jpg", ".png")
         files = sorted(f for f in os.listdir(root) if f.lower().endswith(exts) and not f.startswith("."))
@@ -82,6 +74,49 @@ def list_images(root: str | os.PathLike, layout: str) -> list[ImageRecord]:
             raise FileNotFoundError(f"no images (*.JPEG, *.jpg, *.png) in {root}")
         return [ImageRecord(i, str(root / f), i) for i, f in enumerate(files)]
     raise ValueError(f"unknown image layout {layout!r}")
+
+
+#: torchvision's ``IMG_EXTENSIONS``, the files ``ImageFolder`` reads (case-insensitive).
+IMAGE_FOLDER_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def _image_folder_samples(root: Path) -> list[tuple[str, int]]:
+    """``torchvision.datasets.ImageFolder(root).samples``, read without importing torchvision.
+
+    The same walk as torchvision's ``find_classes`` and ``make_dataset`` (0.19 to 0.29): classes
+    are the sorted names of the sub-directories (symbolic links to directories included), class
+    index = position; within a class ``os.walk`` follows links, its ``(root, dirs, files)`` tuples
+    sorted, file names sorted, a file kept when its lower-cased path ends in one of
+    :data:`IMAGE_FOLDER_EXTENSIONS`. Importing torchvision imports torch, seconds that the
+    workflow's check before its first job and the sampling job would spend only on this listing;
+    tests/test_extraction.py holds it to ``ImageFolder`` on the same trees.
+
+    Raises:
+        FileNotFoundError: no class folder, or a class folder without an image (as ``ImageFolder``).
+    """
+    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    if not classes:
+        raise FileNotFoundError(
+            f"{root} is not an ImageNet validation root: expected class sub-folders <root>/<wnid>/*.JPEG "
+            f"(no class folder in {root})"
+        )
+    samples, empty = [], []
+    for index, name in enumerate(classes):
+        found = [
+            os.path.join(folder, f)
+            for folder, _, files in sorted(os.walk(os.path.join(root, name), followlinks=True))
+            for f in sorted(files)
+            if os.path.join(folder, f).lower().endswith(IMAGE_FOLDER_EXTENSIONS)
+        ]
+        samples += [(path, index) for path in found]
+        if not found:
+            empty.append(name)
+    if empty:
+        raise FileNotFoundError(
+            f"{root} is not an ImageNet validation root: no image ({', '.join(IMAGE_FOLDER_EXTENSIONS)}) "
+            f"in the class folder(s) {', '.join(empty[:5])}{' ...' if len(empty) > 5 else ''}"
+        )
+    return samples
 
 
 def sample_indices(n_population: int, k: int, seed: int) -> list[int]:
