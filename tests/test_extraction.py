@@ -221,11 +221,7 @@ def test_listing_images_imports_no_torch(photos_dir, tmp_path):
     for f in sorted(photos_dir.iterdir()):
         (tmp_path / f.name[:9]).mkdir()
         (tmp_path / f.name[:9] / f.name).symlink_to(f)
-    code = (
-        "import sys; from kpca_repro.inputs import images; "
-        f"n = len(images.list_images({str(tmp_path)!r}, 'imagefolder')); "
-        "print(n, sorted(m for m in ('torch', 'torchvision') if m in sys.modules))"
-    )
+    code = f"import sys; from kpca_repro.inputs import images; n = len(images.list_images({str(tmp_path)!r}, 'imagefolder')); print(n, sorted(m for m in ('torch', 'torchvision') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["5", "[]"]
 
