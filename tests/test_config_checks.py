@@ -69,6 +69,9 @@ def test_schema_errors_name_the_key_and_the_closest_allowed_one():
     bad = copy.deepcopy(BASE)
     bad["seed"] = "zero"
     assert schema_error_message(bad, SCHEMA, "s").startswith("config key seed: 'zero' is not of type 'integer'")
+    bad = copy.deepcopy(BASE)  # a prediction interval over heads needs two draws per head
+    bad["uncertainty"]["sign_draws_optimal_text"] = 1
+    assert schema_error_message(bad, SCHEMA, "s").startswith("config key uncertainty.sign_draws_optimal_text: 1 is less than")
 
 
 SCALE_KEYS = SCHEMA["$defs"]["scale"]["anyOf"][1]["required"]

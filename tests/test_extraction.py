@@ -216,14 +216,21 @@ def test_imagefolder_listing_equals_torchvisions_imagefolder(photos_dir, tmp_pat
         images.list_images(root, "imagefolder")
 
 
-def test_listing_images_imports_no_torch(photos_dir, tmp_path):
-    # the workflow's check before its first job lists the images in Snakemake's own process
+def test_the_sampling_jobs_import_no_torch(photos_dir, tmp_path):
+    # the workflow's check before its first job lists the images in Snakemake's own process, and the
+    # sampling jobs (sample_images, sample_text) need no model library
     for f in sorted(photos_dir.iterdir()):
         (tmp_path / f.name[:9]).mkdir()
         (tmp_path / f.name[:9] / f.name).symlink_to(f)
-    code = f"import sys; from kpca_repro.inputs import images; n = len(images.list_images({str(tmp_path)!r}, 'imagefolder')); print(n, sorted(m for m in ('torch', 'torchvision') if m in sys.modules))"
+    (tmp_path / "rows.txt").write_text("\n".join(f"row {i} " + "long enough to be drawn " * 2 for i in range(8)))
+    code = (
+        "import sys; from kpca_repro.inputs import images, text; "
+        f"n = len(images.list_images({str(tmp_path)!r}, 'imagefolder')); "
+        f"m = len(text.sample_rows(text.read_text_rows({str(tmp_path / 'rows.txt')!r}), 3, 30, 0)); "
+        "print(n, m, sorted(x for x in ('torch', 'torchvision', 'transformers') if x in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["5", "[]"]
+    assert out.split() == ["5", "3", "[]"]
 
 
 def test_imagefolder_without_class_folders_fails_clearly(photos_dir):

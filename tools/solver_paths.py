@@ -126,6 +126,7 @@ def summarise(table: int, records_csv: str, signs: str, out_dir: Path, paths: li
     ]
     # where an interval is a central range of draws (every head a random sign-and-rotation draw):
     # the rank of each path among 4000 such replicates, which is uniform if solvers behave like draws
+    # (for a mean over heads: like another draw about the draws' mean)
     codes, n_groups = uncertainty.group_codes(heads["sample_rank"].to_numpy())
     rng = np.random.default_rng(0)
     draw_stats = {}
@@ -133,7 +134,9 @@ def summarise(table: int, records_csv: str, signs: str, out_dir: Path, paths: li
         if table == 4 or name == "MOC":
             rows = np.flatnonzero(~heads["dropped"].astype(bool).to_numpy()) if table == 1 else np.arange(len(heads))
             sub = codes[rows]
-            draw_stats[name] = uncertainty.replicate_statistics(uncertainty.pick_draws(draws[col][rows], rng, 4000), *uncertainty.group_codes(sub), how, None)
+            # a mean over heads: the predictive draws of the table's own interval (uncertainty.predictive_draws)
+            pick = uncertainty.pick_draws if how == "max" else uncertainty.predictive_draws
+            draw_stats[name] = uncertainty.replicate_statistics(pick(draws[col][rows], rng, 4000), *uncertainty.group_codes(sub), how, None)
     lines[2] = lines[2].replace(" | heads outside", " | rank among draws (" + ", ".join(draw_stats) + ") | heads outside", 1)
     lines[3] = lines[3] + "---|"
     tol = 1e-6  # float32 round-off of the per-head values against the float32-stored bounds

@@ -20,7 +20,7 @@ use rule kpca_heads as kpca_prefix with:
         prefix=r"\d+",
     params:
         # the profile reports the four metrics, without solver draws
-        sign_draws=(0, 0),
+        sign_draws=(0, 0, 0),
         prefix=lambda wc: int(wc.prefix),
 
 

@@ -42,11 +42,13 @@ def variant_of(wildcards):
 
 def sign_draws_of(wildcards):
     """`params.sign_draws` of rule kpca_heads, per head of the `{variant}` wildcard's variant
-    (sign draws, matched-cosine draws), the config's uncertainty counts for a variant with sign draws
-    (paper), (0, 0) for one without (corrected; docs/uncertainty.md)."""
+    (sign draws, matched-cosine draws, matched-cosine draws of language-model heads), the config's
+    uncertainty counts for a variant with sign draws (paper), (0, 0, 0) for one without (corrected;
+    docs/uncertainty.md)."""
     if get_variant(wildcards.variant).sign_draws:
-        return (config["uncertainty"]["sign_draws"], config["uncertainty"]["sign_draws_optimal"])
-    return (0, 0)
+        unc = config["uncertainty"]
+        return (unc["sign_draws"], unc["sign_draws_optimal"], unc["sign_draws_optimal_text"])
+    return (0, 0, 0)
 
 
 def table_files(wildcards):

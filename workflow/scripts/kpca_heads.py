@@ -30,7 +30,9 @@ job = KpcaJob(
     placement,
     heads_per_chunk=smk.params.heads_per_chunk,
     seed=smk.params.seed,
-    sign_draws=smk.params.sign_draws,  # (0, 0): none (the corrected variant's signs are fixed; the prefix profile)
+    # (0, 0, 0): none (the corrected variant's signs are fixed; the prefix profile)
+    sign_draws=smk.params.sign_draws[:2],
+    matched_draws_text=smk.params.sign_draws[2],
     # None: every token; rule kpca_prefix: each row's first P real tokens (docs/method.md 16)
     prefix=smk.params.prefix,
     progress=True,

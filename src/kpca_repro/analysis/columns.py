@@ -474,7 +474,8 @@ _PER_HEAD_TABLE = Schema(
         ),
         Column(
             "sign_draws_optimal",
-            "stored solver draws per head of the matched cosines (config uncertainty.sign_draws_optimal); 0: none",
+            "stored solver draws per head of the matched cosines (config uncertainty.sign_draws_optimal; "
+            "uncertainty.sign_draws_optimal_text for language-model heads); 0: none",
             "count",
         ),
         Column(

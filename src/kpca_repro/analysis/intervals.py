@@ -121,9 +121,10 @@ def similarity_intervals(
       (Table 4's MDC, every MOC): the central ``sign_coverage`` range when every head takes
       one of its stored sign-and-rotation draws, independently (another solver changes the
       configuration of nearly every head at once), joined with the reproduced value (the
-      solver's own configuration). A NaN draw is one the ``kpca_heads`` job proved to be
-      below every replicate maximum (Table 1's MOC): skipped by the maximum, it changes
-      nothing (:class:`kpca_repro.method.solver_variation.RunningFloor`).
+      solver's own configuration); for a mean over heads (Table 4) each draw is widened into a
+      prediction for another solver (:func:`kpca_repro.method.uncertainty.predictive_draws`). A NaN
+      draw is one the ``kpca_heads`` job proved to be below every replicate maximum (Table 1's
+      MOC): skipped by the maximum, it changes nothing (:class:`kpca_repro.method.solver_variation.RunningFloor`).
     * ``S_lower``, ``S_upper``: the combined interval. A maximum over heads (Table 1):
       :func:`combine_for_maximum` of the solver interval and the central ``coverage``
       percentile bootstrap of the solver's own configuration. A mean over heads (Table 4):
@@ -247,14 +248,19 @@ def _stored_draw_intervals(
 
     Another solver changes the configuration of (nearly) every head at once: every head takes a
     random stored draw, and the solver's own configuration (the reproduced value ``own``) is one
-    more admissible outcome, joined to the central ``sc`` range of the draws. Joint (a mean over
-    heads only): the bootstrap with one draw per head and replicate, joined with ``own_boot``.
+    more admissible outcome, joined to the central ``sc`` range of the draws. For a maximum over
+    heads (Table 1's MOC) a draw as stored (:func:`kpca_repro.method.uncertainty.pick_draws`); for a
+    mean over heads (Table 4) the draw moved from its head's draw mean so that the range is a
+    prediction interval for another solver's mean (:func:`kpca_repro.method.uncertainty.predictive_draws`).
+    Joint (a mean over heads only): the bootstrap with one such draw per head and replicate,
+    joined with ``own_boot``.
     """
-    lo, hi = rep.central(unc.pick_draws(per_head, rep.rng, rep.n), how, sc)
-    solver = (float(np.fmin(lo, own)), float(np.fmax(hi, own)))
     if how == "max":
-        return solver, None
-    b_lo, b_hi = rep.central(unc.pick_draws(per_head, rep.rng, rep.n), how, cov, resample=True)
+        lo, hi = rep.central(unc.pick_draws(per_head, rep.rng, rep.n), how, sc)
+        return (float(np.fmin(lo, own)), float(np.fmax(hi, own))), None
+    lo, hi = rep.central(unc.predictive_draws(per_head, rep.rng, rep.n), how, sc)
+    solver = (float(np.fmin(lo, own)), float(np.fmax(hi, own)))
+    b_lo, b_hi = rep.central(unc.predictive_draws(per_head, rep.rng, rep.n), how, cov, resample=True)
     return solver, (float(np.fmin(b_lo, own_boot[0])), float(np.fmax(b_hi, own_boot[1])))
 
 

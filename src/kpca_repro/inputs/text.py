@@ -27,16 +27,19 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
-import torch
-from torch import nn
 
 from kpca_repro.errors import InputFileError
 from kpca_repro.h5io import atomic_output
 from kpca_repro.inputs.images import sample_indices
 from kpca_repro.inputs.model_info import MissingModelError
 from kpca_repro.inputs.model_info import missing_model_message as _missing_message
+
+if TYPE_CHECKING:  # torch only where a model is loaded: the sampling job imports this module without it
+    import torch
+    from torch import nn
 
 __all__ = [
     "WIKITEXT",

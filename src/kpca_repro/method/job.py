@@ -34,6 +34,9 @@ class KpcaJob:
         sign_draws: ``(n_direct, n_optimal)`` solver draws per head, eigenvector signs and
             rotations inside near-degenerate eigenspaces
             (:func:`kpca_repro.method.solver_variation.head_solver_draws`); ``(0, 0)``: none.
+        matched_draws_text: the matched-cosine draws per head of a language-model source instead
+            of ``sign_draws[1]`` (its tables average over heads, and their solver interval is a
+            prediction interval that needs 2: docs/uncertainty.md section 3); None: ``sign_draws[1]``.
         prune_matched_draws: vision heads: leave NaN the matched-cosine draws that no replicate
             maximum of Table 1 can use (:class:`~kpca_repro.method.solver_variation.RunningFloor`);
             False computes every one.
@@ -44,8 +47,8 @@ class KpcaJob:
         progress: show a progress bar (the rule's log).
 
     Raises:
-        ValueError: an unknown variant, ``sign_draws`` not two counts >= 0, ``heads_per_chunk``
-            below 1, ``prefix`` below 3. TypeError: a non-integer ``prefix``.
+        ValueError: an unknown variant, ``sign_draws`` not two counts >= 0, ``matched_draws_text``
+            below 0, ``heads_per_chunk`` below 1, ``prefix`` below 3. TypeError: a non-integer ``prefix``.
     """
 
     variant: Variant | str = "paper"
@@ -54,6 +57,7 @@ class KpcaJob:
     seed: int = 0
     layers: Sequence[int] | None = None
     sign_draws: tuple[int, int] = (0, 0)
+    matched_draws_text: int | None = None
     prune_matched_draws: bool = True
     prefix: int | None = None
     store: PartStore | None = None
@@ -64,6 +68,8 @@ class KpcaJob:
         draws = tuple(int(n) for n in self.sign_draws)
         if len(draws) != 2 or min(draws) < 0:
             raise ValueError(f"sign_draws={self.sign_draws!r}: two counts >= 0 (direct, matched); (0, 0) for none")
+        if self.matched_draws_text is not None and int(self.matched_draws_text) < 0:
+            raise ValueError(f"matched_draws_text={self.matched_draws_text!r}: a count >= 0, or None for sign_draws[1]")
         if int(self.heads_per_chunk) < 1:
             raise ValueError(f"heads_per_chunk={self.heads_per_chunk}: at least 1")
         check_prefix(self.prefix)
@@ -83,6 +89,11 @@ class KpcaJob:
     def draws_wanted(self) -> bool:
         """Whether the job draws solver variations (``sign_draws`` not ``(0, 0)``)."""
         return any(self.sign_draws)
+
+    def matched_draws(self, text: bool) -> int:
+        """The matched-cosine draws per head of a source: ``matched_draws_text`` for a language-model one where set,
+        else ``sign_draws[1]``."""
+        return int(self.matched_draws_text) if text and self.matched_draws_text is not None else self.sign_draws[1]
 
     def with_store(self, directory: str | os.PathLike, activations: str | os.PathLike, params: dict) -> KpcaJob:
         """This job keeping its finished batches in ``directory``, under the one key of a records job.

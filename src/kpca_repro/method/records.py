@@ -142,7 +142,7 @@ def chunk_records(
             rows, {"layer": layer, "sample_rank": ranks, "dataset_index": index, "head": head},
             seed=job.seed,
             n_direct=job.sign_draws[0],
-            n_optimal=job.sign_draws[1],
+            n_optimal=job.matched_draws(variant.text),
             token_max=variant.text,
             order=variant.order,
             valid=None if nan_zero else torch.from_numpy(~cols["dropped"]), nan_to_zero=nan_zero,

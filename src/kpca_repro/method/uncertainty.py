@@ -67,6 +67,7 @@ __all__ = [
     "group_aggregate",
     "bootstrap_indices",
     "pick_draws",
+    "predictive_draws",
     "replicate_statistics",
 ]
 
@@ -415,6 +416,38 @@ def pick_draws(draws: np.ndarray, rng: np.random.Generator, n_replicates: int) -
         raise ValueError("no sign draws stored for this statistic (uncertainty.sign_draws_* is 0)")
     pick = rng.integers(0, r, size=(n_replicates, h))
     return np.asarray(draws)[np.arange(h)[None, :], pick].astype(np.float64)
+
+
+def predictive_draws(draws: np.ndarray, rng: np.random.Generator, n_replicates: int) -> np.ndarray:
+    """One stored draw per head and replicate, moved away from its head's draw mean so that a mean over heads of
+    these values spreads as another solver's mean would about the estimate: ``(n_replicates, H)`` float64.
+
+    For a statistic that averages over heads (Table 4): head ``h`` has ``k`` stored draws
+    ``y_h1 .. y_hk`` of its value under a random eigenbasis, mean ``ybar_h`` and unbiased variance
+    ``s_h^2``. The returned value is ``ybar_h + f (y_hJ - ybar_h)`` with ``J`` uniform on ``1..k`` (the
+    same pick as :func:`pick_draws`, the same random numbers) and ``f = sqrt((k + 1) / (k - 1))``:
+    its variance given the draws is ``(1 + 1/k) s_h^2``, the variance of one more draw ``X_h`` minus
+    the estimate ``ybar_h`` (``sigma_h^2 + sigma_h^2 / k``), in expectation. A mean over ``n``
+    independent heads is then close to normal with the variance of ``mean_h X_h - mean_h ybar_h``,
+    so its central ``c`` range is a ``c`` prediction interval for another solver's value, for
+    any ``k >= 2`` (docs/uncertainty.md section 3; tests/test_uncertainty.py checks the coverage).
+    A uniform pick alone (:func:`pick_draws`) has variance ``(1 - 1/k) s_h^2`` and leaves out the
+    estimate's own error: its range covers another solver's mean less often, the fewer the draws.
+    A head with a NaN draw gets NaN (a mean over heads skips it, as it skips the head's own NaN).
+
+    Args:
+        draws: ``(H, k)`` per-head draw values, ``k >= 2``.
+
+    Raises:
+        ValueError: fewer than 2 draws per head (no variance to estimate).
+    """
+    d = np.asarray(draws, dtype=np.float64)
+    h, k = d.shape
+    if k < 2:
+        raise ValueError(f"{k} stored draw(s) per head: a prediction interval over heads needs at least 2")
+    pick = rng.integers(0, k, size=(n_replicates, h))
+    center = d.mean(axis=1)
+    return center[None, :] + np.sqrt((k + 1) / (k - 1)) * (d[np.arange(h)[None, :], pick] - center[None, :])
 
 
 def fresh_direct_means(m: np.ndarray, rng: np.random.Generator, n_replicates: int, block: int = 32) -> np.ndarray:
