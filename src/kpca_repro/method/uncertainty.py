@@ -441,13 +441,11 @@ def predictive_draws(draws: np.ndarray, rng: np.random.Generator, n_replicates: 
     Raises:
         ValueError: fewer than 2 draws per head (no variance to estimate).
     """
-    d = np.asarray(draws, dtype=np.float64)
-    h, k = d.shape
+    k = np.shape(draws)[1]
     if k < 2:
         raise ValueError(f"{k} stored draw(s) per head: a prediction interval over heads needs at least 2")
-    pick = rng.integers(0, k, size=(n_replicates, h))
-    center = d.mean(axis=1)
-    return center[None, :] + np.sqrt((k + 1) / (k - 1)) * (d[np.arange(h)[None, :], pick] - center[None, :])
+    center = np.asarray(draws, dtype=np.float64).mean(axis=1)
+    return center + np.sqrt((k + 1) / (k - 1)) * (pick_draws(draws, rng, n_replicates) - center)
 
 
 def fresh_direct_means(m: np.ndarray, rng: np.random.Generator, n_replicates: int, block: int = 32) -> np.ndarray:
