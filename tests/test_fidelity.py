@@ -306,3 +306,42 @@ def test_default_thread_count_is_asked_once_per_process(monkeypatch):
     torch_default_threads.cache_clear()
     assert torch_default_threads() == first + 5 and len(calls) == 1
     torch_default_threads.cache_clear()
+
+
+def test_the_count_asked_in_the_background_is_read_by_the_jobs(monkeypatch, tmp_path):
+    """The workflow's onstart handler starts the child and goes on (ask_default_threads); a job reads its answer
+    from the file instead of asking a child of its own, and asks its own only where there is no answer to read:
+    no such file (a job on another machine), an error, a child gone without writing one."""
+    import subprocess
+    import time
+
+    import kpca_repro.threads as threads
+
+    calls = []
+    real_run = subprocess.run
+
+    def counting_run(*a, **kw):
+        calls.append(a)
+        return real_run(*a, **kw)
+
+    monkeypatch.setattr(threads.subprocess, "run", counting_run)
+    torch_default_threads.cache_clear()
+    plain = torch_default_threads()
+    assert len(calls) == 1
+    value = threads.ask_default_threads(tmp_path / "answer")
+    assert value.startswith("wait:") and (tmp_path / "answer").read_text() == ""  # there, empty: being asked
+    monkeypatch.setenv(threads.DEFAULT_THREADS_ENV, value)
+    torch_default_threads.cache_clear()
+    assert torch_default_threads() == plain and len(calls) == 1  # waited for the child's file, no child of its own
+    assert (tmp_path / "answer").read_text() == f"{plain}\n" and not (tmp_path / "answer.part").exists()
+    for answer, pid in ((None, value.split(":")[1]), ("error ImportError: no torch\n", value.split(":")[1]), ("", "999999999")):
+        path = tmp_path / f"other{len(calls)}"
+        if answer is not None:
+            path.write_text(answer)
+        monkeypatch.setenv(threads.DEFAULT_THREADS_ENV, f"wait:{pid}:{path}")
+        torch_default_threads.cache_clear()
+        t0 = time.monotonic()
+        assert torch_default_threads() == plain
+        assert time.monotonic() - t0 < threads.WAIT_SECONDS / 2  # did not wait for an answer that cannot come
+    assert len(calls) == 4
+    torch_default_threads.cache_clear()

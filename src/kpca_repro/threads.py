@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch loads where a job uses it: the workflow imports this module while it builds the DAG
@@ -20,6 +21,7 @@ __all__ = [
     "gpu_resource",
     "torch_default_threads",
     "DEFAULT_THREADS_ENV",
+    "ask_default_threads",
     "resolve_threads",
     "intra_op_threads",
 ]
@@ -70,9 +72,90 @@ def gpu_resource(device: str) -> int:
 #: Environment variables that set torch's default intra-op thread count (Snakemake sets them
 #: to a job's ``threads``); left out when asking what a plain ``python`` process gets.
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-#: :func:`torch_default_threads` as the workflow learnt it before its first job (its onstart handler
-#: sets it; the jobs inherit it), so that its jobs need not each ask a child process.
+#: :func:`torch_default_threads` as the workflow passes it to its jobs (they inherit the variable): a positive
+#: integer, or ``wait:<pid>:<path>``, the file that child process ``pid`` fills with it (:func:`ask_default_threads`,
+#: started by the workflow's onstart handler), so that its jobs need not each ask a child process of their own.
 DEFAULT_THREADS_ENV = "KPCA_TORCH_DEFAULT_THREADS"
+#: The child process: torch's count, or ``error ...``, written to ``argv[1]`` in one step (a reader sees the whole
+#: line or the empty file) and printed.
+_ASK = """import os, sys
+try:
+    import torch
+    out = f"{torch.get_num_threads()}\\n"
+except BaseException as exc:
+    out = f"error {type(exc).__name__}: {exc}\\n"
+if len(sys.argv) > 1 and os.path.exists(sys.argv[1]):  # not after the workflow removed it
+    with open(sys.argv[1] + ".part", "w") as fh:
+        fh.write(out)
+    os.replace(sys.argv[1] + ".part", sys.argv[1])
+print(out, end="")
+"""
+#: Seconds :func:`torch_default_threads` waits for :func:`ask_default_threads`' answer before asking itself.
+WAIT_SECONDS = 300.0
+
+
+def _child_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in _THREAD_ENV and k != DEFAULT_THREADS_ENV}
+
+
+def ask_default_threads(path: str | os.PathLike) -> str:
+    """Start the child process of :func:`torch_default_threads` without waiting for it; return the value of
+    :data:`DEFAULT_THREADS_ENV` that lets a job read its answer.
+
+    The workflow's onstart handler calls it: the child (about 2 s, importing torch) then runs beside the first jobs
+    instead of before them, and a job waits for the answer only where it needs the count. ``path`` is created
+    empty now; the child replaces it with a file holding the count (or ``error ...``) in one step.
+    """
+    path = os.fspath(path)
+    with open(path, "w"):
+        pass
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _ASK, path],
+        env=_child_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return f"wait:{proc.pid}:{path}"
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (a finished child its parent has not reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True
+        return True
+
+
+def _answer_of(value: str, timeout: float) -> int | None:
+    """The count a ``wait:<pid>:<path>`` value of :data:`DEFAULT_THREADS_ENV` leads to, or None where there is none
+    to read: no such file (a job on another machine), an ``error`` answer, a child gone without one, or
+    ``timeout`` seconds passed."""
+    try:
+        pid, path = value.split(":", 2)[1:]
+        pid = int(pid)
+    except ValueError:
+        return None
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = _running(pid)  # read before the file: a child that answers and exits in between is not missed
+        try:
+            with open(path) as fh:
+                text = fh.read().strip()
+        except OSError:
+            return None
+        if text:
+            return int(text) if text.isdigit() and int(text) >= 1 else None
+        if not alive or time.monotonic() > deadline:
+            return None
+        time.sleep(0.02)
 
 
 @functools.cache
@@ -81,28 +164,26 @@ def torch_default_threads() -> int:
     authors' intra-op thread count (they never set one; MKL's count of physical cores).
 
     Asked of a child interpreter with ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` removed, since
-    this process's own count may be set (a Snakemake job's ``OMP_NUM_THREADS``); a positive
-    integer in :data:`DEFAULT_THREADS_ENV` is that answer already asked (the workflow's onstart
-    handler sets it for its jobs).
+    this process's own count may be set (a Snakemake job's ``OMP_NUM_THREADS``). A positive
+    integer in :data:`DEFAULT_THREADS_ENV` is that answer already asked; ``wait:<pid>:<path>``
+    there is a child already asking (:func:`ask_default_threads`, the workflow's onstart handler
+    for its jobs): its answer is read from ``path`` once written, and this process asks its own
+    child only where there is none (another machine, a failed child, :data:`WAIT_SECONDS`).
 
     Raises:
         RuntimeError: the child process failed or printed no positive integer.
     """
-    if (known := os.environ.get(DEFAULT_THREADS_ENV, "")).isdigit() and int(known) >= 1:
+    known = os.environ.get(DEFAULT_THREADS_ENV, "")
+    if known.isdigit() and int(known) >= 1:
         return int(known)
-    env = {k: v for k, v in os.environ.items() if k not in _THREAD_ENV and k != DEFAULT_THREADS_ENV}
-    proc = subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    if known.startswith("wait:") and (answer := _answer_of(known, WAIT_SECONDS)) is not None:
+        return answer
+    proc = subprocess.run([sys.executable, "-c", _ASK], capture_output=True, text=True, env=_child_env(), timeout=300)
     out = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not out or not out[-1].isdigit() or int(out[-1]) < 1:
         raise RuntimeError(
             f"could not read torch's default thread count from a child process (exit {proc.returncode}): "
-            f"{proc.stderr[-2000:]}"
+            f"{(proc.stdout + proc.stderr)[-2000:]}"
         )
     return int(out[-1])
 

@@ -1,9 +1,11 @@
 # The configuration (validated, then checked, in one call), paths, pure input functions, the code each rule's
 # script runs and the check before the first job. Paths of this repository are relative to REPO (the
 # Snakefile's directory, also in a module).
+import atexit
 import json
 import os
 import sys
+import tempfile
 from functools import partial
 from pathlib import Path
 
@@ -32,7 +34,7 @@ _check_package_checkout()
 from kpca_repro.inputs.model_info import MissingModelError, model_source
 from kpca_repro.inputs.resources import export_hub_timeouts
 from kpca_repro.method.variant import VARIANTS
-from kpca_repro.threads import DEFAULT_THREADS_ENV, gpu_resource, torch_default_threads
+from kpca_repro.threads import DEFAULT_THREADS_ENV, ask_default_threads, gpu_resource
 from kpca_repro.training.summary import scale_setting, scale_tokens
 from kpca_repro.workflow import config_checks, locks, paths, preflight
 from kpca_repro.workflow.code import code_hash
@@ -184,9 +186,13 @@ def before_first_job():
     the DAG larger than its image set, or inputs of its jobs missing that cannot be downloaded, end the run in one
     block (kpca_repro.workflow.preflight; the jobs from their input functions, in_dag). Then, for
     kpca.*_threads: auto, torch's default thread count is asked of one child process for all local jobs (they
-    inherit the variable), instead of one per job: Snakemake's own process has no torch to ask."""
+    inherit the variable), instead of one per job: Snakemake's own process has no torch to ask. The child runs
+    beside the first jobs; a job that needs the count reads it from the child's file (kpca_repro.threads)."""
     locks.record_owner()  # this process holds the lock now: a rerun after a kill removes it (common.smk, above)
     if message := preflight.stop_message(config, REPO / "config", list(IN_DAG.values())):
         sys.exit(message)  # the block alone on stderr: a raised error would add Snakefile lines
     if "auto" in (config["kpca"]["eigh_threads"], config["kpca"]["intra_op_threads"]):
-        os.environ[DEFAULT_THREADS_ENV] = str(torch_default_threads())
+        fd, answer = tempfile.mkstemp(prefix="kpca-torch-threads-")
+        os.close(fd)
+        atexit.register(partial(Path(answer).unlink, missing_ok=True))
+        os.environ[DEFAULT_THREADS_ENV] = ask_default_threads(answer)
