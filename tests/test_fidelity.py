@@ -284,9 +284,8 @@ def test_auto_eigh_threads_ignore_the_jobs_thread_variables(monkeypatch):
             resolve_threads(bad)
 
 
-def test_default_thread_count_is_asked_once_per_process(monkeypatch):
-    """The child process that reads torch's default runs once per process (about a second of a job), not per call,
-    and not at all where the workflow passed the answer down (KPCA_TORCH_DEFAULT_THREADS)."""
+def _count_children(monkeypatch) -> list:
+    """The calls of ``subprocess.run`` that :mod:`kpca_repro.threads` makes from now on (each still runs)."""
     import subprocess
 
     import kpca_repro.threads as threads
@@ -299,6 +298,16 @@ def test_default_thread_count_is_asked_once_per_process(monkeypatch):
         return real_run(*a, **kw)
 
     monkeypatch.setattr(threads.subprocess, "run", counting_run)
+    return calls
+
+
+def test_default_thread_count_is_asked_once_per_process(monkeypatch):
+    """The child process that reads torch's default runs once per process (about a second of a job), not per call,
+    and not at all where the workflow passed the answer down (KPCA_TORCH_DEFAULT_THREADS)."""
+
+    import kpca_repro.threads as threads
+
+    calls = _count_children(monkeypatch)
     torch_default_threads.cache_clear()
     first = torch_default_threads()
     assert torch_default_threads() == first >= 1 and len(calls) == 1
@@ -312,19 +321,11 @@ def test_the_count_asked_in_the_background_is_read_by_the_jobs(monkeypatch, tmp_
     """The workflow's onstart handler starts the child and goes on (ask_default_threads); a job reads its answer
     from the file instead of asking a child of its own, and asks its own only where there is no answer to read:
     no such file (a job on another machine), an error, a child gone without writing one."""
-    import subprocess
     import time
 
     import kpca_repro.threads as threads
 
-    calls = []
-    real_run = subprocess.run
-
-    def counting_run(*a, **kw):
-        calls.append(a)
-        return real_run(*a, **kw)
-
-    monkeypatch.setattr(threads.subprocess, "run", counting_run)
+    calls = _count_children(monkeypatch)
     torch_default_threads.cache_clear()
     plain = torch_default_threads()
     assert len(calls) == 1

@@ -125,6 +125,8 @@ def _running(pid: int) -> bool:
         with open(f"/proc/{pid}/stat") as fh:
             return fh.read().rpartition(")")[2].split()[0] != "Z"
     except OSError:
+        if os.name == "nt":  # no /proc, and os.kill would signal the process: wait for the file or the timeout
+            return True
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
