@@ -192,7 +192,8 @@ def before_first_job():
     if message := preflight.stop_message(config, REPO / "config", list(IN_DAG.values())):
         sys.exit(message)  # the block alone on stderr: a raised error would add Snakefile lines
     if "auto" in (config["kpca"]["eigh_threads"], config["kpca"]["intra_op_threads"]):
-        fd, answer = tempfile.mkstemp(prefix="kpca-torch-threads-")
+        # in the working directory's .snakemake/ (Snakemake made it for its locks): a killed run's file stays there
+        fd, answer = tempfile.mkstemp(prefix="torch-threads-", dir=os.path.abspath(".snakemake"))
         os.close(fd)
         atexit.register(partial(Path(answer).unlink, missing_ok=True))
         os.environ[DEFAULT_THREADS_ENV] = ask_default_threads(answer)
