@@ -462,6 +462,13 @@ def test_the_same_command_goes_on_after_a_kill_with_no_unlock(interrupted_run):
     assert not (work / ".snakemake" / "locks").exists()  # the finished run unlocked
 
 
+def test_the_thread_count_answer_stays_in_the_project(fresh_run, interrupted_run):
+    """The answer file of torch's default thread count (common.smk, before_first_job) lies in the run's own
+    .snakemake/: a finished run removes its own, each of the two killed runs leaves its one there."""
+    assert not list((fresh_run[0] / ".snakemake").glob("torch-threads-*"))
+    assert len(list((interrupted_run[0] / ".snakemake").glob("torch-threads-*"))) == 2
+
+
 def test_interrupted_and_fresh_runs_give_identical_bytes(fresh_run, interrupted_run):
     """Two runs from scratch, in different directories and checkouts, one of them killed
     twice and resumed: every table, CSV, JSON, TSV, HDF5 file and figure is byte-identical."""
